@@ -1,0 +1,1 @@
+"""comparison: sim render vs world-model rollout, side by side, with image and camera metrics."""

@@ -1,0 +1,1 @@
+"""The one `lingbot-isaac` command: dispatches to the subcommands of each package."""

@@ -1,0 +1,67 @@
+"""`lingbot-isaac <command> ...`: one entry point for the whole project.
+
+Each subcommand lives in the package it belongs to and is imported only when it is run, so
+`lingbot-isaac replay` never imports torch and `lingbot-isaac generate` never imports zmq.
+A subcommand module provides `add_arguments(parser)`, `run(args) -> int` and may list in
+`USER_ERRORS` the exception types that mean bad input: those print one clear line and exit 2
+instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Keep the help short: `lingbot-isaac COMMAND --help` says more.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("lingbot_cli.demo", "run the whole loop on the built-in sample: serve, replay, compare, report"),
+    "generate": ("worldgen.generate_cli", "image + prompt + camera poses -> video (no server)"),
+    "serve": ("bridge.serve_cli", "run the ZeroMQ generation server"),
+    "replay": ("lingbot_isaac.replay", "send recorded episodes / USD / HDF5 trajectories to a server"),
+    "compare": ("comparison.compare_cli", "sim frames vs world-model rollout: side-by-side video and report"),
+    "quantize": ("worldgen.quantize", "convert the original bf16 release into the NF4 layout"),
+    "keys": ("bridge.keys", "create CurveZMQ key pairs for non-loopback servers"),
+    "doctor": ("lingbot_cli.doctor", "check the installation, GPU and a checkpoint folder"),
+}
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: lingbot-isaac COMMAND [options]", "", "commands:"]
+    lines += [f"  {name.ljust(width)}  {helptext}" for name, (_, helptext) in COMMANDS.items()]
+    lines += ["", "Run `lingbot-isaac COMMAND --help` for the options of one command."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"lingbot-isaac: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, helptext = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(
+        prog=f"lingbot-isaac {name}",
+        description=(module.__doc__ or helptext).strip().split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    user_errors = tuple(getattr(module, "USER_ERRORS", ()))
+    try:
+        return int(module.run(args) or 0)
+    except user_errors as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
