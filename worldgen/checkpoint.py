@@ -231,3 +231,33 @@ def load_expert(
         raise CheckpointError(f"{path}: no NF4 weight for {unquantized[:5]}; the file is partial or not NF4")
     _check_complete(model, path)
     return model.eval()
+
+
+def load_t5(
+    layout: CheckpointLayout,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    stream_blocks: bool = False,
+):
+    """The umT5 encoder of a checkpoint, loaded tensor by tensor from its .pth.
+
+    With `stream_blocks`, tensors stay memory-mapped on the CPU (no copy, no RSS growth) and
+    `worldgen.t5.encode_prompts_streamed` moves one block at a time to the GPU.
+    """
+    from worldgen.t5 import UMT5_XXL, T5Config, UMT5Encoder
+
+    config = T5Config.from_json(layout.t5_config_file) if layout.t5_config_file else UMT5_XXL
+    with torch.device("meta"):
+        model = UMT5Encoder(config)
+    tensors = stream_torch_file(layout.t5, "cpu" if stream_blocks else device, dtype, copy=not stream_blocks)
+    return load_state_streaming(model, tensors, layout.t5).eval()
+
+
+def load_vae(layout: CheckpointLayout, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+    """The Wan2.1 video VAE of a checkpoint (float32 by default, as the reference runs it)."""
+    from worldgen.vae import WAN21_VAE, VAEConfig, WanVAE
+
+    config = VAEConfig.from_json(layout.vae_config_file) if layout.vae_config_file else WAN21_VAE
+    with torch.device("meta"):
+        model = WanVAE(config)
+    return load_state_streaming(model, stream_torch_file(layout.vae, device, dtype), layout.vae).eval()

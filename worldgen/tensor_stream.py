@@ -122,9 +122,13 @@ def stream_safetensors(
 
 
 def stream_torch_file(
-    path: Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+    path: Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None, copy: bool = True
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (key, tensor) from a torch state-dict file, memory-mapped, one tensor at a time."""
+    """Yield (key, tensor) from a torch state-dict file, memory-mapped, one tensor at a time.
+
+    `copy=False` on the CPU yields the memory-mapped tensors themselves (when no cast is needed):
+    pages are read on use and belong to the page cache, not to the process's anonymous memory.
+    """
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except FileNotFoundError:
@@ -136,7 +140,7 @@ def stream_torch_file(
     device = torch.device(device)
     for key in list(state):
         tensor = state.pop(key)
-        out = tensor.to(device, copy=True)
+        out = tensor.to(device, copy=copy)
         if dtype is not None and out.dtype.is_floating_point:
             out = out.to(dtype)
         yield key, out
