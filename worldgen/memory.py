@@ -76,11 +76,18 @@ class MemoryPlan:
     keep_both_experts: bool = True
     batch_guidance: bool = False
     ffn_chunk_tokens: int | None = None
+    stream_text_encoder: bool = False  # T5 blocks pass through the GPU one at a time
+    text_encoder_device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
     notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.text_encoder_device.type == "cpu" and self.device.type != "cpu" and not self.stream_text_encoder:
+            self.text_encoder_device = self.device
 
     @classmethod
     def unlimited(cls, device: torch.device | str) -> MemoryPlan:
-        return cls(torch.device(device), notes=("no budget: every model stays where it was loaded",))
+        device = torch.device(device)
+        return cls(device, text_encoder_device=device, notes=("no budget: every model stays resident once loaded",))
 
     def before_expert(self, which: str, experts: dict[str, ModelSlot]) -> None:
         """Free the other expert first when both do not fit (never two experts in memory at once)."""
@@ -94,8 +101,9 @@ class MemoryPlan:
         ram = "none" if self.ram_budget_gb is None else f"{self.ram_budget_gb:g} GiB"
         lines = [
             f"memory plan on {self.device} (VRAM budget {budget}, RAM budget {ram}):",
-            f"  text    umT5 {'kept resident' if self.keep_text_encoder else 'loaded, then freed'} "
-            "(skipped on a prompt-cache hit)",
+            f"  text    umT5 on {self.text_encoder_device}, "
+            f"{'streamed block by block' if self.stream_text_encoder else 'kept resident' if self.keep_text_encoder else 'loaded, then freed'}"
+            " (skipped on a prompt-cache hit)",
             f"  encode  VAE {'kept resident' if self.keep_vae else 'loaded, then freed'}",
             f"  denoise experts: {'both resident' if self.keep_both_experts else 'one at a time, swapped at the boundary'}; "
             f"guidance passes {'batched' if self.batch_guidance else 'sequential'}; "
@@ -166,3 +174,52 @@ class PhaseMeter:
 
     def as_dict(self) -> list[dict]:
         return [dataclasses.asdict(r) for r in self.records]
+
+
+# Activation estimates at 480x832, 81 frames (32,760 tokens), measured with bench/bench_runtime.py
+ACTIVATION_GIB = 5.0  # one guidance pass, feed-forward chunked
+VAE_GIB = 3.0  # VAE weights (0.5) plus its chunked decode activations at 480p
+CUDA_CONTEXT_GIB = 0.6
+
+
+def folder_gib(path: Path) -> float:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) / GiB
+
+
+def plan_for(layout, device: torch.device, dtype: torch.dtype, vram_budget_gb: float | None,
+             ram_budget_gb: float | None) -> MemoryPlan:
+    """Decide residency from the budget and the checkpoint's sizes; enforce the VRAM budget.
+
+    Raises `worldgen.errors.InputError` when one expert cannot fit at all, naming the fix.
+    """
+    from worldgen.errors import InputError
+
+    device = torch.device(device)
+    if device.type != "cuda" or vram_budget_gb is None:
+        plan = MemoryPlan.unlimited(device)
+        plan.ram_budget_gb = ram_budget_gb
+        return plan
+    total_gib = torch.cuda.get_device_properties(device).total_memory / GiB
+    if vram_budget_gb > total_gib:
+        raise InputError(f"--vram-budget {vram_budget_gb:g} GiB is more than this GPU has ({total_gib:.1f} GiB)")
+    torch.cuda.set_per_process_memory_fraction(vram_budget_gb / total_gib, device)
+    expert = folder_gib(next(iter(layout.experts.values())))
+    usable = vram_budget_gb - CUDA_CONTEXT_GIB
+    notes = [f"one expert is {expert:.1f} GiB ({layout.kind}); activations ~{ACTIVATION_GIB:g} GiB per pass at 480p"]
+    if expert + ACTIVATION_GIB > usable:
+        raise InputError(
+            f"one {layout.kind} expert ({expert:.1f} GiB) plus activations does not fit --vram-budget "
+            f"{vram_budget_gb:g}; convert the checkpoint with `lingbot-isaac quantize` (NF4: ~9 GiB per expert) "
+            "or raise the budget"
+        )
+    keep_both = 2 * expert + ACTIVATION_GIB <= usable
+    batch = (2 if keep_both else 1) * expert + 2 * ACTIVATION_GIB <= usable
+    chunk = None if usable - (2 if keep_both else 1) * expert > 3 * ACTIVATION_GIB else 8192
+    if not keep_both:
+        notes.append("both experts do not fit: the low-noise expert replaces the high-noise one at the boundary")
+    return MemoryPlan(
+        device=device, vram_budget_gb=vram_budget_gb, ram_budget_gb=ram_budget_gb,
+        keep_text_encoder=False, keep_vae=keep_both, keep_both_experts=keep_both,
+        batch_guidance=batch, ffn_chunk_tokens=chunk, stream_text_encoder=True,
+        text_encoder_device=device, notes=tuple(notes),
+    )
