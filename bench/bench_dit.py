@@ -87,8 +87,10 @@ def main() -> None:
     t = torch.tensor([900.0], device=dev)
     model = random_model(cfg, dev)
     params = sum(p.numel() for p in model.parameters())
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {params / 1e9:.2f} B parameters; "
-          f"{args.height}x{args.width}x{args.frames} -> {tokens} tokens")
+    print(
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {params / 1e9:.2f} B parameters; "
+        f"{args.height}x{args.width}x{args.frames} -> {tokens} tokens"
+    )
     print(f"bf16 weights resident: {torch.cuda.memory_allocated() / GiB:.1f} GiB")
     for chunk in (None, 8192):
         model.set_ffn_chunk_tokens(chunk)
@@ -101,8 +103,9 @@ def main() -> None:
         s, act = time_forward(model, (x, t, ctx, y, cam), args.repeats)
         print(f"NF4   ffn_chunk={chunk}: {s:.2f} s/forward, activations {act:.1f} GiB")
     model.set_ffn_chunk_tokens(8192)
-    s, act = time_forward(model, (x.expand(2, -1, -1, -1, -1), t.expand(2), ctx * 2,
-                                  y.expand(2, -1, -1, -1, -1), cam), 1)
+    s, act = time_forward(
+        model, (x.expand(2, -1, -1, -1, -1), t.expand(2), ctx * 2, y.expand(2, -1, -1, -1, -1), cam), 1
+    )
     print(f"NF4   batched guidance (B=2), ffn_chunk=8192: {s:.2f} s per 2 passes, activations {act:.1f} GiB")
 
 

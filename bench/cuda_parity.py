@@ -52,8 +52,13 @@ def main() -> None:
         model = load_expert(g / "dit" / layout, dev, dtype)
         for t in (900, 250):
             with torch.no_grad():
-                out = model(io["x"][None].to(dev), torch.tensor([t], device=dev), [io["context"].to(dev)],
-                            io["y"][None].to(dev), io["cam"].to(dev))
+                out = model(
+                    io["x"][None].to(dev),
+                    torch.tensor([t], device=dev),
+                    [io["context"].to(dev)],
+                    io["y"][None].to(dev),
+                    io["cam"].to(dev),
+                )
             results[f"dit {layout} cam t{t}"] = rel(out[0], ref[f"out_cam_t{t}"])
         del model
 
@@ -87,9 +92,13 @@ def main() -> None:
     ex = args.shared / "reference/lingbot_examples"
     for case in json.loads((g / "camera/cases.json").read_text())["cases"]:
         tag = case["tag"]
-        cond = camera_conditioning(np.load(ex / case["example"] / "poses.npy"),
-                                   np.load(ex / case["example"] / "intrinsics.npy"),
-                                   case["frame_num_requested"], case["height"], case["width"])
+        cond = camera_conditioning(
+            np.load(ex / case["example"] / "poses.npy"),
+            np.load(ex / case["example"] / "intrinsics.npy"),
+            case["frame_num_requested"],
+            case["height"],
+            case["width"],
+        )
         results[f"camera {tag} plucker"] = rel(cond.plucker, cio[f"{tag}_plucker"])
 
     pio = load_file(g / "pipeline/io.safetensors")
@@ -97,17 +106,36 @@ def main() -> None:
     pipe = Pipeline(
         tokenizer=None,
         text_encoder=ModelSlot("t5", lambda: t5),
-        vae=ModelSlot("vae", lambda: loaded(WanVAE(VAEConfig.from_json(g / "vae/config.json")), g / "vae/vae.pth",
-                                            dev, torch.float32)),
-        experts={e: ModelSlot(e, lambda e=e: load_expert(g / "pipeline" / f"{e}_noise_model", dev, dtype))
-                 for e in ("high", "low")},
-        device=dev, text_len=16, name="golden",
+        vae=ModelSlot(
+            "vae",
+            lambda: loaded(WanVAE(VAEConfig.from_json(g / "vae/config.json")), g / "vae/vae.pth", dev, torch.float32),
+        ),
+        experts={
+            e: ModelSlot(e, lambda e=e: load_expert(g / "pipeline" / f"{e}_noise_model", dev, dtype))
+            for e in ("high", "low")
+        },
+        device=dev,
+        text_len=16,
+        name="golden",
     )
     context, negative = pipe.encode_ids(pio["ids"], pio["mask"])
-    settings = GenerationSettings(size="64*112", frame_num=spec["frame_num"], steps=spec["steps"],
-                                  shift=spec["shift"], guide_scale=tuple(spec["guide_scale_low_high"]))
-    video = pipe.generate(ex / "00/image.jpg", None, np.load(ex / "00/poses.npy"), np.load(ex / "00/intrinsics.npy"),
-                          settings, noise=pio["noise"], context=context.to(dev), negative_context=negative.to(dev))
+    settings = GenerationSettings(
+        size="64*112",
+        frame_num=spec["frame_num"],
+        steps=spec["steps"],
+        shift=spec["shift"],
+        guide_scale=tuple(spec["guide_scale_low_high"]),
+    )
+    video = pipe.generate(
+        ex / "00/image.jpg",
+        None,
+        np.load(ex / "00/poses.npy"),
+        np.load(ex / "00/intrinsics.npy"),
+        settings,
+        noise=pio["noise"],
+        context=context.to(dev),
+        negative_context=negative.to(dev),
+    )
     results["pipeline end-to-end video"] = rel(video, pio["video"])
 
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__} compute dtype {dtype}")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-
-import os
 
 REPO = Path(__file__).resolve().parent.parent
 # ../shared beside the checkout; LINGBOT_ISAAC_SHARED points elsewhere (e.g. a copy on the GPU machine)

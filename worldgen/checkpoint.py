@@ -195,6 +195,8 @@ def load_expert(
     For NF4 experts the Linear weights stay 4-bit; they are dequantized to `dtype` on each call.
     """
     folder = Path(folder)
+    if staging is None and torch.device(device).type == "cuda":
+        staging = StagingBuffer(256 * 2**20, pin=True)  # pinned: host-to-GPU copies overlap the next read
     config = DiTConfig.from_json(folder / "config.json")
     with torch.device("meta"):
         model = WanCameraDiT(config)

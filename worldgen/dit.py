@@ -134,14 +134,23 @@ def rope_tables(head_dim: int, grid: tuple[int, int, int], device: torch.device)
     return torch.cos(angles).float(), torch.sin(angles).float()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, L, n, d] with adjacent (even, odd) pairs as complex numbers; returns float32."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x [B, L, n, d] with adjacent (even, odd) pairs as complex numbers, rotated in float32 -> `dtype`.
+
+    Written with `out=` products so only one float32 copy of x and one result exist at a time.
+    """
     b, s, n, d = x.shape
     pairs = x.float().view(b, s, n, d // 2, 2)
-    real, imag = pairs.unbind(-1)
+    real, imag = pairs[..., 0], pairs[..., 1]
     cos = cos.view(1, s, 1, d // 2)
     sin = sin.view(1, s, 1, d // 2)
-    return torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1).view(b, s, n, d)
+    out = torch.empty_like(pairs)
+    torch.mul(real, cos, out=out[..., 0])
+    out[..., 0].addcmul_(imag, sin, value=-1.0)
+    torch.mul(real, sin, out=out[..., 1])
+    out[..., 1].addcmul_(imag, cos)
+    del pairs, real, imag
+    return out.view(b, s, n, d).to(dtype)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -162,8 +171,8 @@ class SelfAttention(nn.Module):
         b, s, _ = x.shape
         shape = (b, s, self.num_heads, -1)
         v = self.v(x).view(shape)  # its dtype is the compute dtype (bf16 weights -> bf16)
-        q = apply_rope(self.norm_q(self.q(x)).view(shape), *rope).to(v.dtype)
-        k = apply_rope(self.norm_k(self.k(x)).view(shape), *rope).to(v.dtype)
+        q = apply_rope(self.norm_q(self.q(x)).view(shape), *rope, v.dtype)
+        k = apply_rope(self.norm_k(self.k(x)).view(shape), *rope, v.dtype)
         return self.o(attention(q, k, v))
 
 

@@ -77,6 +77,7 @@ class MemoryPlan:
     batch_guidance: bool = False
     ffn_chunk_tokens: int | None = None
     stream_text_encoder: bool = False  # T5 blocks pass through the GPU one at a time
+    experts_beside_vae: bool = True  # False: experts are freed before the VAE decodes (reloaded next job)
     text_encoder_device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
     notes: tuple[str, ...] = ()
 
@@ -145,6 +146,7 @@ class PhaseMeter:
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
         self.records: list[PhaseRecord] = []
+        self.rss_split: dict[str, tuple[float, float]] = {}  # phase -> (anonymous, file-backed) GiB at its end
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -162,6 +164,9 @@ class PhaseMeter:
                 vram = torch.cuda.max_memory_reserved(self.device) / GiB
             hwm = _proc_status_kib("VmHWM" if can_reset else "VmRSS")
             rss = None if hwm is None else hwm / 2**20
+            anon, file = _proc_status_kib("RssAnon"), _proc_status_kib("RssFile")
+            if anon is not None and file is not None:
+                self.rss_split[name] = (anon / 2**20, file / 2**20)
             self.records.append(PhaseRecord(name, time.perf_counter() - start, rss, vram))
 
     def summary(self) -> str:
@@ -178,7 +183,8 @@ class PhaseMeter:
 
 # Activation estimates at 480x832, 81 frames (32,760 tokens), measured with bench/bench_runtime.py
 ACTIVATION_GIB = 5.0  # one guidance pass, feed-forward chunked
-VAE_GIB = 3.0  # VAE weights (0.5) plus its chunked decode activations at 480p
+VAE_GIB = 3.0  # VAE weights (0.5) plus its chunked encode activations at 480p
+VAE_DECODE_GIB = 10.5  # measured peak of the VAE decode at 480x832x81 (bench_rollout, H100)
 CUDA_CONTEXT_GIB = 0.6
 
 
@@ -200,6 +206,8 @@ def plan_for(
         plan = MemoryPlan.unlimited(device)
         plan.ram_budget_gb = ram_budget_gb
         return plan
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     total_gib = torch.cuda.get_device_properties(device).total_memory / GiB
     if vram_budget_gb > total_gib:
         raise InputError(f"--vram-budget {vram_budget_gb:g} GiB is more than this GPU has ({total_gib:.1f} GiB)")
@@ -223,8 +231,9 @@ def plan_for(
         vram_budget_gb=vram_budget_gb,
         ram_budget_gb=ram_budget_gb,
         keep_text_encoder=False,
-        keep_vae=keep_both,
+        keep_vae=usable - (2 if keep_both else 1) * expert > ACTIVATION_GIB + VAE_GIB,
         keep_both_experts=keep_both,
+        experts_beside_vae=usable - (2 if keep_both else 1) * expert > VAE_DECODE_GIB,
         batch_guidance=batch,
         ffn_chunk_tokens=chunk,
         stream_text_encoder=True,

@@ -12,6 +12,7 @@ Each step is a public method so tests can compare every intermediate with the re
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -167,13 +168,16 @@ class Pipeline:
         device = self.device
         latent = noise.to(device, torch.float32)
         y = y.to(device)[None]
+        context, negative_context = context.to(device), negative_context.to(device)
         cam = None if plucker is None else plucker.to(device)
         boundary = settings.boundary * 1000
         low_scale, high_scale = settings.guide_scale
         total = len(scheduler.timesteps)
         progress("denoise", 0, total)
+        model = None
         for i, t in enumerate(scheduler.timesteps):
             which = "high" if t.item() >= boundary else "low"
+            model = None  # drop our reference so a swapped-out expert is really freed
             self.plan.before_expert(which, self.experts)
             model = self.experts[which].get()
             scale = high_scale if which == "high" else low_scale
@@ -195,6 +199,7 @@ class Pipeline:
             del cond, uncond
             latent = scheduler.step(guided[None], t, latent[None])[0]
             progress("denoise", i + 1, total)
+        model = None
         for slot in self.experts.values():
             slot.release()
         return latent
@@ -277,6 +282,9 @@ class Pipeline:
         with self.meter.phase("denoise"):
             latent = self.denoise(noise, y, context, negative_context, plucker, settings, progress)
 
+        if not self.plan.experts_beside_vae:
+            for slot in self.experts.values():
+                slot.unload()
         with self.meter.phase("decode"):
             progress("decode", 0, 1)
             video = self.decode(latent)
@@ -319,6 +327,8 @@ def load_pipeline(
     from worldgen.checkpoint import find_checkpoint, load_expert, load_t5, load_vae
     from worldgen.memory import plan_for
 
+    # fewer fragmentation OOMs near the budget; must be set before CUDA's allocator starts
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     root, is_tiny = resolve_checkpoint(ckpt)

@@ -249,8 +249,14 @@ def encode_prompts_streamed(
     x = encoder.embed(ids).to(device)  # the embedding lookup gathers rows on the CPU
     ids_mask = mask.to(device)
     shared = encoder.shared_position_bias(ids.shape[1])
+    from worldgen.tensor_stream import release_host_pages
+
     for block in encoder.blocks:
+        host_tensors = [*block.parameters(), *block.buffers()]
         block.to(device)
+        for tensor in host_tensors:  # keep RSS flat: the mapped pages go back to the page cache
+            release_host_pages(tensor)
+        del host_tensors
         x = block(x, ids_mask, shared)
         block.to("meta")
     hidden = encoder.norm.to(device)(x)

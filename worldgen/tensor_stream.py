@@ -10,7 +10,9 @@ unpickling, no full read) and copied tensor by tensor.
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -145,3 +147,27 @@ def stream_torch_file(
             out = out.to(dtype)
         yield key, out
         del tensor
+
+
+_MADV_DONTNEED = 4
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def release_host_pages(tensor: torch.Tensor) -> None:
+    """Drop the resident pages of a CPU tensor we are done with (Linux `madvise(MADV_DONTNEED)`).
+
+    For a memory-mapped checkpoint this returns the pages to the page cache, so the process's RSS
+    does not grow to the size of the file as its tensors pass through to the GPU. Only whole pages
+    inside the tensor are released; call it only on tensors nothing will read again.
+    """
+    if tensor.device.type != "cpu" or tensor.numel() == 0:
+        return
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    first = (start + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+    last = end // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first and _libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED) != 0:
+        release_host_pages.failures += 1
+
+
+release_host_pages.failures = 0

@@ -6,7 +6,6 @@ import os
 import tempfile
 from pathlib import Path
 
-import imageio_ffmpeg
 import numpy as np
 import torch
 
@@ -19,6 +18,8 @@ def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
 
 def write_mp4(video: torch.Tensor | np.ndarray, path: Path | str, fps: int = 16) -> Path:
     """Video tensor [3,F,H,W] in [-1,1] (or uint8 frames [F,H,W,3]) -> H.264 yuv420p mp4."""
+    import imageio_ffmpeg  # only the writer needs it (a GPU box may lack it)
+
     frames = video if isinstance(video, np.ndarray) else to_uint8_frames(video)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

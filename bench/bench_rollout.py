@@ -1,0 +1,116 @@
+"""A full rollout under a VRAM budget, with peak VRAM and RSS per phase, and expert load throughput.
+
+Usage:
+  python bench/bench_rollout.py CKPT_DIR --action-path EXAMPLE_DIR --vram-budget 16 [--steps 40]
+      [--size 480*832] [--frame-num 81] [--load-throughput]
+
+CKPT_DIR is a real or synthetic checkpoint (bench/synthetic_checkpoint.py). Prints the memory plan,
+the measured per-phase table, expert loads, and (with --load-throughput) cold-cache throughput of
+loading one NF4 expert next to a raw sequential read of the same file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bridge.settings import GenerationSettings  # noqa: E402
+from worldgen.camera import load_action  # noqa: E402
+from worldgen.checkpoint import find_checkpoint, load_expert  # noqa: E402
+from worldgen.pipeline import load_pipeline  # noqa: E402
+from worldgen.rollout import find_image, read_prompt  # noqa: E402
+
+GiB = 2**30
+
+
+def drop_page_cache() -> bool:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3")
+        return True
+    except OSError:
+        return False
+
+
+def raw_read_gbps(path: Path) -> float:
+    start = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(64 * 2**20)
+        while f.readinto(buf):
+            pass
+    return path.stat().st_size / (time.perf_counter() - start) / 1e9
+
+
+def load_throughput(ckpt: Path) -> None:
+    layout = find_checkpoint(ckpt)
+    folder = layout.experts["high"]
+    files = [p for p in folder.iterdir() if p.suffix in (".safetensors", ".pt")]
+    size = sum(p.stat().st_size for p in files)
+    cold = drop_page_cache()
+    raw = sum(p.stat().st_size for p in files) / sum(p.stat().st_size / raw_read_gbps(p) for p in files)
+    drop_page_cache()
+    start = time.perf_counter()
+    model = load_expert(folder, "cuda", torch.bfloat16)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    print(
+        f"load throughput ({'cold page cache' if cold else 'page cache NOT dropped'}): raw read {raw:.2f} GB/s; "
+        f"load_expert {size / seconds / 1e9:.2f} GB/s ({size / 1e9:.1f} GB in {seconds:.1f} s) "
+        f"= {size / seconds / 1e9 / raw:.0%} of raw"
+    )
+    del model
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("ckpt", type=Path)
+    parser.add_argument("--action-path", type=Path, required=True)
+    parser.add_argument("--vram-budget", type=float)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--size", default="480*832")
+    parser.add_argument("--frame-num", type=int, default=81)
+    parser.add_argument("--load-throughput", action="store_true")
+    args = parser.parse_args()
+    if args.load_throughput:
+        load_throughput(args.ckpt)
+    pipe = load_pipeline(args.ckpt, device="cuda", vram_budget_gb=args.vram_budget, use_text_cache=False)
+    print(pipe.plan.describe())
+    poses, intrinsics = load_action(args.action_path)
+    settings = GenerationSettings(size=args.size, frame_num=args.frame_num, steps=args.steps, shift=5.0)
+    last = [time.perf_counter()]
+
+    def progress(phase: str, step: int, total: int) -> None:
+        if phase == "denoise" and step:
+            now = time.perf_counter()
+            print(f"  step {step}/{total}: {now - last[0]:.1f} s", flush=True)
+            last[0] = now
+
+    start = time.perf_counter()
+    video = pipe.generate(
+        find_image(args.action_path), read_prompt(args.action_path), poses, intrinsics, settings, progress=progress
+    )
+    total = time.perf_counter() - start
+    print(pipe.meter.summary())
+    print(
+        "RSS at phase end (anonymous, file-backed GiB):",
+        {k: tuple(round(x, 2) for x in v) for k, v in pipe.meter.rss_split.items()},
+    )
+    print(
+        f"video {tuple(video.shape)}, finite={bool(torch.isfinite(video).all())}; total {total:.0f} s; "
+        f"expert loads: " + ", ".join(f"{k}={s.loads} ({s.load_seconds:.0f} s)" for k, s in pipe.experts.items())
+    )
+    peak_vram = max(r.peak_vram_gib or 0 for r in pipe.meter.records)
+    peak_rss = max(r.peak_rss_gib or 0 for r in pipe.meter.records)
+    print(f"PEAK: VRAM {peak_vram:.2f} GiB (budget {args.vram_budget}), RSS {peak_rss:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()

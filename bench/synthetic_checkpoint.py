@@ -1,0 +1,111 @@
+"""Write a synthetic full-size checkpoint in the community NF4 layout (and optionally the bf16 one).
+
+Real shapes and key names (two 18.5 B-parameter experts, umT5-XXL, Wan2.1 VAE), random weights:
+what we can measure memory, speed and load throughput on without downloading the real release.
+The tokenizer is our tiny character tokenizer (ids fit the real vocabulary).
+
+Usage: python bench/synthetic_checkpoint.py OUT_DIR [--layout nf4|bf16] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from worldgen.checkpoint import INDEX_FILE, T5_FILE, VAE_FILE  # noqa: E402
+from worldgen.dit import DiTConfig, Linear, WanCameraDiT  # noqa: E402
+from worldgen.nf4 import quantize_weight  # noqa: E402
+from worldgen.t5 import UMT5_XXL, UMT5Encoder  # noqa: E402
+from worldgen.tokenizer import build_tiny_tokenizer  # noqa: E402
+from worldgen.vae import WAN21_VAE, WanVAE  # noqa: E402
+
+
+def meta_shapes(module: torch.nn.Module) -> dict[str, tuple[torch.Size, bool]]:
+    return {k: v.shape for k, v in module.state_dict().items()}
+
+
+def random_tensor(shape, name: str, device, gen) -> torch.Tensor:
+    if "norm" in name:
+        return torch.ones(shape, device=device, dtype=torch.bfloat16)
+    return (torch.randn(shape, device=device, generator=gen) * 0.02).to(torch.bfloat16)
+
+
+def write_expert(folder: Path, layout: str, device: torch.device, seed: int) -> None:
+    cfg = DiTConfig()
+    with torch.device("meta"):
+        model = WanCameraDiT(cfg)
+    linears = {n for n, m in model.named_modules() if isinstance(m, Linear)}
+    gen = torch.Generator(device).manual_seed(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"_class_name": "WanModel", **dataclasses.asdict(cfg)}, indent=1))
+    shapes = meta_shapes(model)
+    if layout == "nf4":
+        meta = {"quant": {"format": "bnb_nf4", "quant_type": "nf4", "double_quant": True,
+                          "compute_dtype": "bfloat16", "blocksize": 64}}  # fmt: skip
+        (folder / "quantization_meta.json").write_text(json.dumps(meta))
+        out = {}
+        for key, shape in shapes.items():
+            value = random_tensor(shape, key, device, gen)
+            owner = key.rpartition(".")[0]
+            if owner in linears and key.endswith(".weight"):
+                out.update({f"{owner}.{k}": v.cpu() for k, v in quantize_weight(value).items()})
+            else:
+                out[key] = value.cpu()
+        save_file(out, folder / "model.safetensors")
+        return
+    keys = list(shapes)
+    shard_size = 5 * 2**30
+    shard, shards, size = {}, [], 0
+    for key in keys:
+        shard[key] = random_tensor(shapes[key], key, device, gen).cpu()
+        size += shard[key].numel() * 2
+        if size >= shard_size or key == keys[-1]:
+            shards.append(shard)
+            shard, size = {}, 0
+    weight_map = {}
+    for i, part in enumerate(shards, start=1):
+        name = f"diffusion_pytorch_model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(part, folder / name)
+        weight_map.update({k: name for k in part})
+    (folder / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--layout", choices=("nf4", "bf16"), default="nf4")
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    start = time.perf_counter()
+    suffix = "_bnb_nf4" if args.layout == "nf4" else ""
+    for seed, expert in enumerate(("high", "low")):
+        write_expert(args.out / f"{expert}_noise_model{suffix}", args.layout, device, seed)
+        print(f"{expert} expert written ({time.perf_counter() - start:.0f} s)", flush=True)
+    with torch.device("meta"):
+        t5 = UMT5Encoder(UMT5_XXL)
+    gen = torch.Generator(device).manual_seed(7)
+    state = {k: random_tensor(s, k, device, gen).cpu() for k, s in meta_shapes(t5).items()}
+    torch.save(state, args.out / T5_FILE)
+    del state
+    with torch.device("meta"):
+        vae = WanVAE(WAN21_VAE)
+    state = {k: random_tensor(s, k, device, gen).float().cpu() for k, s in meta_shapes(vae).items()}
+    torch.save(state, args.out / VAE_FILE)
+    tok_dir = args.out / ("tokenizer" if args.layout == "nf4" else "google/umt5-xxl")
+    tok_dir.mkdir(parents=True, exist_ok=True)
+    build_tiny_tokenizer(100).save(str(tok_dir / "tokenizer.json"))
+    print(f"synthetic {args.layout} checkpoint at {args.out} ({time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
