@@ -1,0 +1,321 @@
+"""The LingBot-World DiT: Wan2.2 I2V transformer plus LingBot's camera layers, in one file.
+
+State-dict names are those of the released checkpoints (`blocks.12.self_attn.q.weight`, ...), so
+both the original bf16 shards and the community NF4 file load into it without renaming.
+
+Numerics follow the reference (bf16 matmuls; LayerNorms, modulation, residual gating, time
+embedding and head in float32) with three memory changes that give the same numbers:
+- the timestep modulation is one row per sample, not one per token (t is the same for all tokens);
+- RoPE is applied in float32 from a small cos/sin table computed in float64, instead of casting
+  q and k to float64 complex tensors;
+- the feed-forward can run in token chunks (`ffn_chunk_tokens`) so its 13824-wide hidden
+  activation never exists for the whole sequence at once.
+Linear layers are `Linear` (below) or `worldgen.nf4.NF4Linear`; both take the compute dtype
+from their weights and can be told to compute in float32 where the reference does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worldgen.errors import CheckpointError
+
+
+@dataclasses.dataclass(frozen=True)
+class DiTConfig:
+    model_type: str = "i2v"
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+    text_len: int = 512
+    in_dim: int = 36
+    dim: int = 5120
+    ffn_dim: int = 13824
+    freq_dim: int = 256
+    text_dim: int = 4096
+    out_dim: int = 16
+    num_heads: int = 40
+    num_layers: int = 40
+    window_size: tuple[int, int] = (-1, -1)
+    qk_norm: bool = True
+    cross_attn_norm: bool = True
+    eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @classmethod
+    def from_json(cls, path: Path) -> DiTConfig:
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{path}: cannot read the DiT config ({exc}); re-download config.json") from None
+        fields = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted(fields - set(raw) - {"window_size", "qk_norm", "cross_attn_norm", "eps", "model_type"})
+        if missing:
+            raise CheckpointError(f"{path}: DiT config lacks {missing}; is this a LingBot-World expert folder?")
+        kwargs = {k: v for k, v in raw.items() if k in fields}
+        for key in ("patch_size", "window_size"):
+            if key in kwargs:
+                kwargs[key] = tuple(kwargs[key])
+        config = cls(**kwargs)
+        if config.model_type != "i2v" or config.in_dim != 36:
+            raise CheckpointError(
+                f"{path}: expected an i2v model with in_dim 36, got {config.model_type} / {config.in_dim}"
+            )
+        if config.dim % config.num_heads or config.head_dim % 2:
+            raise CheckpointError(f"{path}: dim {config.dim} does not split into {config.num_heads} heads")
+        return config
+
+
+class Linear(nn.Linear):
+    """nn.Linear that casts its input to the weight dtype, or computes in `dtype` when given."""
+
+    def forward(self, x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        dtype = dtype or self.weight.dtype
+        bias = None if self.bias is None else self.bias.to(dtype)
+        return F.linear(x.to(dtype), self.weight.to(dtype), bias)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return normed.to(x.dtype) * self.weight.to(x.dtype)
+
+
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm computed in float32 whatever the input and parameter dtypes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = None if self.weight is None else self.weight.float()
+        bias = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps)
+
+
+def sinusoidal_embedding(dim: int, t: torch.Tensor) -> torch.Tensor:
+    """[B] timesteps -> [B, dim] float32; positions and frequencies in float64 as the reference."""
+    half = dim // 2
+    position = t.to(torch.float64)
+    freqs = torch.pow(10000, -torch.arange(half, dtype=torch.float64, device=t.device).div(half))
+    angles = torch.outer(position, freqs)
+    return torch.cat([torch.cos(angles), torch.sin(angles)], dim=1).float()
+
+
+def rope_tables(head_dim: int, grid: tuple[int, int, int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables [L, head_dim/2] for the 3-D (frame, row, column) rotary embedding.
+
+    head_dim/2 rotary pairs split into (c - 2(c//3), c//3, c//3) for c = head_dim/2, each group with
+    angle = position / 10000^(2k/group_dim); computed in float64, stored in float32.
+    """
+    pairs = head_dim // 2
+    splits = (pairs - 2 * (pairs // 3), pairs // 3, pairs // 3)
+    f, h, w = grid
+    parts = []
+    for n_pairs, size, axis in zip(splits, (f, h, w), range(3), strict=True):
+        group_dim = 2 * n_pairs if axis else head_dim - 4 * (head_dim // 6)
+        inv = 1.0 / torch.pow(10000, torch.arange(0, group_dim, 2, dtype=torch.float64, device=device) / group_dim)
+        angles = torch.outer(torch.arange(size, dtype=torch.float64, device=device), inv)
+        shape = [1, 1, 1, n_pairs]
+        shape[axis] = size
+        parts.append(angles.view(shape).expand(f, h, w, n_pairs))
+    angles = torch.cat(parts, dim=-1).reshape(f * h * w, pairs)
+    return torch.cos(angles).float(), torch.sin(angles).float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, L, n, d] with adjacent (even, odd) pairs as complex numbers; returns float32."""
+    b, s, n, d = x.shape
+    pairs = x.float().view(b, s, n, d // 2, 2)
+    real, imag = pairs.unbind(-1)
+    cos = cos.view(1, s, 1, d // 2)
+    sin = sin.view(1, s, 1, d // 2)
+    return torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1).view(b, s, n, d)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """[B, L, n, d] inputs -> [B, L, n*d]; memory-efficient SDPA, softmax scale 1/sqrt(d)."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return out.transpose(1, 2).flatten(2)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, eps: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.q, self.k, self.v, self.o = (Linear(dim, dim) for _ in range(4))
+        self.norm_q = RMSNorm(dim, eps)
+        self.norm_k = RMSNorm(dim, eps)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        b, s, _ = x.shape
+        shape = (b, s, self.num_heads, -1)
+        v = self.v(x).view(shape)  # its dtype is the compute dtype (bf16 weights -> bf16)
+        q = apply_rope(self.norm_q(self.q(x)).view(shape), *rope).to(v.dtype)
+        k = apply_rope(self.norm_k(self.k(x)).view(shape), *rope).to(v.dtype)
+        return self.o(attention(q, k, v))
+
+
+class CrossAttention(SelfAttention):
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        q = self.norm_q(self.q(x)).view(b, -1, self.num_heads, x.shape[-1] // self.num_heads)
+        k = self.norm_k(self.k(context)).view(b, -1, self.num_heads, q.shape[-1])
+        v = self.v(context).view(b, -1, self.num_heads, q.shape[-1])
+        return self.o(attention(q, k, v))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        dim = cfg.dim
+        self.norm1 = LayerNorm(dim, cfg.eps, elementwise_affine=False)
+        self.self_attn = SelfAttention(dim, cfg.num_heads, cfg.eps)
+        self.norm3 = LayerNorm(dim, cfg.eps, elementwise_affine=True) if cfg.cross_attn_norm else nn.Identity()
+        self.cross_attn = CrossAttention(dim, cfg.num_heads, cfg.eps)
+        self.norm2 = LayerNorm(dim, cfg.eps, elementwise_affine=False)
+        self.ffn = nn.Sequential(Linear(dim, cfg.ffn_dim), nn.GELU(approximate="tanh"), Linear(cfg.ffn_dim, dim))
+        self.modulation = nn.Parameter(torch.zeros(1, 6, dim))
+        self.cam_injector_layer1 = Linear(dim, dim)
+        self.cam_injector_layer2 = Linear(dim, dim)
+        self.cam_scale_layer = Linear(dim, dim)
+        self.cam_shift_layer = Linear(dim, dim)
+        self.ffn_chunk_tokens: int | None = None
+
+    def feed_forward(
+        self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor
+    ) -> torch.Tensor:
+        """x + ffn(norm2(x)*(1+scale)+shift)*gate, in token chunks when `ffn_chunk_tokens` is set."""
+        chunk = self.ffn_chunk_tokens or x.shape[1]
+        out = torch.empty_like(x)
+        for start in range(0, x.shape[1], chunk):
+            xs = x[:, start : start + chunk]
+            h = self.norm2(xs) * (1 + scale) + shift
+            h = self.ffn[2](self.ffn[1](self.ffn[0](h)))
+            out[:, start : start + chunk] = xs + h * gate
+        return out
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        e0: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        context: torch.Tensor,
+        cam: torch.Tensor | None,
+    ) -> torch.Tensor:
+        # m0..m5: [B, 1, dim] float32 (one row per sample, broadcast over tokens)
+        m = (self.modulation.float() + e0).unsqueeze(2).unbind(1)
+        x = x + self.self_attn(self.norm1(x) * (1 + m[1]) + m[0], rope) * m[2]
+        if cam is not None:
+            h = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(cam))) + cam
+            x = (1 + self.cam_scale_layer(h)) * x + self.cam_shift_layer(h)
+        x = x + self.cross_attn(self.norm3(x), context)
+        return self.feed_forward(x, m[3], m[4], m[5])
+
+
+class Head(nn.Module):
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        self.norm = LayerNorm(cfg.dim, cfg.eps, elementwise_affine=False)
+        self.head = Linear(cfg.dim, math.prod(cfg.patch_size) * cfg.out_dim)
+        self.modulation = nn.Parameter(torch.zeros(1, 2, cfg.dim))
+
+    def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        shift, scale = (self.modulation.float() + e.unsqueeze(1)).unsqueeze(2).unbind(1)
+        return self.head(self.norm(x) * (1 + scale) + shift, dtype=torch.float32)
+
+
+class WanCameraDiT(nn.Module):
+    """One expert. `forward(x, t, context, y, cam)`; all per-sample tensors batched on dim 0."""
+
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        self.cfg = cfg
+        dim = cfg.dim
+        self.patch_embedding = nn.Conv3d(cfg.in_dim, dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        self.text_embedding = nn.Sequential(Linear(cfg.text_dim, dim), nn.GELU(approximate="tanh"), Linear(dim, dim))
+        self.time_embedding = nn.Sequential(Linear(cfg.freq_dim, dim), nn.SiLU(), Linear(dim, dim))
+        self.time_projection = nn.Sequential(nn.SiLU(), Linear(dim, 6 * dim))
+        cam_channels = 6 * 64 * math.prod(cfg.patch_size)  # 384 Plücker channels per 1x2x2 patch
+        self.patch_embedding_wancamctrl = Linear(cam_channels, dim)
+        self.c2ws_hidden_states_layer1 = Linear(dim, dim)
+        self.c2ws_hidden_states_layer2 = Linear(dim, dim)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.head = Head(cfg)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.patch_embedding.weight.dtype
+
+    def set_ffn_chunk_tokens(self, tokens: int | None) -> None:
+        for block in self.blocks:
+            block.ffn_chunk_tokens = tokens
+
+    def embed_text(self, context: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+        """[B, Lc, text_dim] (or a list of [Lc_i, text_dim]) -> zero-padded to text_len, embedded."""
+        rows = list(context) if isinstance(context, (list, tuple)) else list(context.unbind(0))
+        padded = torch.stack([F.pad(c, (0, 0, 0, self.cfg.text_len - c.shape[0])) for c in rows])
+        return self.text_embedding[2](self.text_embedding[1](self.text_embedding[0](padded)))
+
+    def embed_camera(self, plucker: torch.Tensor) -> torch.Tensor:
+        """[B, 384, F, H, W] Plücker -> [B, L, dim] camera tokens (channel order c, then patch axes)."""
+        b, c, f, h, w = plucker.shape
+        pf, ph, pw = self.cfg.patch_size
+        folded = plucker.view(b, c, f // pf, pf, h // ph, ph, w // pw, pw)
+        folded = folded.permute(0, 2, 4, 6, 1, 3, 5, 7).reshape(b, (f // pf) * (h // ph) * (w // pw), -1)
+        cam = self.patch_embedding_wancamctrl(folded)
+        return cam + self.c2ws_hidden_states_layer2(F.silu(self.c2ws_hidden_states_layer1(cam)))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        context: torch.Tensor | list[torch.Tensor],
+        y: torch.Tensor,
+        cam: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x [B,16,F,H,W] noisy latent, t [B] timesteps, y [B,20,F,H,W] condition -> [B,16,F,H,W] float32.
+
+        `context` is text embeddings (not yet zero-padded); `cam` the Plücker tensor or None.
+        """
+        cfg = self.cfg
+        dtype = self.compute_dtype
+        inp = torch.cat([x, y], dim=1).to(dtype)
+        tokens = self.patch_embedding(inp)
+        b, _, f, h, w = tokens.shape
+        tokens = tokens.flatten(2).transpose(1, 2).float()  # [B, L, dim], residual stream in float32
+
+        e = self.time_embedding[2](
+            self.time_embedding[1](self.time_embedding[0](sinusoidal_embedding(cfg.freq_dim, t), torch.float32)),
+            torch.float32,
+        )
+        e0 = self.time_projection[1](self.time_projection[0](e), torch.float32).view(b, 6, cfg.dim)
+
+        text = self.embed_text(context)
+        # camera tokens are the same for every sample of the batch: [1, L, dim], broadcast in the blocks
+        cam_tokens = None if cam is None else self.embed_camera(cam[:1].to(dtype))
+        rope = rope_tables(cfg.head_dim, (f, h, w), tokens.device)
+        for block in self.blocks:
+            tokens = block(tokens, e0, rope, text, cam_tokens)
+        out = self.head(tokens, e)
+        return unpatchify(out, (f, h, w), cfg.patch_size, cfg.out_dim)
+
+
+def unpatchify(x: torch.Tensor, grid: tuple[int, int, int], patch: tuple[int, int, int], channels: int) -> torch.Tensor:
+    """[B, L, p*q*r*C] -> [B, C, F*p, H*q, W*r] (patch axes interleaved back)."""
+    b = x.shape[0]
+    f, h, w = grid
+    p, q, r = patch
+    x = x.view(b, f, h, w, p, q, r, channels)
+    return x.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(b, channels, f * p, h * q, w * r)

@@ -1,0 +1,132 @@
+"""Generate a LingBot-World video from a first image, a prompt and a camera trajectory (no server).
+
+Examples:
+  lingbot-isaac generate --image first.jpg --prompt "a warehouse aisle" --action-path episode/ -o out.mp4
+  lingbot-isaac generate --ckpt-dir ~/models/lingbot-world-base-cam-nf4 --action-path episode/ \\
+      --vram-budget 24 -o rollout.mp4
+
+With no --ckpt-dir the built-in `tiny` model runs (random weights: its output is noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bridge.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
+from worldgen.errors import InputError
+
+USER_ERRORS = (InputError, SettingsError)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = __doc__.split("\n\n", 1)[1]
+    src = parser.add_argument_group("inputs")
+    src.add_argument("--ckpt-dir", default="tiny",
+                     help="checkpoint folder (original bf16 release or NF4 release), or 'tiny' / 'tiny-nf4' "
+                          "for the built-in random-weights model (default: tiny)")
+    src.add_argument("--action-path", type=Path,
+                     help="folder with poses.npy + intrinsics.npy (and image.jpg, prompt.txt when --image/"
+                          "--prompt are not given): a LingBot example folder or an episode folder")
+    src.add_argument("--image", type=Path, help="first frame (any image mode: grayscale, RGBA, 16-bit are converted)")
+    src.add_argument("--prompt", help="scene description (default: prompt.txt of --action-path)")
+    src.add_argument("--no-camera", action="store_true", help="ignore poses: image-to-video without camera control")
+    gen = parser.add_argument_group("generation (defaults: config/generation.toml; [tiny] for the tiny model)")
+    gen.add_argument("--size", help="max area as H*W, e.g. 480*832 or 720*1280; the aspect follows the image")
+    gen.add_argument("--frame-num", type=int, help="frames, 4n+1 (rounded down), at most what the poses cover")
+    gen.add_argument("--steps", type=int, help="denoising steps")
+    gen.add_argument("--shift", type=float, help="noise schedule shift")
+    gen.add_argument("--guide-scale", help="classifier-free guidance: one value, or low,high per expert")
+    gen.add_argument("--seed", type=int, help="random seed of the initial noise")
+    gen.add_argument("--negative-prompt", help="negative prompt (default: the i2v-A14B one)")
+    run = parser.add_argument_group("runtime")
+    run.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
+    run.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
+                     help="compute dtype of the DiT and T5 (default: bfloat16 on CUDA, float32 on CPU)")
+    run.add_argument("--vram-budget", type=float, metavar="GB",
+                     help="cap this process's GPU memory (e.g. 24 to emulate a 24 GB card, or to leave room for Isaac Sim)")
+    run.add_argument("--ram-budget", type=float, metavar="GB", help="RAM budget reported against the measured peak")
+    run.add_argument("-o", "--output", type=Path, default=Path("out.mp4"), help="output mp4 (H.264)")
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def settings_from_args(args: argparse.Namespace, tiny: bool) -> GenerationSettings:
+    base = load_settings(preset="tiny" if tiny else "default")
+    changes = {k: v for k, v in {
+        "size": args.size, "frame_num": args.frame_num, "steps": args.steps, "shift": args.shift,
+        "seed": args.seed, "negative_prompt": args.negative_prompt,
+        "guide_scale": parse_guide_scale(args.guide_scale) if args.guide_scale else None,
+    }.items() if v is not None}  # fmt: skip
+    return base.replace(**changes)
+
+
+class ProgressBars:
+    """One tqdm bar per phase; the denoise bar counts steps."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bar = None
+        self.phase = None
+
+    def __call__(self, phase: str, step: int, total: int) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        if phase != self.phase:
+            self.close()
+            self.phase = phase
+            self.bar = tqdm(total=total, desc=f"{phase:<8}", unit="step" if phase == "denoise" else "phase",
+                            file=sys.stderr, leave=True)
+        self.bar.n = step
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from worldgen.camera import load_action
+    from worldgen.pipeline import load_pipeline
+    from worldgen.rollout import find_image, read_prompt
+    from worldgen.video_out import write_mp4
+
+    tiny = str(args.ckpt_dir).startswith("tiny")
+    settings = settings_from_args(args, tiny)
+    if args.action_path is None and args.image is None:
+        raise InputError("give --image (and --prompt), or --action-path with image.jpg and prompt.txt")
+    image = args.image or find_image(args.action_path)
+    prompt = args.prompt or (read_prompt(args.action_path) if args.action_path else None)
+    if not prompt:
+        raise InputError("no prompt: pass --prompt or put prompt.txt in --action-path")
+    poses = intrinsics = None
+    if args.action_path is not None and not args.no_camera:
+        poses, intrinsics = load_action(args.action_path)
+
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    pipe = load_pipeline(args.ckpt_dir, device=args.device, dtype=dtype,
+                         vram_budget_gb=args.vram_budget, ram_budget_gb=args.ram_budget)
+    if pipe.is_random_weights:
+        print("note: the tiny model has random weights: its output is noise, not a prediction", file=sys.stderr)
+    print(f"model: {pipe.name}", file=sys.stderr)
+    print(pipe.plan.describe(), file=sys.stderr)
+    bars = ProgressBars(not args.quiet)
+    try:
+        video = pipe.generate(image, prompt, poses, intrinsics, settings, progress=bars)
+    finally:
+        bars.close()
+    with pipe.meter.phase("write"):
+        path = write_mp4(video, args.output, fps=settings.fps)
+    print(pipe.meter.summary(), file=sys.stderr)
+    peak_rss = max((r.peak_rss_gib or 0) for r in pipe.meter.records)
+    if args.ram_budget and peak_rss > args.ram_budget:
+        print(f"warning: peak RSS {peak_rss:.2f} GiB exceeded --ram-budget {args.ram_budget:g}", file=sys.stderr)
+    frames, h, w = video.shape[1:]
+    print(f"wrote {path} ({frames} frames, {w}x{h}, {settings.fps} fps)")
+    return 0

@@ -1,0 +1,111 @@
+"""NF4 linear layers in the community checkpoint layout (bitsandbytes' serialised `Linear4bit`).
+
+For a Linear named `N` the checkpoint holds `N.weight` (packed uint8), `N.weight.absmax`,
+`N.weight.quant_map`, `N.weight.nested_absmax`, `N.weight.nested_quant_map`,
+`N.weight.quant_state.bitsandbytes__nf4` (packed JSON of shape, dtype, blocksize, ...) and `N.bias`.
+
+`NF4Linear` keeps those tensors as buffers (so `.to(device)` moves them) and, on each call,
+rebuilds bitsandbytes' `QuantState`, dequantizes with `dequantize_4bit` and runs a plain linear in
+the compute dtype. We do not use `bnb.nn.Linear4bit.forward`: on the CPU it needs an extra
+download, and dequantize-then-matmul is what it does for long token sequences anyway.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from bitsandbytes.functional import QuantState, dequantize_4bit, quantize_4bit
+from torch import nn
+
+from worldgen.errors import CheckpointError
+
+QUANT_SUFFIXES = (
+    "weight.absmax",
+    "weight.quant_map",
+    "weight.nested_absmax",
+    "weight.nested_quant_map",
+    "weight.quant_state.bitsandbytes__nf4",
+)
+TENSOR_FIELDS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
+
+
+class NF4Linear(nn.Module):
+    """A Linear whose weight is NF4 (double-quantized) as bitsandbytes stores it."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, compute_dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.compute_dtype = compute_dtype
+        self.quant_type = "nf4"
+        self.blocksize = 64
+        self.weight_dtype = torch.bfloat16
+        self.nested_blocksize = 256
+        self.nested_dtype = torch.float32
+        self.register_buffer("weight", torch.empty(0, dtype=torch.uint8))
+        for name in (*TENSOR_FIELDS, "nested_offset"):
+            self.register_buffer(name, torch.empty(0))
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+
+    def set_quant_state(self, components: dict[str, torch.Tensor], name: str) -> None:
+        """Adopt the serialised components of `name.weight.*` (tensors already on their device)."""
+        try:
+            state = QuantState.from_dict(
+                {k: v for k, v in components.items() if k != "weight"}, device=components["weight"].device
+            )
+        except (ValueError, KeyError, AssertionError) as exc:
+            raise CheckpointError(f"{name}: unreadable NF4 quant state ({exc})") from None
+        if state.quant_type != "nf4" or tuple(state.shape) != (self.out_features, self.in_features):
+            raise CheckpointError(
+                f"{name}: quant state says {state.quant_type} {tuple(state.shape)}, the model expects "
+                f"nf4 {(self.out_features, self.in_features)}; the checkpoint does not match its config.json"
+            )
+        self.weight = components["weight"]
+        self.absmax, self.quant_map = state.absmax, state.code
+        self.blocksize, self.weight_dtype = state.blocksize, state.dtype
+        if state.nested:
+            self.nested_absmax, self.nested_quant_map = state.state2.absmax, state.state2.code
+            self.nested_blocksize, self.nested_dtype = state.state2.blocksize, state.state2.dtype
+            self.nested_offset = state.offset.reshape(())
+        else:
+            empty = torch.empty(0, device=self.absmax.device)
+            self.nested_absmax, self.nested_quant_map, self.nested_offset = empty, empty, empty
+
+    def quant_state(self) -> QuantState:
+        nested = self.nested_absmax.numel() > 0
+        state2 = None
+        if nested:
+            state2 = QuantState(
+                absmax=self.nested_absmax,
+                code=self.nested_quant_map,
+                blocksize=self.nested_blocksize,
+                dtype=self.nested_dtype,
+            )
+        return QuantState(
+            absmax=self.absmax,
+            shape=torch.Size((self.out_features, self.in_features)),
+            code=self.quant_map,
+            blocksize=self.blocksize,
+            quant_type=self.quant_type,
+            dtype=self.weight_dtype,
+            offset=self.nested_offset if nested else None,
+            state2=state2,
+        )
+
+    def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return dequantize_4bit(self.weight, self.quant_state()).to(dtype or self.compute_dtype)
+
+    def forward(self, x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        dtype = dtype or self.compute_dtype
+        bias = None if self.bias is None else self.bias.to(dtype)
+        return F.linear(x.to(dtype), self.dequantized_weight(dtype), bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, nf4, compute={self.compute_dtype}"
+
+
+def quantize_weight(weight: torch.Tensor, blocksize: int = 64) -> dict[str, torch.Tensor]:
+    """Dense weight -> the serialised NF4 components (`weight` plus `weight.*`), as bitsandbytes saves them."""
+    packed, state = quantize_4bit(weight, blocksize=blocksize, compress_statistics=True, quant_type="nf4")
+    out = {"weight": packed}
+    out.update({f"weight.{k}": v for k, v in state.as_dict(packed=True).items()})
+    return out

@@ -1,0 +1,347 @@
+"""Image + prompt + camera -> video: the LingBot-World image-to-video path, phase by phase.
+
+Phases run in order and each holds on the device only what it needs (see `worldgen.memory`):
+  text   umT5 (or a cache hit: no model at all) -> prompt and negative-prompt embeddings
+  encode VAE: the resized image plus F-1 black frames -> the 20-channel condition y
+  denoise the two DiT experts, switched at t = boundary*1000, classifier-free guidance
+  decode VAE: latent -> video [3, F, H, W] in [-1, 1]
+
+Each step is a public method so tests can compare every intermediate with the reference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from bridge.settings import GenerationSettings
+from worldgen.dit import DiTConfig
+from worldgen.camera import camera_conditioning, frames_for_poses, validate_action
+from worldgen.errors import InputError
+from worldgen.image_input import load_image
+from worldgen.memory import MemoryPlan, ModelSlot, PhaseMeter
+from worldgen.scheduler import FlowUniPCScheduler
+from worldgen.text_cache import TextCache
+from worldgen.tokenizer import PromptTokenizer
+
+Progress = Callable[[str, int, int], None]
+VAE_STRIDE = (4, 8, 8)
+PATCH = (1, 2, 2)
+NEGATIVE_PROMPT_FILE = Path(__file__).with_name("negative_prompt.txt")
+
+
+def _no_progress(phase: str, step: int, total: int) -> None:
+    pass
+
+
+def latent_size(image_hw: tuple[int, int], max_area: int) -> tuple[int, int]:
+    """(lat_h, lat_w) for an image of (h0, w0) and a pixel budget, as the reference computes it."""
+    h0, w0 = image_hw
+    aspect = h0 / w0
+    lat_h = round(np.sqrt(max_area * aspect) // VAE_STRIDE[1] // PATCH[1] * PATCH[1])
+    lat_w = round(np.sqrt(max_area / aspect) // VAE_STRIDE[2] // PATCH[2] * PATCH[2])
+    if lat_h < PATCH[1] or lat_w < PATCH[2]:
+        raise InputError(f"size: max_area {max_area} is too small for a {w0}x{h0} image; use at least 16*16")
+    return lat_h, lat_w
+
+
+def prepare_image(image: Image.Image | np.ndarray | str | Path, max_area: int) -> torch.Tensor:
+    """-> [3, 1, h, w] float32 in [-1, 1]: mapped to [-1, 1], then bicubic-resized (no clamp)."""
+    rgb = load_image(image)
+    pixels = torch.from_numpy(np.asarray(rgb, dtype=np.uint8).copy()).permute(2, 0, 1).float().div(255.0)
+    pixels = pixels.sub(0.5).div(0.5)
+    lat_h, lat_w = latent_size(pixels.shape[1:], max_area)
+    h, w = lat_h * VAE_STRIDE[1], lat_w * VAE_STRIDE[2]
+    return F.interpolate(pixels[None], size=(h, w), mode="bicubic").transpose(0, 1)
+
+
+def condition_mask(frames: int, lat_h: int, lat_w: int) -> torch.Tensor:
+    """[4, lat_f, lat_h, lat_w]: 1 for the 4 sub-frames of latent frame 0 (the given image), else 0."""
+    lat_f = (frames - 1) // VAE_STRIDE[0] + 1
+    mask = torch.zeros(4, lat_f, lat_h, lat_w)
+    mask[:, 0] = 1.0
+    return mask
+
+
+def default_negative_prompt() -> str:
+    return NEGATIVE_PROMPT_FILE.read_text(encoding="utf-8").strip()
+
+
+class Pipeline:
+    """The loaded (or loadable) models of one checkpoint plus the memory plan that places them."""
+
+    def __init__(
+        self,
+        *,
+        tokenizer: PromptTokenizer | None,
+        text_encoder: ModelSlot,
+        vae: ModelSlot,
+        experts: dict[str, ModelSlot],
+        device: torch.device,
+        text_len: int,
+        name: str,
+        plan: MemoryPlan | None = None,
+        text_cache: TextCache | None = None,
+        is_random_weights: bool = False,
+    ):
+        self.tokenizer = tokenizer
+        self.text_encoder = text_encoder
+        self.vae = vae
+        self.experts = experts
+        self.device = torch.device(device)
+        self.text_len = text_len
+        self.name = name
+        self.plan = plan or MemoryPlan.unlimited(self.device)
+        self.text_cache = text_cache
+        self.is_random_weights = is_random_weights
+        self.meter = PhaseMeter(self.device)
+
+    # -- text -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def encode_ids(self, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+        """Token ids [B, L] + mask -> per-prompt embeddings [len_i, dim] (float32, on the CPU)."""
+        from worldgen.t5 import encode_prompts, encode_prompts_streamed
+
+        encoder = self.text_encoder.get()
+        if self.plan.stream_text_encoder:
+            contexts = encode_prompts_streamed(encoder, ids, mask, self.plan.text_encoder_device)
+            self.text_encoder.unload()  # its blocks were consumed on the way through the GPU
+        else:
+            device = next(encoder.parameters()).device
+            contexts = encode_prompts(encoder, ids.to(device), mask.to(device))
+            self.text_encoder.release()
+        return [c.float().cpu() for c in contexts]
+
+    def encode_text(self, prompts: list[str]) -> list[torch.Tensor]:
+        """Prompts -> embeddings, from the on-disk cache when it has them (T5 is then never loaded)."""
+        if self.tokenizer is None:
+            raise InputError("this pipeline has no tokenizer: pass precomputed `context` embeddings")
+        cached = [self.text_cache.get(p, self.text_len) if self.text_cache else None for p in prompts]
+        todo = [p for p, c in zip(prompts, cached, strict=True) if c is None]
+        if todo:
+            ids, mask = self.tokenizer(todo, self.text_len)
+            fresh = iter(self.encode_ids(ids, mask))
+            for i, c in enumerate(cached):
+                if c is None:
+                    cached[i] = next(fresh)
+                    if self.text_cache:
+                        self.text_cache.put(prompts[i], self.text_len, cached[i])
+        return cached
+
+    # -- encode -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def condition(self, image_resized: torch.Tensor, frames: int) -> torch.Tensor:
+        """[3, 1, h, w] image -> y [20, lat_f, lat_h, lat_w]: mask (4) + VAE latent of image + black frames."""
+        _, _, h, w = image_resized.shape
+        vae = self.vae.get()
+        device = next(vae.parameters()).device
+        video = torch.zeros(1, 3, frames, h, w, device=device)
+        video[0, :, :1] = image_resized.to(device)
+        latent = vae.encode(video)[0].float().cpu()
+        del video
+        self.vae.release()
+        mask = condition_mask(frames, h // VAE_STRIDE[1], w // VAE_STRIDE[2])
+        return torch.cat([mask, latent])
+
+    # -- denoise ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def denoise(
+        self,
+        noise: torch.Tensor,
+        y: torch.Tensor,
+        context: torch.Tensor,
+        negative_context: torch.Tensor,
+        plucker: torch.Tensor | None,
+        settings: GenerationSettings,
+        progress: Progress = _no_progress,
+    ) -> torch.Tensor:
+        """Flow-matching UniPC with two experts and classifier-free guidance -> final latent (float32)."""
+        scheduler = FlowUniPCScheduler()
+        scheduler.set_timesteps(settings.steps, shift=settings.shift)
+        device = self.device
+        latent = noise.to(device, torch.float32)
+        y = y.to(device)[None]
+        cam = None if plucker is None else plucker.to(device)
+        boundary = settings.boundary * 1000
+        low_scale, high_scale = settings.guide_scale
+        total = len(scheduler.timesteps)
+        progress("denoise", 0, total)
+        for i, t in enumerate(scheduler.timesteps):
+            which = "high" if t.item() >= boundary else "low"
+            self.plan.before_expert(which, self.experts)
+            model = self.experts[which].get()
+            scale = high_scale if which == "high" else low_scale
+            timestep = t.reshape(1).to(device)
+            x = latent[None]
+            if self.plan.batch_guidance:
+                both = model(x.expand(2, -1, -1, -1, -1), timestep.expand(2), [context, negative_context],
+                             y.expand(2, -1, -1, -1, -1), cam)
+                cond, uncond = both[0], both[1]
+            else:
+                cond = model(x, timestep, [context], y, cam)[0]
+                uncond = model(x, timestep, [negative_context], y, cam)[0]
+            guided = uncond + scale * (cond - uncond)
+            del cond, uncond
+            latent = scheduler.step(guided[None], t, latent[None])[0]
+            progress("denoise", i + 1, total)
+        for slot in self.experts.values():
+            slot.release()
+        return latent
+
+    # -- decode -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def decode(self, latent: torch.Tensor) -> torch.Tensor:
+        vae = self.vae.get()
+        device = next(vae.parameters()).device
+        video = vae.decode(latent[None].to(device))[0].float().cpu()
+        self.vae.release()
+        return video
+
+    # -- all of it --------------------------------------------------------------------------------
+    def generate(
+        self,
+        image: Image.Image | np.ndarray | str | Path,
+        prompt: str | None,
+        poses: np.ndarray | None = None,
+        intrinsics: np.ndarray | None = None,
+        settings: GenerationSettings | None = None,
+        progress: Progress | None = None,
+        noise: torch.Tensor | None = None,
+        context: torch.Tensor | None = None,
+        negative_context: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """-> video [3, F, H, W] float32 in [-1, 1] on the CPU.
+
+        Camera control needs both `poses` [N,4,4] (OpenCV camera-to-world) and `intrinsics` [N,4]
+        (for a 480x832 frame); without them the model runs unconditioned on camera. `noise`
+        [16, lat_f, lat_h, lat_w] replaces the seeded initial noise (reproducibility, tests);
+        `context` / `negative_context` replace the text phase.
+        """
+        settings = settings or GenerationSettings()
+        progress = progress or _no_progress
+        if (poses is None) != (intrinsics is None):
+            raise InputError("camera control needs both poses.npy and intrinsics.npy (or neither)")
+        frames = settings.frame_num
+        if poses is not None:
+            poses, intrinsics = validate_action(poses, intrinsics)
+            frames = frames_for_poses(frames, len(poses))
+        elif (frames - 1) % 4:
+            import warnings
+
+            rounded = (frames - 1) // 4 * 4 + 1
+            warnings.warn(f"frame_num {frames} is not 4n+1: using {rounded}", UserWarning, stacklevel=2)
+            frames = rounded
+        if frames < 5:
+            raise InputError(f"frame_num {settings.frame_num} is too small: use at least 5 frames")
+
+        with self.meter.phase("text"):
+            progress("text", 0, 1)
+            if context is None:
+                negative = settings.negative_prompt or default_negative_prompt()
+                if not prompt or not prompt.strip():
+                    raise InputError("prompt is empty: describe the scene (prompt.txt or --prompt)")
+                context, negative_context = self.encode_text([prompt, negative])
+            elif negative_context is None:
+                raise InputError("pass negative_context together with context")
+            progress("text", 1, 1)
+
+        image_resized = prepare_image(image, settings.max_area)
+        _, _, h, w = image_resized.shape
+        lat_f, lat_h, lat_w = (frames - 1) // 4 + 1, h // 8, w // 8
+        plucker = None
+        if poses is not None:
+            plucker = camera_conditioning(poses, intrinsics, frames, h, w).plucker
+
+        with self.meter.phase("encode"):
+            progress("encode", 0, 1)
+            y = self.condition(image_resized, frames)
+            progress("encode", 1, 1)
+
+        if noise is None:
+            generator = torch.Generator("cpu").manual_seed(settings.seed)
+            noise = torch.randn(16, lat_f, lat_h, lat_w, generator=generator, dtype=torch.float32)
+        elif tuple(noise.shape) != (16, lat_f, lat_h, lat_w):
+            raise InputError(f"noise has shape {tuple(noise.shape)}, expected {(16, lat_f, lat_h, lat_w)}")
+
+        with self.meter.phase("denoise"):
+            latent = self.denoise(noise, y, context, negative_context, plucker, settings, progress)
+
+        with self.meter.phase("decode"):
+            progress("decode", 0, 1)
+            video = self.decode(latent)
+            progress("decode", 1, 1)
+        return video
+
+
+def tokens_for(frames: int, height: int, width: int) -> int:
+    """Sequence length of the DiT for a video size (what drives activation memory)."""
+    return ((frames - 1) // 4 + 1) * math.ceil(height / 16) * math.ceil(width / 16)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_checkpoint(ckpt: str | Path) -> tuple[Path, bool]:
+    """'tiny' / 'tiny-nf4' -> the built-in checkpoint (made on first use); else the folder. -> (path, is_tiny)."""
+    if str(ckpt) in ("tiny", "tiny-bf16", "tiny-nf4"):
+        from worldgen.tiny import ensure_tiny_checkpoint
+
+        return ensure_tiny_checkpoint("nf4" if str(ckpt) == "tiny-nf4" else "bf16"), True
+    return Path(ckpt).expanduser(), False
+
+
+def load_pipeline(
+    ckpt: str | Path = "tiny",
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    vram_budget_gb: float | None = None,
+    ram_budget_gb: float | None = None,
+    text_cache_dir: Path | None = None,
+    use_text_cache: bool = True,
+) -> Pipeline:
+    """Recognise the checkpoint, make the memory plan and return a pipeline whose models load lazily.
+
+    `dtype` is the DiT/T5 compute dtype: bfloat16 on CUDA, float32 on the CPU by default. The VAE
+    runs in float32 as in the reference.
+    """
+    from worldgen.checkpoint import find_checkpoint, load_expert, load_t5, load_vae
+    from worldgen.memory import plan_for
+
+    device = torch.device(device) if device is not None else default_device()
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    root, is_tiny = resolve_checkpoint(ckpt)
+    layout = find_checkpoint(root)
+    plan = plan_for(layout, device, dtype, vram_budget_gb, ram_budget_gb)
+    text_len = DiTConfig.from_json(layout.experts["high"] / "config.json").text_len
+    experts = {
+        name: ModelSlot(f"{name}-noise expert", lambda f=folder: _prepared_expert(load_expert(f, device, dtype), plan),
+                        resident=plan.keep_both_experts)
+        for name, folder in layout.experts.items()
+    }
+    t5_device = plan.text_encoder_device
+    t5_dtype = dtype if t5_device.type == "cuda" else torch.float32
+    return Pipeline(
+        tokenizer=PromptTokenizer(layout.tokenizer_dir / "tokenizer.json"),
+        text_encoder=ModelSlot("umT5", lambda: load_t5(layout, t5_device, t5_dtype, plan.stream_text_encoder),
+                               resident=plan.keep_text_encoder),
+        vae=ModelSlot("VAE", lambda: load_vae(layout, device), resident=plan.keep_vae),
+        experts=experts,
+        device=device,
+        text_len=text_len,
+        name=f"{'tiny (random weights)' if is_tiny else root.name} [{layout.kind}]",
+        plan=plan,
+        text_cache=TextCache(layout.t5, text_cache_dir, variant=f"{t5_device.type}-{dtype}") if use_text_cache else None,
+        is_random_weights=is_tiny,
+    )
+
+
+def _prepared_expert(model: torch.nn.Module, plan: MemoryPlan) -> torch.nn.Module:
+    model.set_ffn_chunk_tokens(plan.ffn_chunk_tokens)
+    return model

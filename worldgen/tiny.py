@@ -1,0 +1,125 @@
+"""The built-in `tiny` model: seeded random weights in the real checkpoint layouts, made on first use.
+
+It exercises every code path (tokenizer, T5, VAE, both experts, camera layers, NF4 and bf16
+loading) on a CPU in seconds with no download. Its weights are random: ITS OUTPUT IS NOISE.
+Written once to `$LINGBOT_ISAAC_CACHE/tiny-v1/{bf16,nf4}` (default `~/.cache/lingbot-isaac`),
+atomically (a temporary folder renamed into place).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from worldgen.checkpoint import INDEX_FILE, T5_FILE, VAE_FILE
+from worldgen.dit import DiTConfig, Linear, WanCameraDiT
+from worldgen.nf4 import quantize_weight
+
+VERSION = "tiny-v1"
+NOISE_NOTE = "the tiny model has random weights: its output is noise, not a prediction"
+SEED = 20260101
+DIT = DiTConfig(text_len=512, dim=64, ffn_dim=128, freq_dim=32, text_dim=32, num_heads=4, num_layers=2)
+T5 = {"vocab": 100, "dim": 32, "dim_attn": 32, "dim_ffn": 64, "num_heads": 4, "num_layers": 2,
+      "num_buckets": 32, "shared_pos": False, "dropout": 0.0}  # fmt: skip
+VAE_OVERRIDES = {"dim": 8, "num_res_blocks": 1}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LINGBOT_ISAAC_CACHE") or Path.home() / ".cache" / "lingbot-isaac")
+
+
+def _random_state(module: torch.nn.Module, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Seeded weights with a sane scale (so activations stay finite through every layer)."""
+    state = {}
+    for name, tensor in module.state_dict().items():
+        if name.endswith("bias"):
+            value = torch.randn(tensor.shape, generator=generator) * 0.02
+        elif "norm" in name or name.endswith("gamma"):
+            value = 1.0 + 0.05 * torch.randn(tensor.shape, generator=generator)
+        else:
+            fan_in = max(1, tensor[0].numel()) if tensor.ndim > 1 else tensor.numel()
+            value = torch.randn(tensor.shape, generator=generator) / fan_in**0.5
+        state[name] = value.contiguous()
+    return state
+
+
+def _write_expert_bf16(folder: Path, state: dict[str, torch.Tensor]) -> None:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"_class_name": "WanModel", **dataclasses.asdict(DIT)}, indent=1))
+    keys = sorted(state)
+    halves = (keys[: len(keys) // 2], keys[len(keys) // 2 :])
+    weight_map = {}
+    for i, part in enumerate(halves, start=1):
+        shard = f"diffusion_pytorch_model-{i:05d}-of-{len(halves):05d}.safetensors"
+        save_file({k: state[k].to(torch.bfloat16) for k in part}, folder / shard)
+        weight_map.update({k: shard for k in part})
+    (folder / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+
+
+def _write_expert_nf4(folder: Path, state: dict[str, torch.Tensor], model: WanCameraDiT) -> None:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(dataclasses.asdict(DIT), indent=1))
+    meta = {"quant": {"format": "bnb_nf4", "quant_type": "nf4", "double_quant": True,
+                      "compute_dtype": "bfloat16", "blocksize": 64}}  # fmt: skip
+    (folder / "quantization_meta.json").write_text(json.dumps(meta, indent=1))
+    linears = {name for name, m in model.named_modules() if isinstance(m, Linear)}
+    out = {}
+    for key, value in state.items():
+        owner = key.rpartition(".")[0]
+        if owner in linears and key.endswith(".weight"):
+            out.update({f"{owner}.{k}": v for k, v in quantize_weight(value.to(torch.bfloat16)).items()})
+        else:
+            out[key] = value.to(torch.bfloat16)
+    save_file(out, folder / "model.safetensors")
+
+
+def _write_shared_parts(root: Path, generator: torch.Generator, tokenizer_dir: str) -> None:
+    from worldgen.t5 import T5Config, UMT5Encoder
+    from worldgen.tokenizer import build_tiny_tokenizer
+    from worldgen.vae import WAN21_VAE, WanVAE
+
+    (root / "t5_config.json").write_text(json.dumps(T5, indent=1))
+    t5 = UMT5Encoder(T5Config(**T5))
+    torch.save({k: v.to(torch.bfloat16) for k, v in _random_state(t5, generator).items()}, root / T5_FILE)
+    vae_config = dataclasses.replace(WAN21_VAE, **VAE_OVERRIDES)
+    (root / "vae_config.json").write_text(json.dumps(dataclasses.asdict(vae_config), indent=1))
+    torch.save(_random_state(WanVAE(vae_config), generator), root / VAE_FILE)
+    (root / tokenizer_dir).mkdir(parents=True)
+    build_tiny_tokenizer(T5["vocab"]).save(str(root / tokenizer_dir / "tokenizer.json"))
+    (root / "README.txt").write_text(f"lingbot-isaac built-in tiny model ({VERSION}): {NOISE_NOTE}.\n")
+
+
+def ensure_tiny_checkpoint(kind: str = "bf16") -> Path:
+    """Path of the tiny checkpoint in the `bf16` (original) or `nf4` (community) layout; made once."""
+    if kind not in ("bf16", "nf4"):
+        raise ValueError(f"kind must be 'bf16' or 'nf4', not {kind!r}")
+    target = cache_root() / VERSION / kind
+    if (target / "README.txt").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{kind}-"))
+    try:
+        generator = torch.Generator().manual_seed(SEED)
+        model = WanCameraDiT(DIT)
+        for expert in ("high", "low"):
+            state = _random_state(model, generator)
+            if kind == "bf16":
+                _write_expert_bf16(tmp / f"{expert}_noise_model", state)
+            else:
+                _write_expert_nf4(tmp / f"{expert}_noise_model_bnb_nf4", state, model)
+        _write_shared_parts(tmp, generator, "google/umt5-xxl" if kind == "bf16" else "tokenizer")
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process finished first
+            if not (target / "README.txt").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,342 @@
+"""Wan2.1 video VAE (causal 3-D conv autoencoder, 4x temporal / 8x spatial), reference numerics.
+
+Hand-written for memory control: video is encoded one chunk at a time (frame 0 alone, then 4 frames
+per chunk) and decoded one latent frame at a time, and every causal convolution carries the last 2
+frames of its input from one chunk to the next in a `FrameCache`. `encode_chunk` / `decode_chunk`
+are the units a caller can later tile spatially (one cache per tile).
+
+Structure and state-dict keys are those of the reference `Wan2.1_VAE.pth`. Two chunk rules of the
+reference that are not plain causal convolution over the whole stream, reproduced here:
+- a temporal downsample keeps the first chunk's single frame as is, then convolves (kernel 3,
+  stride 2) over [last frame of the previous chunk, this chunk];
+- a temporal upsample leaves the first chunk (latent frame 0) as one frame; later chunks are
+  doubled by a causal conv whose history starts at latent frame 1 (zeros before it).
+Spatial convs of resamplers run as Conv3d with a (1, 3, 3) view of the Conv2d weight: the same
+sums without reshaping the video into a batch of images.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from itertools import pairwise
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worldgen.errors import CheckpointError, InputError
+
+CACHE_FRAMES = 2
+
+# State carried between chunks of one stream (one video, or later one spatial tile of it):
+# module -> its cached input frames (None marks "first chunk seen" for temporal upsamplers).
+FrameCache = dict
+
+WAN21_MEAN = [
+    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
+]  # fmt: skip
+WAN21_STD = [
+    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class VAEConfig:
+    dim: int = 96
+    z_dim: int = 16
+    dim_mult: tuple[int, ...] = (1, 2, 4, 4)
+    num_res_blocks: int = 2
+    attn_scales: tuple[float, ...] = ()
+    temperal_downsample: tuple[bool, ...] = (False, True, True)  # reference spelling
+    dropout: float = 0.0  # inference never applies dropout
+    mean: tuple[float, ...] = tuple(WAN21_MEAN)
+    std: tuple[float, ...] = tuple(WAN21_STD)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> VAEConfig:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"cannot read VAE config {path}: {exc}") from exc
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(data.keys() - known)
+        if unknown:
+            raise CheckpointError(f"VAE config {path} has unknown field(s) {unknown}; known: {sorted(known)}")
+        cfg = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        if len(cfg.mean) != cfg.z_dim or len(cfg.std) != cfg.z_dim:
+            raise CheckpointError(f"VAE config {path}: mean and std need z_dim={cfg.z_dim} values each")
+        return cfg
+
+
+WAN21_VAE = VAEConfig()
+
+
+class CausalConv3d(nn.Conv3d):
+    """Conv3d that pads only the past in time: 2*p frames, taken from the cache where it has them."""
+
+    def __init__(self, in_dim: int, out_dim: int, kernel, stride=1, padding=0):
+        kernel = (kernel,) * 3 if isinstance(kernel, int) else tuple(kernel)
+        padding = (padding,) * 3 if isinstance(padding, int) else tuple(padding)
+        super().__init__(in_dim, out_dim, kernel, stride=stride, padding=(0, padding[1], padding[2]))
+        self.time_pad = 2 * padding[0]
+
+    def forward(self, x: torch.Tensor, cache: FrameCache | None = None) -> torch.Tensor:
+        if self.time_pad:
+            past = cache.get(self) if cache is not None else None
+            if cache is not None:
+                cache[self] = _last_frames(past, x)
+            front = [] if past is None else [past]
+            missing = self.time_pad - (0 if past is None else past.shape[2])
+            if missing:
+                front.insert(0, x.new_zeros(*x.shape[:2], missing, *x.shape[3:]))
+            x = torch.cat([*front, x], dim=2)
+        return super().forward(x)
+
+
+def _last_frames(past: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """The last CACHE_FRAMES frames of the stream [past, x], as a fresh tensor."""
+    if x.shape[2] >= CACHE_FRAMES or past is None:
+        return x[:, :, -CACHE_FRAMES:].clone()
+    return torch.cat([past[:, :, -1:], x], dim=2)
+
+
+class RMSNorm(nn.Module):
+    """Channel RMS norm: F.normalize over channels * sqrt(C) * gamma."""
+
+    def __init__(self, dim: int, images: bool = False):
+        super().__init__()
+        self.scale = dim**0.5
+        self.gamma = nn.Parameter(torch.ones(dim, *((1, 1) if images else (1, 1, 1))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.normalize(x, dim=1) * self.scale * self.gamma
+
+
+def _conv2d_per_frame(x: torch.Tensor, conv: nn.Conv2d, stride: int = 1, padding: int = 0) -> torch.Tensor:
+    """Apply a Conv2d to every frame of [B, C, T, H, W] without folding time into the batch."""
+    weight = conv.weight.unsqueeze(2)  # [out, in, 1, k, k]
+    return F.conv3d(x, weight, conv.bias, stride=(1, stride, stride), padding=(0, padding, padding))
+
+
+class Resample(nn.Module):
+    """2x spatial (and optionally 2x temporal) down- or upsampling between resolution levels."""
+
+    def __init__(self, dim: int, mode: str):
+        super().__init__()
+        if mode not in ("upsample2d", "upsample3d", "downsample2d", "downsample3d"):
+            raise ValueError(f"unknown resample mode {mode!r}")
+        self.mode = mode
+        # Sequential index 0 is the parameter-free pad/upsample: keeps the reference key `resample.1`.
+        if mode.startswith("up"):
+            upsample = nn.Upsample(scale_factor=2.0, mode="nearest-exact")
+            self.resample = nn.Sequential(upsample, nn.Conv2d(dim, dim // 2, 3, padding=1))
+        else:
+            self.resample = nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(dim, dim, 3, stride=2))
+        if mode == "upsample3d":
+            self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
+        elif mode == "downsample3d":
+            self.time_conv = CausalConv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1))
+
+    def forward(self, x: torch.Tensor, cache: FrameCache) -> torch.Tensor:
+        conv = self.resample[1]
+        if self.mode.startswith("up"):
+            if self.mode == "upsample3d":
+                x = self._double_frames(x, cache)
+            x = F.interpolate(x, scale_factor=(1.0, 2.0, 2.0), mode="nearest-exact")
+            return _conv2d_per_frame(x, conv, padding=1)
+
+        x = _conv2d_per_frame(F.pad(x, (0, 1, 0, 1)), conv, stride=2)
+        if self.mode == "downsample3d":
+            past = cache.get(self)
+            cache[self] = x[:, :, -1:].clone()
+            if past is not None:  # the first chunk (frame 0) passes through un-convolved
+                x = self.time_conv(torch.cat([past, x], dim=2))
+        return x
+
+    def _double_frames(self, x: torch.Tensor, cache: FrameCache) -> torch.Tensor:
+        if self not in cache:  # first chunk: latent frame 0 stays a single frame
+            cache[self] = None
+            return x
+        b, c, t, h, w = x.shape
+        x = self.time_conv(x, cache)  # [B, 2C, T, H, W]: channel halves are the two output frames
+        return x.view(b, 2, c, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        # Index layout of the reference Sequential (norm, silu, conv, norm, silu, dropout, conv).
+        self.residual = nn.Sequential(
+            RMSNorm(in_dim), nn.SiLU(), CausalConv3d(in_dim, out_dim, 3, padding=1),
+            RMSNorm(out_dim), nn.SiLU(), nn.Identity(), CausalConv3d(out_dim, out_dim, 3, padding=1),
+        )  # fmt: skip
+        self.shortcut = CausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else nn.Identity()
+
+    def forward(self, x: torch.Tensor, cache: FrameCache) -> torch.Tensor:
+        h = self.shortcut(x)
+        for layer in self.residual:
+            x = layer(x, cache) if isinstance(layer, CausalConv3d) else layer(x)
+        return x + h
+
+
+class AttentionBlock(nn.Module):
+    """Single-head self-attention over the pixels of each frame."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm = RMSNorm(dim, images=True)
+        self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
+        self.proj = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor, cache: FrameCache | None = None) -> torch.Tensor:
+        b, c, t, h, w = x.shape
+        frames = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
+        qkv = self.to_qkv(self.norm(frames)).reshape(b * t, 1, 3 * c, h * w).transpose(-1, -2)
+        q, k, v = qkv.contiguous().chunk(3, dim=-1)
+        out = F.scaled_dot_product_attention(q, k, v)  # [BT, 1, HW, C]
+        out = self.proj(out.squeeze(1).transpose(1, 2).reshape(b * t, c, h, w))
+        return x + out.reshape(b, t, c, h, w).permute(0, 2, 1, 3, 4)
+
+
+_CACHED = (CausalConv3d, Resample, ResidualBlock, AttentionBlock)  # layers that take the cache
+
+
+def _run(layers: nn.Sequential, x: torch.Tensor, cache: FrameCache) -> torch.Tensor:
+    for layer in layers:
+        x = layer(x, cache) if isinstance(layer, _CACHED) else layer(x)
+    return x
+
+
+def _head(in_dim: int, out_dim: int) -> nn.Sequential:
+    return nn.Sequential(RMSNorm(in_dim), nn.SiLU(), CausalConv3d(in_dim, out_dim, 3, padding=1))
+
+
+class Encoder3d(nn.Module):
+    def __init__(self, cfg: VAEConfig):
+        super().__init__()
+        dims = [cfg.dim * m for m in (1, *cfg.dim_mult)]
+        self.conv1 = CausalConv3d(3, dims[0], 3, padding=1)
+        layers: list[nn.Module] = []
+        scale = 1.0
+        for level, (in_dim, out_dim) in enumerate(pairwise(dims)):
+            for _ in range(cfg.num_res_blocks):
+                layers.append(ResidualBlock(in_dim, out_dim))
+                if scale in cfg.attn_scales:
+                    layers.append(AttentionBlock(out_dim))
+                in_dim = out_dim
+            if level != len(cfg.dim_mult) - 1:
+                mode = "downsample3d" if cfg.temperal_downsample[level] else "downsample2d"
+                layers.append(Resample(out_dim, mode))
+                scale /= 2.0
+        self.downsamples = nn.Sequential(*layers)
+        self.middle = nn.Sequential(ResidualBlock(dims[-1], dims[-1]), AttentionBlock(dims[-1]),
+                                    ResidualBlock(dims[-1], dims[-1]))  # fmt: skip
+        self.head = _head(dims[-1], 2 * cfg.z_dim)
+
+    def forward(self, x: torch.Tensor, cache: FrameCache) -> torch.Tensor:
+        x = self.conv1(x, cache)
+        x = _run(self.downsamples, x, cache)
+        x = _run(self.middle, x, cache)
+        return _run(self.head, x, cache)
+
+
+class Decoder3d(nn.Module):
+    def __init__(self, cfg: VAEConfig):
+        super().__init__()
+        mult = cfg.dim_mult
+        dims = [cfg.dim * m for m in (mult[-1], *mult[::-1])]
+        temporal_upsample = cfg.temperal_downsample[::-1]
+        self.conv1 = CausalConv3d(cfg.z_dim, dims[0], 3, padding=1)
+        self.middle = nn.Sequential(ResidualBlock(dims[0], dims[0]), AttentionBlock(dims[0]),
+                                    ResidualBlock(dims[0], dims[0]))  # fmt: skip
+        layers: list[nn.Module] = []
+        scale = 1.0 / 2 ** (len(mult) - 2)
+        for level, (in_dim, out_dim) in enumerate(pairwise(dims)):
+            if level > 0:  # the upsampler before this level halved the channels
+                in_dim //= 2
+            for _ in range(cfg.num_res_blocks + 1):
+                layers.append(ResidualBlock(in_dim, out_dim))
+                if scale in cfg.attn_scales:
+                    layers.append(AttentionBlock(out_dim))
+                in_dim = out_dim
+            if level != len(mult) - 1:
+                layers.append(Resample(out_dim, "upsample3d" if temporal_upsample[level] else "upsample2d"))
+                scale *= 2.0
+        self.upsamples = nn.Sequential(*layers)
+        self.head = _head(dims[-1], 3)
+
+    def forward(self, x: torch.Tensor, cache: FrameCache) -> torch.Tensor:
+        x = self.conv1(x, cache)
+        x = _run(self.middle, x, cache)
+        x = _run(self.upsamples, x, cache)
+        return _run(self.head, x, cache)
+
+
+class WanVAE(nn.Module):
+    """`encode(video) -> normalised latent mean`, `decode(latent) -> video in [-1, 1]`.
+
+    Inputs and outputs are float32; the network runs in the parameters' dtype.
+    """
+
+    def __init__(self, cfg: VAEConfig = WAN21_VAE):
+        super().__init__()
+        self.config = cfg
+        self.encoder = Encoder3d(cfg)
+        self.conv1 = CausalConv3d(2 * cfg.z_dim, 2 * cfg.z_dim, 1)
+        self.conv2 = CausalConv3d(cfg.z_dim, cfg.z_dim, 1)
+        self.decoder = Decoder3d(cfg)
+
+    def _scale(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (1, self.config.z_dim, 1, 1, 1)
+        mean = torch.tensor(self.config.mean, dtype=torch.float32, device=device).view(shape)
+        inv_std = 1.0 / torch.tensor(self.config.std, dtype=torch.float32, device=device).view(shape)
+        return mean, inv_std
+
+    @torch.no_grad()
+    def encode(self, video: torch.Tensor) -> torch.Tensor:
+        """video [B, 3, F, H, W] in [-1, 1], F = 4k+1, H and W multiples of 8 -> [B, z, k+1, H/8, W/8]."""
+        if video.ndim != 5 or video.shape[1] != 3:
+            raise InputError(f"VAE encode expects video [B, 3, F, H, W], got shape {tuple(video.shape)}")
+        frames, height, width = video.shape[2:]
+        if (frames - 1) % 4 or height % 8 or width % 8:
+            raise InputError(
+                f"VAE encode needs F = 4k+1 frames and H, W multiples of 8; got F={frames}, H={height}, "
+                f"W={width}: resize/trim the video"
+            )
+        cache: FrameCache = {}
+        starts = [0, *range(1, frames, 4)]
+        latents = [self.encode_chunk(video[:, :, s : s + (1 if s == 0 else 4)], cache) for s in starts]
+        return torch.cat(latents, dim=2)
+
+    def encode_chunk(self, chunk: torch.Tensor, cache: FrameCache) -> torch.Tensor:
+        """One chunk (frame 0 alone, then 4 frames) -> its normalised latent frame, float32."""
+        weight = self.conv1.weight
+        x = self.encoder(chunk.to(weight.dtype), cache)
+        z = self.config.z_dim  # only the mean half of the posterior is needed
+        mu = F.conv3d(x, weight[:z], self.conv1.bias[:z])
+        del x
+        mean, inv_std = self._scale(mu.device)
+        return (mu.float() - mean) * inv_std
+
+    @torch.no_grad()
+    def decode(self, latent: torch.Tensor) -> torch.Tensor:
+        """latent [B, z, T, h, w] (normalised) -> video [B, 3, 4(T-1)+1, 8h, 8w] float32 in [-1, 1]."""
+        if latent.ndim != 5 or latent.shape[1] != self.config.z_dim:
+            raise InputError(
+                f"VAE decode expects latent [B, {self.config.z_dim}, T, h, w], got {tuple(latent.shape)}"
+            )
+        cache: FrameCache = {}
+        frames = [self.decode_chunk(latent[:, :, t : t + 1], cache) for t in range(latent.shape[2])]
+        return torch.cat(frames, dim=2)
+
+    def decode_chunk(self, latent_frame: torch.Tensor, cache: FrameCache) -> torch.Tensor:
+        """One normalised latent frame -> its pixel frames (1 for the first, then 4), float32, clamped."""
+        mean, inv_std = self._scale(latent_frame.device)
+        z = (latent_frame.float() / inv_std + mean).to(self.conv2.weight.dtype)
+        x = self.decoder(self.conv2(z), cache)
+        return x.float().clamp_(-1.0, 1.0)
