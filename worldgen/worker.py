@@ -321,7 +321,11 @@ def serve(load_engine: Callable[[], Engine]) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s: %(message)s",
     )
-    return Worker(sys.stdin.buffer, protocol_out).main(load_engine)
+    code = Worker(sys.stdin.buffer, protocol_out).main(load_engine)
+    logging.shutdown()
+    sys.stderr.flush()
+    # Exit now: a normal interpreter shutdown would wait for the reader thread's lock on stdin.
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
