@@ -115,18 +115,15 @@ def load_public(path: Path) -> tuple[bytes, bytes | None]:
 def load_secret(path: Path) -> tuple[bytes, bytes]:
     """(public, secret) from a .key_secret file that only its owner can read."""
     path = Path(path)
-    try:
-        mode = path.stat().st_mode
-    except OSError as exc:
-        raise SecurityError(f"cannot read secret key file {path}: {exc}") from None
+    public, secret = load_public(path)
+    if not secret:
+        raise SecurityError(f"{path} holds no secret key (use the .key_secret file, not the .key one)")
+    mode = path.stat().st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise SecurityError(
             f"secret key file {path} is accessible by other users (mode {stat.S_IMODE(mode):o}); "
             f"run `chmod 600 {path}`"
         )
-    public, secret = load_public(path)
-    if not secret:
-        raise SecurityError(f"{path} holds no secret key (use the .key_secret file, not the .key one)")
     return public, secret
 
 
