@@ -42,8 +42,10 @@ TEMPORAL_STRIDE = 4  # VAE temporal stride: frame counts are 4n+1
 ROTATION_TOLERANCE = 1e-3  # max |R^T R - I| accepted (float32 poses written by tools are ~1e-6)
 
 _POSES_FIX = "poses must be [N,4,4] float camera-to-world matrices (OpenCV axes: x right, y down, z forward)"
-_INTRINSICS_FIX = ("intrinsics must be [N,4] (or [4]) float fx, fy, cx, cy in pixels of a 480x832 frame "
-                   "(rescale x by 832/W and y by 480/H)")
+_INTRINSICS_FIX = (
+    "intrinsics must be [N,4] (or [4]) float fx, fy, cx, cy in pixels of a 480x832 frame "
+    "(rescale x by 832/W and y by 480/H)"
+)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class CameraCondition:
 
 # --- input files and their validation -------------------------------------------------------------
 
+
 def load_action(action_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """Read and validate `poses.npy` and `intrinsics.npy` of an action folder.
 
@@ -66,28 +69,37 @@ def load_action(action_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
     action_dir = Path(action_dir)
     poses = _load_npy(action_dir / "poses.npy", "[N,4,4] camera-to-world matrices")
     intrinsics = _load_npy(action_dir / "intrinsics.npy", "[N,4] fx, fy, cx, cy for a 480x832 frame")
-    return validate_action(poses, intrinsics, source=str(action_dir),
-                           poses_name="poses.npy", intrinsics_name="intrinsics.npy")
+    return validate_action(
+        poses, intrinsics, source=str(action_dir), poses_name="poses.npy", intrinsics_name="intrinsics.npy"
+    )
 
 
 def _load_npy(path: Path, what: str) -> np.ndarray:
     if not path.is_file():
-        raise InputError(f"{path}: file not found; the action folder needs {path.name} with {what} "
-                         "(save it with numpy.save)")
+        raise InputError(
+            f"{path}: file not found; the action folder needs {path.name} with {what} (save it with numpy.save)"
+        )
     try:
         array = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError, pickle.UnpicklingError) as error:
-        raise InputError(f"{path}: not a readable .npy array ({error}); write {what} with "
-                         "numpy.save(path, array.astype(numpy.float32))") from error
+        raise InputError(
+            f"{path}: not a readable .npy array ({error}); write {what} with "
+            "numpy.save(path, array.astype(numpy.float32))"
+        ) from error
     if not isinstance(array, np.ndarray):  # an .npz archive renamed to .npy
         array.close()
         raise InputError(f"{path}: holds an .npz archive, not one array; write {what} with numpy.save")
     return array
 
 
-def validate_action(poses: np.ndarray, intrinsics: np.ndarray, source: str = "action", *,
-                    poses_name: str = "poses", intrinsics_name: str = "intrinsics",
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def validate_action(
+    poses: np.ndarray,
+    intrinsics: np.ndarray,
+    source: str = "action",
+    *,
+    poses_name: str = "poses",
+    intrinsics_name: str = "intrinsics",
+) -> tuple[np.ndarray, np.ndarray]:
     """Check camera poses and intrinsics; return them as float32 (intrinsics as [N,4] or [1,4]).
 
     Messages read "{source}: {poses_name} ..." so they name where the arrays came from.
@@ -101,26 +113,32 @@ def validate_action(poses: np.ndarray, intrinsics: np.ndarray, source: str = "ac
         raise InputError(f"{where} has shape {list(poses.shape)}; {_POSES_FIX}")
     n = poses.shape[0]
     if n < MIN_POSES:
-        raise InputError(f"{where} has {n} poses; at least {MIN_POSES} are needed "
-                         f"(a video of F frames uses F poses, F = 4n+1)")
+        raise InputError(
+            f"{where} has {n} poses; at least {MIN_POSES} are needed (a video of F frames uses F poses, F = 4n+1)"
+        )
     bad = np.flatnonzero(~np.isfinite(poses).all(axis=(1, 2)))
     if bad.size:
         raise InputError(f"{where}: pose {bad[0]} has NaN or infinite values; {_POSES_FIX}")
     bad = np.flatnonzero(np.abs(poses[:, 3, :] - np.array([0, 0, 0, 1], np.float32)).max(axis=1) > 1e-5)
     if bad.size:
-        raise InputError(f"{where}: pose {bad[0]} has last row {poses[bad[0], 3].tolist()}, "
-                         f"expected [0, 0, 0, 1]; {_POSES_FIX}")
+        raise InputError(
+            f"{where}: pose {bad[0]} has last row {poses[bad[0], 3].tolist()}, expected [0, 0, 0, 1]; {_POSES_FIX}"
+        )
     rotations = poses[:, :3, :3].astype(np.float64)
     gram_error = np.abs(np.einsum("nji,njk->nik", rotations, rotations) - np.eye(3)).max(axis=(1, 2))
     bad = np.flatnonzero(gram_error > ROTATION_TOLERANCE)
     if bad.size:
-        raise InputError(f"{where}: the rotation of pose {bad[0]} is not orthonormal "
-                         f"(max |R^T R - I| = {gram_error[bad[0]]:.2g} > {ROTATION_TOLERANCE}); "
-                         "the upper-left 3x3 must be a pure rotation (no scale or shear)")
+        raise InputError(
+            f"{where}: the rotation of pose {bad[0]} is not orthonormal "
+            f"(max |R^T R - I| = {gram_error[bad[0]]:.2g} > {ROTATION_TOLERANCE}); "
+            "the upper-left 3x3 must be a pure rotation (no scale or shear)"
+        )
     bad = np.flatnonzero(np.linalg.det(rotations) < 0)
     if bad.size:
-        raise InputError(f"{where}: the rotation of pose {bad[0]} is a reflection (det < 0); "
-                         "convert the poses to right-handed OpenCV axes (x right, y down, z forward)")
+        raise InputError(
+            f"{where}: the rotation of pose {bad[0]} is a reflection (det < 0); "
+            "convert the poses to right-handed OpenCV axes (x right, y down, z forward)"
+        )
 
     where = f"{source}: {intrinsics_name}"
     intrinsics = _as_float_array(intrinsics, where, _INTRINSICS_FIX)
@@ -129,15 +147,19 @@ def validate_action(poses: np.ndarray, intrinsics: np.ndarray, source: str = "ac
     if intrinsics.ndim != 2 or intrinsics.shape[1] != 4:
         raise InputError(f"{where} has shape {list(intrinsics.shape)}; {_INTRINSICS_FIX}")
     if intrinsics.shape[0] not in (1, n):
-        raise InputError(f"{where} has {intrinsics.shape[0]} rows but {poses_name} has {n} poses; "
-                         "give one row per pose or a single row")
+        raise InputError(
+            f"{where} has {intrinsics.shape[0]} rows but {poses_name} has {n} poses; "
+            "give one row per pose or a single row"
+        )
     bad = np.flatnonzero(~np.isfinite(intrinsics).all(axis=1))
     if bad.size:
         raise InputError(f"{where}: row {bad[0]} has NaN or infinite values; {_INTRINSICS_FIX}")
     bad = np.flatnonzero((intrinsics[:, :2] <= 0).any(axis=1))
     if bad.size:
-        raise InputError(f"{where}: row {bad[0]} has focal lengths fx, fy = "
-                         f"{intrinsics[bad[0], :2].tolist()}; they must be > 0 (pixels of a 480x832 frame)")
+        raise InputError(
+            f"{where}: row {bad[0]} has focal lengths fx, fy = "
+            f"{intrinsics[bad[0], :2].tolist()}; they must be > 0 (pixels of a 480x832 frame)"
+        )
     return poses, intrinsics
 
 
@@ -149,6 +171,7 @@ def _as_float_array(array: np.ndarray, where: str, fix: str) -> np.ndarray:
 
 
 # --- frame counts -----------------------------------------------------------------------------------
+
 
 def frames_for_poses(frame_num: int, num_poses: int) -> int:
     """Video frames generated for a request of `frame_num` frames with `num_poses` poses.
@@ -166,8 +189,10 @@ def frames_for_poses(frame_num: int, num_poses: int) -> int:
 
 # --- conditioning -------------------------------------------------------------------------------------
 
-def camera_conditioning(poses: np.ndarray, intrinsics: np.ndarray, frame_num: int,
-                        height: int, width: int) -> CameraCondition:
+
+def camera_conditioning(
+    poses: np.ndarray, intrinsics: np.ndarray, frame_num: int, height: int, width: int
+) -> CameraCondition:
     """Camera conditioning of a (height x width) video of up to `frame_num` frames (see module doc)."""
     if height <= 0 or width <= 0 or height % PATCH or width % PATCH:
         raise InputError(f"video size {height}x{width} must be positive multiples of {PATCH}")
@@ -190,8 +215,9 @@ def resample_poses(poses: np.ndarray, num_targets: int) -> torch.Tensor:
     n = len(poses)
     source_index = np.linspace(0, n - 1, n)
     target_index = np.linspace(0, n - 1, num_targets)
-    translation = interp1d(source_index, poses[:, :3, 3], axis=0, kind="linear",
-                           bounds_error=False, fill_value="extrapolate")(target_index)
+    translation = interp1d(
+        source_index, poses[:, :3, 3], axis=0, kind="linear", bounds_error=False, fill_value="extrapolate"
+    )(target_index)
     quats = Rotation.from_matrix(poses[:, :3, :3]).as_quat()
     for i in range(1, n):
         if np.dot(quats[i], quats[i - 1]) < 0:
@@ -243,8 +269,7 @@ def plucker_embedding(c2w: torch.Tensor, K: torch.Tensor, height: int, width: in
     """
     frames = len(c2w)
     fx, fy, cx, cy = K.reshape(4, 1)
-    v, u = torch.meshgrid(torch.arange(height, dtype=c2w.dtype), torch.arange(width, dtype=c2w.dtype),
-                          indexing="ij")
+    v, u = torch.meshgrid(torch.arange(height, dtype=c2w.dtype), torch.arange(width, dtype=c2w.dtype), indexing="ij")
     u = u.reshape(1, -1) + 0.5
     v = v.reshape(1, -1) + 0.5
     x = (u - cx) / fx

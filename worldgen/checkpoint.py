@@ -78,6 +78,7 @@ def find_checkpoint(root: Path | str) -> CheckpointLayout:
             raise CheckpointError(
                 f"{root}: {folder.name}/ is missing (the {name}-noise expert); the download is partial"
             )
+    for folder in experts.values():
         if not (folder / "config.json").exists():
             raise CheckpointError(f"{folder}: config.json is missing; re-download this expert")
     for path, what in ((root / T5_FILE, "umT5 text encoder"), (root / VAE_FILE, "video VAE")):

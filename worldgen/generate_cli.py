@@ -24,12 +24,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = __doc__.split("\n\n", 1)[1]
     src = parser.add_argument_group("inputs")
-    src.add_argument("--ckpt-dir", default="tiny",
-                     help="checkpoint folder (original bf16 release or NF4 release), or 'tiny' / 'tiny-nf4' "
-                          "for the built-in random-weights model (default: tiny)")
-    src.add_argument("--action-path", type=Path,
-                     help="folder with poses.npy + intrinsics.npy (and image.jpg, prompt.txt when --image/"
-                          "--prompt are not given): a LingBot example folder or an episode folder")
+    src.add_argument(
+        "--ckpt-dir",
+        default="tiny",
+        help="checkpoint folder (original bf16 release or NF4 release), or 'tiny' / 'tiny-nf4' "
+        "for the built-in random-weights model (default: tiny)",
+    )
+    src.add_argument(
+        "--action-path",
+        type=Path,
+        help="folder with poses.npy + intrinsics.npy (and image.jpg, prompt.txt when --image/"
+        "--prompt are not given): a LingBot example folder or an episode folder",
+    )
     src.add_argument("--image", type=Path, help="first frame (any image mode: grayscale, RGBA, 16-bit are converted)")
     src.add_argument("--prompt", help="scene description (default: prompt.txt of --action-path)")
     src.add_argument("--no-camera", action="store_true", help="ignore poses: image-to-video without camera control")
@@ -43,10 +49,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--negative-prompt", help="negative prompt (default: the i2v-A14B one)")
     run = parser.add_argument_group("runtime")
     run.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
-    run.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
-                     help="compute dtype of the DiT and T5 (default: bfloat16 on CUDA, float32 on CPU)")
-    run.add_argument("--vram-budget", type=float, metavar="GB",
-                     help="cap this process's GPU memory (e.g. 24 to emulate a 24 GB card, or to leave room for Isaac Sim)")
+    run.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        help="compute dtype of the DiT and T5 (default: bfloat16 on CUDA, float32 on CPU)",
+    )
+    run.add_argument(
+        "--vram-budget",
+        type=float,
+        metavar="GB",
+        help="cap this process's GPU memory (e.g. 24 to emulate a 24 GB card, or to leave room for Isaac Sim)",
+    )
     run.add_argument("--ram-budget", type=float, metavar="GB", help="RAM budget reported against the measured peak")
     run.add_argument("-o", "--output", type=Path, default=Path("out.mp4"), help="output mp4 (H.264)")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -78,8 +91,13 @@ class ProgressBars:
         if phase != self.phase:
             self.close()
             self.phase = phase
-            self.bar = tqdm(total=total, desc=f"{phase:<8}", unit="step" if phase == "denoise" else "phase",
-                            file=sys.stderr, leave=True)
+            self.bar = tqdm(
+                total=total,
+                desc=f"{phase:<8}",
+                unit="step" if phase == "denoise" else "phase",
+                file=sys.stderr,
+                leave=True,
+            )
         self.bar.n = step
         self.bar.refresh()
 
@@ -110,8 +128,9 @@ def run(args: argparse.Namespace) -> int:
         poses, intrinsics = load_action(args.action_path)
 
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    pipe = load_pipeline(args.ckpt_dir, device=args.device, dtype=dtype,
-                         vram_budget_gb=args.vram_budget, ram_budget_gb=args.ram_budget)
+    pipe = load_pipeline(
+        args.ckpt_dir, device=args.device, dtype=dtype, vram_budget_gb=args.vram_budget, ram_budget_gb=args.ram_budget
+    )
     if pipe.is_random_weights:
         print("note: the tiny model has random weights: its output is noise, not a prediction", file=sys.stderr)
     print(f"model: {pipe.name}", file=sys.stderr)

@@ -107,7 +107,7 @@ class MemoryPlan:
             f"  encode  VAE {'kept resident' if self.keep_vae else 'loaded, then freed'}",
             f"  denoise experts: {'both resident' if self.keep_both_experts else 'one at a time, swapped at the boundary'}; "
             f"guidance passes {'batched' if self.batch_guidance else 'sequential'}; "
-            f"feed-forward {'in chunks of %d tokens' % self.ffn_chunk_tokens if self.ffn_chunk_tokens else 'whole'}",
+            f"feed-forward {f'in chunks of {self.ffn_chunk_tokens} tokens' if self.ffn_chunk_tokens else 'whole'}",
             f"  decode  VAE {'kept resident' if self.keep_vae else 'loaded, then freed'}",
         ]
         lines += [f"  note: {n}" for n in self.notes]
@@ -186,8 +186,9 @@ def folder_gib(path: Path) -> float:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) / GiB
 
 
-def plan_for(layout, device: torch.device, dtype: torch.dtype, vram_budget_gb: float | None,
-             ram_budget_gb: float | None) -> MemoryPlan:
+def plan_for(
+    layout, device: torch.device, dtype: torch.dtype, vram_budget_gb: float | None, ram_budget_gb: float | None
+) -> MemoryPlan:
     """Decide residency from the budget and the checkpoint's sizes; enforce the VRAM budget.
 
     Raises `worldgen.errors.InputError` when one expert cannot fit at all, naming the fix.
@@ -218,8 +219,15 @@ def plan_for(layout, device: torch.device, dtype: torch.dtype, vram_budget_gb: f
     if not keep_both:
         notes.append("both experts do not fit: the low-noise expert replaces the high-noise one at the boundary")
     return MemoryPlan(
-        device=device, vram_budget_gb=vram_budget_gb, ram_budget_gb=ram_budget_gb,
-        keep_text_encoder=False, keep_vae=keep_both, keep_both_experts=keep_both,
-        batch_guidance=batch, ffn_chunk_tokens=chunk, stream_text_encoder=True,
-        text_encoder_device=device, notes=tuple(notes),
+        device=device,
+        vram_budget_gb=vram_budget_gb,
+        ram_budget_gb=ram_budget_gb,
+        keep_text_encoder=False,
+        keep_vae=keep_both,
+        keep_both_experts=keep_both,
+        batch_guidance=batch,
+        ffn_chunk_tokens=chunk,
+        stream_text_encoder=True,
+        text_encoder_device=device,
+        notes=tuple(notes),
     )

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from bridge.settings import GenerationSettings
-from worldgen.dit import DiTConfig
 from worldgen.camera import camera_conditioning, frames_for_poses, validate_action
+from worldgen.dit import DiTConfig
 from worldgen.errors import InputError
 from worldgen.image_input import load_image
 from worldgen.memory import MemoryPlan, ModelSlot, PhaseMeter
@@ -180,8 +180,13 @@ class Pipeline:
             timestep = t.reshape(1).to(device)
             x = latent[None]
             if self.plan.batch_guidance:
-                both = model(x.expand(2, -1, -1, -1, -1), timestep.expand(2), [context, negative_context],
-                             y.expand(2, -1, -1, -1, -1), cam)
+                both = model(
+                    x.expand(2, -1, -1, -1, -1),
+                    timestep.expand(2),
+                    [context, negative_context],
+                    y.expand(2, -1, -1, -1, -1),
+                    cam,
+                )
                 cond, uncond = both[0], both[1]
             else:
                 cond = model(x, timestep, [context], y, cam)[0]
@@ -321,23 +326,31 @@ def load_pipeline(
     plan = plan_for(layout, device, dtype, vram_budget_gb, ram_budget_gb)
     text_len = DiTConfig.from_json(layout.experts["high"] / "config.json").text_len
     experts = {
-        name: ModelSlot(f"{name}-noise expert", lambda f=folder: _prepared_expert(load_expert(f, device, dtype), plan),
-                        resident=plan.keep_both_experts)
+        name: ModelSlot(
+            f"{name}-noise expert",
+            lambda f=folder: _prepared_expert(load_expert(f, device, dtype), plan),
+            resident=plan.keep_both_experts,
+        )
         for name, folder in layout.experts.items()
     }
     t5_device = plan.text_encoder_device
     t5_dtype = dtype if t5_device.type == "cuda" else torch.float32
     return Pipeline(
         tokenizer=PromptTokenizer(layout.tokenizer_dir / "tokenizer.json"),
-        text_encoder=ModelSlot("umT5", lambda: load_t5(layout, t5_device, t5_dtype, plan.stream_text_encoder),
-                               resident=plan.keep_text_encoder),
+        text_encoder=ModelSlot(
+            "umT5",
+            lambda: load_t5(layout, t5_device, t5_dtype, plan.stream_text_encoder),
+            resident=plan.keep_text_encoder,
+        ),
         vae=ModelSlot("VAE", lambda: load_vae(layout, device), resident=plan.keep_vae),
         experts=experts,
         device=device,
         text_len=text_len,
         name=f"{'tiny (random weights)' if is_tiny else root.name} [{layout.kind}]",
         plan=plan,
-        text_cache=TextCache(layout.t5, text_cache_dir, variant=f"{t5_device.type}-{dtype}") if use_text_cache else None,
+        text_cache=TextCache(layout.t5, text_cache_dir, variant=f"{t5_device.type}-{dtype}")
+        if use_text_cache
+        else None,
         is_random_weights=is_tiny,
     )
 

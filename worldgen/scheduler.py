@@ -76,8 +76,7 @@ class FlowUniPCScheduler:
         self._order_used = 0  # order of the previous predictor step (the corrector reuses it)
         self._lower_order_nums = 0  # warm-up: how many previous x0 predictions exist
 
-    def step(self, model_output: torch.Tensor, timestep: int | torch.Tensor,
-             sample: torch.Tensor) -> torch.Tensor:
+    def step(self, model_output: torch.Tensor, timestep: int | torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
         """One solver step: corrector on `sample` (after the first step), then the predictor.
 
         `model_output` is the velocity v predicted at `sample` and `timestep`; returns the sample
@@ -91,8 +90,10 @@ class FlowUniPCScheduler:
             raise RuntimeError(f"all {n} steps are done; call reset() or set_timesteps() to start again")
         expected = int(self.timesteps[i])
         if int(timestep) != expected:
-            raise ValueError(f"step {i} expects timestep {expected}, got {int(timestep)}: "
-                             "call step() once per entry of `timesteps`, in order")
+            raise ValueError(
+                f"step {i} expects timestep {expected}, got {int(timestep)}: "
+                "call step() once per entry of `timesteps`, in order"
+            )
 
         x0 = sample - self.sigmas[i] * model_output  # flow prediction -> x0 prediction
         if i > 0 and self._last_sample is not None:
@@ -155,8 +156,9 @@ class FlowUniPCScheduler:
             x_t = x_t - alpha_t * b_h * (0.5 * d1s[0])  # order 2 uses rho_p = 0.5
         return x_t.to(x.dtype)
 
-    def _corrector(self, x0_now: torch.Tensor, last_sample: torch.Tensor, this_sample: torch.Tensor,
-                   order: int) -> torch.Tensor:
+    def _corrector(
+        self, x0_now: torch.Tensor, last_sample: torch.Tensor, this_sample: torch.Tensor, order: int
+    ) -> torch.Tensor:
         """UniC-bh2: refine `this_sample` (at sigmas[i]) using the new x0 prediction `x0_now`."""
         i = self._step_index
         m0 = self._model_outputs[-1]

@@ -327,9 +327,7 @@ class WanVAE(nn.Module):
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
         """latent [B, z, T, h, w] (normalised) -> video [B, 3, 4(T-1)+1, 8h, 8w] float32 in [-1, 1]."""
         if latent.ndim != 5 or latent.shape[1] != self.config.z_dim:
-            raise InputError(
-                f"VAE decode expects latent [B, {self.config.z_dim}, T, h, w], got {tuple(latent.shape)}"
-            )
+            raise InputError(f"VAE decode expects latent [B, {self.config.z_dim}, T, h, w], got {tuple(latent.shape)}")
         cache: FrameCache = {}
         frames = [self.decode_chunk(latent[:, :, t : t + 1], cache) for t in range(latent.shape[2])]
         return torch.cat(frames, dim=2)

@@ -28,8 +28,14 @@ def write_mp4(video: torch.Tensor | np.ndarray, path: Path | str, fps: int = 16)
     try:
         # yuv420p needs even sizes; macro_block_size=1 keeps the exact frame size when it is even
         writer = imageio_ffmpeg.write_frames(
-            tmp, (w, h), fps=fps, codec="libx264", pix_fmt_out="yuv420p", macro_block_size=1,
-            output_params=["-crf", "18"], quality=None,
+            tmp,
+            (w, h),
+            fps=fps,
+            codec="libx264",
+            pix_fmt_out="yuv420p",
+            macro_block_size=1,
+            output_params=["-crf", "18"],
+            quality=None,
         )
         writer.send(None)
         for frame in frames:

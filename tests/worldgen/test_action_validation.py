@@ -96,8 +96,9 @@ def test_text_array_is_refused(tmp_path):
 
 @pytest.mark.parametrize("shape", [(9, 3, 4), (4, 4), (9, 16), (9, 4, 4, 1)])
 def test_poses_wrong_shape(tmp_path, shape):
-    folder = write_action(tmp_path / "a", poses=np.zeros(shape, np.float32),
-                          intrinsics=np.array([500, 500, 416, 240], np.float32))
+    folder = write_action(
+        tmp_path / "a", poses=np.zeros(shape, np.float32), intrinsics=np.array([500, 500, 416, 240], np.float32)
+    )
     load_error(folder, "poses.npy", re.escape(str(list(shape))), r"\[N,4,4\]")
 
 
@@ -112,8 +113,7 @@ def test_poses_not_finite(tmp_path):
 def test_poses_last_row(tmp_path):
     poses = walking_poses()
     poses[3, 3] = [0, 0, 1, 1]
-    load_error(write_action(tmp_path / "a", poses=poses), "poses.npy", "pose 3", r"last row",
-               re.escape("[0, 0, 0, 1]"))
+    load_error(write_action(tmp_path / "a", poses=poses), "poses.npy", "pose 3", r"last row", re.escape("[0, 0, 0, 1]"))
 
 
 def test_rotation_not_orthonormal(tmp_path):

@@ -19,8 +19,7 @@ from worldgen.camera import (
 )
 from worldgen.errors import InputError
 
-TAGS = [f"ex{example}_{size}" for example in ("00", "01", "02")
-        for size in ("f81_32x48", "f33_48x64", "f161_16x32")]
+TAGS = [f"ex{example}_{size}" for example in ("00", "01", "02") for size in ("f81_32x48", "f33_48x64", "f161_16x32")]
 TOLERANCE = 1e-5  # relative L2, the golden README's camera tolerance
 
 
@@ -94,8 +93,14 @@ def test_conditioning_geometry(lingbot_examples):
     assert torch.allclose(direction[:, 0, 0, 0, 0, 0], d / d.norm(), atol=1e-6)
     # K scaled from 480x832 to 48x64.
     assert cond.K.tolist() == pytest.approx(
-        [intrinsics[0, 0] * 64 / 832, intrinsics[0, 1] * 48 / 480,
-         intrinsics[0, 2] * 64 / 832, intrinsics[0, 3] * 48 / 480], rel=1e-6)
+        [
+            intrinsics[0, 0] * 64 / 832,
+            intrinsics[0, 1] * 48 / 480,
+            intrinsics[0, 2] * 64 / 832,
+            intrinsics[0, 3] * 48 / 480,
+        ],
+        rel=1e-6,
+    )
 
 
 def test_static_camera_is_not_normalised():

@@ -27,7 +27,9 @@ def io(golden):
 def test_bf16_layout_matches_reference(golden, io, t, with_camera):
     model = load_expert(golden / "dit" / "bf16_layout", "cpu", torch.float32)
     with torch.no_grad():
-        out = model(io["x"][None], torch.tensor([t]), [io["context"]], io["y"][None], io["cam"] if with_camera else None)
+        out = model(
+            io["x"][None], torch.tensor([t]), [io["context"]], io["y"][None], io["cam"] if with_camera else None
+        )
     ref = io[f"out_{'cam' if with_camera else 'nocam'}_t{t}"]
     assert out.shape == (1, *ref.shape) and out.dtype == torch.float32
     assert rel_l2(out[0], ref) < 1e-4
@@ -50,8 +52,13 @@ def test_batched_guidance_equals_two_passes(golden, io):
     model = load_expert(golden / "dit" / "bf16_layout", "cpu", torch.float32)
     other = io["context"][:3] * 0.5
     with torch.no_grad():
-        both = model(io["x"][None].expand(2, -1, -1, -1, -1), torch.tensor([900, 900]), [io["context"], other],
-                     io["y"][None].expand(2, -1, -1, -1, -1), io["cam"])
+        both = model(
+            io["x"][None].expand(2, -1, -1, -1, -1),
+            torch.tensor([900, 900]),
+            [io["context"], other],
+            io["y"][None].expand(2, -1, -1, -1, -1),
+            io["cam"],
+        )
         one = model(io["x"][None], torch.tensor([900]), [other], io["y"][None], io["cam"])
     assert rel_l2(both[0], io["out_cam_t900"]) < 1e-4
     assert rel_l2(both[1], one[0]) < 1e-5
