@@ -186,14 +186,10 @@ class EpisodePayload:
 
     def check_limits(self, limits: Limits) -> None:
         if len(self.image) > limits.max_image_bytes:
-            raise PayloadError(
-                f"image is {len(self.image)} bytes; the server takes at most {limits.max_image_bytes}"
-            )
+            raise PayloadError(f"image is {len(self.image)} bytes; the server takes at most {limits.max_image_bytes}")
         for name, array in (("poses", self.poses), ("intrinsics", self.intrinsics)):
             if len(array) > limits.max_poses:
-                raise PayloadError(
-                    f"{name} has {len(array)} rows; the server takes at most {limits.max_poses}"
-                )
+                raise PayloadError(f"{name} has {len(array)} rows; the server takes at most {limits.max_poses}")
         if len(self.prompt.encode()) > limits.max_prompt_bytes:
             raise PayloadError(f"prompt is longer than {limits.max_prompt_bytes} bytes")
 
@@ -239,11 +235,7 @@ class Job:
         self.outcome: Result | JobError | None = None
 
     def __repr__(self) -> str:
-        state = (
-            type(self.outcome).__name__
-            if self.outcome
-            else (self.latest.phase if self.latest else "submitted")
-        )
+        state = type(self.outcome).__name__ if self.outcome else (self.latest.phase if self.latest else "submitted")
         return f"Job({self.id!r}, {state})"
 
     def done(self) -> bool:
@@ -400,9 +392,7 @@ class Client:
     ) -> Job:
         """Send an episode; returns once the server has it on disk (its queue position known).
         Raises RequestFailed (busy, bad_input, bad_settings ...) or ServerUnavailable."""
-        future = self.submit_async(
-            payload, settings, want_frames=want_frames, on_event=on_event, timeout=timeout
-        )
+        future = self.submit_async(payload, settings, want_frames=want_frames, on_event=on_event, timeout=timeout)
         return self._wait(future, timeout)
 
     def submit_async(
@@ -522,11 +512,13 @@ class Client:
         timeout = self.timeout if timeout is None else float(timeout)
         future: concurrent.futures.Future = concurrent.futures.Future()
         deadline = time.monotonic() + timeout
-        return _Request(
-            rid, frames, future, timeout, deadline, timeout / self.retries, 0.0, on_reply, heartbeat_of
-        )
+        return _Request(rid, frames, future, timeout, deadline, timeout / self.retries, 0.0, on_reply, heartbeat_of)
 
     def _wait(self, future: concurrent.futures.Future, timeout: float | None) -> Any:
+        if threading.current_thread() is self._thread:
+            future.cancel()
+            raise RuntimeError("a blocking Client call inside an event callback would wait on itself; "
+                               "use the *_async variant there")  # fmt: skip
         # The I/O thread resolves every future by its deadline; the margin covers a busy machine.
         try:
             return future.result(timeout=(self.timeout if timeout is None else timeout) + 5.0)
@@ -545,11 +537,7 @@ class Client:
             return None
         if server_key is None or client_key is None:
             raise ValueError("CurveZMQ needs both server_key (the server's public key) and client_key")
-        if (
-            isinstance(server_key, (bytes, str))
-            and len(server_key) == 40
-            and not Path(str(server_key)).exists()
-        ):
+        if isinstance(server_key, (bytes, str)) and len(server_key) == 40 and not Path(str(server_key)).exists():
             server_public = server_key.encode() if isinstance(server_key, str) else server_key
         else:
             server_public, _ = load_public(Path(server_key))
@@ -570,9 +558,7 @@ class Client:
         socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000)
         if self._curve is not None:
             secure_client_socket(socket, *self._curve)
-        self._monitor = socket.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-        )
+        self._monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
         socket.connect(self.endpoint)
         self._socket = socket
 
@@ -621,9 +607,7 @@ class Client:
 
     def _next_deadline(self) -> float:
         # An expired try waits for the reconnect backoff (or its call's end), never spins.
-        deadlines = [
-            min(r.deadline, max(r.try_deadline, self._next_reconnect)) for r in self._pending.values()
-        ]
+        deadlines = [min(r.deadline, max(r.try_deadline, self._next_reconnect)) for r in self._pending.values()]
         if self._jobs:
             deadlines.append(self._next_heartbeat)
         return min(deadlines, default=time.monotonic() + 0.5)
@@ -663,9 +647,7 @@ class Client:
             self._apply_status(message)  # a heartbeat's answer
         elif message.type == "progress" and job is not None:
             f = message.fields
-            job._deliver(
-                Progress(job_id, f["phase"], f["step"], f["total"], f.get("eta_s"), f.get("queue_position"))
-            )
+            job._deliver(Progress(job_id, f["phase"], f["step"], f["total"], f.get("eta_s"), f.get("queue_position")))
         elif message.type == "result" and job is not None:
             frames = message.arrays.get("frames")
             self._jobs.pop(job_id, None)

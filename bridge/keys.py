@@ -28,9 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     client = sub.add_parser("client", help="a client's key pair")
     client.add_argument("name", help="file name stem, e.g. the machine's name")
     client.add_argument("--dir", type=Path, default=Path("keys"), help="folder for the key files")
-    client.add_argument(
-        "--allow-dir", type=Path, help="also put its public key in this server allowlist folder"
-    )
+    client.add_argument("--allow-dir", type=Path, help="also put its public key in this server allowlist folder")
     allow = sub.add_parser("allow", help="add a client's public key file to a server allowlist folder")
     allow.add_argument("public_key", type=Path, help="the client's NAME.key file")
     allow.add_argument("--allow-dir", type=Path, required=True, help="the server's client_keys_dir")

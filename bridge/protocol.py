@@ -229,9 +229,7 @@ FRAMES: dict[str, dict[str, FrameSpec]] = {
     },
     "result": {
         "video": FrameSpec("blob", True, max_bytes="max_video_bytes"),
-        "frames": FrameSpec(
-            "array", False, ("uint8",), (None, None, None, 3), max_bytes="max_result_frames_bytes"
-        ),
+        "frames": FrameSpec("array", False, ("uint8",), (None, None, None, 3), max_bytes="max_result_frames_bytes"),
     },
 }
 
@@ -260,9 +258,7 @@ def peek_rid(frame: Any, limits: Limits = Limits()) -> str | None:
         return None
 
 
-def _decode(
-    frames: Sequence[Any], limits: Limits, schemas: dict[str, dict[str, tuple[str, bool]]]
-) -> Message:
+def _decode(frames: Sequence[Any], limits: Limits, schemas: dict[str, dict[str, tuple[str, bool]]]) -> Message:
     if len(frames) == 0:
         raise ProtocolError("empty message: expected a header frame")
     if len(frames) > 1 + limits.max_data_frames:
@@ -382,9 +378,7 @@ def _decode_frames(
     return arrays, blobs
 
 
-def _check_blob(
-    type_: str, name: str, spec: FrameSpec, descriptor: dict, view: memoryview, limits: Limits
-) -> bytes:
+def _check_blob(type_: str, name: str, spec: FrameSpec, descriptor: dict, view: memoryview, limits: Limits) -> bytes:
     size = descriptor.get("size")
     cap = getattr(limits, spec.max_bytes)
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -401,14 +395,10 @@ def _check_array(
 ) -> np.ndarray:
     dtype_name = descriptor.get("dtype")
     if not isinstance(dtype_name, str) or dtype_name not in spec.dtypes:
-        raise ProtocolError(
-            f"{type_}.{name}: dtype {dtype_name!r:.40} not allowed; use one of {list(spec.dtypes)}"
-        )
+        raise ProtocolError(f"{type_}.{name}: dtype {dtype_name!r:.40} not allowed; use one of {list(spec.dtypes)}")
     shape = descriptor.get("shape")
     if not isinstance(shape, list) or len(shape) != len(spec.shape):
-        raise ProtocolError(
-            f"{type_}.{name}: shape must have {len(spec.shape)} dimensions like {_pattern(spec)}"
-        )
+        raise ProtocolError(f"{type_}.{name}: shape must have {len(spec.shape)} dimensions like {_pattern(spec)}")
     max_rows = getattr(limits, spec.max_rows) if spec.max_rows else None
     for dim, expected in zip(shape, spec.shape, strict=True):
         if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
@@ -422,9 +412,7 @@ def _check_array(
     if cap is not None and nbytes > cap:
         raise ProtocolError(f"{type_}.{name}: {nbytes} bytes declared; at most {cap}", "too_large")
     if view.nbytes != nbytes:
-        raise ProtocolError(
-            f"{type_}.{name}: shape {shape} {dtype_name} is {nbytes} bytes, frame has {view.nbytes}"
-        )
+        raise ProtocolError(f"{type_}.{name}: shape {shape} {dtype_name} is {nbytes} bytes, frame has {view.nbytes}")
     if 0 in shape:
         raise ProtocolError(f"{type_}.{name}: empty array (shape {shape})")
     return np.frombuffer(view, dtype=DTYPES[dtype_name]).reshape(shape)
@@ -454,6 +442,4 @@ def check_episode_arrays(poses: np.ndarray, intrinsics: np.ndarray) -> None:
     if not np.isfinite(intrinsics).all():
         raise ProtocolError("intrinsics contain NaN or infinity (intrinsics.npy)", "bad_input")
     if (intrinsics[:, :2] <= 0).any():
-        raise ProtocolError(
-            "intrinsics fx, fy must be > 0 (intrinsics.npy rows are fx, fy, cx, cy)", "bad_input"
-        )
+        raise ProtocolError("intrinsics fx, fy must be > 0 (intrinsics.npy rows are fx, fy, cx, cy)", "bad_input")

@@ -121,8 +121,7 @@ def load_secret(path: Path) -> tuple[bytes, bytes]:
     mode = path.stat().st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise SecurityError(
-            f"secret key file {path} is accessible by other users (mode {stat.S_IMODE(mode):o}); "
-            f"run `chmod 600 {path}`"
+            f"secret key file {path} is accessible by other users (mode {stat.S_IMODE(mode):o}); run `chmod 600 {path}`"
         )
     return public, secret
 
@@ -153,9 +152,7 @@ def secure_server_socket(
     return authenticator
 
 
-def secure_client_socket(
-    socket: zmq.Socket, server_public_key: bytes, client_secret: tuple[bytes, bytes]
-) -> None:
+def secure_client_socket(socket: zmq.Socket, server_public_key: bytes, client_secret: tuple[bytes, bytes]) -> None:
     public, secret = client_secret
     socket.curve_serverkey = server_public_key
     socket.curve_publickey = public

@@ -29,12 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"server TOML (default: {DEFAULT_CONFIG} if it exists, else built-in defaults)",
     )
-    parser.add_argument(
-        "--bind", help="endpoint to listen on, e.g. tcp://127.0.0.1:5570 (overrides [server] bind)"
-    )
-    parser.add_argument(
-        "--spool-dir", help="folder for accepted jobs and results (overrides [server] spool_dir)"
-    )
+    parser.add_argument("--bind", help="endpoint to listen on, e.g. tcp://127.0.0.1:5570 (overrides [server] bind)")
+    parser.add_argument("--spool-dir", help="folder for accepted jobs and results (overrides [server] spool_dir)")
     parser.add_argument("--ckpt", help="checkpoint folder or 'tiny' (overrides [worker] ckpt)")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (overrides [worker] device)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))

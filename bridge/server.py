@@ -124,8 +124,7 @@ class Server:
                         "failed",
                         {
                             "code": "interrupted",
-                            "message": f"the server stopped during this job {record.attempts} times; "
-                            "not retried again",
+                            "message": f"the server stopped during this job {record.attempts} times; not retried again",
                         },
                     )
                     failed += 1
@@ -277,9 +276,7 @@ class Server:
             )
         except OSError as exc:
             log.error("cannot spool a job: %s", exc)
-            self._send(
-                identity, protocol.error_frames("internal", f"server cannot store the job: {exc}", rid)
-            )
+            self._send(identity, protocol.error_frames("internal", f"server cannot store the job: {exc}", rid))
             return
         self.jobs[record.id] = record
         self.by_request[(client, rid)] = record.id
@@ -296,9 +293,7 @@ class Server:
             raise ProtocolError(f"settings: {exc}", "bad_settings") from None
         numbers = (settings.shift, settings.boundary, *settings.guide_scale)
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers):
-            raise ProtocolError(
-                "settings: shift, boundary and guide_scale must be finite numbers", "bad_settings"
-            )
+            raise ProtocolError("settings: shift, boundary and guide_scale must be finite numbers", "bad_settings")
         limits = self.limits
         if settings.frame_num > limits.max_frame_num:
             raise ProtocolError(
@@ -381,11 +376,7 @@ class Server:
         live = self.live.get(record.id)
         if record.state == "running" and live:
             fields.update(
-                {
-                    k: live[k]
-                    for k in ("phase", "step", "total", "eta_s", "cancelling")
-                    if live.get(k) is not None
-                }
+                {k: live[k] for k in ("phase", "step", "total", "eta_s", "cancelling") if live.get(k) is not None}
             )
         if record.error:
             fields["error"] = record.error
@@ -451,9 +442,7 @@ class Server:
             },
         )
         log.info("job %s started (attempt %d)", job_id, record.attempts)
-        self._publish(
-            job_id, protocol.encode("progress", {"job": job_id, "phase": "starting", "step": 0, "total": 0})
-        )
+        self._publish(job_id, protocol.encode("progress", {"job": job_id, "phase": "starting", "step": 0, "total": 0}))
         self._broadcast_positions()
 
     def _handle_worker_events(self, events: list[Event]) -> None:
@@ -461,9 +450,7 @@ class Server:
             try:
                 getattr(self, f"_worker_{event.kind}")(event)
             except Exception as exc:
-                log.error(
-                    "internal error on worker event %s: %s\n%s", event.kind, exc, traceback.format_exc()
-                )
+                log.error("internal error on worker event %s: %s\n%s", event.kind, exc, traceback.format_exc())
 
     def _worker_ready(self, event: Event) -> None:
         if self.unavailable:
@@ -561,9 +548,7 @@ class Server:
         if record.want_frames and record.frames_path.is_file():
             arrays["frames"] = np.load(record.frames_path, mmap_mode="r", allow_pickle=False)
         seconds = (record.finished or 0) - (record.started or 0)
-        return protocol.encode(
-            "result", {"job": record.id, "seconds": round(seconds, 3)}, arrays, {"video": video}
-        )
+        return protocol.encode("result", {"job": record.id, "seconds": round(seconds, 3)}, arrays, {"video": video})
 
     def _publish(self, job_id: str, frames: list) -> None:
         for identity in list(self.subscribers.get(job_id, ())):

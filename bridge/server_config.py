@@ -98,12 +98,8 @@ def load_server_config(path: Path | None, overrides: dict[str, Any] | None = Non
     where = str(path) if path else "server config"
     unknown_tables = sorted(set(table) - {"server", "worker", "limits", "security"})
     if unknown_tables:
-        raise ConfigError(
-            f"{where}: unknown table(s) {unknown_tables}; known: server, worker, limits, security"
-        )
-    server = _fields(
-        ServerConfig, table.get("server", {}), f"{where} [server]", skip={"limits", "worker", "security"}
-    )
+        raise ConfigError(f"{where}: unknown table(s) {unknown_tables}; known: server, worker, limits, security")
+    server = _fields(ServerConfig, table.get("server", {}), f"{where} [server]", skip={"limits", "worker", "security"})
     limits = _fields(Limits, table.get("limits", {}), f"{where} [limits]")
     worker = _fields(WorkerConfig, table.get("worker", {}), f"{where} [worker]")
     security = _fields(SecurityConfig, table.get("security", {}), f"{where} [security]")

@@ -128,8 +128,7 @@ class Spool:
         except OSError:
             self._lock_file.close()
             raise SpoolError(
-                f"spool folder {self.root} is in use by another server; "
-                "stop it or give this one another spool_dir"
+                f"spool folder {self.root} is in use by another server; stop it or give this one another spool_dir"
             ) from None
         self._next_seq = 0
         # Jobs never acknowledged: the client got no "accepted", so it will retry.
@@ -202,9 +201,7 @@ class Spool:
                 if record.id != job_dir.name:
                     raise ValueError(f"job.json id {record.id!r} does not match its folder")
             except (OSError, ValueError, TypeError) as exc:
-                log.error(
-                    "spool: job folder %s is unreadable (%s); moving it to %s", job_dir, exc, self.corrupt_dir
-                )
+                log.error("spool: job folder %s is unreadable (%s); moving it to %s", job_dir, exc, self.corrupt_dir)
                 self.corrupt_dir.mkdir(exist_ok=True)
                 shutil.move(str(job_dir), str(self.corrupt_dir / job_dir.name))
                 continue

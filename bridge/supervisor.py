@@ -72,9 +72,7 @@ class WorkerProcess:
     """One child process with non-blocking message pipes."""
 
     def __init__(self, argv: tuple[str, ...], env: dict[str, str] | None) -> None:
-        self.proc = subprocess.Popen(
-            list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=env
-        )
+        self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=env)
         self.stdout_fd = self.proc.stdout.fileno()
         self.stdin_fd = self.proc.stdin.fileno()
         os.set_blocking(self.stdout_fd, False)
@@ -192,9 +190,7 @@ class Supervisor:
         """(fd, also_wants_write) to poll: the worker's stdout (and stdin while its outbox is full)."""
         if self.worker is None or self.worker.eof:
             return []
-        return [(self.worker.stdout_fd, False)] + (
-            [(self.worker.stdin_fd, True)] if self.worker.outbox else []
-        )
+        return [(self.worker.stdout_fd, False)] + ([(self.worker.stdin_fd, True)] if self.worker.outbox else [])
 
     def on_io(self) -> list[Event]:
         worker = self.worker
@@ -277,9 +273,7 @@ class Supervisor:
         kind = message.get("type")
         if kind == "ready" and self.state == "starting":
             self.state, self.info, self.start_failures = "idle", message, 0
-            log.info(
-                "worker %d ready: %s", self.worker.pid, {k: v for k, v in message.items() if k != "type"}
-            )
+            log.info("worker %d ready: %s", self.worker.pid, {k: v for k, v in message.items() if k != "type"})
             return [Event("ready", data=message)]
         if kind == "fatal":
             self.last_fatal = f"{message.get('code', 'fatal')}: {message.get('message', '')}"

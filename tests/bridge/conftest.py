@@ -148,13 +148,15 @@ class ServerProcess:
             self.proc.stdout.close()
 
 
-@pytest.fixture
-def servers(tmp_path: Path) -> Iterator:
-    """Factory: servers(worker=[argv], **[server] keys) -> a started ServerProcess. All are killed
-    (with their process groups) when the test ends."""
-    started: list[ServerProcess] = []
+class ServerPool:
+    """Starts servers in folders under `root` and kills them all (process groups) on close()."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.started: list[ServerProcess] = []
 
     def start(
+        self,
         worker: list[str] | None = None,
         name: str = "server",
         worker_keys: dict | None = None,
@@ -162,8 +164,8 @@ def servers(tmp_path: Path) -> Iterator:
         security: dict | None = None,
         **server_keys: Any,
     ) -> ServerProcess:
-        workdir = tmp_path / name
-        workdir.mkdir(exist_ok=True)
+        workdir = self.root / name
+        workdir.mkdir(parents=True, exist_ok=True)
         tables = {
             "server": {"bind": "tcp://127.0.0.1:*", "spool_dir": str(workdir / "spool"), **server_keys},
             "worker": {
@@ -178,12 +180,21 @@ def servers(tmp_path: Path) -> Iterator:
         if security:
             tables["security"] = security
         server = ServerProcess(workdir, tables)
-        started.append(server)
+        self.started.append(server)
         return server.start()
 
-    yield start
-    for server in started:
-        server.kill_group()
+    def close(self) -> None:
+        for server in self.started:
+            server.kill_group()
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator:
+    """Factory: servers(worker=[argv], **[server] keys) -> a started ServerProcess, killed (with
+    its process group) when the test ends."""
+    pool = ServerPool(tmp_path)
+    yield pool.start
+    pool.close()
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):

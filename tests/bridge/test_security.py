@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from bridge.client import Client, EpisodePayload, Unauthorized
-from bridge.security import SecurityError, is_loopback, load_secret
+from bridge.security import SecurityError, allow_client, is_loopback, load_secret, write_keypair
 from tests.bridge.conftest import REPO, standin_command
 
 
@@ -78,9 +78,9 @@ def test_non_loopback_bind_without_keys_is_refused(tmp_path, bind):
 
 def make_keys(tmp_path: Path) -> Path:
     keys = tmp_path / "keys"
-    for args in (("server",), ("client", "known", "--allow-dir", str(keys / "clients")), ("client", "stranger")):
-        done = cli("keys", *args, "--dir", str(keys))
-        assert done.returncode == 0, done.stderr
+    write_keypair(keys, "server")
+    allow_client(write_keypair(keys, "known")[0], keys / "clients")
+    write_keypair(keys, "stranger")
     return keys
 
 
@@ -96,11 +96,13 @@ def test_curve_server_serves_known_clients_and_rejects_others(servers, tmp_path,
         assert health["ok"] and health["server"]["curve"] is True
         assert known.submit(EpisodePayload.from_dir(episode), {"steps": 1}).result(timeout=10)
 
-    with Client(
-        endpoint, timeout=5, server_key=keys / "server.key", client_key=keys / "stranger.key_secret"
-    ) as stranger:
-        with pytest.raises(Unauthorized, match="not in the server's client_keys_dir"):
-            stranger.health()
+    with (
+        Client(
+            endpoint, timeout=5, server_key=keys / "server.key", client_key=keys / "stranger.key_secret"
+        ) as stranger,
+        pytest.raises(Unauthorized, match="not in the server's client_keys_dir"),
+    ):
+        stranger.health()
 
     with Client(endpoint, timeout=5) as plain, pytest.raises(Unauthorized, match="disagree on CurveZMQ"):
         plain.health()
