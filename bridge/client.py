@@ -632,14 +632,14 @@ class Client:
         request = self._pending.pop(rid, None) if rid else None
         if request is not None:
             if message.type == "error":
-                request.future.set_exception(RequestFailed(message.fields["code"], message.fields["message"]))
+                _settle(request.future, error=RequestFailed(message.fields["code"], message.fields["message"]))
                 if message.get("job") and message.fields["code"] == "not_found":
                     self._end_job(message.fields["job"], "not_found", message.fields["message"])
                 return
             try:
-                request.future.set_result(request.on_reply(message) if request.on_reply else message)
+                _settle(request.future, request.on_reply(message) if request.on_reply else message)
             except Exception as exc:
-                request.future.set_exception(exc)
+                _settle(request.future, error=exc)
             return
         job_id = message.get("job")
         job = self._jobs.get(job_id) if job_id else None
@@ -683,7 +683,7 @@ class Client:
                 continue
             log.error("%s (%s)", reason, self.endpoint)
             for request in self._pending.values():
-                request.future.set_exception(Unauthorized(reason))
+                _settle(request.future, error=Unauthorized(reason))
             self._pending.clear()
 
     def _on_timers(self) -> None:
@@ -692,11 +692,12 @@ class Client:
         for request in expired:
             if now >= request.deadline:
                 del self._pending[request.rid]
-                request.future.set_exception(
-                    ServerUnavailable(
+                _settle(
+                    request.future,
+                    error=ServerUnavailable(
                         f"no answer from {self.endpoint} within {request.timeout:g} s "
                         f"({self.retries} tries); is `lingbot-isaac serve` running there?"
-                    )
+                    ),
                 )
         if any(now >= r.try_deadline for r in self._pending.values()) and now >= self._next_reconnect:
             self._reconnect()
@@ -740,8 +741,7 @@ class Client:
 
     def _shutdown(self) -> None:
         for request in self._pending.values():
-            if not request.future.done():
-                request.future.set_exception(BridgeError("client closed"))
+            _settle(request.future, error=BridgeError("client closed"))
         self._pending.clear()
         for job_id in list(self._jobs):
             self._end_job(job_id, "closed", "the client was closed before the job finished")
@@ -751,13 +751,26 @@ class Client:
             except queue.Empty:
                 break
             if command[0] == "request":
-                command[1].future.set_exception(BridgeError("client closed"))
+                _settle(command[1].future, error=BridgeError("client closed"))
         if self._socket is not None:
             self._socket.disable_monitor()
             self._monitor.close(linger=0)
             self._socket.close(linger=0)
         self._context.term()
         self._closed.set()
+
+
+def _settle(future: concurrent.futures.Future, result: Any = None, error: BaseException | None = None) -> None:
+    """Resolve a future unless its caller already cancelled it (or it was resolved)."""
+    if future.done():
+        return
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass  # cancelled by its caller in the meantime
 
 
 def _fields(message: protocol.Message) -> dict[str, Any]:

@@ -36,7 +36,7 @@ class SupervisorConfig:
     argv: tuple[str, ...]
     env: dict[str, str] | None = None
     startup_timeout_s: float = 600.0
-    health_timeout_s: float = 10.0
+    health_timeout_s: float = 2.5  # below a client's try timeout (10 s / 3 tries by default)
     cancel_grace_s: float = 120.0
     stall_timeout_s: float = 900.0
     restart_backoff_s: tuple[float, float] = (0.5, 30.0)

@@ -8,6 +8,7 @@ and settings went through the server and the spool unchanged). The acceptance te
 real generation use `python -m worldgen.worker --ckpt tiny` instead.
 
 Prompts containing "[bad-input]" raise worldgen's InputError; "[explode]" raises RuntimeError.
+`--fail-load` makes loading fail with worldgen's CheckpointError, as a missing checkpoint would.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from bridge.settings import GenerationSettings
-from worldgen.errors import InputError
+from worldgen.errors import CheckpointError, InputError
 from worldgen.worker import serve
 
 MAGIC = b"STANDIN-VIDEO\n"
@@ -75,8 +76,15 @@ class StandinEngine:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--step-s", type=float, default=0.05)
+    parser.add_argument("--fail-load", action="store_true")
     args = parser.parse_args()
-    return serve(lambda: StandinEngine(args.step_s))
+
+    def load() -> StandinEngine:
+        if args.fail_load:
+            raise CheckpointError("/nowhere: not a checkpoint folder (stand-in)")
+        return StandinEngine(args.step_s)
+
+    return serve(load)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import struct
+import subprocess
+import sys
 
 import msgpack
 import numpy as np
@@ -14,7 +16,9 @@ from hypothesis import strategies as st
 
 from bridge import worker_protocol as wp
 from bridge.fair_queue import FairQueue
+from bridge.server_config import ConfigError, ServerConfig, load_server_config
 from bridge.spool import Spool, SpoolError
+from tests.bridge.conftest import REPO
 
 # ---------------------------------------------------------------------------------------------
 # Worker pipe
@@ -155,3 +159,50 @@ def test_one_server_per_spool(tmp_path):
         Spool(tmp_path)
     spool.close()
     Spool(tmp_path).close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Server config
+
+
+def test_config_server_toml_documents_exactly_the_defaults():
+    assert load_server_config(REPO / "config" / "server.toml") == ServerConfig()
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("[server]\nbnid = 'tcp://127.0.0.1:1'\n", "unknown key(s) ['bnid']"),
+        ("[servers]\n", "unknown table(s) ['servers']"),
+        ("[server]\nmax_queue = 'many'\n", "max_queue must be a non-negative integer"),
+        ("[server]\nmax_queue = 0\n", "must be >= 1"),
+        ("[worker]\nrestart_backoff_s = [1]\n", "list of 2 numbers"),
+        ("[worker]\ncommand = 'python w.py'\n", "must be a list"),
+        ("[limits]\nmax_poses = -1\n", "non-negative integer"),
+        ("[server\n", "not valid TOML"),
+    ],
+)
+def test_config_mistakes_are_named(tmp_path, text, words):
+    path = tmp_path / "server.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_server_config(path)
+    assert words in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Import boundaries (docs/architecture.md)
+
+
+@pytest.mark.parametrize(
+    ("modules", "forbidden"),
+    [
+        ("bridge.client, bridge.server, bridge.serve_cli, bridge.submit_cli, bridge.keys", "torch"),
+        ("worldgen.worker", "zmq"),
+        ("bridge, bridge.worker_protocol, bridge.settings", "zmq"),
+    ],
+)
+def test_import_boundaries(modules, forbidden):
+    code = f"import sys, {modules}; sys.exit({forbidden!r} in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"importing {modules} imports {forbidden} {done.stderr}"

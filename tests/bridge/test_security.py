@@ -12,7 +12,7 @@ import zmq
 
 from bridge.client import Client, EpisodePayload, Unauthorized
 from bridge.security import SecurityError, allow_client, is_loopback, load_secret, write_keypair
-from tests.bridge.conftest import REPO, standin_command
+from tests.bridge.conftest import REPO, standin_command, wait_for
 
 
 def cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -92,8 +92,8 @@ def test_curve_server_serves_known_clients_and_rejects_others(servers, tmp_path,
     endpoint = f"tcp://127.0.0.1:{port}"
 
     with Client(endpoint, timeout=5, server_key=keys / "server.key", client_key=keys / "known.key_secret") as known:
-        health = known.health()
-        assert health["ok"] and health["server"]["curve"] is True
+        health = wait_for(lambda: (h := known.health())["ok"] and h, 20, what="the worker")  # it may still start
+        assert health["server"]["curve"] is True
         assert known.submit(EpisodePayload.from_dir(episode), {"steps": 1}).result(timeout=10)
 
     with (

@@ -121,8 +121,8 @@ def test_jpeg_and_float64_episode(servers, client_factory, tmp_path):
 def test_health_exercises_the_worker(servers, client_factory):
     server = servers(worker_keys={"health_timeout_s": 1.0}, worker=standin_command(step_s=0.2))
     client = client_factory(server.endpoint)
-    health = client.health()
-    assert health["ok"] is True and health["protocol"] == protocol.PROTOCOL_VERSION
+    health = wait_for(lambda: (h := client.health())["ok"] and h, 20, what="the worker")  # it may still start
+    assert health["protocol"] == protocol.PROTOCOL_VERSION
     worker = health["worker"]
     assert worker["state"] == "idle" and worker["reported"]["state"] == "idle" and pid_alive(worker["pid"])
     assert health["model"]["model"] == "standin" and health["memory"]["rss_mb"] > 0
@@ -369,3 +369,54 @@ def test_closing_the_client_ends_its_jobs(servers, episode):
     with pytest.raises(JobFailed) as info:
         job.result(timeout=5)
     assert info.value.code == "closed"
+
+
+def test_a_worker_that_cannot_start_makes_the_server_answer_unavailable(servers, client_factory, episode):
+    server = servers(worker=[*standin_command(), "--fail-load"], worker_keys={"max_start_failures": 2,
+                     "restart_backoff_s": [0.1, 0.2]})  # fmt: skip
+    client = client_factory(server.endpoint)
+    payload = EpisodePayload.from_dir(episode)
+
+    def refused():
+        try:
+            client.submit(payload, {"steps": 1})
+        except RequestFailed as exc:
+            return exc
+        return None
+
+    error = wait_for(refused, 20, interval=0.2, what="submits to be refused")
+    assert error.code == "unavailable" and "checkpoint" in error.message and "/nowhere" in error.message
+    health = client.health()
+    assert health["ok"] is False and "/nowhere" in health["server"]["unavailable"]
+
+
+def test_a_silent_job_is_failed_as_stalled_and_the_worker_restarted(servers, client_factory, episode):
+    server = servers(worker=standin_command(step_s=30), worker_keys={"stall_timeout_s": 1.0})
+    client = client_factory(server.endpoint)
+    job = client.submit(EpisodePayload.from_dir(episode), {"steps": 3})
+    with pytest.raises(JobFailed) as info:
+        job.result(timeout=15)
+    assert info.value.code == "stalled" and "no progress" in info.value.message
+    assert wait_for(lambda: (h := client.health())["ok"] and h, 10, what="a new worker")["worker"]["restarts"] == 1
+
+
+def test_a_job_that_ignores_its_cancel_is_stopped_by_restarting_the_worker(servers, client_factory, episode):
+    server = servers(worker=standin_command(step_s=30), worker_keys={"cancel_grace_s": 0.5})
+    client = client_factory(server.endpoint)
+    job = client.submit(EpisodePayload.from_dir(episode), {"steps": 3})
+    wait_for(lambda: job.latest and job.latest.phase == "denoise", 10, what="denoising")  # now asleep in a step
+    client.cancel(job.id)
+    with pytest.raises(JobFailed) as info:
+        job.result(timeout=10)
+    assert info.value.code == "cancelled" and "did not stop within" in info.value.message
+    assert wait_for(lambda: (h := client.health())["ok"] and h, 10, what="a new worker")["worker"]["restarts"] == 1
+
+
+def test_jobs_end_as_unreachable_when_the_server_is_gone_for_good(servers, client_factory, episode):
+    server = servers(worker=standin_command(step_s=0.5))
+    client = client_factory(server.endpoint, timeout=1.0, heartbeat_s=0.2, give_up_s=2.0)
+    job = client.submit(EpisodePayload.from_dir(episode), {"steps": 40})
+    server.kill_group()
+    with pytest.raises(JobFailed) as info:
+        job.result(timeout=15)
+    assert info.value.code == "unreachable" and "Client.watch" in info.value.message

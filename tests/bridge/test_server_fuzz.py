@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 
 from bridge import protocol
 from bridge.client import Client
+from tests.bridge.conftest import wait_for
 from tests.bridge.strategies import server_frames
 
 
@@ -80,7 +81,7 @@ def test_fuzz_the_live_server(servers):
     finally:
         prober.close()
     with Client(server.endpoint, timeout=5) as client:
-        assert client.health()["ok"]
+        assert wait_for(lambda: client.health()["ok"], 20, what="a healthy server")
 
 
 def test_frames_above_the_size_cap_are_dropped_by_zeromq_and_the_server_goes_on(servers):
@@ -93,4 +94,4 @@ def test_frames_above_the_size_cap_are_dropped_by_zeromq_and_the_server_goes_on(
     finally:
         prober.close()
     with Client(server.endpoint, timeout=5) as client:
-        assert client.health()["ok"]
+        assert wait_for(lambda: client.health()["ok"], 20, what="a healthy server")
