@@ -158,7 +158,11 @@ class Server:
         self.supervisor.start()
         try:
             while not self._stop:
-                self.step()
+                try:
+                    self.step()
+                except Exception:  # a bug (or a full disk) must not take the server down
+                    log.exception("internal error in the event loop; going on")
+                    time.sleep(0.1)
         finally:
             self.close()
 

@@ -21,6 +21,7 @@ from PIL import Image
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = Path(__file__).with_name("standin_worker.py")
+TINY = "tiny"  # ServerPool.start(worker=TINY): the real worker with the built-in tiny model
 
 
 def make_episode(
@@ -130,13 +131,6 @@ class ServerProcess:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
 
-    def terminate(self, timeout: float = 15.0) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        finally:
-            self.kill_group()
-
     def kill_group(self) -> None:
         if self.proc is None:
             return
@@ -157,23 +151,23 @@ class ServerPool:
 
     def start(
         self,
-        worker: list[str] | None = None,
+        worker: list[str] | str | None = None,
         name: str = "server",
         worker_keys: dict | None = None,
         limits: dict | None = None,
         security: dict | None = None,
         **server_keys: Any,
     ) -> ServerProcess:
+        """worker: None for the stand-in, TINY for the server's own default worker command
+        (`python -m worldgen.worker --ckpt tiny --device cpu`), or a whole command line."""
         workdir = self.root / name
         workdir.mkdir(parents=True, exist_ok=True)
+        worker_table = {"startup_timeout_s": 120.0, "restart_backoff_s": [0.2, 2.0], **(worker_keys or {})}
+        if worker != TINY:
+            worker_table["command"] = worker or standin_command()
         tables = {
             "server": {"bind": "tcp://127.0.0.1:*", "spool_dir": str(workdir / "spool"), **server_keys},
-            "worker": {
-                "command": worker or standin_command(),
-                "startup_timeout_s": 120.0,
-                "restart_backoff_s": [0.2, 2.0],
-                **(worker_keys or {}),
-            },
+            "worker": worker_table,
         }
         if limits:
             tables["limits"] = limits

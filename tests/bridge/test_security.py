@@ -12,7 +12,7 @@ import zmq
 
 from bridge.client import Client, EpisodePayload, Unauthorized
 from bridge.security import SecurityError, allow_client, is_loopback, load_secret, write_keypair
-from tests.bridge.conftest import REPO, standin_command, wait_for
+from tests.bridge.conftest import REPO, TINY, wait_for
 
 
 def cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -84,17 +84,19 @@ def make_keys(tmp_path: Path) -> Path:
     return keys
 
 
-def test_curve_server_serves_known_clients_and_rejects_others(servers, tmp_path, episode):
+@pytest.mark.parametrize("worker", [None, pytest.param(TINY, marks=pytest.mark.slow)], ids=["standin", "tiny"])
+def test_curve_server_serves_known_clients_and_rejects_others(servers, tmp_path, episode, worker):
     keys = make_keys(tmp_path)
     security = {"server_secret_key": str(keys / "server.key_secret"), "client_keys_dir": str(keys / "clients")}
-    server = servers(bind="tcp://0.0.0.0:*", security=security, worker=standin_command())
+    server = servers(bind="tcp://0.0.0.0:*", security=security, worker=worker)
     port = server.endpoint.rsplit(":", 1)[1]
     endpoint = f"tcp://127.0.0.1:{port}"
 
     with Client(endpoint, timeout=5, server_key=keys / "server.key", client_key=keys / "known.key_secret") as known:
-        health = wait_for(lambda: (h := known.health())["ok"] and h, 20, what="the worker")  # it may still start
+        health = wait_for(lambda: (h := known.health())["ok"] and h, 120, what="the worker")  # it may still start
         assert health["server"]["curve"] is True
-        assert known.submit(EpisodePayload.from_dir(episode), {"steps": 1}).result(timeout=10)
+        settings = {"steps": 1, "size": "48*80", "frame_num": 5}
+        assert known.submit(EpisodePayload.from_dir(episode), settings).result(timeout=60)
 
     with (
         Client(

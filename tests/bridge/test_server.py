@@ -420,3 +420,12 @@ def test_jobs_end_as_unreachable_when_the_server_is_gone_for_good(servers, clien
     with pytest.raises(JobFailed) as info:
         job.result(timeout=15)
     assert info.value.code == "unreachable" and "Client.watch" in info.value.message
+
+
+def test_sigterm_stops_the_server_and_its_worker(servers, client_factory):
+    server = servers()
+    client = client_factory(server.endpoint)
+    worker_pid = wait_for(lambda: (h := client.health())["ok"] and h, 20, what="the worker")["worker"]["pid"]
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=15) == 0
+    assert not pid_alive(worker_pid)  # stopped by the server itself (the fixture kills the group only later)

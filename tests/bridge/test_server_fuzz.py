@@ -1,6 +1,7 @@
 """Hypothesis against a live server: random and malformed frames, wrong versions, oversized
-declared shapes, bad dtypes, MiB-sized junk. The server must answer every one with an error
-(or, for the rare valid message, a normal reply), never crash, and keep its memory bounded."""
+declared shapes, bad dtypes, MiB-sized junk. The server (with the real tiny worker) must answer
+every one with an error (or, for the rare valid message, a normal reply), never crash, and keep its
+memory bounded."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 
 from bridge import protocol
 from bridge.client import Client
-from tests.bridge.conftest import wait_for
+from tests.bridge.conftest import TINY, wait_for
 from tests.bridge.strategies import server_frames
 
 
@@ -59,7 +60,7 @@ class Prober:
 
 @pytest.mark.slow
 def test_fuzz_the_live_server(servers):
-    server = servers(limits={"max_image_bytes": 8 << 20}, max_queue=4)
+    server = servers(worker=TINY, limits={"max_image_bytes": 8 << 20}, max_queue=4)
     prober = Prober(server.endpoint, protocol.Limits(max_image_bytes=8 << 20))
     pid = server.proc.pid
     try:

@@ -1,5 +1,5 @@
-"""Acceptance with the real engine: `lingbot-isaac serve` running `python -m worldgen.worker --ckpt
-tiny --device cpu` (the built-in tiny model), over real loopback sockets.
+"""Acceptance with the real engine: `lingbot-isaac serve` with its default worker, `python -m
+worldgen.worker --ckpt tiny --device cpu` (the built-in tiny model), over real loopback sockets.
 
 Loading the tiny model takes ~10 s on 2 CPU cores, so the tests share one server where they can;
 most jobs use small settings (SMALL: ~2 s a job) and one uses the full `[tiny]` preset.
@@ -21,9 +21,8 @@ import pytest
 
 from bridge.client import Client, EpisodePayload, JobFailed, Progress, Result
 from bridge.settings import load_settings
-from tests.bridge.conftest import REPO, ServerPool, make_episode, pid_alive, wait_for
+from tests.bridge.conftest import REPO, TINY, ServerPool, make_episode, pid_alive, wait_for
 
-TINY_WORKER = [sys.executable, "-m", "worldgen.worker", "--ckpt", "tiny", "--device", "cpu"]
 SMALL = {"size": "48*80", "frame_num": 5, "steps": 2}
 
 
@@ -39,7 +38,7 @@ def mp4_frame_count(path: Path) -> int:
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory):
     pool = ServerPool(tmp_path_factory.mktemp("tiny"))
-    server = pool.start(worker=TINY_WORKER)
+    server = pool.start(worker=TINY)
     with Client(server.endpoint, timeout=10) as client:
         wait_for(lambda: client.health()["ok"], 120, interval=0.5, what="the tiny model to load")
     yield server
@@ -166,7 +165,7 @@ def test_tiny_eight_clients_three_jobs_each(tiny_server, tiny_episode):
 def test_tiny_server_sigkill_with_queued_jobs(tmp_path, tiny_episode):
     pool = ServerPool(tmp_path)
     try:
-        server = pool.start(worker=TINY_WORKER)
+        server = pool.start(worker=TINY)
         with Client(server.endpoint, timeout=10, heartbeat_s=0.5, give_up_s=200) as client:
             wait_for(lambda: client.health()["ok"], 120, interval=0.5, what="the tiny model to load")
             payload = EpisodePayload.from_dir(tiny_episode)
