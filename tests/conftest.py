@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
+import os
+
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
+# ../shared beside the checkout; LINGBOT_ISAAC_SHARED points elsewhere (e.g. a copy on the GPU machine)
+SHARED = Path(os.environ.get("LINGBOT_ISAAC_SHARED", REPO.parent / "shared"))
 GOLDEN = SHARED / "golden"
 
 

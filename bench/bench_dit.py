@@ -1,0 +1,110 @@
+"""Seconds and activation memory of one full-size DiT forward (480x832, 81 frames), bf16 vs NF4.
+
+Builds the real-size expert (dim 5120, 40 layers, camera layers: 18.5 B parameters) directly on
+the GPU with random weights, times forwards in bf16, then quantizes every Linear to NF4 (as the
+community checkpoint stores it) and times again. Needs about 40 GiB of GPU memory.
+
+Usage: python bench/bench_dit.py [--frames 81] [--height 480] [--width 832] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from worldgen.dit import DiTConfig, Linear, WanCameraDiT  # noqa: E402
+from worldgen.nf4 import NF4Linear, quantize_weight  # noqa: E402
+
+GiB = 2**30
+
+
+def random_model(cfg: DiTConfig, device: torch.device) -> WanCameraDiT:
+    with torch.device("meta"):
+        model = WanCameraDiT(cfg)
+    model.to_empty(device=device)
+    gen = torch.Generator(device).manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.normal_(0, 0.02 if p.ndim > 1 else 0.01, generator=gen)
+    return model.to(torch.bfloat16).eval()
+
+
+def to_nf4(model: WanCameraDiT) -> None:
+    for name, module in list(model.named_modules()):
+        if isinstance(module, Linear):
+            parent, _, child = name.rpartition(".")
+            nf4 = NF4Linear(module.in_features, module.out_features, module.bias is not None, torch.bfloat16)
+            parts = quantize_weight(module.weight.data)
+            nf4.set_quant_state({k.removeprefix("weight.") if k != "weight" else k: v for k, v in parts.items()}, name)
+            nf4.bias = module.bias
+            setattr(model.get_submodule(parent) if parent else model, child, nf4)
+            del module
+    torch.cuda.empty_cache()
+
+
+def time_forward(model, inputs, repeats: int) -> tuple[float, float]:
+    """-> (seconds per forward, peak activation GiB above the resident weights)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        model(*inputs)  # warm-up
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            model(*inputs)
+        torch.cuda.synchronize()
+    seconds = (time.perf_counter() - start) / repeats
+    return seconds, (torch.cuda.max_memory_allocated() - base) / GiB
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--frames", type=int, default=81)
+    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--width", type=int, default=832)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--text-tokens", type=int, default=120, help="prompt length before padding to 512")
+    args = parser.parse_args()
+    dev = torch.device("cuda")
+    cfg = DiTConfig()
+    lat_f, lat_h, lat_w = (args.frames - 1) // 4 + 1, args.height // 8, args.width // 8
+    tokens = lat_f * lat_h * lat_w // 4
+    gen = torch.Generator(dev).manual_seed(1)
+    x = torch.randn(1, 16, lat_f, lat_h, lat_w, device=dev, generator=gen)
+    y = torch.randn(1, 20, lat_f, lat_h, lat_w, device=dev, generator=gen)
+    ctx = [torch.randn(args.text_tokens, cfg.text_dim, device=dev, generator=gen)]
+    cam = torch.randn(1, 384, lat_f, lat_h, lat_w, device=dev, generator=gen)
+    t = torch.tensor([900.0], device=dev)
+    model = random_model(cfg, dev)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {params / 1e9:.2f} B parameters; "
+          f"{args.height}x{args.width}x{args.frames} -> {tokens} tokens")
+    print(f"bf16 weights resident: {torch.cuda.memory_allocated() / GiB:.1f} GiB")
+    for chunk in (None, 8192):
+        model.set_ffn_chunk_tokens(chunk)
+        s, act = time_forward(model, (x, t, ctx, y, cam), args.repeats)
+        print(f"bf16  ffn_chunk={chunk}: {s:.2f} s/forward, activations {act:.1f} GiB")
+    to_nf4(model)
+    print(f"NF4 weights resident: {torch.cuda.memory_allocated() / GiB:.1f} GiB")
+    for chunk in (None, 8192):
+        model.set_ffn_chunk_tokens(chunk)
+        s, act = time_forward(model, (x, t, ctx, y, cam), args.repeats)
+        print(f"NF4   ffn_chunk={chunk}: {s:.2f} s/forward, activations {act:.1f} GiB")
+    model.set_ffn_chunk_tokens(8192)
+    s, act = time_forward(model, (x.expand(2, -1, -1, -1, -1), t.expand(2), ctx * 2,
+                                  y.expand(2, -1, -1, -1, -1), cam), 1)
+    print(f"NF4   batched guidance (B=2), ffn_chunk=8192: {s:.2f} s per 2 passes, activations {act:.1f} GiB")
+
+
+if __name__ == "__main__":
+    main()

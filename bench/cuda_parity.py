@@ -1,0 +1,119 @@
+"""Golden parity on CUDA in bf16 (and float32): every reference case through the public API.
+
+Usage: python bench/cuda_parity.py [--shared ../shared] [--dtype bfloat16]
+Prints one line per case with the relative L2 error |a-b|/|b| against the CPU-float32 golden file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bridge.settings import GenerationSettings  # noqa: E402
+from worldgen.camera import camera_conditioning  # noqa: E402
+from worldgen.checkpoint import load_expert  # noqa: E402
+from worldgen.memory import ModelSlot  # noqa: E402
+from worldgen.pipeline import Pipeline  # noqa: E402
+from worldgen.scheduler import FlowUniPCScheduler  # noqa: E402
+from worldgen.t5 import T5Config, UMT5Encoder, encode_prompts  # noqa: E402
+from worldgen.vae import VAEConfig, WanVAE  # noqa: E402
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float().cpu() - b.float()).norm() / b.float().norm()).item()
+
+
+def loaded(module: torch.nn.Module, path: Path, device, dtype) -> torch.nn.Module:
+    module.load_state_dict(torch.load(path, weights_only=True))
+    return module.to(device, dtype).eval()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parent.parent.parent / "shared")
+    parser.add_argument("--dtype", default="bfloat16")
+    args = parser.parse_args()
+    g = args.shared / "golden"
+    dev = torch.device("cuda")
+    dtype = getattr(torch, args.dtype)
+    results = {}
+
+    io = load_file(g / "dit/io.safetensors")
+    nio = load_file(g / "dit/nf4_io.safetensors")
+    for layout, ref in (("bf16_layout", io), ("nf4_layout", nio)):
+        model = load_expert(g / "dit" / layout, dev, dtype)
+        for t in (900, 250):
+            with torch.no_grad():
+                out = model(io["x"][None].to(dev), torch.tensor([t], device=dev), [io["context"].to(dev)],
+                            io["y"][None].to(dev), io["cam"].to(dev))
+            results[f"dit {layout} cam t{t}"] = rel(out[0], ref[f"out_cam_t{t}"])
+        del model
+
+    tio = load_file(g / "t5/io.safetensors")
+    t5 = loaded(UMT5Encoder(T5Config.from_json(g / "t5/config.json")), g / "t5/t5_encoder.pth", dev, dtype)
+    with torch.no_grad():
+        results["t5 hidden"] = rel(t5(tio["ids"].to(dev), tio["mask"].to(dev)), tio["hidden"])
+        ctx = encode_prompts(t5, tio["ids"].to(dev), tio["mask"].to(dev))
+    results["t5 context0"] = rel(ctx[0], tio["context0"])
+
+    vio = load_file(g / "vae/io.safetensors")
+    for vdtype in (torch.float32, dtype):
+        vae = loaded(WanVAE(VAEConfig.from_json(g / "vae/config.json")), g / "vae/vae.pth", dev, vdtype)
+        results[f"vae encode {vdtype}"] = rel(vae.encode(vio["video"][None].to(dev))[0], vio["latent"])
+        results[f"vae decode {vdtype}"] = rel(vae.decode(vio["latent"][None].to(dev))[0], vio["decoded"])
+
+    sio = load_file(g / "scheduler/io.safetensors")
+    for case in json.loads((g / "scheduler/cases.json").read_text())["cases"]:
+        tag = case["tag"]
+        sched = FlowUniPCScheduler()
+        sched.set_timesteps(case["steps"], shift=case["shift"])
+        x = sio[f"{tag}_x_init"].to(dev)
+        errs = []
+        for i, t in enumerate(sched.timesteps):
+            v = 0.8 * torch.sin(1.7 * x) + (t.item() / 1000) * torch.cos(0.5 * x) - 0.3 * x
+            x = sched.step(v, t, x)
+            errs.append(rel(x, sio[f"{tag}_trajectory"][i]))
+        results[f"scheduler {tag} (max over steps)"] = max(errs)
+
+    cio = load_file(g / "camera/io.safetensors")
+    ex = args.shared / "reference/lingbot_examples"
+    for case in json.loads((g / "camera/cases.json").read_text())["cases"]:
+        tag = case["tag"]
+        cond = camera_conditioning(np.load(ex / case["example"] / "poses.npy"),
+                                   np.load(ex / case["example"] / "intrinsics.npy"),
+                                   case["frame_num_requested"], case["height"], case["width"])
+        results[f"camera {tag} plucker"] = rel(cond.plucker, cio[f"{tag}_plucker"])
+
+    pio = load_file(g / "pipeline/io.safetensors")
+    spec = json.loads((g / "pipeline/case.json").read_text())
+    pipe = Pipeline(
+        tokenizer=None,
+        text_encoder=ModelSlot("t5", lambda: t5),
+        vae=ModelSlot("vae", lambda: loaded(WanVAE(VAEConfig.from_json(g / "vae/config.json")), g / "vae/vae.pth",
+                                            dev, torch.float32)),
+        experts={e: ModelSlot(e, lambda e=e: load_expert(g / "pipeline" / f"{e}_noise_model", dev, dtype))
+                 for e in ("high", "low")},
+        device=dev, text_len=16, name="golden",
+    )
+    context, negative = pipe.encode_ids(pio["ids"], pio["mask"])
+    settings = GenerationSettings(size="64*112", frame_num=spec["frame_num"], steps=spec["steps"],
+                                  shift=spec["shift"], guide_scale=tuple(spec["guide_scale_low_high"]))
+    video = pipe.generate(ex / "00/image.jpg", None, np.load(ex / "00/poses.npy"), np.load(ex / "00/intrinsics.npy"),
+                          settings, noise=pio["noise"], context=context.to(dev), negative_context=negative.to(dev))
+    results["pipeline end-to-end video"] = rel(video, pio["video"])
+
+    print(f"device {torch.cuda.get_device_name()} torch {torch.__version__} compute dtype {dtype}")
+    for name, err in results.items():
+        print(f"  {name:<45} rel-L2 {err:.3e}")
+
+
+if __name__ == "__main__":
+    main()
