@@ -46,9 +46,7 @@ class JobCancelled(Exception):
 class Engine(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
-    def generate(
-        self, episode_dir: Path, settings: GenerationSettings, output: Path, progress: ProgressFn
-    ) -> Path: ...
+    def generate(self, episode_dir: Path, settings: GenerationSettings, output: Path, progress: ProgressFn) -> Path: ...
 
     def probe(self) -> dict[str, Any]: ...
 
@@ -92,9 +90,7 @@ class PipelineEngine:
             "torch": self.torch.__version__,
         }
 
-    def generate(
-        self, episode_dir: Path, settings: GenerationSettings, output: Path, progress: ProgressFn
-    ) -> Path:
+    def generate(self, episode_dir: Path, settings: GenerationSettings, output: Path, progress: ProgressFn) -> Path:
         from worldgen.rollout import generate_episode
 
         return Path(generate_episode(self.pipe, episode_dir, settings, output, progress=progress))
@@ -336,9 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vram-budget-gb", type=float, default=None)
     parser.add_argument("--ram-budget-gb", type=float, default=None)
     args = parser.parse_args(argv)
-    return serve(
-        lambda: PipelineEngine(args.ckpt, args.device, args.dtype, args.vram_budget_gb, args.ram_budget_gb)
-    )
+    return serve(lambda: PipelineEngine(args.ckpt, args.device, args.dtype, args.vram_budget_gb, args.ram_budget_gb))
 
 
 if __name__ == "__main__":
