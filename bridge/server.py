@@ -231,8 +231,12 @@ class Server:
         client = message.get("client") or f"conn-{identity.hex()}"
         existing = self.by_request.get((client, rid))
         if existing is not None and existing in self.jobs:  # a retry of a submit we already took
-            self.subscribers.setdefault(existing, set()).add(identity)
-            self._reply_accepted(identity, rid, self.jobs[existing])
+            record = self.jobs[existing]
+            self._reply_accepted(identity, rid, record)
+            if record.state in protocol.TERMINAL_STATES:
+                self._send_outcome(record, [identity])
+            else:
+                self.subscribers.setdefault(existing, set()).add(identity)
             return
         try:
             image = message.blobs["image"]

@@ -53,8 +53,11 @@ class RawDealer:
 
     def ask(self, frames: list, timeout: float = 5.0) -> protocol.Message:
         self.socket.send_multipart(frames)
+        return self.read(timeout)
+
+    def read(self, timeout: float = 5.0) -> protocol.Message:
         if not self.socket.poll(int(timeout * 1000)):
-            raise TimeoutError("no reply")
+            raise TimeoutError("no message")
         return protocol.decode_reply(self.socket.recv_multipart())
 
     def close(self) -> None:
@@ -204,21 +207,28 @@ def test_requests_the_server_refuses(servers, client_factory, episode):
 
 
 def test_submit_is_idempotent_per_request_id(servers, episode):
-    server = servers(worker=standin_command(step_s=0.2))
+    """A client that lost the `accepted` reply sends the same submit again: still one job, and a
+    retry after the job ended gets its result."""
+    server = servers(worker=standin_command(step_s=0.1))
     payload = EpisodePayload.from_dir(episode)
     frames = protocol.encode(
         "submit",
-        {"rid": "same", "client": "me", "prompt": "p", "settings": {"steps": 20}},
+        {"rid": "same", "client": "me", "prompt": "p", "settings": {"steps": 5}},
         {"poses": payload.poses, "intrinsics": payload.intrinsics},
         {"image": payload.image},
     )
-    first, second = RawDealer(server.endpoint), RawDealer(server.endpoint)
+    first, second, late = RawDealer(server.endpoint), RawDealer(server.endpoint), RawDealer(server.endpoint)
     try:
         a, b = first.ask(frames), second.ask(frames)
         assert a.type == b.type == "accepted" and a.fields["job"] == b.fields["job"]
+        while (event := first.read()).type != "result":  # progress events, then the result
+            assert event.type == "progress"
+        again = late.ask(frames)
+        assert again.type == "accepted" and again.fields["job"] == a.fields["job"]
+        assert late.read().blobs["video"] == event.blobs["video"]
     finally:
-        first.close()
-        second.close()
+        for dealer in (first, second, late):
+            dealer.close()
 
 
 def test_worker_sigkill_mid_job_fails_that_job_then_the_next_succeeds(servers, client_factory, episode):
