@@ -86,6 +86,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a video is not a secret
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
