@@ -1,0 +1,159 @@
+"""`config/server.toml`: where the server listens, where it spools, how it runs its worker.
+
+Every key is optional (the defaults below are the documented ones); unknown keys are an error so
+a typo does not silently fall back to a default. Relative paths are relative to the current
+directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+from bridge.protocol import DEFAULT_PORT, Limits
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """The server config file has a missing, unknown or invalid key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    ckpt: str = "tiny"  # "tiny" or a checkpoint folder
+    device: str = "cpu"  # "cpu" | "cuda" | "cuda:N"
+    dtype: str = ""  # "" = the engine's choice
+    vram_budget_gb: float = 0.0  # 0 = no budget given
+    ram_budget_gb: float = 0.0
+    command: tuple[str, ...] = ()  # a whole worker command line instead of `python -m worldgen.worker`
+    startup_timeout_s: float = 600.0
+    health_timeout_s: float = 2.5  # below a client's try timeout (10 s / 3 tries by default)
+    cancel_grace_s: float = 120.0
+    stall_timeout_s: float = 900.0
+    restart_backoff_s: tuple[float, float] = (0.5, 30.0)
+    max_start_failures: int = 3
+
+    def argv(self) -> tuple[str, ...]:
+        if self.command:
+            return self.command
+        argv = [sys.executable, "-m", "worldgen.worker", "--ckpt", self.ckpt, "--device", self.device]
+        if self.dtype:
+            argv += ["--dtype", self.dtype]
+        if self.vram_budget_gb:
+            argv += ["--vram-budget-gb", str(self.vram_budget_gb)]
+        if self.ram_budget_gb:
+            argv += ["--ram-budget-gb", str(self.ram_budget_gb)]
+        return tuple(argv)
+
+
+@dataclasses.dataclass(frozen=True)
+class SecurityConfig:
+    server_secret_key: Path | None = None  # a `.key_secret` file from `lingbot-isaac keys server`
+    client_keys_dir: Path | None = None  # folder of allowed clients' public `.key` files
+
+    @property
+    def curve(self) -> bool:
+        return self.server_secret_key is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    bind: str = f"tcp://127.0.0.1:{DEFAULT_PORT}"
+    spool_dir: Path = Path("out/spool")
+    max_queue: int = 32  # waiting jobs, all clients together; above it: "busy"
+    max_queue_per_client: int = 16
+    max_attempts: int = 2  # a job interrupted by server restarts this often is failed, not resumed
+    result_ttl_s: float = 24 * 3600.0  # finished jobs (and their mp4) are deleted after this
+    generation_preset: str = "tiny"  # [preset] of config/generation.toml under each job's settings
+    generation_config: Path | None = None  # None: config/generation.toml
+    limits: Limits = Limits()
+    worker: WorkerConfig = WorkerConfig()
+    security: SecurityConfig = SecurityConfig()
+
+
+def load_server_config(path: Path | None, overrides: dict[str, Any] | None = None) -> ServerConfig:
+    """Read a server TOML (tables [server], [worker], [limits], [security]); None: all defaults.
+
+    `overrides` maps "table.key" (e.g. "server.bind") to values from command-line flags.
+    """
+    table: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"server config {path} not found (try config/server.toml)")
+        try:
+            with open(path, "rb") as f:
+                table = tomllib.load(f)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    for dotted, value in (overrides or {}).items():
+        section, key = dotted.split(".")
+        table.setdefault(section, {})[key] = value
+    where = str(path) if path else "server config"
+    unknown_tables = sorted(set(table) - {"server", "worker", "limits", "security"})
+    if unknown_tables:
+        raise ConfigError(f"{where}: unknown table(s) {unknown_tables}; known: server, worker, limits, security")
+    server = _fields(ServerConfig, table.get("server", {}), f"{where} [server]", skip={"limits", "worker", "security"})
+    limits = _fields(Limits, table.get("limits", {}), f"{where} [limits]")
+    worker = _fields(WorkerConfig, table.get("worker", {}), f"{where} [worker]")
+    security = _fields(SecurityConfig, table.get("security", {}), f"{where} [security]")
+    config = ServerConfig(
+        **server, limits=Limits(**limits), worker=WorkerConfig(**worker), security=SecurityConfig(**security)
+    )
+    if config.max_queue < 1 or config.max_queue_per_client < 1 or config.max_attempts < 1:
+        raise ConfigError(f"{where}: max_queue, max_queue_per_client and max_attempts must be >= 1")
+    if (config.security.server_secret_key is None) != (config.security.client_keys_dir is None):
+        raise ConfigError(f"{where} [security]: set both server_secret_key and client_keys_dir, or neither")
+    return config
+
+
+def _fields(cls: type, values: dict[str, Any], where: str, skip: set[str] = frozenset()) -> dict[str, Any]:
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {sorted(fields)}")
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        default = fields[key].default
+        out[key] = _coerce(value, default, f"{where} {key}")
+    return out
+
+
+def _coerce(value: Any, default: Any, where: str) -> Any:
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false (got {value!r})")
+        return value
+    if isinstance(default, int):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{where} must be a non-negative integer (got {value!r})")
+        return value
+    if isinstance(default, float):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{where} must be a non-negative number (got {value!r})")
+        return float(value)
+    if isinstance(default, tuple):
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list (got {value!r})")
+        if default and isinstance(default[0], float):
+            if len(value) != len(default) or not all(isinstance(v, (int, float)) for v in value):
+                raise ConfigError(f"{where} must be a list of {len(default)} numbers (got {value!r})")
+            return tuple(float(v) for v in value)
+        if not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where} must be a list of strings (got {value!r})")
+        return tuple(value)
+    if default is None or isinstance(default, Path):  # paths
+        if value in ("", None):
+            return None if default is None else default
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a path string (got {value!r})")
+        return Path(value).expanduser()
+    if not isinstance(value, str):
+        raise ConfigError(f"{where} must be a string (got {value!r})")
+    return value

@@ -1,0 +1,111 @@
+"""Send one episode folder to a generation server, show its progress, write the rollout mp4.
+
+    python -m bridge.submit_cli EPISODE_DIR [--server tcp://127.0.0.1:5570] [--out rollout.mp4]
+
+The smallest command-line client of `bridge.client` (the `replay` command does more: USD and
+HDF5 trajectories, many episodes). Follows the `add_arguments` / `run` / `USER_ERRORS`
+convention of lingbot_cli, so it can be registered as a subcommand as it is. Ctrl-C cancels the
+job on the server before exiting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from bridge.client import (
+    DEFAULT_ENDPOINT,
+    Client,
+    EpisodePayload,
+    JobError,
+    JobFailed,
+    PayloadError,
+    Progress,
+    RequestFailed,
+    Result,
+    ServerUnavailable,
+    Unauthorized,
+)
+from bridge.security import SecurityError
+from bridge.settings import SettingsError
+
+USER_ERRORS = (PayloadError, SettingsError, RequestFailed, JobFailed, ServerUnavailable, Unauthorized,
+               SecurityError, TimeoutError)  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("episode", type=Path, help="episode folder: poses.npy, intrinsics.npy, image.jpg, prompt.txt")
+    parser.add_argument("--server", default=DEFAULT_ENDPOINT, help="the server's endpoint")
+    parser.add_argument("--out", type=Path, help="where to write the mp4 (default: EPISODE/rollout.mp4)")
+    parser.add_argument("--steps", type=int, help="denoising steps (default: the server's preset)")
+    parser.add_argument("--frame-num", type=int, help="frames to generate, 4n+1")
+    parser.add_argument("--size", help="max area as H*W, e.g. 480*832")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds for each request to the server")
+    parser.add_argument("--wait", type=float, default=None, help="give up waiting for the job after this many s")
+    parser.add_argument("--server-key", type=Path, help="CurveZMQ: the server's public key file (server.key)")
+    parser.add_argument("--client-key", type=Path, help="CurveZMQ: this client's secret key file (NAME.key_secret)")
+
+
+def run(args: argparse.Namespace) -> int:
+    payload = EpisodePayload.from_dir(args.episode)
+    settings = {k: v for k, v in (("steps", args.steps), ("frame_num", args.frame_num), ("size", args.size),
+                                   ("seed", args.seed)) if v is not None}  # fmt: skip
+    out = args.out or args.episode / "rollout.mp4"
+    with Client(args.server, timeout=args.timeout, server_key=args.server_key, client_key=args.client_key) as client:
+        job = client.submit(payload, settings)
+        print(f"job {job.id} accepted ({job.queue_position} ahead)", file=sys.stderr, flush=True)
+        try:
+            for event in job.events(timeout=args.wait):
+                if isinstance(event, Progress):
+                    print(describe(event), file=sys.stderr, flush=True)
+                elif isinstance(event, JobError):
+                    raise JobFailed(event.code, event.message)
+                elif isinstance(event, Result):
+                    write_atomic(out, event.video)
+        except KeyboardInterrupt:
+            client.cancel(job.id)
+            raise
+    print(out)
+    return 0
+
+
+def describe(event: Progress) -> str:
+    if event.phase == "queued":
+        return f"queued: {event.queue_position} job(s) ahead"
+    line = f"{event.phase} {event.step}/{event.total}" if event.total else event.phase
+    return line + (f"  (about {event.eta_s:.0f} s left)" if event.eta_s else "")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a video is not a secret
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bridge.submit_cli", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args()
+    try:
+        return run(args)
+    except USER_ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted (job cancelled)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The pipe between the server's supervisor and the generation worker (`python -m worldgen.worker`).
+
+Plain Python + msgpack, no zmq and no numpy: `worldgen.worker` imports this module and worldgen
+must never import zmq. Each message is a 4-byte big-endian length followed by one msgpack map with
+a "type" key; the worker reads them on stdin and writes them on stdout, and logs on stderr.
+
+Supervisor -> worker
+    run       {job, episode_dir, output, settings, want_frames, frames_output}
+    cancel    {job}                   stop that job at the next progress call (denoising step)
+    health    {id}                    answered by a `health` message with the same id
+    shutdown  {}                      finish nothing, exit 0
+
+Worker -> supervisor
+    ready     {pid, model, device, load_s, ...}   the model is loaded; jobs may be sent
+    fatal     {code, message}                     the worker cannot start (bad checkpoint ...)
+    progress  {job, phase, step, total}
+    result    {job, output, frames_output|None, seconds}
+    error     {job, code, message}                codes: ERROR_CODES below
+    health    {id, state, job|None, ...}          `state` is "idle" or "busy"
+
+The worker runs one job at a time; the supervisor sends `run` only after `ready` or after the
+previous job's `result`/`error`.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, BinaryIO
+
+import msgpack
+
+# A worker message is a few paths and numbers; anything near this size is a bug or garbage.
+MAX_MESSAGE_BYTES = 1 << 20
+LENGTH = struct.Struct(">I")
+
+TO_WORKER = ("run", "cancel", "health", "shutdown")
+FROM_WORKER = ("ready", "fatal", "progress", "result", "error", "health")
+
+# Error codes a worker reports for a job (the server passes them on to the client).
+ERROR_CODES = (
+    "bad_input",  # worldgen.errors.InputError: the episode or settings cannot be generated
+    "cancelled",  # a `cancel` arrived and the job stopped at its next step
+    "out_of_memory",  # CUDA/host out of memory inside the job (the worker keeps running)
+    "worker_error",  # any other exception inside the job
+)
+PHASES = ("text", "encode", "denoise", "decode", "write")
+
+
+class WorkerProtocolError(ValueError):
+    """A worker pipe carried something that is not a well-formed message."""
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One message as bytes: 4-byte big-endian length, then the msgpack map."""
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        raise WorkerProtocolError(f"a worker message is a map with a 'type' (got {message!r:.80})")
+    body = msgpack.packb(message, use_bin_type=True)
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise WorkerProtocolError(f"worker message of {len(body)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    return LENGTH.pack(len(body)) + body
+
+
+def _unpack(body: bytes) -> dict[str, Any]:
+    try:
+        message = msgpack.unpackb(
+            body,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=MAX_MESSAGE_BYTES,
+            max_bin_len=MAX_MESSAGE_BYTES,
+            max_array_len=65536,
+            max_map_len=4096,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise WorkerProtocolError(f"undecodable worker message: {exc}") from None
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        raise WorkerProtocolError(f"a worker message must be a map with a 'type' (got {message!r:.80})")
+    return message
+
+
+def write_message(stream: BinaryIO, message: dict[str, Any]) -> None:
+    """Write and flush one message (blocking; the worker side uses this)."""
+    stream.write(encode(message))
+    stream.flush()
+
+
+def read_message(stream: BinaryIO) -> dict[str, Any] | None:
+    """Read one message (blocking); None at a clean end of stream."""
+    head = _read_exactly(stream, LENGTH.size)
+    if head is None:
+        return None
+    (length,) = LENGTH.unpack(head)
+    if length > MAX_MESSAGE_BYTES:
+        raise WorkerProtocolError(f"worker message declares {length} bytes (max {MAX_MESSAGE_BYTES})")
+    body = _read_exactly(stream, length)
+    if body is None:
+        raise WorkerProtocolError("worker pipe closed in the middle of a message")
+    return _unpack(body)
+
+
+def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:
+    chunks, have = [], 0
+    while have < n:
+        chunk = stream.read(n - have)
+        if not chunk:
+            if have:
+                raise WorkerProtocolError("worker pipe closed in the middle of a message")
+            return None
+        chunks.append(chunk)
+        have += len(chunk)
+    return b"".join(chunks)
+
+
+class MessageBuffer:
+    """Incremental decoder for a non-blocking reader: feed() bytes as they come, get messages.
+
+    The supervisor reads the worker's stdout without blocking (its event loop also serves
+    clients), so a message may arrive in pieces.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        """Append bytes; return the messages completed by them (maybe none)."""
+        self._buffer += data
+        messages = []
+        while len(self._buffer) >= LENGTH.size:
+            (length,) = LENGTH.unpack_from(self._buffer)
+            if length > MAX_MESSAGE_BYTES:
+                raise WorkerProtocolError(f"worker message declares {length} bytes (max {MAX_MESSAGE_BYTES})")
+            end = LENGTH.size + length
+            if len(self._buffer) < end:
+                break
+            body = bytes(self._buffer[LENGTH.size : end])
+            del self._buffer[:end]
+            messages.append(_unpack(body))
+        return messages
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._buffer)

@@ -1,0 +1,339 @@
+"""`python -m worldgen.worker`: the generation process that the bridge server supervises.
+
+Loads the pipeline once and keeps it warm, then runs one job at a time as the supervisor asks,
+speaking `bridge.worker_protocol` (length-prefixed msgpack) on stdin/stdout. Logs go to stderr;
+anything a library prints is sent to stderr too (fd 1 is redirected), so stray output can never
+corrupt the protocol pipe.
+
+Threads: the main thread loads the model and runs jobs; a reader thread takes messages from stdin
+at any time, so a `cancel` is seen during a job (the progress callback raises at the next
+denoising step) and `health` is answered even while the main thread is busy. When the worker is
+idle, `health` is answered by the main thread after probing the device, so a reply proves the
+process that holds the model still works. If stdin closes (the server died), the worker exits at
+once rather than holding GPU memory for nobody.
+
+Engine-agnostic core (`serve(load_engine)`): the real engine is `PipelineEngine` (worldgen.pipeline
++ worldgen.rollout, imports torch); anything with the same four methods can be served.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from bridge import worker_protocol as wp
+from bridge.settings import GenerationSettings
+from worldgen.errors import CheckpointError, InputError
+
+log = logging.getLogger("worldgen.worker")
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+class JobCancelled(Exception):
+    """Raised inside the progress callback to stop a job the supervisor cancelled."""
+
+
+class Engine(Protocol):
+    def describe(self) -> dict[str, Any]: ...
+
+    def generate(self, episode_dir: Path, settings: GenerationSettings, output: Path, progress: ProgressFn) -> Path: ...
+
+    def probe(self) -> dict[str, Any]: ...
+
+    def after_failure(self) -> None: ...
+
+
+class PipelineEngine:
+    """The real engine: a warm `worldgen.pipeline` and `worldgen.rollout.generate_episode`."""
+
+    DTYPES = ("bf16", "fp16", "fp32")
+
+    def __init__(
+        self,
+        ckpt: str,
+        device: str,
+        dtype: str | None,
+        vram_budget_gb: float | None,
+        ram_budget_gb: float | None,
+    ) -> None:
+        import torch
+
+        from worldgen.pipeline import load_pipeline
+
+        self.torch = torch
+        self.ckpt, self.device, self.dtype = ckpt, device, dtype
+        torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(dtype or "")
+        source = ckpt if ckpt == "tiny" else Path(ckpt)
+        self.pipe = load_pipeline(
+            source,
+            device=device,
+            dtype=torch_dtype,
+            vram_budget_gb=vram_budget_gb,
+            ram_budget_gb=ram_budget_gb,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": self.ckpt,
+            "device": self.device,
+            "dtype": self.dtype or "auto",
+            "torch": self.torch.__version__,
+        }
+
+    def generate(self, episode_dir: Path, settings: GenerationSettings, output: Path, progress: ProgressFn) -> Path:
+        from worldgen.rollout import generate_episode
+
+        return Path(generate_episode(self.pipe, episode_dir, settings, output, progress=progress))
+
+    def probe(self) -> dict[str, Any]:
+        """Touch the device: a reply means the CUDA context (or CPU torch) still works."""
+        torch = self.torch
+        if self.device.startswith("cuda"):
+            device = torch.device(self.device)
+            torch.cuda.synchronize(device)
+            free, total = torch.cuda.mem_get_info(device)
+            return {
+                "gpu": {
+                    "name": torch.cuda.get_device_name(device),
+                    "free_mb": free >> 20,
+                    "total_mb": total >> 20,
+                    "allocated_mb": torch.cuda.memory_allocated(device) >> 20,
+                    "peak_allocated_mb": torch.cuda.max_memory_allocated(device) >> 20,
+                }
+            }
+        float((torch.ones(4) * 2).sum())
+        return {"gpu": None}
+
+    def after_failure(self) -> None:
+        if self.device.startswith("cuda"):
+            self.torch.cuda.empty_cache()
+
+
+def memory_info() -> dict[str, Any]:
+    """Resident and peak memory of this process, in MiB (Linux /proc; empty elsewhere)."""
+    info: dict[str, Any] = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    info["rss_mb" if key == "VmRSS" else "peak_rss_mb"] = int(value.split()[0]) >> 10
+    except OSError:
+        pass
+    return info
+
+
+def decode_mp4_frames(path: Path):
+    """All frames of an mp4 as uint8 [F, H, W, 3] (for clients that asked for frames too)."""
+    import imageio_ffmpeg
+    import numpy as np
+
+    reader = imageio_ffmpeg.read_frames(str(path))
+    meta = next(reader)
+    width, height = meta["size"]
+    frames = [np.frombuffer(frame, np.uint8).reshape(height, width, 3) for frame in reader]
+    return np.stack(frames)
+
+
+class Worker:
+    """The worker's two threads and its shared state."""
+
+    def __init__(self, protocol_in: BinaryIO, protocol_out: BinaryIO) -> None:
+        self.protocol_in, self.protocol_out = protocol_in, protocol_out
+        self.write_lock = threading.Lock()
+        self.commands: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.cancel = threading.Event()
+        self.cancel_job: str | None = None  # the job `cancel` applies to (the last `run` read)
+        self.state = "loading"  # loading | idle | busy
+        self.job: str | None = None
+        self.progress: dict[str, Any] = {}
+        self.engine: Engine | None = None
+        self.info: dict[str, Any] = {}
+
+    def send(self, message: dict[str, Any]) -> None:
+        with self.write_lock:
+            wp.write_message(self.protocol_out, message)
+
+    # -- the reader thread -------------------------------------------------------------------
+
+    def read_forever(self) -> None:
+        while True:
+            try:
+                message = wp.read_message(self.protocol_in)
+            except (wp.WorkerProtocolError, OSError) as exc:
+                log.error("unreadable message from the supervisor (%s); exiting", exc)
+                os._exit(3)
+            if message is None:
+                log.info("supervisor closed the pipe; exiting")
+                os._exit(0)
+            kind = message["type"]
+            if kind == "run":
+                self.cancel.clear()
+                self.cancel_job = message.get("job")
+                self.commands.put(message)
+            elif kind == "cancel":
+                if message.get("job") == self.cancel_job:
+                    self.cancel.set()
+            elif kind == "health":
+                # Idle: the main thread answers after probing the device (nothing is queued before
+                # it, since this thread is the only producer). Busy or loading: answer from here.
+                if self.state == "idle" and self.commands.empty():
+                    self.commands.put(message)
+                else:
+                    self.send(self.health(message.get("id")))
+            elif kind == "shutdown":
+                self.cancel.set()
+                self.commands.put(message)
+            else:
+                log.warning("unknown message type %r ignored", kind)
+
+    def health(self, health_id: Any, probe: dict[str, Any] | None = None) -> dict[str, Any]:
+        answer = {
+            "type": "health",
+            "id": health_id,
+            "state": self.state,
+            "job": self.job,
+            "pid": os.getpid(),
+            "memory": memory_info(),
+            **self.info,
+        }
+        if self.state == "busy":
+            answer["progress"] = dict(self.progress)
+        if probe:
+            answer.update(probe)
+        return answer
+
+    # -- the main thread ---------------------------------------------------------------------
+
+    def main(self, load_engine: Callable[[], Engine]) -> int:
+        threading.Thread(target=self.read_forever, name="protocol-reader", daemon=True).start()
+        started = time.monotonic()
+        try:
+            self.engine = load_engine()
+        except CheckpointError as exc:
+            self.send({"type": "fatal", "code": "checkpoint", "message": str(exc)})
+            return 3
+        except Exception as exc:
+            log.error("cannot load the model:\n%s", traceback.format_exc())
+            self.send({"type": "fatal", "code": "load_failed", "message": f"{type(exc).__name__}: {exc}"})
+            return 3
+        self.info = {**self.engine.describe(), "load_s": round(time.monotonic() - started, 2)}
+        self.state = "idle"
+        self.send({"type": "ready", "pid": os.getpid(), **self.info})
+        log.info("ready: %s", self.info)
+        while True:
+            message = self.commands.get()
+            kind = message["type"]
+            if kind == "shutdown":
+                return 0
+            if kind == "health":
+                try:
+                    probe = self.engine.probe()
+                except Exception as exc:
+                    probe = {"probe_error": f"{type(exc).__name__}: {exc}"}
+                self.send(self.health(message.get("id"), probe))
+            elif kind == "run":
+                self.run_job(message)
+
+    def run_job(self, message: dict[str, Any]) -> None:
+        job = message.get("job")
+        self.job, self.state, self.progress = job, "busy", {}
+        started = time.monotonic()
+        output = Path(message["output"])
+        partial = output.with_name(f"{output.stem}.partial{output.suffix}")
+
+        def progress(phase: str, step: int, total: int) -> None:
+            if self.cancel.is_set():
+                raise JobCancelled(f"cancelled during {phase} (step {step}/{total})")
+            self.progress = {"phase": phase, "step": int(step), "total": int(total)}
+            self.send({"type": "progress", "job": job, **self.progress})
+
+        try:
+            settings = GenerationSettings.from_dict(message["settings"])
+            written = self.engine.generate(Path(message["episode_dir"]), settings, partial, progress)
+            if self.cancel.is_set():
+                raise JobCancelled("cancelled after the last step")
+            os.replace(written, output)
+            frames_output = message.get("frames_output")
+            if message.get("want_frames") and frames_output:
+                self.write_frames(output, Path(frames_output))
+            self.send(
+                {
+                    "type": "result",
+                    "job": job,
+                    "output": str(output),
+                    "frames_output": frames_output,
+                    "seconds": round(time.monotonic() - started, 3),
+                }
+            )
+        except JobCancelled as exc:
+            log.info("job %s: %s", job, exc)
+            self.send({"type": "error", "job": job, "code": "cancelled", "message": str(exc)})
+        except InputError as exc:  # includes settings the engine refuses (SettingsError is a ValueError)
+            self.send({"type": "error", "job": job, "code": "bad_input", "message": str(exc)})
+        except Exception as exc:
+            log.error("job %s failed:\n%s", job, traceback.format_exc())
+            out_of_memory = isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+            code = "out_of_memory" if out_of_memory else "worker_error"
+            if type(exc).__name__ == "SettingsError":
+                code = "bad_input"
+            self.send({"type": "error", "job": job, "code": code, "message": f"{type(exc).__name__}: {exc}"})
+            try:
+                self.engine.after_failure()
+            except Exception:
+                log.error("cleanup after the failure failed:\n%s", traceback.format_exc())
+        finally:
+            partial.unlink(missing_ok=True)
+            self.job, self.state, self.progress = None, "idle", {}
+
+    @staticmethod
+    def write_frames(video: Path, target: Path) -> None:
+        import numpy as np
+
+        frames = decode_mp4_frames(video)
+        tmp = target.with_name(f".{target.name}.tmp")
+        with open(tmp, "wb") as f:
+            np.save(f, frames, allow_pickle=False)
+        os.replace(tmp, target)
+
+
+def serve(load_engine: Callable[[], Engine]) -> int:
+    """Run a worker on this process's stdin/stdout with the engine `load_engine()` returns."""
+    protocol_out = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # prints from any library now land on stderr
+    sys.stdout = sys.stderr
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s: %(message)s",
+    )
+    code = Worker(sys.stdin.buffer, protocol_out).main(load_engine)
+    logging.shutdown()
+    sys.stderr.flush()
+    # Exit now: a normal interpreter shutdown would wait for the reader thread's lock on stdin.
+    os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worldgen.worker", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ckpt", default="tiny", help="checkpoint folder or 'tiny'")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", choices=PipelineEngine.DTYPES, default=None)
+    parser.add_argument("--vram-budget-gb", type=float, default=None)
+    parser.add_argument("--ram-budget-gb", type=float, default=None)
+    args = parser.parse_args(argv)
+    return serve(lambda: PipelineEngine(args.ckpt, args.device, args.dtype, args.vram_budget_gb, args.ram_budget_gb))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
