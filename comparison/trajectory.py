@@ -3,6 +3,9 @@
 For a pair of frames (i, j) we estimate the relative camera motion from the pixels alone, with the
 known intrinsics: SIFT features (ORB when this OpenCV has no SIFT), Lowe's ratio test, the
 essential matrix by RANSAC (`cv2.findEssentialMat`) and the cheirality check (`cv2.recoverPose`).
+The RANSAC flavour is OpenCV's USAC_ACCURATE (RANSAC with local optimisation of the model on its
+inliers) when this OpenCV has it: on rendered frames it is about five times more accurate than
+plain `cv2.RANSAC`, whose answer is a model fitted to a minimal sample only.
 Points are first normalised with each frame's own K, so the two frames may have different
 intrinsics. The estimate is compared with the commanded relative motion from the poses:
 
@@ -40,6 +43,7 @@ class EstimatorConfig:
     ratio: float = 0.8  # Lowe's ratio test
     ransac_threshold_px: float = 0.5  # max distance to the epipolar line, in pixels
     ransac_confidence: float = 0.999
+    ransac_method: str = "USAC_ACCURATE"  # or "RANSAC" (plain, no local optimisation)
     min_matches: int = 15
     min_inliers: int = 15
     translation_eps: float = 1e-3  # fraction of the trajectory extent below which t is "about zero"
@@ -161,8 +165,9 @@ def estimate_relative_pose(
     norm_i, norm_j = _normalize(points_i, K_i), _normalize(points_j, K_j)
     focal = float(np.mean([K_i[0, 0], K_i[1, 1], K_j[0, 0], K_j[1, 1]]))
     identity = np.eye(3)
+    method = getattr(cv2, config.ransac_method, cv2.RANSAC)  # OpenCV < 4.5 has no USAC
     essential, mask = cv2.findEssentialMat(
-        norm_i, norm_j, identity, method=cv2.RANSAC, prob=config.ransac_confidence,
+        norm_i, norm_j, identity, method=method, prob=config.ransac_confidence,
         threshold=config.ransac_threshold_px / focal,
     )
     if essential is None or essential.shape != (3, 3) or mask is None:
