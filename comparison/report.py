@@ -165,8 +165,10 @@ def compare_episode(
                 f"to the sim resolution ({sim_w}x{sim_h})."
             )
         for k in range(count):
-            per_frame.append({"frame": k, "psnr_db": psnr(sim[k], resized[k]),
-                              "ssim": ssim(sim[k], resized[k])})
+            value = psnr(sim[k], resized[k])
+            # identical frames: PSNR is +inf, which JSON cannot hold: null plus "identical": true
+            per_frame.append({"frame": k, "psnr_db": value if math.isfinite(value) else None,
+                              "identical": not math.isfinite(value), "ssim": ssim(sim[k], resized[k])})
     else:
         resized = model_frames
         notes.append("The episode has no sim frames (sim.mp4 or frames/): only camera fidelity is reported.")
@@ -189,7 +191,8 @@ def compare_episode(
     clock["side_by_side_video_s"] = time.perf_counter() - tick
 
     image_summary = {
-        "psnr_db": _stats([row["psnr_db"] for row in per_frame]),
+        "psnr_db": {**_stats([row["psnr_db"] for row in per_frame]),
+                    "identical_frames": sum(row["identical"] for row in per_frame)},
         "ssim": _stats([row["ssim"] for row in per_frame]),
     }
     report: dict[str, Any] = {
@@ -239,9 +242,8 @@ def compare_episode(
     }
 
     tick = time.perf_counter()
-    step = max(1, math.ceil(count / THUMBNAIL_COUNT))
     thumbnails = []
-    for k in range(0, count, step):
+    for k in sorted({round(x) for x in np.linspace(0, count - 1, min(count, THUMBNAIL_COUNT))}):
         thumbnails.append((
             k,
             None if sim is None else _data_uri(_jpeg_bytes(sim[k], THUMBNAIL_WIDTH), "image/jpeg"),
@@ -378,6 +380,8 @@ def render_episode_html(report: dict, model: TrajectoryResult, control: Trajecto
         for key, label in (("psnr_db", "PSNR (dB)"), ("ssim", "SSIM")):
             s = image["summary"][key]
             digits = 2 if key == "psnr_db" else 4
+            if key == "psnr_db" and s["identical_frames"]:
+                label += f" ({s['identical_frames']} identical frames: ∞, left out)"
             out.append(f"<tr><td class='l'>{label}</td><td>{_fmt(s['mean'], digits)}</td>"
                        f"<td>{_fmt(s['median'], digits)}</td><td>{_fmt(s['min'], digits)}</td>"
                        f"<td>{_fmt(s['max'], digits)}</td></tr>")
@@ -423,7 +427,8 @@ def render_episode_html(report: dict, model: TrajectoryResult, control: Trajecto
     for k in range(report["compared_frames"]):
         row = by_frame.get(k, {})
         out.append(
-            f"<tr><td>{k}</td><td>{_fmt(row.get('psnr_db'))}</td><td>{_fmt(row.get('ssim'), 4)}</td>"
+            f"<tr><td>{k}</td><td>{'∞' if row.get('identical') else _fmt(row.get('psnr_db'))}</td>"
+            f"<td>{_fmt(row.get('ssim'), 4)}</td>"
             + _cell(consecutive.get(k), "rotation_error_deg")
             + _cell(consecutive_c.get(k), "rotation_error_deg")
             + _cell(consecutive.get(k), "translation_error_deg")
