@@ -3,8 +3,9 @@
 Read directly with numpy/OpenCV rather than through `lingbot_isaac.episode`, so the comparison
 runs anywhere the `compare` extra is installed and only checks what it uses:
 `poses.npy` [N, 4, 4] OpenCV camera-to-world, `intrinsics.npy` [N, 4] fx, fy, cx, cy for a
-480 x 832 frame, optional `prompt.txt`, optional `episode.json`, and the sim frames as `sim.mp4`
-or a `frames/` folder of PNGs (optional: without them only the camera-trajectory part runs).
+480 x 832 frame, optional `prompt.txt`, optional `episode.json` (its `sim_frames` field says where
+the sim frames are), and the sim frames as `sim.mp4` or a `frames/` folder of JPEG/PNG images
+(optional: without them only the camera-trajectory part runs).
 """
 
 from __future__ import annotations
@@ -72,7 +73,14 @@ def read_episode_input(episode_dir: str | Path) -> EpisodeInput:
     prompt_path = folder / "prompt.txt"
     prompt = prompt_path.read_text().strip() if prompt_path.is_file() else ""
     sim_frames, sim_source = None, None
-    if (folder / "sim.mp4").is_file():
+    named = meta.get("sim_frames")  # "sim.mp4", "frames" or null in episode.json
+    if named not in (None, "sim.mp4", "frames", "frames/"):
+        raise EpisodeError(f"{meta_path}: sim_frames is {named!r}; expected \"sim.mp4\", \"frames\" or null")
+    if named == "sim.mp4" and not (folder / "sim.mp4").is_file():
+        raise EpisodeError(f"{meta_path}: says sim_frames \"sim.mp4\" but {folder / 'sim.mp4'} is missing")
+    if named in ("frames", "frames/") and not (folder / "frames").is_dir():
+        raise EpisodeError(f"{meta_path}: says sim_frames \"frames\" but {folder / 'frames'} is missing")
+    if (folder / "sim.mp4").is_file() and named in (None, "sim.mp4"):
         sim_frames, _ = read_video(folder / "sim.mp4")
         sim_source = "sim.mp4"
     elif (folder / "frames").is_dir():

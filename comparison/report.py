@@ -111,6 +111,21 @@ def _fmt(value: Any, digits: int = 2) -> str:
 # ---------------------------------------------------------------- one episode
 
 
+def _read_rollout_info(rollout_mp4: Path) -> tuple[dict | None, str | None]:
+    """The rollout's sidecar JSON (same name, .json) and a note when it cannot be used."""
+    path = rollout_mp4.with_suffix(".json")
+    if not path.is_file():
+        return None, None
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, f"{path.name} beside the rollout is not readable JSON ({exc}); ignored."
+    if not isinstance(info, dict):
+        return None, f"{path.name} beside the rollout is not a JSON object; ignored."
+    return info, None
+
+
+
 def compare_episode(
     episode_dir: str | Path,
     rollout_mp4: str | Path,
@@ -126,14 +141,22 @@ def compare_episode(
 
     `model` names the generator (e.g. "tiny" or a checkpoint folder) for the header; `tiny_model`
     (default: model == "tiny") adds the "tiny-model output is noise" note; `settings` (generation
-    settings) and `timings` (generation timings, seconds) are shown and saved as given.
+    settings) and `timings` (generation timings, seconds) are shown and saved as given. Where they
+    are not given, they come from the rollout's sidecar (`rollout.json` beside `rollout.mp4`, as
+    `lingbot-isaac replay` writes it) when there is one.
     """
     started = time.perf_counter()
     clock: dict[str, float] = {}
     out_dir = Path(out_dir)
     episode = read_episode_input(episode_dir)
     rollout, rollout_fps = read_video(rollout_mp4)
+    rollout_info, info_note = _read_rollout_info(Path(rollout_mp4))
     clock["read_inputs_s"] = time.perf_counter() - started
+    if rollout_info:
+        model = model if model is not None else rollout_info.get("model")
+        settings = settings if settings is not None else rollout_info.get("settings")
+        if timings is None:
+            timings = {key: rollout_info[key] for key in ("seconds", "server_seconds") if key in rollout_info}
     tiny_model = (model == "tiny") if tiny_model is None else tiny_model
     estimator = estimator or EstimatorConfig()
 
@@ -145,7 +168,7 @@ def compare_episode(
             f"({len(episode.poses)}) and the sim frames; at least 2 are needed"
         )
     model_frames = rollout[:count]
-    notes = [FRAME_RATE_NOTE]
+    notes = [FRAME_RATE_NOTE] + ([info_note] if info_note else [])
     if abs(rollout_fps - DEFAULT_FPS) > 0.01:
         notes.append(f"The rollout video says {rollout_fps:g} fps, not 16: frames are still matched "
                      "by index.")
@@ -213,6 +236,7 @@ def compare_episode(
             "frames": len(rollout),
             "size_hw": list(rollout.shape[1:3]),
             "fps": rollout_fps,
+            "info": rollout_info,
         },
         "model": model,
         "tiny_model": tiny_model,

@@ -44,17 +44,21 @@ def read_video(path: str | Path) -> tuple[np.ndarray, float]:
     return np.stack(frames), float(meta.get("fps") or DEFAULT_FPS)
 
 
+FRAME_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
 def read_frame_folder(folder: str | Path) -> np.ndarray:
-    """Read `folder/*.png` in name order (zero-padded names sort right) -> uint8 [F, H, W, 3] RGB."""
+    """Read the PNG/JPEG frames of `folder` in name order (zero-padded names sort right) -> [F, H, W, 3]."""
     folder = Path(folder)
-    paths = sorted(folder.glob("*.png"))
+    found = folder.glob("*") if folder.is_dir() else []
+    paths = sorted(path for path in found if path.suffix.lower() in FRAME_SUFFIXES)
     if not paths:
-        raise VideoError(f"{folder}: no PNG frames in the folder")
+        raise VideoError(f"{folder}: no PNG or JPEG frames in the folder")
     frames = []
     for path in paths:
         image = cv2.imread(str(path), cv2.IMREAD_COLOR)
         if image is None:
-            raise VideoError(f"{path}: cannot read the PNG frame")
+            raise VideoError(f"{path}: cannot read the image frame")
         frames.append(cv2.cvtColor(image, cv2.COLOR_BGR2RGB))
     shapes = {frame.shape for frame in frames}
     if len(shapes) != 1:

@@ -137,3 +137,27 @@ def test_bad_episodes_are_clear_errors(tmp_path, report_case, commanded_poses, r
     with pytest.raises(EpisodeError, match="at least 2"):
         compare_episode(one, rollout, tmp_path / "o5")
     assert not any((tmp_path / name).exists() for name in ("o1", "o2", "o3", "o4", "o5")), "nothing written"
+
+
+def test_rollout_sidecar_and_episode_json_sim_frames(tmp_path, commanded_poses, rendered):
+    count = 5
+    episode = write_episode(tmp_path / "ep", commanded_poses[:count], rendered[:count])
+    rollout = write_video(episode / "rollout.mp4", rendered[:count])  # as `lingbot-isaac replay` leaves it
+    (episode / "rollout.json").write_text(json.dumps(
+        {"job": "j-1", "seconds": 12.5, "server_seconds": 11.0, "settings": {"steps": 40}}))
+    report = strict_json(compare_episode(episode, rollout, tmp_path / "out").with_name("report.json"))
+    assert report["rollout"]["info"]["job"] == "j-1"
+    assert report["settings"]["generation"] == {"steps": 40}
+    assert report["timings"]["generation"] == {"seconds": 12.5, "server_seconds": 11.0}
+    # given values win over the sidecar
+    given = compare_episode(episode, rollout, tmp_path / "out2", settings={"steps": 4}, timings={})
+    assert strict_json(given.with_name("report.json"))["settings"]["generation"] == {"steps": 4}
+
+    (episode / "rollout.json").write_text("{broken")
+    report = strict_json(compare_episode(episode, rollout, tmp_path / "out3").with_name("report.json"))
+    assert any("rollout.json beside the rollout is not readable JSON" in note for note in report["notes"])
+
+    meta = json.loads((episode / "episode.json").read_text())
+    (episode / "episode.json").write_text(json.dumps({**meta, "sim_frames": "frames"}))
+    with pytest.raises(EpisodeError, match=r"says sim_frames \"frames\" but .*frames is missing"):
+        compare_episode(episode, rollout, tmp_path / "out4")

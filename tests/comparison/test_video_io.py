@@ -50,5 +50,10 @@ def test_frame_folder_in_name_order(tmp_path):
     for k in (2, 0, 1):
         cv2.imwrite(str(tmp_path / f"{k:05d}.png"), cv2.cvtColor(frames[k], cv2.COLOR_RGB2BGR))
     assert np.array_equal(read_frame_folder(tmp_path), frames)  # PNG is lossless
-    with pytest.raises(VideoError, match="no PNG"):
+    jpegs = tmp_path / "jpegs"  # the episode format's frames/ holds 000000.jpg, 000001.jpg, ...
+    jpegs.mkdir()
+    for k in range(3):
+        cv2.imwrite(str(jpegs / f"{k:06d}.jpg"), cv2.cvtColor(frames[k], cv2.COLOR_RGB2BGR))
+    assert np.abs(read_frame_folder(jpegs).astype(int) - frames.astype(int)).mean() < 4
+    with pytest.raises(VideoError, match="no PNG or JPEG"):
         read_frame_folder(tmp_path / "empty")
