@@ -46,6 +46,7 @@ class EstimatorConfig:
     ransac_method: str = "USAC_ACCURATE"  # or "RANSAC" (plain, no local optimisation)
     min_matches: int = 15
     min_inliers: int = 15
+    seed: int = 0  # OpenCV's RNG (FLANN trees, RANSAC samples)
     translation_eps: float = 1e-3  # fraction of the trajectory extent below which t is "about zero"
 
 
@@ -194,6 +195,9 @@ def evaluate_trajectory(
     `intrinsics` [>=F, 4] fx, fy, cx, cy for a 480 x 832 frame (rescaled here to H x W).
     """
     config = config or EstimatorConfig()
+    # FLANN's KD-trees and RANSAC draw from OpenCV's global RNG: seed it so that the same frames
+    # give the same numbers whatever ran before in this process.
+    cv2.setRNGSeed(config.seed)
     count = len(frames)
     if len(poses) < count or len(intrinsics) < count:
         raise ValueError(f"{count} frames but only {len(poses)} poses and {len(intrinsics)} intrinsics rows")
