@@ -10,7 +10,6 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-LABEL_HEIGHT = 28
 GAP = 4
 DIFF_GAIN = 4.0
 
@@ -22,11 +21,18 @@ def difference_image(sim: np.ndarray, model: np.ndarray, gain: float = DIFF_GAIN
     return cv2.cvtColor(cv2.applyColorMap(scaled, cv2.COLORMAP_INFERNO), cv2.COLOR_BGR2RGB)
 
 
+def label_height(width: int) -> int:
+    """Height of the label bar above a panel `width` pixels wide (the text grows with the panel)."""
+    return max(20, round(width * 0.045))
+
+
 def _labelled(panel: np.ndarray, text: str) -> np.ndarray:
-    bar = np.full((LABEL_HEIGHT, panel.shape[1], 3), 24, np.uint8)
-    scale = 0.55 if panel.shape[1] >= 240 else 0.4
-    cv2.putText(bar, text, (8, LABEL_HEIGHT - 9), cv2.FONT_HERSHEY_SIMPLEX, scale, (235, 235, 235), 1,
-                cv2.LINE_AA)
+    height = label_height(panel.shape[1])
+    bar = np.full((height, panel.shape[1], 3), 24, np.uint8)
+    scale = height / 50
+    thickness = 2 if height >= 36 else 1
+    cv2.putText(bar, text, (max(4, height // 4), height - height // 3), cv2.FONT_HERSHEY_SIMPLEX, scale,
+                (235, 235, 235), thickness, cv2.LINE_AA)
     return np.concatenate([bar, panel], axis=0)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from comparison.episode_input import EpisodeError
 from comparison.report import SCHEMA, TINY_NOTE, compare_episode, write_summary
-from comparison.side_by_side import GAP, LABEL_HEIGHT
+from comparison.side_by_side import GAP, label_height
 from comparison.video_io import read_video, write_video
 from tests.comparison.conftest import FRAMES, HEIGHT, WIDTH
 from tests.comparison.scene import write_episode
@@ -56,10 +56,11 @@ def test_report_files_and_numbers(report_case):
 def test_side_by_side_video(report_case):
     frames, fps = read_video(report_case["html"].parent / "side_by_side.mp4")
     assert fps == pytest.approx(16)
-    assert frames.shape == (FRAMES, HEIGHT + LABEL_HEIGHT, 3 * WIDTH + 2 * GAP, 3)
-    sim_panel = frames[:, LABEL_HEIGHT:, :WIDTH].astype(int)
-    model_panel = frames[:, LABEL_HEIGHT:, WIDTH + GAP: 2 * WIDTH + GAP].astype(int)
-    diff_panel = frames[:, LABEL_HEIGHT:, 2 * (WIDTH + GAP):].astype(int)
+    label = label_height(WIDTH)
+    assert frames.shape == (FRAMES, HEIGHT + label, 3 * WIDTH + 2 * GAP, 3)
+    sim_panel = frames[:, label:, :WIDTH].astype(int)
+    model_panel = frames[:, label:, WIDTH + GAP: 2 * WIDTH + GAP].astype(int)
+    diff_panel = frames[:, label:, 2 * (WIDTH + GAP):].astype(int)
     assert np.abs(sim_panel - model_panel).mean() < 15, "sim and a faithful rollout look alike"
     assert diff_panel.mean() < sim_panel.mean(), "a small difference is dark in the inferno map"
 
@@ -94,7 +95,7 @@ def test_noise_rollout_without_sim_frames(tmp_path, commanded_poses, rendered):
     page = html_path.read_text()
     assert "failed" in page and "no sim frames" in page and TINY_NOTE not in page
     frames, _ = read_video(html_path.with_name("side_by_side.mp4"))
-    assert frames.shape == (count, HEIGHT + LABEL_HEIGHT, WIDTH, 3), "only the world-model panel"
+    assert frames.shape == (count, HEIGHT + label_height(WIDTH), WIDTH, 3), "only the world-model panel"
 
 
 def test_png_frame_folder_and_summary(tmp_path, report_case, commanded_poses, rendered):
