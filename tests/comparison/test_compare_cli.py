@@ -61,3 +61,12 @@ def test_bad_input_exits_2_with_one_clear_line(tmp_path):
     bad = tmp_path / "bad.json"
     result = lingbot_isaac("compare", "--pair", str(tmp_path), "x.mp4", "--settings", str(bad))
     assert result.returncode == 2 and "bad.json: not valid JSON" in result.stderr
+
+
+def test_comparison_imports_neither_torch_nor_worldgen():
+    code = ("import sys, comparison.compare_cli, comparison.report; "
+            "bad = [m for m in ('torch', 'worldgen', 'zmq') if m in sys.modules]; "
+            "print(bad); sys.exit(bool(bad))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                            check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
