@@ -1,0 +1,113 @@
+"""Compare sim frames with a world-model rollout: side-by-side video, PSNR/SSIM, camera fidelity, report.
+
+`lingbot-isaac compare EPISODE_DIR ROLLOUT_MP4 --out DIR` writes DIR/report.html (self-contained),
+DIR/report.json (every number) and DIR/side_by_side.mp4. Several episodes at once:
+`--pair EPISODE_DIR ROLLOUT_MP4` (repeatable) writes one sub-folder per episode plus
+DIR/summary.html and DIR/summary.json. Rollout frame i is compared with sim frame i and pose i
+(both 16 fps); see docs/comparison.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from comparison.episode_input import EpisodeError
+from comparison.report import TINY_NOTE, compare_episode, write_summary
+from comparison.trajectory import EstimatorConfig
+from comparison.video_io import VideoError
+
+
+class CompareUsageError(ValueError):
+    """Command-line input that does not make sense (missing pair, unreadable settings file)."""
+
+
+USER_ERRORS = (EpisodeError, VideoError, CompareUsageError)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = EstimatorConfig()
+    parser.add_argument("episode", nargs="?", type=Path,
+                        help="episode folder (poses.npy, intrinsics.npy, sim.mp4 or frames/)")
+    parser.add_argument("rollout", nargs="?", type=Path,
+                        help="the world model's rollout mp4 for that episode")
+    parser.add_argument("--pair", nargs=2, action="append", metavar=("EPISODE_DIR", "ROLLOUT_MP4"),
+                        default=[], help="one more episode and its rollout (repeatable); with several, "
+                        "a summary is written")
+    parser.add_argument("--out", type=Path, default=Path("out/compare"), help="output folder")
+    parser.add_argument("--model", default=None,
+                        help="what generated the rollout, shown in the report (e.g. tiny)")
+    parser.add_argument("--tiny", action="store_true",
+                        help="the rollout comes from the tiny random-weights model (implied by --model tiny)")
+    parser.add_argument("--settings", type=Path, default=None,
+                        help="JSON file with the generation settings, shown and saved in the report")
+    parser.add_argument("--ransac-threshold-px", type=float, default=defaults.ransac_threshold_px,
+                        help="essential-matrix RANSAC threshold (pixels)")
+    parser.add_argument("--ratio", type=float, default=defaults.ratio, help="Lowe's ratio-test threshold")
+    parser.add_argument("--max-features", type=int, default=defaults.max_features,
+                        help="features detected per frame")
+
+
+def _pairs(args: argparse.Namespace) -> list[tuple[Path, Path]]:
+    pairs = [(Path(episode), Path(rollout)) for episode, rollout in args.pair]
+    if args.episode is not None or args.rollout is not None:
+        if args.episode is None or args.rollout is None:
+            raise CompareUsageError("give both EPISODE_DIR and ROLLOUT_MP4 "
+                                    "(or use --pair EPISODE_DIR ROLLOUT_MP4)")
+        pairs.insert(0, (args.episode, args.rollout))
+    if not pairs:
+        raise CompareUsageError("nothing to compare: give EPISODE_DIR ROLLOUT_MP4 "
+                                "or --pair EPISODE_DIR ROLLOUT_MP4")
+    return pairs
+
+
+def _settings(path: Path | None) -> dict | None:
+    if path is None:
+        return None
+    try:
+        settings = json.loads(path.read_text())
+    except OSError as exc:
+        raise CompareUsageError(f"{path}: cannot read the settings file ({exc})") from exc
+    except json.JSONDecodeError as exc:
+        raise CompareUsageError(f"{path}: not valid JSON ({exc}); --settings takes a JSON object") from exc
+    if not isinstance(settings, dict):
+        raise CompareUsageError(f"{path}: expected a JSON object of generation settings")
+    return settings
+
+
+def _unique_names(pairs: list[tuple[Path, Path]]) -> list[str]:
+    names, seen = [], set()
+    for episode, _ in pairs:
+        base = episode.resolve().name or "episode"
+        name, n = base, 2
+        while name in seen:
+            name, n = f"{base}-{n}", n + 1
+        seen.add(name)
+        names.append(name)
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    pairs = _pairs(args)
+    settings = _settings(args.settings)
+    tiny = args.tiny or args.model == "tiny"
+    estimator = EstimatorConfig(max_features=args.max_features, ratio=args.ratio,
+                                ransac_threshold_px=args.ransac_threshold_px)
+    reports = []
+    for (episode, rollout), name in zip(pairs, _unique_names(pairs), strict=True):
+        out_dir = args.out if len(pairs) == 1 else args.out / name
+        print(f"comparing {episode} with {rollout} ...", file=sys.stderr, flush=True)
+        html_path = compare_episode(episode, rollout, out_dir, model=args.model, tiny_model=tiny,
+                                    settings=settings, estimator=estimator)
+        reports.append(html_path)
+        print(f"report: {html_path}")
+        print(f"json:   {html_path.with_name('report.json')}")
+        print(f"video:  {html_path.with_name('side_by_side.mp4')}")
+    if len(reports) > 1:
+        summary = write_summary([path.with_name("report.json") for path in reports], args.out)
+        print(f"summary: {summary}")
+    if tiny:
+        print(f"note: {TINY_NOTE}")
+    return 0

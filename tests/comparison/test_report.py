@@ -1,0 +1,164 @@
+"""compare_episode / write_summary on real files: what the report holds and how bad input fails."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from comparison.episode_input import EpisodeError
+from comparison.report import SCHEMA, TINY_NOTE, compare_episode, write_summary
+from comparison.side_by_side import GAP, label_height
+from comparison.video_io import read_video, write_video
+from tests.comparison.conftest import FRAMES, HEIGHT, WIDTH
+from tests.comparison.scene import write_episode
+
+
+def strict_json(path):
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name} in {path}")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_report_files_and_numbers(report_case):
+    out = report_case["html"].parent
+    assert sorted(p.name for p in out.iterdir()) == [
+        "report.html", "report.json", "side_by_side.mp4", "thumbnail.jpg"
+    ]
+    report = strict_json(out / "report.json")
+    assert report["schema"] == SCHEMA and report["model"] == "tiny" and report["tiny_model"] is True
+    assert report["compared_frames"] == FRAMES
+    assert report["rollout"]["frames"] == FRAMES + 4 and report["rollout"]["size_hw"] == [176, 320]
+    assert report["episode"]["sim_size_hw"] == [HEIGHT, WIDTH]
+    assert report["episode"]["sim_source"] == "sim.mp4"
+    per_frame = report["image_metrics"]["per_frame"]
+    assert [row["frame"] for row in per_frame] == list(range(FRAMES))
+    # shrinking to 320x176 and back blurs this fine texture: about 22.5 dB and SSIM 0.72 (noise: 10 dB, 0.02)
+    assert all(20 < row["psnr_db"] < 40 and 0.6 < row["ssim"] < 0.95 for row in per_frame), per_frame
+    fidelity = report["camera_fidelity"]
+    for source in ("rollout", "sim_control"):
+        summary = fidelity[source]["summary"]
+        assert len(fidelity[source]["consecutive"]) == FRAMES - 1
+        assert len(fidelity[source]["first_to_k"]) == FRAMES - 1
+        assert summary["first_to_k"]["rotation_error_deg"]["median"] < 1.0, (source, summary)
+    assert fidelity["rollout"]["frame_size"] == [176, 320], "the estimator sees the rollout at its own size"
+    assert report["settings"]["generation"]["steps"] == 4
+    assert report["timings"]["generation"] == {"generate_s": 1.5}
+    assert report["timings"]["comparison"]["total_s"] > 0
+    assert TINY_NOTE in report["notes"]
+    assert any("16 fps" in note for note in report["notes"])
+    assert any("resized to the sim resolution" in note for note in report["notes"])
+
+
+def test_side_by_side_video(report_case):
+    frames, fps = read_video(report_case["html"].parent / "side_by_side.mp4")
+    assert fps == pytest.approx(16)
+    label = label_height(WIDTH)
+    assert frames.shape == (FRAMES, HEIGHT + label, 3 * WIDTH + 2 * GAP, 3)
+    sim_panel = frames[:, label:, :WIDTH].astype(int)
+    model_panel = frames[:, label:, WIDTH + GAP: 2 * WIDTH + GAP].astype(int)
+    diff_panel = frames[:, label:, 2 * (WIDTH + GAP):].astype(int)
+    assert np.abs(sim_panel - model_panel).mean() < 15, "sim and a faithful rollout look alike"
+    assert diff_panel.mean() < sim_panel.mean(), "a small difference is dark in the inferno map"
+
+
+def test_html_is_self_contained(report_case):
+    page = report_case["html"].read_text()
+    assert "<title>lingbot-isaac comparison: room_walk</title>" in page
+    assert TINY_NOTE in page.replace("&#x27;", "'")
+    assert not re.search(r"""(src|href)\s*=\s*['"]?(https?:)?//""", page), "no external URL"
+    assert "<script" not in page and "<link" not in page
+    assert "src='data:video/mp4;base64," in page, "the small video is embedded"
+    for element_id in ("side-by-side", "summary", "camera-summary", "per-frame", "thumbnails", "plot-psnr",
+                       "plot-ssim", "plot-rotation-consecutive", "plot-rotation-first-to-k",
+                       "plot-translation-first-to-k", "settings", "timings"):
+        assert re.search(f"id=['\"]{element_id}['\"]", page), element_id
+
+
+def test_noise_rollout_without_sim_frames(tmp_path, commanded_poses, rendered):
+    """No sim frames: camera fidelity only. A noise video: its failures are reported, not hidden."""
+    count = 9
+    episode = write_episode(tmp_path / "no_sim", commanded_poses[:count], sim_frames=None)
+    noise = np.random.default_rng(0).integers(0, 256, (count, HEIGHT, WIDTH, 3), dtype=np.uint8)
+    html_path = compare_episode(episode, write_video(tmp_path / "noise.mp4", noise), tmp_path / "out")
+    report = strict_json(html_path.with_name("report.json"))
+    assert report["model"] is None and report["tiny_model"] is False
+    assert report["image_metrics"]["available"] is False and report["image_metrics"]["per_frame"] == []
+    assert report["camera_fidelity"]["sim_control"] is None
+    rollout = report["camera_fidelity"]["rollout"]
+    assert len(rollout["consecutive"]) == count - 1
+    assert rollout["summary"]["consecutive"]["failed"] >= count // 2
+    assert all(p["reason"] for p in rollout["consecutive"] if p["status"] == "failed")
+    page = html_path.read_text()
+    assert "failed" in page and "no sim frames" in page and TINY_NOTE not in page
+    frames, _ = read_video(html_path.with_name("side_by_side.mp4"))
+    assert frames.shape == (count, HEIGHT + label_height(WIDTH), WIDTH, 3), "only the world-model panel"
+
+
+def test_png_frame_folder_and_summary(tmp_path, report_case, commanded_poses, rendered):
+    count = 6
+    episode = write_episode(tmp_path / "pngs", commanded_poses[:count], rendered[:count], frames_as="png")
+    html_path = compare_episode(episode, report_case["rollout"], tmp_path / "pngs_report", model="ckpt-A")
+    report = strict_json(html_path.with_name("report.json"))
+    assert report["episode"]["sim_source"] == "frames/" and report["compared_frames"] == count
+    assert "tiny" not in json.dumps(report["notes"])
+
+    summary_html = write_summary([report_case["html"].with_name("report.json"),
+                                  html_path.with_name("report.json")], tmp_path)
+    summary = strict_json(tmp_path / "summary.json")
+    assert [row["episode"] for row in summary["episodes"]] == ["room_walk", "pngs"]
+    assert summary["tiny_model"] is True
+    first = summary["episodes"][0]
+    assert first["rollout"]["first_to_k"]["rotation_error_deg"]["median"] < 1.0
+    page = summary_html.read_text()
+    assert "href='pngs_report/report.html'" in page
+    assert page.count("src='data:image/jpeg;base64,") == 2
+    assert 'id="plot-rotation-first-to-k"' in page and TINY_NOTE in page.replace("&#x27;", "'")
+
+
+def test_bad_episodes_are_clear_errors(tmp_path, report_case, commanded_poses, rendered):
+    rollout = report_case["rollout"]
+    with pytest.raises(EpisodeError, match="not a folder"):
+        compare_episode(tmp_path / "missing", rollout, tmp_path / "o1")
+    episode = write_episode(tmp_path / "ep", commanded_poses[:3], rendered[:3])
+    (episode / "poses.npy").unlink()
+    with pytest.raises(EpisodeError, match=r"poses\.npy: missing"):
+        compare_episode(episode, rollout, tmp_path / "o2")
+    np.save(episode / "poses.npy", commanded_poses[:3, :3])
+    with pytest.raises(EpisodeError, match=r"poses\.npy: shape \(3, 3, 4\)"):
+        compare_episode(episode, rollout, tmp_path / "o3")
+    np.save(episode / "poses.npy", commanded_poses[:3])
+    np.save(episode / "intrinsics.npy", np.ones((3, 3)))
+    with pytest.raises(EpisodeError, match=r"intrinsics\.npy: shape \(3, 3\)"):
+        compare_episode(episode, rollout, tmp_path / "o4")
+    one = write_episode(tmp_path / "one", commanded_poses[:1], rendered[:1])
+    with pytest.raises(EpisodeError, match="at least 2"):
+        compare_episode(one, rollout, tmp_path / "o5")
+    assert not any((tmp_path / name).exists() for name in ("o1", "o2", "o3", "o4", "o5")), "nothing written"
+
+
+def test_rollout_sidecar_and_episode_json_sim_frames(tmp_path, commanded_poses, rendered):
+    count = 5
+    episode = write_episode(tmp_path / "ep", commanded_poses[:count], rendered[:count])
+    rollout = write_video(episode / "rollout.mp4", rendered[:count])  # as `lingbot-isaac replay` leaves it
+    (episode / "rollout.json").write_text(json.dumps(
+        {"job": "j-1", "seconds": 12.5, "server_seconds": 11.0, "settings": {"steps": 40}}))
+    report = strict_json(compare_episode(episode, rollout, tmp_path / "out").with_name("report.json"))
+    assert report["rollout"]["info"]["job"] == "j-1"
+    assert report["settings"]["generation"] == {"steps": 40}
+    assert report["timings"]["generation"] == {"seconds": 12.5, "server_seconds": 11.0}
+    # given values win over the sidecar
+    given = compare_episode(episode, rollout, tmp_path / "out2", settings={"steps": 4}, timings={})
+    assert strict_json(given.with_name("report.json"))["settings"]["generation"] == {"steps": 4}
+
+    (episode / "rollout.json").write_text("{broken")
+    report = strict_json(compare_episode(episode, rollout, tmp_path / "out3").with_name("report.json"))
+    assert any("rollout.json beside the rollout is not readable JSON" in note for note in report["notes"])
+
+    meta = json.loads((episode / "episode.json").read_text())
+    (episode / "episode.json").write_text(json.dumps({**meta, "sim_frames": "frames"}))
+    with pytest.raises(EpisodeError, match=r"says sim_frames \"frames\" but .*frames is missing"):
+        compare_episode(episode, rollout, tmp_path / "out4")
