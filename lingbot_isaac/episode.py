@@ -251,7 +251,7 @@ def write_episode(
         _write_npy(staging / "poses.npy", poses.astype(np.float32))
         lingbot = lingbot_intrinsics(intrinsics, height, width)
         _write_npy(staging / "intrinsics.npy", lingbot.astype(np.float32))
-        picture.save(staging / "image.jpg", quality=JPEG_QUALITY)
+        picture.save(staging / "image.jpg", quality=JPEG_QUALITY, subsampling=0)  # 4:4:4: keep chroma
         (staging / "prompt.txt").write_text(prompt.strip() + "\n", encoding="utf-8")
         meta.sim_frames = _write_sim_frames(staging, sim_frames, count, (height, width))
         (staging / "episode.json").write_text(
