@@ -25,15 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 from pxr import Gf, Usd, UsdGeom
 
-from lingbot_isaac.lens import LensError, NonSquarePixelWarning, pinhole_intrinsics
+from lingbot_isaac.lens import CameraError, LensError, NonSquarePixelWarning, pinhole_intrinsics
 
 DEFAULT_TIME = Usd.TimeCode.Default()  # the unanimated value of an attribute
 USD_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips camera-local y and z (its own inverse)
 SCALE_TOLERANCE = 1e-5  # relative spread of axis scales; float32-authored rotations reach 5e-7
-
-
-class CameraError(ValueError):
-    """A camera prim cannot be turned into a pinhole pose + intrinsics (names the prim and the fix)."""
 
 
 @dataclass(frozen=True)

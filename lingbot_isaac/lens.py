@@ -20,7 +20,11 @@ import numpy as np
 SQUARE_PIXEL_TOLERANCE = 1e-3
 
 
-class LensError(ValueError):
+class CameraError(ValueError):
+    """A camera cannot be turned into a pinhole pose + intrinsics (names the camera and the fix)."""
+
+
+class LensError(CameraError):
     """A lens value cannot describe a pinhole camera (non-positive focal length or aperture)."""
 
 
