@@ -85,6 +85,14 @@ def read_isaacsim_session(
         track = _pick_track(tracks, camera, path)
         group = track["group"]
         time_group = next((t["group"] for t in tracks if t.get("type") == "sim_time"), "meta/time")
+        if resolution is not None and "resolution" in track:
+            rec_w, rec_h = (int(v) for v in track["resolution"])
+            if abs(resolution[0] / resolution[1] - rec_h / rec_w) > 0.01 * rec_h / rec_w:
+                raise EpisodeError(
+                    f"{path}: the image is {resolution[1]}x{resolution[0]} but camera track "
+                    f"{track['group']!r} rendered {rec_w}x{rec_h}; give the first frame of that camera "
+                    "(same aspect ratio)"
+                )
         if resolution is None:
             if "resolution" not in track:
                 raise EpisodeError(

@@ -200,6 +200,8 @@ def test_isaacsim_episode_recorder_session(tmp_path):
     # Another image size: the apertures give intrinsics for it.
     bigger = open_source(tmp_path / "session.hdf5", SourceOptions(resolution=(720, 1280)))[0].recording
     np.testing.assert_allclose(bigger.intrinsics[0], [2 * fx, 2 * fx, 640, 360], rtol=1e-6)
+    with pytest.raises(EpisodeError, match="same aspect ratio"):
+        open_source(tmp_path / "session.hdf5", SourceOptions(resolution=(480, 640)))
     with pytest.raises(EpisodeError, match="no camera track matching 'nope'"):
         open_source(tmp_path / "session.hdf5", SourceOptions(camera="nope"))
 
