@@ -147,9 +147,7 @@ def _result_dir(source: TrajectorySource, out: Path | None, file_sources: int) -
     return (out or source.origin.parent) / name
 
 
-def export(
-    source: TrajectorySource, target: Path, args: argparse.Namespace, image, prompt, overwrite
-) -> Path:
+def export(source: TrajectorySource, target: Path, image, prompt: str | None, overwrite: bool) -> Path:
     """Make `target` an episode folder for `source` (copy or export); return it."""
     if source.episode_dir is not None:
         if target.resolve() != source.episode_dir.resolve():
@@ -277,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
         plan.append((source, target))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-    episodes = [export(source, target, args, image, prompt, args.overwrite) for source, target in plan]
+    episodes = [export(source, target, image, prompt, args.overwrite) for source, target in plan]
     if args.export_only:
         for folder in episodes:
             print(folder)
