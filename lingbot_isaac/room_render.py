@@ -56,25 +56,27 @@ def _draw_texture(rng: np.random.Generator, height: int, width: int) -> np.ndarr
     """Coloured value noise with many rectangles and discs on top: corners and blobs at several scales."""
     # Low-frequency coloured background: bilinear upsampling of a coarse random grid.
     gh, gw = max(2, height // 40 + 2), max(2, width // 40 + 2)
-    grid = rng.uniform(60, 200, size=(gh, gw, 3))
-    ys = np.linspace(0, gh - 1, height)
-    xs = np.linspace(0, gw - 1, width)
+    grid = rng.uniform(60, 200, size=(gh, gw, 3)).astype(np.float32)
+    ys = np.linspace(0, gh - 1, height, dtype=np.float32)
+    xs = np.linspace(0, gw - 1, width, dtype=np.float32)
     y0 = np.minimum(ys.astype(int), gh - 2)
     x0 = np.minimum(xs.astype(int), gw - 2)
     wy = (ys - y0)[:, None, None]
     wx = (xs - x0)[None, :, None]
-    top = grid[y0][:, x0] * (1 - wx) + grid[y0][:, x0 + 1] * wx
-    bottom = grid[y0 + 1][:, x0] * (1 - wx) + grid[y0 + 1][:, x0 + 1] * wx
-    tex = top * (1 - wy) + bottom * wy
+    rows = grid[y0] * (1 - wy) + grid[y0 + 1] * wy  # [height, gw, 3]
+    tex = rows[:, x0] * (1 - wx) + rows[:, x0 + 1] * wx
+    tex = tex.astype(np.uint8)
 
     area_m2 = height * width / TEXELS_PER_METRE**2
     # (count per square metre, size range in texels): big panels, mid tiles, small specks.
     for per_m2, (lo, hi) in ((3, (40, 110)), (25, (10, 40)), (60, (3, 12))):
-        for _ in range(max(1, int(per_m2 * area_m2))):
-            colour = rng.integers(0, 256, size=3)
-            kind = rng.integers(0, 3)
-            h, w = rng.integers(lo, hi, size=2)
-            y, x = rng.integers(0, height), rng.integers(0, width)
+        count = max(1, int(per_m2 * area_m2))
+        # Draw every random number of a layer at once (one generator call per field, not per shape).
+        colours = rng.integers(0, 256, size=(count, 3)).astype(np.uint8)
+        kinds = rng.integers(0, 3, size=count)
+        sizes = rng.integers(lo, hi, size=(count, 2))
+        ys_, xs_ = rng.integers(0, height, size=count), rng.integers(0, width, size=count)
+        for colour, kind, (h, w), y, x in zip(colours, kinds, sizes, ys_, xs_, strict=True):
             if kind < 2:  # rectangle (solid or with a contrasting frame)
                 tex[y : y + h, x : x + w] = colour
                 if kind == 1 and h > 6 and w > 6:
@@ -82,11 +84,12 @@ def _draw_texture(rng: np.random.Generator, height: int, width: int) -> np.ndarr
                     tex[y + b : y + h - b, x + b : x + w - b] = 255 - colour
             else:  # disc
                 r = (h + w) / 4
-                yy, xx = np.ogrid[max(0, y - int(r)) : y + int(r) + 1, max(0, x - int(r)) : x + int(r) + 1]
-                inside = (yy - y) ** 2 + (xx - x) ** 2 <= r * r
-                patch = tex[yy.min() : yy.max() + 1, xx.min() : xx.max() + 1]
-                patch[inside[: patch.shape[0], : patch.shape[1]]] = colour
-    return np.clip(tex, 0, 255).astype(np.uint8)
+                top, left = max(0, y - int(r)), max(0, x - int(r))
+                patch = tex[top : y + int(r) + 1, left : x + int(r) + 1]
+                yy = np.arange(top, top + patch.shape[0])[:, None]
+                xx = np.arange(left, left + patch.shape[1])[None, :]
+                patch[(yy - y) ** 2 + (xx - x) ** 2 <= r * r] = colour
+    return tex
 
 
 def _rectangles() -> list[tuple[int, float, np.ndarray, np.ndarray, float]]:

@@ -1,0 +1,94 @@
+"""Kit extension entry point: the "LingBot World" menu and window.
+
+Thin on purpose (Isaac Sim extension-template style): lifecycle, menu and the step subscriptions
+that feed `session.Session`; the widgets are in `window.py`, the logic in `session.py`,
+`recorder.py` and the bridge client; every Kit API name is in `kit_adapter.py`. Importing this
+module outside Kit works (the omni import is guarded) so tests can check it.
+"""
+
+from __future__ import annotations
+
+from lingbot_isaac import kit_adapter
+from lingbot_isaac.session import Session
+
+try:
+    import omni.ext
+
+    _ExtensionBase = omni.ext.IExt
+except ImportError:  # not inside Kit: the class still imports, it just is not an IExt
+    _ExtensionBase = object
+
+MENU_TITLE = "LingBot World"
+
+
+class LingBotWorldExtension(_ExtensionBase):
+    """Menu: Record, Stop, Generate rollout, Settings. Window: see `window.LingBotWindow`."""
+
+    def on_startup(self, ext_id: str) -> None:
+        from lingbot_isaac.window import LingBotWindow
+
+        self._ext_id = ext_id
+        self._session = Session()
+        self._capture: kit_adapter.RgbCapture | None = None
+        self._step_subscription = None
+        self._window = LingBotWindow(self._session)
+        self._window.on_record = self._record
+        self._window.on_stop = self._stop
+        self._menu = kit_adapter.add_menu(
+            MENU_TITLE,
+            [
+                ("Record", self._window.record),
+                ("Stop", self._window.stop),
+                ("Generate rollout", self._window.generate),
+                ("Settings", lambda: self._window.show(settings=True)),
+            ],
+            ext_id,
+        )
+        self._window.show()
+        self._ui_subscription = kit_adapter.subscribe_render_step(self._on_update, name="lingbot_isaac.ui")
+
+    def on_shutdown(self) -> None:
+        self._release_recording()
+        self._ui_subscription = None
+        kit_adapter.remove_menu(self._menu)
+        self._window.destroy()
+        self._window = None
+        self._session.cancel()
+
+    # -- recording glue -----------------------------------------------------------------------
+
+    def _record(self, camera_path: str) -> None:
+        settings = self._session.settings
+        self._capture = kit_adapter.RgbCapture(camera_path, settings.width, settings.height)
+        try:
+            self._session.start_recording(kit_adapter.get_stage(), camera_path, capture=self._capture.read)
+        except Exception:
+            self._release_recording()
+            raise
+        if settings.sample_on == "physics":
+            self._step_subscription = kit_adapter.subscribe_physics_step(lambda _dt: self._sample())
+        # render sampling happens in _on_update
+        kit_adapter.timeline().play()
+
+    def _stop(self, prompt: str, name: str) -> None:
+        kit_adapter.timeline().pause()
+        try:
+            self._session.stop_recording(prompt, name=name)
+        finally:
+            self._release_recording()
+
+    def _release_recording(self) -> None:
+        self._step_subscription = None
+        if self._capture is not None:
+            self._capture.close()
+            self._capture = None
+
+    def _sample(self) -> None:
+        if kit_adapter.timeline().is_playing():
+            self._session.on_step(*kit_adapter.current_time())
+
+    def _on_update(self) -> None:
+        if self._capture is not None and self._session.settings.sample_on == "render":
+            self._sample()
+        if self._window is not None:
+            self._window.update()

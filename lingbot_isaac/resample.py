@@ -1,0 +1,93 @@
+"""Resample a camera trajectory from any sim rate to the episode rate (16 fps) and 4n+1 frames.
+
+LingBot-World generates 4n+1 frames at 16 fps, one pose per frame. Sims step at 60 Hz, 120 Hz or
+irregularly, so the recorded samples are interpolated at t0 + k/fps: translations linearly,
+rotations by slerp (scipy's `Slerp`), intrinsics linearly (a zoom is a smooth change).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.spatial.transform import Rotation, Slerp
+
+EPISODE_FPS = 16
+MIN_FRAMES = 5  # one latent step beyond the first frame
+
+
+class ResampleError(ValueError):
+    """The samples cannot be resampled (too few, unordered, not finite)."""
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    times: np.ndarray  # [N] seconds
+    poses: np.ndarray  # [N, 4, 4] camera-to-world
+    intrinsics: np.ndarray  # [N, 4]
+
+
+def frames_4n1(count: int) -> int:
+    """The largest 4n+1 that is <= count (count >= 1)."""
+    if count < 1:
+        raise ResampleError(f"need at least one frame (got {count})")
+    return (count - 1) // 4 * 4 + 1
+
+
+def resample_trajectory(
+    times: np.ndarray,
+    poses: np.ndarray,
+    intrinsics: np.ndarray,
+    fps: float = EPISODE_FPS,
+    max_frames: int | None = None,
+) -> Trajectory:
+    """Interpolate samples at `times` (seconds, increasing) onto t0 + k/fps, k < 4n+1 frames.
+
+    The frame count is the largest 4n+1 that fits in the recorded duration (and in `max_frames`).
+    """
+    times = np.asarray(times, dtype=np.float64)
+    poses = np.asarray(poses, dtype=np.float64)
+    intrinsics = np.asarray(intrinsics, dtype=np.float64)
+    n = times.shape[0]
+    if poses.shape != (n, 4, 4) or intrinsics.shape != (n, 4):
+        raise ResampleError(
+            f"need times [N], poses [N,4,4], intrinsics [N,4]; got {times.shape}, {poses.shape}, "
+            f"{intrinsics.shape}"
+        )
+    if n < 2:
+        raise ResampleError(f"need at least 2 samples to resample (got {n}); record for longer")
+    if not (np.all(np.isfinite(times)) and np.all(np.isfinite(poses)) and np.all(np.isfinite(intrinsics))):
+        raise ResampleError("times, poses and intrinsics must be finite")
+    if np.any(np.diff(times) <= 0):
+        raise ResampleError("sample times must be strictly increasing (drop repeated sim steps first)")
+    if fps <= 0:
+        raise ResampleError(f"fps must be > 0 (got {fps})")
+
+    duration = times[-1] - times[0]
+    # A tiny tolerance so that 961 samples at exactly 1/16 s give 961 frames despite float sums.
+    count = int(np.floor(duration * fps + 1e-6)) + 1
+    if max_frames is not None:
+        count = min(count, max_frames)
+    count = frames_4n1(count)
+    if count < MIN_FRAMES:
+        raise ResampleError(
+            f"the recording spans {duration:.3f} s: {count} frame(s) at {fps:g} fps; record at least "
+            f"{(MIN_FRAMES - 1) / fps:.3f} s for {MIN_FRAMES} frames"
+        )
+    new_times = times[0] + np.arange(count) / fps
+    new_times[-1] = min(new_times[-1], times[-1])  # never extrapolate past the last sample
+
+    rotations = Rotation.from_matrix(poses[:, :3, :3])
+    new_rotations = Slerp(times, rotations)(new_times).as_matrix()
+    new_translations = np.stack([np.interp(new_times, times, poses[:, i, 3]) for i in range(3)], axis=1)
+    new_intrinsics = np.stack([np.interp(new_times, times, intrinsics[:, i]) for i in range(4)], axis=1)
+    new_poses = np.tile(np.eye(4), (count, 1, 1))
+    new_poses[:, :3, :3] = new_rotations
+    new_poses[:, :3, 3] = new_translations
+    # Where a target time hits a sample exactly, keep the sample bit-for-bit (no slerp round-off).
+    exact = np.searchsorted(times, new_times)
+    exact = np.minimum(exact, n - 1)
+    hit = times[exact] == new_times
+    new_poses[hit] = poses[exact[hit]]
+    new_intrinsics[hit] = intrinsics[exact[hit]]
+    return Trajectory(times=new_times, poses=new_poses, intrinsics=new_intrinsics)

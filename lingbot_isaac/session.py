@@ -1,0 +1,261 @@
+"""What the "LingBot World" window drives: record, stop, generate off the UI thread, report status.
+
+No omni imports, so it runs (and is tested) outside Isaac Sim. The Kit side forwards sim steps
+(`on_step`) and reads `status()` once per frame; everything slow (writing the episode aside, the
+server round trip, the comparison report) happens on a worker thread, and results come back
+through the status object, never through a callback into the UI.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from lingbot_isaac.recorder import Capture, Recorder, RecorderError
+
+
+@dataclass
+class SessionSettings:
+    """The Settings panel. `frame_num` etc. override the server's preset only when set."""
+
+    server: str = "tcp://127.0.0.1:5570"
+    output_dir: Path = field(default_factory=lambda: Path.home() / "lingbot_episodes")
+    width: int = 832
+    height: int = 480
+    sample_on: str = "render"  # "render": every app update; "physics": every physics step
+    keep_sim_frames: bool = False  # also keep every frame (sim.mp4/frames) for the comparison
+    max_seconds: float = 30.0  # recording stops by itself after this much sim time
+    frame_num: int | None = None
+    steps: int | None = None
+    seed: int | None = None
+    preset: str | None = None  # send all settings of this preset instead of the server's
+    timeout: float = 10.0  # seconds per request to the server
+    compare: bool = True  # build the sim-vs-rollout report when sim frames exist
+
+    def generation(self) -> dict[str, Any]:
+        from bridge.settings import GenerationSettings, load_settings
+
+        settings: dict[str, Any] = load_settings(preset=self.preset).to_dict() if self.preset else {}
+        flags = {"frame_num": self.frame_num, "steps": self.steps, "seed": self.seed}
+        settings.update({k: v for k, v in flags.items() if v is not None})
+        GenerationSettings.from_dict(settings)  # SettingsError names a bad value now, not on the server
+        return settings
+
+
+@dataclass(frozen=True)
+class Status:
+    state: str = "idle"  # idle | recording | saving | generating | done | failed
+    message: str = "Pick a camera, write a prompt, press Record and play the simulation."
+    progress: float = 0.0  # 0..1 of the current phase
+    episode: Path | None = None
+    result: Path | None = None  # rollout.mp4
+    report: Path | None = None  # comparison report, when made
+    error: str | None = None
+    serial: int = 0  # bumps on every change, so the UI redraws only when needed
+
+
+class Session:
+    def __init__(self, settings: SessionSettings | None = None) -> None:
+        self.settings = settings or SessionSettings()
+        self._lock = threading.Lock()
+        self._status = Status()
+        self._recorder: Recorder | None = None
+        self._worker: threading.Thread | None = None
+        self._client = None
+        self._job_id: str | None = None
+        self._cancelled = threading.Event()
+
+    # -- status (any thread) ----------------------------------------------------------------------
+
+    def status(self) -> Status:
+        with self._lock:
+            return self._status
+
+    def _set(self, **changes: Any) -> None:
+        with self._lock:
+            self._status = replace(self._status, serial=self._status.serial + 1, **changes)
+
+    @property
+    def busy(self) -> bool:
+        return self.status().state in ("recording", "saving", "generating")
+
+    # -- recording (UI thread) --------------------------------------------------------------------
+
+    def start_recording(self, stage, camera_path: str, capture: Capture | None = None) -> Recorder:
+        if self.busy:
+            raise RecorderError(f"busy ({self.status().state}); wait or stop first")
+        settings = self.settings
+        self._recorder = Recorder(
+            stage,
+            camera_path,
+            (settings.height, settings.width),
+            capture=capture,
+            keep_frames=settings.keep_sim_frames,
+            max_seconds=settings.max_seconds,
+        )
+        self._recorder.start()
+        self._set(
+            state="recording",
+            message=f"Recording {camera_path}: play the simulation.",
+            progress=0.0,
+            error=None,
+            result=None,
+            report=None,
+        )
+        return self._recorder
+
+    def on_step(self, sim_time: float, time_code: float | None) -> None:
+        """Forwarded from the physics or render step subscription while recording."""
+        recorder = self._recorder
+        if recorder is None or not recorder.recording:
+            return
+        if recorder.sample(sim_time, time_code) and recorder.sample_count % 10 == 0:
+            seconds = recorder.seconds
+            self._set(
+                message=f"Recording: {recorder.sample_count} steps, {seconds:.2f} s of sim time",
+                progress=min(1.0, seconds / self.settings.max_seconds),
+            )
+        if not recorder.recording:  # max_seconds reached
+            self._set(message=f"Recording stopped after {self.settings.max_seconds:g} s; press Stop to save.")
+
+    def stop_recording(self, prompt: str, name: str | None = None, scene_id: str | None = None) -> Path:
+        """Write the episode (on this thread: it is a few small files) and return its folder."""
+        recorder = self._recorder
+        if recorder is None:
+            raise RecorderError("not recording; press Record first")
+        if not prompt or not prompt.strip():
+            raise RecorderError("write a prompt first (what the scene is and how the camera moves)")
+        self._set(state="saving", message="Writing the episode ...")
+        folder = self.settings.output_dir / (name or time.strftime("episode_%Y%m%d_%H%M%S"))
+        try:
+            episode = recorder.write_episode(
+                folder, prompt.strip(), generation=self.settings.generation() or None, scene_id=scene_id
+            )
+        except Exception as exc:
+            self._recorder = None
+            self._set(state="failed", message=f"Could not save: {exc}", error=str(exc))
+            raise
+        self._recorder = None
+        self._set(state="idle", message=f"Saved {episode}", episode=episode, progress=1.0)
+        return episode
+
+    # -- generation (worker thread) --------------------------------------------------------------
+
+    def generate(self, episode: Path | None = None, client_factory: Callable[[], Any] | None = None) -> None:
+        """Send `episode` (default: the last one saved) to the server on a worker thread."""
+        episode = episode or self.status().episode
+        if episode is None:
+            raise RecorderError("no episode yet: record one (Record, play, Stop) or pick a folder")
+        if self.busy:
+            raise RecorderError(f"busy ({self.status().state}); wait for it to finish or cancel")
+        self._cancelled.clear()
+        self._set(
+            state="generating",
+            message=f"Connecting to {self.settings.server} ...",
+            progress=0.0,
+            episode=Path(episode),
+            error=None,
+            result=None,
+            report=None,
+        )
+        self._worker = threading.Thread(
+            target=self._generate, args=(Path(episode), client_factory), name="lingbot-generate", daemon=True
+        )
+        self._worker.start()
+
+    def wait(self, timeout: float | None = None) -> Status:
+        if self._worker is not None:
+            self._worker.join(timeout)
+        return self.status()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        client, job = self._client, self._job_id
+        if client is not None and job is not None:
+            try:
+                client.cancel(job, timeout=self.settings.timeout)
+            except Exception as exc:  # the job ends anyway when the server answers
+                self._set(message=f"Cancel not confirmed: {exc}")
+
+    def _generate(self, episode: Path, client_factory: Callable[[], Any] | None) -> None:
+        from bridge.client import Client, EpisodePayload, JobError, Progress
+
+        from lingbot_isaac.episode import read_episode
+        from lingbot_isaac.replay import job_settings, write_result
+
+        try:
+            meta = read_episode(episode).meta
+            settings = job_settings(meta.generation if meta else None, self.settings.generation())
+            factory = client_factory or (lambda: Client(self.settings.server, timeout=self.settings.timeout))
+            with factory() as client:
+                self._client = client
+                health = client.health()
+                started = time.monotonic()
+                job = client.submit(EpisodePayload.from_dir(episode), settings or None)
+                self._job_id = job.id
+                self._set(
+                    message=f"Queued as {job.id[:8]} (position {job.queue_position}) on "
+                    f"{health.get('model', 'the server')}"
+                )
+                for event in job.events():
+                    if isinstance(event, Progress):
+                        self._set(message=_describe(event), progress=event.step / max(event.total, 1))
+                    elif isinstance(event, JobError):
+                        break
+                video = job.result(timeout=0)
+                info = {
+                    "job": job.id,
+                    "server": self.settings.server,
+                    "settings": settings,
+                    "seconds": round(time.monotonic() - started, 3),
+                    "episode": str(episode),
+                }
+                result = write_result(episode, video, info)
+            self._client = self._job_id = None
+            report = self._compare(episode, result)
+            self._set(
+                state="done", message=f"Rollout written: {result}", progress=1.0, result=result, report=report
+            )
+        except Exception as exc:
+            self._client = self._job_id = None
+            state = "failed"
+            message = "Cancelled." if self._cancelled.is_set() else f"Generation failed: {exc}"
+            self._set(
+                state=state, message=message, error="".join(traceback.format_exception_only(exc)).strip()
+            )
+
+    def _compare(self, episode: Path, rollout: Path) -> Path | None:
+        """The comparison report, when sim frames exist and the comparison package is installed."""
+        from lingbot_isaac.episode import read_episode
+
+        if not self.settings.compare or read_episode(episode).sim_frames_path is None:
+            return None
+        try:
+            from comparison.report import compare_episode
+        except ImportError:
+            return None
+        self._set(message="Comparing the sim frames with the rollout ...")
+        try:
+            return Path(compare_episode(episode, rollout, episode / "comparison"))
+        except Exception as exc:  # the rollout is still good; say why there is no report
+            self._set(message=f"Rollout written; comparison failed: {exc}")
+            return None
+
+
+def _describe(event) -> str:
+    phase = event.phase
+    if phase == "queued":
+        return f"Queued (position {event.queue_position})"
+    eta = f", about {event.eta_s:.0f} s left" if getattr(event, "eta_s", None) else ""
+    return f"{phase.capitalize()} {event.step}/{event.total}{eta}"
+
+
+def safe_name(text: str) -> str:
+    """A folder name from free text (prim names, prompts)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80] or "episode"

@@ -1,0 +1,173 @@
+"""The "LingBot World" omni.ui window: widgets only; every decision is in `session.Session`.
+
+Imported by `extension.py` inside Kit only (it imports omni.ui at the top).
+"""
+
+from __future__ import annotations
+
+import webbrowser
+from pathlib import Path
+
+import omni.ui as ui
+
+from lingbot_isaac import kit_adapter
+from lingbot_isaac.session import Session, safe_name
+
+TITLE = "LingBot World"
+
+
+class LingBotWindow:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._cameras: list[str] = []
+        self._last_serial = -1
+        self._opened: Path | None = None
+        settings = session.settings
+        self.camera = ui.SimpleStringModel("")
+        self.prompt = ui.SimpleStringModel("")
+        self.frames = ui.SimpleIntModel(settings.frame_num or 81)
+        self.server = ui.SimpleStringModel(settings.server)
+        self.output = ui.SimpleStringModel(str(settings.output_dir))
+        self.width = ui.SimpleIntModel(settings.width)
+        self.height = ui.SimpleIntModel(settings.height)
+        self.physics = ui.SimpleBoolModel(settings.sample_on == "physics")
+        self.keep_frames = ui.SimpleBoolModel(settings.keep_sim_frames)
+        self.progress = ui.SimpleFloatModel(0.0)
+        self.window = ui.Window(TITLE, width=460, height=520, visible=False)
+        self._build()
+
+    # -- layout -------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        with self.window.frame, ui.VStack(spacing=6, height=0):
+            with ui.HStack(height=22):
+                ui.Label("Camera prim", width=100)
+                ui.StringField(self.camera)
+                ui.Button("Selected", width=70, clicked_fn=self._use_selection)
+            with ui.HStack(height=22):
+                ui.Spacer(width=100)
+                self._combo_frame = ui.Frame(height=22)
+                ui.Button("Find", width=70, clicked_fn=self.refresh_cameras)
+            ui.Label("Prompt (the scene and how the camera moves)", height=18)
+            ui.StringField(self.prompt, multiline=True, height=70)
+            with ui.HStack(height=22):
+                ui.Label("Frames (4n+1)", width=100)
+                ui.IntField(self.frames, width=80)
+                ui.Spacer()
+            with ui.HStack(height=26):
+                ui.Button("Record", clicked_fn=self.record)
+                ui.Button("Stop", clicked_fn=self.stop)
+                ui.Button("Generate rollout", clicked_fn=self.generate)
+                ui.Button("Cancel", width=60, clicked_fn=self.session.cancel)
+            self.status_label = ui.Label("", word_wrap=True, height=36)
+            ui.ProgressBar(self.progress, height=16)
+            with ui.HStack(height=22):
+                ui.Label("Result", width=60)
+                self.result_label = ui.Label("", word_wrap=True)
+                ui.Button("Open", width=60, clicked_fn=self._open_result)
+            self.settings_frame = ui.CollapsableFrame("Settings", collapsed=True)
+            with self.settings_frame, ui.VStack(spacing=4, height=0):
+                self._row("Server", lambda: ui.StringField(self.server))
+                self._row("Episodes folder", lambda: ui.StringField(self.output))
+                self._row("Render size W, H", self._size_fields)
+                self._row("Sample on physics steps", lambda: ui.CheckBox(self.physics))
+                self._row("Keep every sim frame", lambda: ui.CheckBox(self.keep_frames))
+        self.refresh_cameras()
+
+    @staticmethod
+    def _row(label: str, build) -> None:
+        with ui.HStack(height=22):
+            ui.Label(label, width=160)
+            build()
+
+    def _size_fields(self) -> None:
+        ui.IntField(self.width, width=70)
+        ui.IntField(self.height, width=70)
+
+    # -- actions ------------------------------------------------------------------------------
+
+    def show(self, settings: bool = False) -> None:
+        self.window.visible = True
+        if settings:
+            self.settings_frame.collapsed = False
+
+    def refresh_cameras(self) -> None:
+        from lingbot_isaac.camera import find_cameras
+
+        stage = kit_adapter.get_stage()
+        self._cameras = (
+            [c for c in find_cameras(stage) if not c.startswith("/OmniverseKit_")] if stage else []
+        )
+        self._combo_frame.clear()
+        with self._combo_frame:
+            combo = ui.ComboBox(0, *(self._cameras or ["(no cameras on the stage)"]))
+            combo.model.add_item_changed_fn(lambda model, _item: self._pick_camera(model))
+        if self._cameras and not self.camera.as_string:
+            self.camera.set_value(self._cameras[0])
+
+    def _pick_camera(self, model) -> None:
+        index = model.get_item_value_model().as_int
+        if 0 <= index < len(self._cameras):
+            self.camera.set_value(self._cameras[index])
+
+    def _use_selection(self) -> None:
+        selected = kit_adapter.selected_prim_paths()
+        if selected:
+            self.camera.set_value(selected[0])
+
+    def _apply_settings(self) -> None:
+        settings = self.session.settings
+        settings.server = self.server.as_string.strip()
+        settings.output_dir = Path(self.output.as_string.strip()).expanduser()
+        settings.width, settings.height = self.width.as_int, self.height.as_int
+        settings.sample_on = "physics" if self.physics.as_bool else "render"
+        settings.keep_sim_frames = self.keep_frames.as_bool
+        settings.frame_num = self.frames.as_int or None
+
+    def record(self) -> None:
+        self._apply_settings()
+        self._guard(lambda: self.on_record(self.camera.as_string.strip()))
+
+    def stop(self) -> None:
+        name = safe_name(self.camera.as_string.rsplit("/", 1)[-1])
+        self._guard(lambda: self.on_stop(self.prompt.as_string, name))
+
+    def generate(self) -> None:
+        self._apply_settings()
+        self._guard(self.session.generate)
+
+    # set by the extension: the Kit glue (subscriptions, capture) lives there
+    on_record = staticmethod(lambda camera: None)
+    on_stop = staticmethod(lambda prompt, name: None)
+
+    def _guard(self, action) -> None:
+        try:
+            action()
+        except Exception as exc:  # show it in the window; the log has the rest
+            self.status_label.text = f"{type(exc).__name__}: {exc}"
+            kit_adapter.log_warn(str(exc))
+
+    def _open_result(self) -> None:
+        status = self.session.status()
+        target = status.report or status.result
+        if target is not None:
+            webbrowser.open(Path(target).resolve().as_uri())
+
+    # -- per frame ----------------------------------------------------------------------------
+
+    def update(self) -> None:
+        """Called every app update: redraw the status when it changed; open results once."""
+        status = self.session.status()
+        if status.serial == self._last_serial:
+            return
+        self._last_serial = status.serial
+        self.status_label.text = status.message
+        self.progress.set_value(status.progress)
+        shown = status.report or status.result or status.episode
+        self.result_label.text = str(shown) if shown else ""
+        if status.state == "done" and status.result is not None and self._opened != status.result:
+            self._opened = status.result
+            self._open_result()
+
+    def destroy(self) -> None:
+        self.window.destroy()
