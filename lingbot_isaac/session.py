@@ -185,7 +185,6 @@ class Session:
 
     def _generate(self, episode: Path, client_factory: Callable[[], Any] | None) -> None:
         from bridge.client import Client, EpisodePayload, JobError, Progress
-
         from lingbot_isaac.episode import read_episode
         from lingbot_isaac.replay import job_settings, write_result
 

@@ -1,0 +1,150 @@
+"""Run the whole loop on the built-in sample: serve, replay through the bridge, compare, report.
+
+Starts a local generation server (the built-in tiny model unless --ckpt-dir is given), sends the
+sample episode of data/ through the ZeroMQ bridge exactly as Isaac Sim's replay does, writes the
+rollout, compares it with the sim render and writes the HTML + JSON report. Prints their paths.
+The tiny model has random weights: its rollout is noise, and the report says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "data" / "sample_room"
+
+
+class DemoError(RuntimeError):
+    """The demo could not run (server did not start, sample missing): the message says why."""
+
+
+USER_ERRORS = (DemoError,)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ckpt-dir", default="tiny", help="checkpoint folder, or 'tiny' (random weights, CPU)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cpu for tiny, cuda otherwise)")
+    parser.add_argument("--episode", type=Path, default=SAMPLE, help="episode folder to replay")
+    parser.add_argument("--out", type=Path, default=Path("out/demo"), help="where the rollout and report go")
+    parser.add_argument("--port", type=int, default=0, help="server port on 127.0.0.1 (default: a free one)")
+    parser.add_argument("--vram-budget", type=float, default=0.0, metavar="GB", help="GPU memory cap (0: none)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the rollout")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_server(args: argparse.Namespace, endpoint: str, spool: Path, log_path: Path) -> subprocess.Popen:
+    device = args.device or ("cpu" if str(args.ckpt_dir).startswith("tiny") else "cuda")
+    config = spool.parent / "server.toml"
+    config.write_text(
+        "[server]\n"
+        f'bind = "{endpoint}"\nspool_dir = "{spool}"\n'
+        f'generation_preset = "{"tiny" if str(args.ckpt_dir).startswith("tiny") else "default"}"\n'
+        "[worker]\n"
+        f'ckpt = "{args.ckpt_dir}"\ndevice = "{device}"\nvram_budget_gb = {float(args.vram_budget)}\n'
+    )
+    log = open(log_path, "w")  # noqa: SIM115  (kept open for the server's lifetime)
+    return subprocess.Popen(
+        [sys.executable, "-m", "lingbot_cli", "serve", "--config", str(config)],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _stop(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def _wait_healthy(client, server: subprocess.Popen, log_path: Path, timeout: float) -> dict:
+    from bridge.client import BridgeError
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise DemoError(f"the server exited with code {server.returncode}; its log: {log_path}")
+        try:
+            health = client.health(timeout=5.0)
+            if health.get("worker", {}).get("ok") or health.get("ok"):
+                return health
+        except BridgeError:
+            pass
+        time.sleep(1.0)
+    raise DemoError(f"the server was not ready after {timeout:.0f} s; its log: {log_path}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from bridge.client import Client
+    from comparison.report import compare_episode
+    from lingbot_isaac.episode import read_episode
+    from lingbot_isaac.replay import generate, job_settings, write_result
+
+    if not (args.episode / "poses.npy").exists():
+        raise DemoError(f"{args.episode}: not an episode folder (run scripts/make_sample_episode.py for data/)")
+    tiny = str(args.ckpt_dir).startswith("tiny")
+    out = args.out.resolve()
+    episode_dir = out / "episode"
+    if episode_dir.exists():
+        shutil.rmtree(episode_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(args.episode, episode_dir)  # results go beside this copy, never into data/
+    for stale in ("rollout.mp4", "rollout.json"):
+        (episode_dir / stale).unlink(missing_ok=True)
+    endpoint = f"tcp://127.0.0.1:{args.port or _free_port()}"
+    log_path = out / "server.log"
+    if tiny:
+        print("note: the built-in tiny model has random weights: its rollout is noise, not a prediction")
+    print(f"starting a local server on {endpoint} ({args.ckpt_dir}); log: {log_path}")
+    server = _start_server(args, endpoint, out / "spool", log_path)
+    try:
+        with Client(endpoint, timeout=10.0) as client:
+            health = _wait_healthy(client, server, log_path, timeout=600.0)
+            episode = read_episode(episode_dir)
+            settings = job_settings(episode.meta.generation if episode.meta else None, {})
+            started = time.monotonic()
+            video, info = generate(client, episode_dir, settings, "demo", True, args.timeout)
+            info.update(
+                {
+                    "server": endpoint,
+                    "episode": str(episode_dir),
+                    "settings": settings,
+                    "model": str(health.get("model", args.ckpt_dir)),
+                }
+            )
+            rollout = write_result(episode_dir, video, info)
+            generation_seconds = time.monotonic() - started
+    finally:
+        _stop(server)
+    started = time.monotonic()
+    report = compare_episode(
+        episode_dir,
+        rollout,
+        out / "report",
+        model=str(args.ckpt_dir),
+        tiny_model=tiny,
+        timings={"generation_s": round(generation_seconds, 1)},
+    )
+    print(f"rollout: {rollout}")
+    print(f"report:  {report}  (JSON: {report.with_suffix('.json')}; compared in {time.monotonic() - started:.0f} s)")
+    if tiny:
+        print("reminder: tiny-model output is noise; pass --ckpt-dir with real weights for a real rollout")
+    return 0
