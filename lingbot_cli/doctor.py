@@ -1,0 +1,67 @@
+"""Check the installation: Python packages, the GPU, and (with --ckpt-dir) a checkpoint folder.
+
+Prints one line per check and exits 1 when something the generation side needs is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import platform
+from pathlib import Path
+
+PACKAGES = {  # module -> (what needs it, required for generation)
+    "numpy": ("everything", True),
+    "zmq": ("bridge (pyzmq)", True),
+    "msgpack": ("bridge", True),
+    "torch": ("worldgen (generation side only)", True),
+    "safetensors": ("worldgen checkpoints", True),
+    "tokenizers": ("worldgen text encoder", True),
+    "bitsandbytes": ("worldgen NF4 checkpoints", True),
+    "ftfy": ("worldgen prompt cleaning", True),
+    "imageio_ffmpeg": ("mp4 output", True),
+    "scipy": ("camera interpolation", True),
+    "cv2": ("comparison (opencv-python-headless)", False),
+    "pxr": ("USD stages outside Isaac Sim (usd-core)", False),
+    "h5py": ("replay of HDF5 recordings", False),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ckpt-dir", type=Path, help="also check this checkpoint folder's layout")
+
+
+def run(args: argparse.Namespace) -> int:
+    failed = False
+    print(f"python {platform.python_version()} on {platform.platform()}")
+    for module, (purpose, required) in PACKAGES.items():
+        try:
+            mod = importlib.import_module(module)
+            print(f"  ok       {module:<15} {getattr(mod, '__version__', '')}  ({purpose})")
+        except Exception as exc:  # an import can fail in many ways (missing CUDA libs, ...)
+            failed |= required
+            print(f"  {'MISSING' if required else 'optional'} {module:<15} ({purpose}): {exc}")
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            print(f"  gpu      {props.name}, {props.total_memory / 2**30:.1f} GiB, torch CUDA {torch.version.cuda}")
+        else:
+            print("  gpu      none visible to torch: generation runs on the CPU (fine for the tiny model only)")
+    except ImportError:
+        pass
+    if args.ckpt_dir:
+        from worldgen.checkpoint import find_checkpoint
+        from worldgen.errors import CheckpointError
+
+        try:
+            layout = find_checkpoint(args.ckpt_dir)
+            print(
+                f"  ckpt     {layout.root}: {layout.kind} layout, experts {sorted(layout.experts)}, "
+                f"tokenizer in {layout.tokenizer_dir.relative_to(layout.root)}"
+            )
+        except CheckpointError as exc:
+            failed = True
+            print(f"  ckpt     PROBLEM: {exc}")
+    return 1 if failed else 0
