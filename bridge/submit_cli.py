@@ -1,11 +1,9 @@
 """Send one episode folder to a generation server, show its progress, write the rollout mp4.
 
-    python -m bridge.submit_cli EPISODE_DIR [--server tcp://127.0.0.1:5570] [--out rollout.mp4]
+    lingbot-isaac submit EPISODE_DIR [--server tcp://127.0.0.1:5570] [--out rollout.mp4]
 
 The smallest command-line client of `bridge.client` (the `replay` command does more: USD and
-HDF5 trajectories, many episodes). Follows the `add_arguments` / `run` / `USER_ERRORS`
-convention of lingbot_cli, so it can be registered as a subcommand as it is. Ctrl-C cancels the
-job on the server before exiting.
+HDF5 trajectories, many episodes). Ctrl-C cancels the job on the server before exiting.
 """
 
 from __future__ import annotations
@@ -91,21 +89,3 @@ def write_atomic(path: Path, data: bytes) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bridge.submit_cli", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    args = parser.parse_args()
-    try:
-        return run(args)
-    except USER_ERRORS as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted (job cancelled)", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -81,7 +81,7 @@ def test_tiny_episode_in_progress_out_mp4_from_the_library(client, tiny_episode,
 def test_tiny_episode_from_the_command_line(tiny_server, tiny_episode, tmp_path):
     out = tmp_path / "cli.mp4"
     done = subprocess.run(
-        [sys.executable, "-m", "bridge.submit_cli", str(tiny_episode), "--server", tiny_server.endpoint,
+        [sys.executable, "-m", "lingbot_cli", "submit", str(tiny_episode), "--server", tiny_server.endpoint,
          "--out", str(out), "--steps", "2", "--frame-num", "5", "--size", "48*80"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
