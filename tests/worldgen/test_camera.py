@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.worldgen.numerics import rel_l2
 from worldgen.camera import (
     CameraCondition,
     camera_conditioning,
@@ -21,10 +22,6 @@ from worldgen.errors import InputError
 
 TAGS = [f"ex{example}_{size}" for example in ("00", "01", "02") for size in ("f81_32x48", "f33_48x64", "f161_16x32")]
 TOLERANCE = 1e-5  # relative L2, the golden README's camera tolerance
-
-
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.worldgen.numerics import rel_l2
 from worldgen.checkpoint import find_checkpoint, load_expert
 from worldgen.errors import CheckpointError
-
-
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 @pytest.fixture(scope="module")

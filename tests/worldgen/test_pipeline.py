@@ -10,15 +10,12 @@ import torch
 from safetensors.torch import load_file
 
 from bridge.settings import GenerationSettings
+from tests.worldgen.numerics import rel_l2
 from worldgen.checkpoint import load_expert
 from worldgen.memory import ModelSlot
 from worldgen.pipeline import Pipeline, prepare_image
 from worldgen.t5 import T5Config, UMT5Encoder
 from worldgen.vae import VAEConfig, WanVAE
-
-
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def _load(module, path):

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.worldgen.numerics import rel_l2
 from worldgen.scheduler import FlowUniPCScheduler
 
 TAGS = ["n40_s5", "n70_s10", "n4_s3", "n50_s5"]
@@ -19,10 +20,6 @@ TOLERANCE = 1e-5  # relative L2, the golden README's scheduler tolerance
 def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """The synthetic model of cases.json (t the int64 timestep, so t/1000 is float32)."""
     return 0.8 * torch.sin(1.7 * x) + (t / 1000) * torch.cos(0.5 * x) - 0.3 * x
-
-
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm())
 
 
 def run(scheduler: FlowUniPCScheduler, x: torch.Tensor) -> list[torch.Tensor]:

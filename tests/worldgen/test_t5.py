@@ -8,13 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.worldgen.numerics import rel_l2
 from worldgen.errors import CheckpointError
 from worldgen.t5 import UMT5_XXL, T5Config, UMT5Encoder, encode_prompts, relative_position_buckets
-
-
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm()).item()
 
 
 @pytest.fixture(scope="module")
