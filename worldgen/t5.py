@@ -252,7 +252,10 @@ def encode_prompts_streamed(
     from worldgen.tensor_stream import release_host_pages
 
     for block in encoder.blocks:
-        host_tensors = [*block.parameters(), *block.buffers()]
+        # detach(): new handles on the CPU storages. `block.to` swaps each Parameter's `.data` in
+        # place, so holding the Parameters themselves would leave us only the GPU copies and the
+        # mapped pages of every block would stay resident until the whole file is unmapped.
+        host_tensors = [t.detach() for t in (*block.parameters(), *block.buffers())]
         block.to(device)
         for tensor in host_tensors:  # keep RSS flat: the mapped pages go back to the page cache
             release_host_pages(tensor)
