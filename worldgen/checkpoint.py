@@ -136,7 +136,7 @@ def load_state_streaming(model: nn.Module, tensors: Iterator[tuple[str, torch.Te
     return model
 
 
-def _bf16_expert_tensors(folder: Path, device, dtype, staging) -> Iterator[tuple[str, torch.Tensor]]:
+def stream_bf16_expert(folder: Path, device, dtype, staging) -> Iterator[tuple[str, torch.Tensor]]:
     index_path = folder / INDEX_FILE
     if index_path.exists():
         try:
@@ -202,7 +202,7 @@ def load_expert(
         model = WanCameraDiT(config)
     kind = expert_kind(folder)
     if kind == "bf16":
-        load_state_streaming(model, _bf16_expert_tensors(folder, device, dtype, staging), folder)
+        load_state_streaming(model, stream_bf16_expert(folder, device, dtype, staging), folder)
         return model.eval()
 
     _compute_dtype_of(folder)  # validates the meta file; we compute in the requested dtype

@@ -124,6 +124,12 @@ def _proc_status_kib(field: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def peak_rss_gib() -> float | None:
+    """This process's peak resident set (VmHWM) so far, or None off Linux."""
+    kib = _proc_status_kib("VmHWM")
+    return None if kib is None else kib / 2**20
+
+
 def _reset_peak_rss() -> bool:
     try:  # Linux: writing 5 to clear_refs resets VmHWM (the peak RSS) of this process
         Path("/proc/self/clear_refs").write_text("5")
