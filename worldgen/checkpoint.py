@@ -244,15 +244,18 @@ def load_t5(
 ):
     """The umT5 encoder of a checkpoint, loaded tensor by tensor from its .pth.
 
-    With `stream_blocks`, tensors stay memory-mapped on the CPU (no copy, no RSS growth) and
-    `worldgen.t5.encode_prompts_streamed` moves one block at a time to the GPU.
+    With `stream_blocks`, tensors stay memory-mapped on the CPU in the file's dtype (no copy, no RSS
+    growth) and `worldgen.t5.encode_prompts_streamed` moves one block at a time to the device.
     """
     from worldgen.t5 import UMT5_XXL, T5Config, UMT5Encoder
 
     config = T5Config.from_json(layout.t5_config_file) if layout.t5_config_file else UMT5_XXL
     with torch.device("meta"):
         model = UMT5Encoder(config)
-    tensors = stream_torch_file(layout.t5, "cpu" if stream_blocks else device, dtype, copy=not stream_blocks)
+    if stream_blocks:  # as stored, memory-mapped: encode_prompts_streamed casts one block at a time
+        tensors = stream_torch_file(layout.t5, "cpu", None, copy=False)
+    else:
+        tensors = stream_torch_file(layout.t5, device, dtype)
     return load_state_streaming(model, tensors, layout.t5).eval()
 
 

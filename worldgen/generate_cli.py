@@ -61,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cap this process's GPU memory (e.g. 24 to emulate a 24 GB card, or to leave room for Isaac Sim)",
     )
     run.add_argument("--ram-budget", type=float, metavar="GB", help="RAM budget reported against the measured peak")
+    run.add_argument(
+        "--t5-on-cpu",
+        action="store_true",
+        help="run the umT5 text encoder on the CPU, streamed from disk one block at a time (slower; no GPU "
+        "memory, ~1 GB of RAM); a cached prompt skips it either way",
+    )
     run.add_argument("-o", "--output", type=Path, default=Path("out.mp4"), help="output mp4 (H.264)")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -129,12 +135,18 @@ def run(args: argparse.Namespace) -> int:
 
     dtype = getattr(torch, args.dtype) if args.dtype else None
     pipe = load_pipeline(
-        args.ckpt_dir, device=args.device, dtype=dtype, vram_budget_gb=args.vram_budget, ram_budget_gb=args.ram_budget
+        args.ckpt_dir,
+        device=args.device,
+        dtype=dtype,
+        vram_budget_gb=args.vram_budget,
+        ram_budget_gb=args.ram_budget,
+        text_encoder_on_cpu=args.t5_on_cpu,
     )
     if pipe.is_random_weights:
         print("note: the tiny model has random weights: its output is noise, not a prediction", file=sys.stderr)
     print(f"model: {pipe.name}", file=sys.stderr)
     print(pipe.plan.describe(), file=sys.stderr)
+    pipe.on_plan = lambda text: print(f"re-planned for this job's size:\n{text}", file=sys.stderr)
     bars = ProgressBars(not args.quiet)
     try:
         video = pipe.generate(image, prompt, poses, intrinsics, settings, progress=bars)

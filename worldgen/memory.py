@@ -76,9 +76,13 @@ class MemoryPlan:
     keep_both_experts: bool = True
     batch_guidance: bool = False
     ffn_chunk_tokens: int | None = None
-    stream_text_encoder: bool = False  # T5 blocks pass through the GPU one at a time
-    experts_beside_vae: bool = True  # False: experts are freed before the VAE decodes (reloaded next job)
+    stream_text_encoder: bool = False  # T5 blocks pass through the device one at a time
+    experts_beside_vae: bool = True  # False: experts are freed before the VAE runs (reloaded next job)
+    vae_tile_pixels: int | None = None  # VAE encodes/decodes spatial tiles of at most this area; None: whole frames
     text_encoder_device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
+    usable_gib: float | None = None  # the VRAM budget less the CUDA context; None: no budget
+    expert_gib: float = 0.0
+    job: str = ""
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -90,6 +94,35 @@ class MemoryPlan:
         device = torch.device(device)
         return cls(device, text_encoder_device=device, notes=("no budget: every model stays resident once loaded",))
 
+    def fit(self, tokens: int, pixels: int) -> bool:
+        """Re-decide the job-size dependent choices for a job of `tokens` DiT tokens and `pixels` per
+        frame; returns True when anything changed. Without a budget nothing changes.
+
+        Raises `InputError` when even one expert plus this job's activations exceed the budget.
+        """
+        from worldgen.errors import InputError
+
+        self.job = f"{tokens:,} tokens, {pixels:,} pixels per frame"
+        if self.usable_gib is None:
+            return False
+        before = dataclasses.astuple(self)
+        usable, expert = self.usable_gib, self.expert_gib
+        act = activation_gib(tokens)
+        if expert + act > usable:
+            raise InputError(
+                f"this job ({tokens:,} DiT tokens, ~{act:.1f} GiB of activations) and one expert ({expert:.1f} GiB) "
+                f"do not fit --vram-budget {self.vram_budget_gb:g}: lower --size or --frame-num, or raise the budget"
+            )
+        self.keep_both_experts = 2 * expert + act <= usable
+        resident = (2 if self.keep_both_experts else 1) * expert
+        self.batch_guidance = resident + 2 * act <= usable
+        self.ffn_chunk_tokens = None if usable - resident > 3 * act else 8192
+        self.keep_vae = usable - resident > act + VAE_WEIGHTS_GIB
+        self.experts_beside_vae = usable - resident > vae_peak_gib(pixels)
+        room = usable - (resident if self.experts_beside_vae else 0.0)
+        self.vae_tile_pixels = None if vae_peak_gib(pixels) <= room else vae_tile_pixels(room)
+        return dataclasses.astuple(self) != before
+
     def before_expert(self, which: str, experts: dict[str, ModelSlot]) -> None:
         """Free the other expert first when both do not fit (never two experts in memory at once)."""
         if not self.keep_both_experts:
@@ -100,16 +133,27 @@ class MemoryPlan:
     def describe(self) -> str:
         budget = "none" if self.vram_budget_gb is None else f"{self.vram_budget_gb:g} GiB"
         ram = "none" if self.ram_budget_gb is None else f"{self.ram_budget_gb:g} GiB"
+        if self.stream_text_encoder:
+            t5 = "streamed block by block"
+        else:
+            t5 = "kept resident" if self.keep_text_encoder else "loaded, then freed"
+        vae = "kept resident" if self.keep_vae else "loaded, then freed"
+        tiles = (
+            "whole frames"
+            if self.vae_tile_pixels is None
+            else f"spatial tiles of <= {self.vae_tile_pixels:,} pixels, blended at the seams"
+        )
+        beside = "" if self.experts_beside_vae or self.usable_gib is None else " (experts freed first)"
         lines = [
-            f"memory plan on {self.device} (VRAM budget {budget}, RAM budget {ram}):",
-            f"  text    umT5 on {self.text_encoder_device}, "
-            f"{'streamed block by block' if self.stream_text_encoder else 'kept resident' if self.keep_text_encoder else 'loaded, then freed'}"
-            " (skipped on a prompt-cache hit)",
-            f"  encode  VAE {'kept resident' if self.keep_vae else 'loaded, then freed'}",
+            f"memory plan on {self.device} (VRAM budget {budget}, RAM budget {ram})"
+            + (f" for {self.job}" if self.job else "")
+            + ":",
+            f"  text    umT5 on {self.text_encoder_device}, {t5} (skipped on a prompt-cache hit)",
+            f"  encode  VAE {vae}, {tiles}{beside}",
             f"  denoise experts: {'both resident' if self.keep_both_experts else 'one at a time, swapped at the boundary'}; "
             f"guidance passes {'batched' if self.batch_guidance else 'sequential'}; "
             f"feed-forward {f'in chunks of {self.ffn_chunk_tokens} tokens' if self.ffn_chunk_tokens else 'whole'}",
-            f"  decode  VAE {'kept resident' if self.keep_vae else 'loaded, then freed'}",
+            f"  decode  VAE {vae}, {tiles}{beside}",
         ]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -187,11 +231,31 @@ class PhaseMeter:
         return [dataclasses.asdict(r) for r in self.records]
 
 
-# Activation estimates at 480x832, 81 frames (32,760 tokens), measured with bench/bench_runtime.py
-ACTIVATION_GIB = 5.0  # one guidance pass, feed-forward chunked
-VAE_GIB = 3.0  # VAE weights (0.5) plus its chunked encode activations at 480p
-VAE_DECODE_GIB = 10.5  # measured peak of the VAE decode at 480x832x81 (bench_rollout, H100)
+# Memory estimates, measured on the H100 at 480p (464x832 frames, 81 frames, 32,760 DiT tokens; see
+# docs/benchmarks.md) and scaled linearly: SDPA attention and chunked feed-forward are linear in tokens,
+# the chunked VAE is linear in the pixels of a frame.
+REFERENCE_TOKENS = 32_760
+REFERENCE_PIXELS = 464 * 832
+ACTIVATION_GIB = 5.0  # one guidance pass at REFERENCE_TOKENS, feed-forward chunked
+VAE_WEIGHTS_GIB = 0.5
+VAE_PEAK_GIB = 10.5  # peak of the VAE (decode, the larger of encode/decode) at REFERENCE_PIXELS, weights included
+VAE_MARGIN = 0.85  # tiles are sized to this share of the room left: the estimate is linear, memory is lumpier
+MIN_TILE_PIXELS = 128 * 128
 CUDA_CONTEXT_GIB = 0.6
+
+
+def activation_gib(tokens: int) -> float:
+    return ACTIVATION_GIB * tokens / REFERENCE_TOKENS
+
+
+def vae_peak_gib(pixels: int) -> float:
+    return VAE_WEIGHTS_GIB + (VAE_PEAK_GIB - VAE_WEIGHTS_GIB) * pixels / REFERENCE_PIXELS
+
+
+def vae_tile_pixels(room_gib: float) -> int:
+    """The largest tile area whose VAE peak fits `room_gib`, with margin."""
+    per_pixel = (VAE_PEAK_GIB - VAE_WEIGHTS_GIB) / REFERENCE_PIXELS
+    return max(MIN_TILE_PIXELS, int((room_gib * VAE_MARGIN - VAE_WEIGHTS_GIB) / per_pixel))
 
 
 def folder_gib(path: Path) -> float:
@@ -199,12 +263,29 @@ def folder_gib(path: Path) -> float:
 
 
 def plan_for(
-    layout, device: torch.device, dtype: torch.dtype, vram_budget_gb: float | None, ram_budget_gb: float | None
+    layout,
+    device: torch.device,
+    dtype: torch.dtype,
+    vram_budget_gb: float | None,
+    ram_budget_gb: float | None,
+    text_encoder_on_cpu: bool = False,
 ) -> MemoryPlan:
     """Decide residency from the budget and the checkpoint's sizes; enforce the VRAM budget.
 
-    Raises `worldgen.errors.InputError` when one expert cannot fit at all, naming the fix.
+    `text_encoder_on_cpu` runs umT5 on the CPU, streamed from its memory-mapped file one block at a
+    time (slow, but no GPU memory and about one block of RAM). Raises `worldgen.errors.InputError`
+    when one expert cannot fit at all, naming the fix.
     """
+    plan = _plan_for_budget(layout, device, vram_budget_gb, ram_budget_gb)
+    if text_encoder_on_cpu:
+        plan.text_encoder_device = torch.device("cpu")
+        plan.stream_text_encoder, plan.keep_text_encoder = True, False
+    return plan
+
+
+def _plan_for_budget(
+    layout, device: torch.device, vram_budget_gb: float | None, ram_budget_gb: float | None
+) -> MemoryPlan:
     from worldgen.errors import InputError
 
     device = torch.device(device)
@@ -227,22 +308,16 @@ def plan_for(
             f"{vram_budget_gb:g}; convert the checkpoint with `lingbot-isaac quantize` (NF4: ~9 GiB per expert) "
             "or raise the budget"
         )
-    keep_both = 2 * expert + ACTIVATION_GIB <= usable
-    batch = (2 if keep_both else 1) * expert + 2 * ACTIVATION_GIB <= usable
-    chunk = None if usable - (2 if keep_both else 1) * expert > 3 * ACTIVATION_GIB else 8192
-    if not keep_both:
-        notes.append("both experts do not fit: the low-noise expert replaces the high-noise one at the boundary")
-    return MemoryPlan(
+    plan = MemoryPlan(
         device=device,
         vram_budget_gb=vram_budget_gb,
         ram_budget_gb=ram_budget_gb,
         keep_text_encoder=False,
-        keep_vae=usable - (2 if keep_both else 1) * expert > ACTIVATION_GIB + VAE_GIB,
-        keep_both_experts=keep_both,
-        experts_beside_vae=usable - (2 if keep_both else 1) * expert > VAE_DECODE_GIB,
-        batch_guidance=batch,
-        ffn_chunk_tokens=chunk,
         stream_text_encoder=True,
         text_encoder_device=device,
+        usable_gib=usable,
+        expert_gib=expert,
         notes=tuple(notes),
     )
+    plan.fit(REFERENCE_TOKENS, REFERENCE_PIXELS)  # the default 480p job; each job re-fits the plan to its size
+    return plan

@@ -90,9 +90,11 @@ class Pipeline:
         plan: MemoryPlan | None = None,
         text_cache: TextCache | None = None,
         is_random_weights: bool = False,
+        text_dtype: torch.dtype | None = None,
     ):
         self.tokenizer = tokenizer
         self.text_encoder = text_encoder
+        self.text_dtype = text_dtype  # the dtype umT5 computes in (None: as loaded)
         self.vae = vae
         self.experts = experts
         self.device = torch.device(device)
@@ -102,6 +104,8 @@ class Pipeline:
         self.text_cache = text_cache
         self.is_random_weights = is_random_weights
         self.meter = PhaseMeter(self.device)
+        self.on_plan: Callable[[str], None] | None = None  # told the plan whenever a job changes it
+        self._frame_pixels = 0
 
     # -- text -------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -111,7 +115,7 @@ class Pipeline:
 
         encoder = self.text_encoder.get()
         if self.plan.stream_text_encoder:
-            contexts = encode_prompts_streamed(encoder, ids, mask, self.plan.text_encoder_device)
+            contexts = encode_prompts_streamed(encoder, ids, mask, self.plan.text_encoder_device, self.text_dtype)
             self.text_encoder.unload()  # its blocks were consumed on the way through the GPU
         else:
             device = next(encoder.parameters()).device
@@ -140,11 +144,13 @@ class Pipeline:
     def condition(self, image_resized: torch.Tensor, frames: int) -> torch.Tensor:
         """[3, 1, h, w] image -> y [20, lat_f, lat_h, lat_w]: mask (4) + VAE latent of image + black frames."""
         _, _, h, w = image_resized.shape
+        from worldgen.vae import encode_tiled
+
         vae = self.vae.get()
         device = next(vae.parameters()).device
         video = torch.zeros(1, 3, frames, h, w, device=device)
         video[0, :, :1] = image_resized.to(device)
-        latent = vae.encode(video)[0].float().cpu()
+        latent = self._vae_with_fallback(lambda tile, v=video: encode_tiled(vae, v, tile))[0].float().cpu()
         del video
         self.vae.release()
         mask = condition_mask(frames, h // VAE_STRIDE[1], w // VAE_STRIDE[2])
@@ -207,13 +213,49 @@ class Pipeline:
     # -- decode -----------------------------------------------------------------------------------
     @torch.no_grad()
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
+        from worldgen.vae import decode_tiled
+
         vae = self.vae.get()
         device = next(vae.parameters()).device
-        video = vae.decode(latent[None].to(device))[0].float().cpu()
+        latent = latent[None].to(device)
+        video = self._vae_with_fallback(lambda tile: decode_tiled(vae, latent, tile))[0].float().cpu()
         self.vae.release()
         return video
 
+    def _vae_with_fallback(self, run: Callable[[int | None], torch.Tensor]) -> torch.Tensor:
+        """Run a VAE pass with the plan's tile size; on running out of device memory, retry with tiles of
+        half the area (the plan's estimate is linear; real peaks are lumpier), down to the smallest tile."""
+        from worldgen.memory import MIN_TILE_PIXELS, free_device_memory
+
+        tile = self.plan.vae_tile_pixels
+        while True:
+            try:
+                return run(tile)
+            except torch.OutOfMemoryError:
+                free_device_memory(self.device)
+                if tile is not None and tile <= MIN_TILE_PIXELS:
+                    raise InputError(
+                        "the VAE does not fit the VRAM budget even in the smallest tiles: raise --vram-budget"
+                    ) from None
+                tile = max(MIN_TILE_PIXELS, (tile or self._frame_pixels) // 2)
+                self.plan.vae_tile_pixels = tile
+                self.plan.notes += (f"the VAE ran out of memory: retried in tiles of {tile:,} pixels",)
+
     # -- all of it --------------------------------------------------------------------------------
+    def _fit_plan(self, tokens: int, pixels: int) -> None:
+        """Adapt the memory plan to this job's size and apply it to the models already loaded."""
+        if not self.plan.fit(tokens, pixels):
+            return
+        for slot in self.experts.values():
+            slot.resident = self.plan.keep_both_experts
+            if slot.loaded:
+                slot.module.set_ffn_chunk_tokens(self.plan.ffn_chunk_tokens)
+        self.vae.resident = self.plan.keep_vae
+        if not self.plan.keep_both_experts and sum(slot.loaded for slot in self.experts.values()) > 1:
+            self.experts["low"].unload()
+        if self.on_plan is not None:
+            self.on_plan(self.plan.describe())
+
     def generate(
         self,
         image: Image.Image | np.ndarray | str | Path,
@@ -264,10 +306,15 @@ class Pipeline:
         image_resized = prepare_image(image, settings.max_area)
         _, _, h, w = image_resized.shape
         lat_f, lat_h, lat_w = (frames - 1) // 4 + 1, h // 8, w // 8
+        self._frame_pixels = h * w
+        self._fit_plan(tokens_for(frames, h, w), h * w)
         plucker = None
         if poses is not None:
             plucker = camera_conditioning(poses, intrinsics, frames, h, w).plucker
 
+        if not self.plan.experts_beside_vae:
+            for slot in self.experts.values():
+                slot.unload()
         with self.meter.phase("encode"):
             progress("encode", 0, 1)
             y = self.condition(image_resized, frames)
@@ -318,6 +365,7 @@ def load_pipeline(
     ram_budget_gb: float | None = None,
     text_cache_dir: Path | None = None,
     use_text_cache: bool = True,
+    text_encoder_on_cpu: bool = False,
 ) -> Pipeline:
     """Recognise the checkpoint, make the memory plan and return a pipeline whose models load lazily.
 
@@ -333,7 +381,7 @@ def load_pipeline(
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     root, is_tiny = resolve_checkpoint(ckpt)
     layout = find_checkpoint(root)
-    plan = plan_for(layout, device, dtype, vram_budget_gb, ram_budget_gb)
+    plan = plan_for(layout, device, dtype, vram_budget_gb, ram_budget_gb, text_encoder_on_cpu)
     text_len = DiTConfig.from_json(layout.experts["high"] / "config.json").text_len
     experts = {
         name: ModelSlot(
@@ -358,10 +406,11 @@ def load_pipeline(
         text_len=text_len,
         name=f"{'tiny (random weights)' if is_tiny else root.name} [{layout.kind}]",
         plan=plan,
-        text_cache=TextCache(layout.t5, text_cache_dir, variant=f"{t5_device.type}-{dtype}")
+        text_cache=TextCache(layout.t5, text_cache_dir, variant=f"{t5_device.type}-{t5_dtype}")
         if use_text_cache
         else None,
         is_random_weights=is_tiny,
+        text_dtype=t5_dtype,
     )
 
 

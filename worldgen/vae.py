@@ -338,3 +338,92 @@ class WanVAE(nn.Module):
         z = (latent_frame.float() / inv_std + mean).to(self.conv2.weight.dtype)
         x = self.decoder(self.conv2(z), cache)
         return x.float().clamp_(-1.0, 1.0)
+
+
+# -- spatial tiling ---------------------------------------------------------------------------------
+# When a whole frame does not fit the memory budget, the video is cut into overlapping spatial
+# tiles, each run through every chunk with its own frame cache, and blended back with linear ramps
+# across the overlaps. The decoder's middle attention sees one tile instead of the whole frame, so
+# tiled output differs slightly from the reference; whole frames are used whenever they fit.
+
+
+def tile_starts(size: int, tile: int, overlap: int) -> list[int]:
+    """Starts of tiles of length `tile` covering [0, size), neighbours overlapping by >= `overlap`."""
+    if tile >= size:
+        return [0]
+    stride = tile - overlap
+    count = -(-(size - tile) // stride) + 1
+    return [round(i * (size - tile) / (count - 1)) for i in range(count)]
+
+
+def _ramp(length: int, start: int, tile: int, size: int, overlap: int, device) -> torch.Tensor:
+    """Blend weights along one axis of a tile: rising over the overlap with a left/top neighbour, falling
+    over the overlap with a right/bottom one, 1 elsewhere (and at the frame's own borders)."""
+    weight = torch.ones(length, device=device)
+    ramp = torch.arange(1, overlap + 1, device=device, dtype=torch.float32) / (overlap + 1)
+    if start > 0:
+        weight[:overlap] = ramp
+    if start + tile < size:
+        weight[-overlap:] = ramp.flip(0)
+    return weight
+
+
+def tile_shape(height: int, width: int, max_pixels: int, unit: int) -> tuple[int, int]:
+    """Tile (h, w), multiples of `unit`, of area <= max_pixels: whole rows when they fit, else near-square."""
+    if height * width <= max_pixels:
+        return height, width
+    side = max(unit, int(max_pixels**0.5) // unit * unit)
+    tile_h = min(height, side)
+    tile_w = min(width, max(unit, max_pixels // tile_h // unit * unit))
+    return tile_h, tile_w
+
+
+def _tiled(
+    run_tile, source: torch.Tensor, scale: float, tile_hw: tuple[int, int], overlap: int, unit: int
+) -> torch.Tensor:
+    """Apply `run_tile` (source tile -> output tile `scale` times larger or smaller) over spatial tiles of
+    `source` [B, C, T, H, W] and blend. `tile_hw` and `overlap` are in source pixels, multiples of
+    `unit` (8 for pixels going into the encoder, so every tile starts on a latent pixel)."""
+    height, width = source.shape[-2:]
+    tile_h, tile_w = tile_hw
+    overlap = max(unit, overlap // unit * unit)
+    rows = [s * unit for s in tile_starts(height // unit, tile_h // unit, overlap // unit)]
+    cols = [s * unit for s in tile_starts(width // unit, tile_w // unit, overlap // unit)]
+    out = weights = None
+    for top in rows:
+        for left in cols:
+            piece = run_tile(source[..., top : top + tile_h, left : left + tile_w])
+            if out is None:
+                size = (round(height * scale), round(width * scale))
+                out = torch.zeros(*piece.shape[:-2], *size, device=piece.device, dtype=torch.float32)
+                weights = torch.zeros(size, device=piece.device, dtype=torch.float32)
+            h, w = piece.shape[-2:]
+            o = round(overlap * scale)
+            y0, x0 = round(top * scale), round(left * scale)
+            wy = _ramp(h, y0, h, size[0], o, piece.device)
+            wx = _ramp(w, x0, w, size[1], o, piece.device)
+            blend = wy[:, None] * wx[None, :]
+            out[..., y0 : y0 + h, x0 : x0 + w] += piece * blend
+            weights[y0 : y0 + h, x0 : x0 + w] += blend
+            del piece
+    return out / weights
+
+
+@torch.no_grad()
+def encode_tiled(vae: WanVAE, video: torch.Tensor, max_tile_pixels: int | None, overlap: int = 64) -> torch.Tensor:
+    """`vae.encode` over spatial tiles of at most `max_tile_pixels` (None or a big enough value: whole frames)."""
+    height, width = video.shape[-2:]
+    if max_tile_pixels is None or height * width <= max_tile_pixels:
+        return vae.encode(video)
+    tile = tile_shape(height, width, max_tile_pixels, unit=8)
+    return _tiled(vae.encode, video, 1 / 8, tile, min(overlap, min(tile) // 4), unit=8)
+
+
+@torch.no_grad()
+def decode_tiled(vae: WanVAE, latent: torch.Tensor, max_tile_pixels: int | None, overlap: int = 64) -> torch.Tensor:
+    """`vae.decode` over spatial tiles of at most `max_tile_pixels` output pixels (None: whole frames)."""
+    h, w = latent.shape[-2:]
+    if max_tile_pixels is None or h * w * 64 <= max_tile_pixels:
+        return vae.decode(latent)
+    tile = tile_shape(h, w, max_tile_pixels // 64, unit=1)
+    return _tiled(vae.decode, latent, 8, tile, min(overlap // 8, min(tile) // 4), unit=1)

@@ -111,3 +111,33 @@ def test_config_from_json_names_missing_field(tmp_path):
     path.write_text(json.dumps({"vocab": 10, "dim": 8}))
     with pytest.raises(CheckpointError, match=r"config\.json.*dim_attn"):
         T5Config.from_json(path)
+
+
+def test_streamed_on_the_cpu_from_the_mapped_file_matches_reference(golden):
+    """--t5-on-cpu: blocks cast and run one at a time straight from the memory-mapped .pth."""
+    from worldgen.checkpoint import load_state_streaming
+    from worldgen.t5 import encode_prompts_streamed
+    from worldgen.tensor_stream import stream_torch_file
+
+    folder = golden / "t5"
+    io = load_file(folder / "io.safetensors")
+    with torch.device("meta"):
+        encoder = UMT5Encoder(T5Config.from_json(folder / "config.json"))
+    load_state_streaming(encoder, stream_torch_file(folder / "t5_encoder.pth", "cpu", None, copy=False), folder)
+    contexts = encode_prompts_streamed(encoder, io["ids"], io["mask"], "cpu", torch.float32)
+    assert rel_l2(contexts[0], io["context0"]) < 1e-5
+    assert rel_l2(contexts[1], io["context1"]) < 1e-5
+    assert all(p.is_meta for p in encoder.blocks.parameters())  # consumed: nothing left resident
+
+
+def test_streamed_bf16_file_in_float32_equals_the_resident_encoder():
+    from worldgen.checkpoint import find_checkpoint, load_t5
+    from worldgen.t5 import encode_prompts_streamed
+    from worldgen.tiny import ensure_tiny_checkpoint
+    from worldgen.tokenizer import PromptTokenizer
+
+    layout = find_checkpoint(ensure_tiny_checkpoint("bf16"))
+    ids, mask = PromptTokenizer(layout.tokenizer_dir / "tokenizer.json")(["a robot arm", "warehouse aisle"], 32)
+    resident = encode_prompts(load_t5(layout, "cpu", torch.float32), ids, mask)
+    streamed = encode_prompts_streamed(load_t5(layout, "cpu", torch.float32, stream_blocks=True), ids, mask, "cpu", torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(resident, streamed, strict=True))
