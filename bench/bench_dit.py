@@ -4,12 +4,13 @@ Builds the real-size expert (dim 5120, 40 layers, camera layers: 18.5 B paramete
 the GPU with random weights, times forwards in bf16, then quantizes every Linear to NF4 (as the
 community checkpoint stores it) and times again. Needs about 40 GiB of GPU memory.
 
-Usage: python bench/bench_dit.py [--frames 81] [--height 480] [--width 832] [--repeats 2]
+Usage: python bench/bench_dit.py [--frames 81] [--height 480] [--width 832] [--repeats 2] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -74,7 +75,11 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=832)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--text-tokens", type=int, default=120, help="prompt length before padding to 512")
+    parser.add_argument("--chunks", default="none,8192", help="feed-forward chunk sizes to time ('none': whole)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
+    chunks = [None if c == "none" else int(c) for c in args.chunks.split(",")]
+    results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": []}
     dev = torch.device("cuda")
     cfg = DiTConfig()
     lat_f, lat_h, lat_w = (args.frames - 1) // 4 + 1, args.height // 8, args.width // 8
@@ -91,22 +96,28 @@ def main() -> None:
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {params / 1e9:.2f} B parameters; "
         f"{args.height}x{args.width}x{args.frames} -> {tokens} tokens"
     )
-    print(f"bf16 weights resident: {torch.cuda.memory_allocated() / GiB:.1f} GiB")
-    for chunk in (None, 8192):
+    results.update(tokens=tokens, parameters=params)
+
+    def record(weights: str, chunk, batch: int, seconds: float, act: float) -> None:
+        resident = torch.cuda.memory_allocated() / GiB
+        results["runs"].append(dict(weights=weights, ffn_chunk=chunk, batch=batch, seconds=seconds,
+                                    activations_gib=act, weights_gib=resident))  # fmt: skip
+        per = "per 2 passes" if batch == 2 else "per forward"
+        print(f"{weights:<5} batch={batch} ffn_chunk={chunk}: {seconds:.2f} s {per}, activations {act:.1f} GiB, "
+              f"weights {resident:.1f} GiB", flush=True)  # fmt: skip
+
+    for chunk in chunks:
         model.set_ffn_chunk_tokens(chunk)
-        s, act = time_forward(model, (x, t, ctx, y, cam), args.repeats)
-        print(f"bf16  ffn_chunk={chunk}: {s:.2f} s/forward, activations {act:.1f} GiB")
+        record("bf16", chunk, 1, *time_forward(model, (x, t, ctx, y, cam), args.repeats))
     to_nf4(model)
-    print(f"NF4 weights resident: {torch.cuda.memory_allocated() / GiB:.1f} GiB")
-    for chunk in (None, 8192):
+    for chunk in chunks:
         model.set_ffn_chunk_tokens(chunk)
-        s, act = time_forward(model, (x, t, ctx, y, cam), args.repeats)
-        print(f"NF4   ffn_chunk={chunk}: {s:.2f} s/forward, activations {act:.1f} GiB")
+        record("nf4", chunk, 1, *time_forward(model, (x, t, ctx, y, cam), args.repeats))
     model.set_ffn_chunk_tokens(8192)
-    s, act = time_forward(
-        model, (x.expand(2, -1, -1, -1, -1), t.expand(2), ctx * 2, y.expand(2, -1, -1, -1, -1), cam), 1
-    )
-    print(f"NF4   batched guidance (B=2), ffn_chunk=8192: {s:.2f} s per 2 passes, activations {act:.1f} GiB")
+    batched = (x.expand(2, -1, -1, -1, -1), t.expand(2), ctx * 2, y.expand(2, -1, -1, -1, -1), cam)
+    record("nf4", 8192, 2, *time_forward(model, batched, 1))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Usage:
   python bench/bench_rollout.py CKPT_DIR --action-path EXAMPLE_DIR --vram-budget 16 [--steps 40]
-      [--size 480*832] [--frame-num 81] [--load-throughput]
+      [--size 480*832] [--frame-num 81] [--load-throughput] [--json OUT] [--device cpu]
 
 CKPT_DIR is a real or synthetic checkpoint (bench/synthetic_checkpoint.py). Prints the memory plan,
 the measured per-phase table, expert loads, and (with --load-throughput) cold-cache throughput of
@@ -12,6 +12,7 @@ loading one NF4 expert next to a raw sequential read of the same file.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -48,7 +49,7 @@ def raw_read_gbps(path: Path) -> float:
     return path.stat().st_size / (time.perf_counter() - start) / 1e9
 
 
-def load_throughput(ckpt: Path) -> None:
+def load_throughput(ckpt: Path) -> dict:
     layout = find_checkpoint(ckpt)
     folder = layout.experts["high"]
     files = [p for p in folder.iterdir() if p.suffix in (".safetensors", ".pt")]
@@ -67,6 +68,7 @@ def load_throughput(ckpt: Path) -> None:
     )
     del model
     torch.cuda.empty_cache()
+    return {"cold": cold, "raw_gbps": raw, "load_gbps": size / seconds / 1e9, "bytes": size, "seconds": seconds}
 
 
 def main() -> None:
@@ -78,11 +80,23 @@ def main() -> None:
     parser.add_argument("--size", default="480*832")
     parser.add_argument("--frame-num", type=int, default=81)
     parser.add_argument("--load-throughput", action="store_true")
+    parser.add_argument("--t5-on-cpu", action="store_true")
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (tiny checkpoint)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
+    results: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
     if args.load_throughput:
-        load_throughput(args.ckpt)
-    pipe = load_pipeline(args.ckpt, device="cuda", vram_budget_gb=args.vram_budget, use_text_cache=False)
+        results["load_throughput"] = load_throughput(args.ckpt)
+    pipe = load_pipeline(
+        args.ckpt,
+        device=args.device,
+        vram_budget_gb=args.vram_budget,
+        use_text_cache=False,
+        text_encoder_on_cpu=args.t5_on_cpu,
+    )
     print(pipe.plan.describe())
+    plans = [pipe.plan.describe()]
+    pipe.on_plan = lambda text: (plans.append(text), print(f"re-planned for this job:\n{text}"))
     poses, intrinsics = load_action(args.action_path)
     settings = GenerationSettings(size=args.size, frame_num=args.frame_num, steps=args.steps, shift=5.0)
     last = [time.perf_counter()]
@@ -99,17 +113,29 @@ def main() -> None:
     )
     total = time.perf_counter() - start
     print(pipe.meter.summary())
-    print(
-        "RSS at phase end (anonymous, file-backed GiB):",
-        {k: tuple(round(x, 2) for x in v) for k, v in pipe.meter.rss_split.items()},
-    )
+    split = {k: tuple(round(x, 2) for x in v) for k, v in pipe.meter.rss_split.items()}
+    print("RSS at phase end (anonymous, file-backed GiB):", split)
+    loads = {k: {"loads": s.loads, "seconds": s.load_seconds} for k, s in pipe.experts.items()}
     print(
         f"video {tuple(video.shape)}, finite={bool(torch.isfinite(video).all())}; total {total:.0f} s; "
-        f"expert loads: " + ", ".join(f"{k}={s.loads} ({s.load_seconds:.0f} s)" for k, s in pipe.experts.items())
+        f"expert loads: " + ", ".join(f"{k}={v['loads']} ({v['seconds']:.0f} s)" for k, v in loads.items())
     )
     peak_vram = max(r.peak_vram_gib or 0 for r in pipe.meter.records)
     peak_rss = max(r.peak_rss_gib or 0 for r in pipe.meter.records)
     print(f"PEAK: VRAM {peak_vram:.2f} GiB (budget {args.vram_budget}), RSS {peak_rss:.2f} GiB")
+    results.update(
+        plans=plans,
+        phases=pipe.meter.as_dict(),
+        rss_split_at_phase_end=split,
+        expert_loads=loads,
+        video_shape=list(video.shape),
+        finite=bool(torch.isfinite(video).all()),
+        total_seconds=total,
+        peak_vram_gib=peak_vram,
+        peak_rss_gib=peak_rss,
+    )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Real shapes and key names (two 18.5 B-parameter experts, umT5-XXL, Wan2.1 VAE), 
 what we can measure memory, speed and load throughput on without downloading the real release.
 The tokenizer is our tiny character tokenizer (ids fit the real vocabulary).
 
-Usage: python bench/synthetic_checkpoint.py OUT_DIR [--layout nf4|bf16] [--device cuda]
+Usage: python bench/synthetic_checkpoint.py OUT_DIR [--layout nf4|bf16] [--device cuda] [--experts high,low]
+       [--no-shared]  (--experts high --no-shared: one expert only, e.g. to benchmark quantize)
 """
 
 from __future__ import annotations
@@ -84,13 +85,19 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--layout", choices=("nf4", "bf16"), default="nf4")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--experts", default="high,low", help="which experts to write")
+    parser.add_argument("--no-shared", action="store_true", help="skip umT5, VAE and tokenizer")
     args = parser.parse_args()
     device = torch.device(args.device)
     start = time.perf_counter()
     suffix = "_bnb_nf4" if args.layout == "nf4" else ""
     for seed, expert in enumerate(("high", "low")):
+        if expert not in args.experts.split(","):
+            continue
         write_expert(args.out / f"{expert}_noise_model{suffix}", args.layout, device, seed)
         print(f"{expert} expert written ({time.perf_counter() - start:.0f} s)", flush=True)
+    if args.no_shared:
+        return
     with torch.device("meta"):
         t5 = UMT5Encoder(UMT5_XXL)
     gen = torch.Generator(device).manual_seed(7)
