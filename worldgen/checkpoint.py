@@ -196,7 +196,7 @@ def load_expert(
     """
     folder = Path(folder)
     if staging is None and torch.device(device).type == "cuda":
-        staging = StagingBuffer(256 * 2**20, pin=True)  # pinned: host-to-GPU copies overlap the next read
+        staging = StagingBuffer(128 * 2**20, pin=True)  # two pinned buffers: copies overlap the next read
     config = DiTConfig.from_json(folder / "config.json")
     with torch.device("meta"):
         model = WanCameraDiT(config)

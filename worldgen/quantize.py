@@ -99,7 +99,7 @@ def quantize_expert(
     partial = target.with_name(f".{target.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    staging = StagingBuffer(256 * 2**20, pin=True) if device.type == "cuda" else None
+    staging = StagingBuffer(128 * 2**20, pin=True) if device.type == "cuda" else None
     start = time.perf_counter()
     quantized = 0
     try:

@@ -1,8 +1,9 @@
 """Stream tensors from checkpoint files to a device, one at a time, without RAM peaks.
 
-safetensors files are read by hand (an 8-byte header length, a JSON header, raw data): each tensor
-is `readinto` a reusable staging buffer (pinned when the target is CUDA) and copied to the device,
-so resident memory stays at one staging buffer whatever the model size. Going through
+safetensors files are read by hand (an 8-byte header length, a JSON header, raw data): runs of
+neighbouring tensors are `readinto` one of two reusable staging buffers (pinned when the target is
+CUDA) in large sequential reads and copied to the device while the next read fills the other
+buffer, so resident memory stays at two staging buffers whatever the model size. Going through
 `safetensors.safe_open` instead would map the whole file and leave every touched page resident.
 Torch `.pth` state dicts are opened with `torch.load(weights_only=True, mmap=True)` (no arbitrary
 unpickling, no full read) and copied tensor by tensor.
@@ -50,31 +51,52 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, dict], int]:
 
 
 class StagingBuffer:
-    """A reusable host buffer; pinned for fast, asynchronous host-to-GPU copies."""
+    """Two reusable host buffers, used in turn; pinned for fast, asynchronous host-to-GPU copies.
+
+    While the GPU copies out of one buffer, the next read fills the other: disk reads and
+    host-to-GPU copies overlap. `nbytes` is the size of each buffer.
+    """
 
     def __init__(self, nbytes: int, pin: bool):
         self.pin = pin
-        self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-        self.pending: torch.cuda.Event | None = None
+        self.buffers = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin) for _ in range(2)]
+        self.events: list[torch.cuda.Event | None] = [None, None]
+        self.current = 1
+
+    @property
+    def capacity(self) -> int:
+        return self.buffers[0].numel()
 
     def view(self, nbytes: int) -> torch.Tensor:
-        if self.pending is not None:  # the previous async copy must finish before we overwrite
-            self.pending.synchronize()
-            self.pending = None
-        if nbytes > self.buffer.numel():
-            self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
-        return self.buffer[:nbytes]
+        """The next buffer, at least `nbytes` long, once the copies still reading from it are done."""
+        self.current ^= 1
+        if self.events[self.current] is not None:
+            self.events[self.current].synchronize()
+            self.events[self.current] = None
+        if nbytes > self.buffers[self.current].numel():
+            self.buffers[self.current] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
+        return self.buffers[self.current][:nbytes]
+
+    def copies_issued(self) -> None:
+        """Mark the current buffer busy until the GPU copies queued so far have run."""
+        if torch.cuda.is_available() and self.pin:
+            self.events[self.current] = torch.cuda.Event()
+            self.events[self.current].record()
 
 
-def _to_device(host: torch.Tensor, device: torch.device, dtype: torch.dtype | None, staging: StagingBuffer | None):
-    if device.type == "cuda":
-        out = host.to(device, non_blocking=True)
-        if staging is not None:
-            staging.pending = torch.cuda.Event()
-            staging.pending.record()
-    else:
-        out = host.clone()  # the staging buffer is reused: own the bytes
+def _to_device(host: torch.Tensor, device: torch.device, dtype: torch.dtype | None):
+    # on the CPU, clone: the staging buffer is reused, so the tensor must own its bytes
+    out = host.to(device, non_blocking=True) if device.type == "cuda" else host.clone()
     return out if dtype is None or not out.dtype.is_floating_point else out.to(dtype)
+
+
+def _read_exactly(f, view: memoryview, path: Path, what: str) -> None:
+    done = 0
+    while done < len(view):
+        n = f.readinto(view[done:])
+        if not n:
+            raise CheckpointError(f"{path}: unexpected end of file in {what}")
+        done += n
 
 
 def stream_safetensors(
@@ -86,7 +108,10 @@ def stream_safetensors(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (key, tensor on `device`) for `keys` (default: all) in file order.
 
-    Floating tensors are cast to `dtype` on the device when given; integer ones never are.
+    Neighbouring tensors are read together, up to the staging buffer's size per read, so the file
+    is read in large sequential blocks whatever the tensor sizes (NF4 files hold thousands of tiny
+    quant-state tensors). Floating tensors are cast to `dtype` on the device when given; integer
+    ones never are.
     """
     device = torch.device(device)
     header, data_start = read_safetensors_header(path)
@@ -95,32 +120,39 @@ def stream_safetensors(
     if missing:
         raise CheckpointError(f"{path}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
     order = sorted(wanted, key=lambda k: header[k]["data_offsets"][0])
-    staging = staging or StagingBuffer(0, pin=False)
+    for key in order:
+        if header[key]["dtype"] not in SAFETENSORS_DTYPES:
+            raise CheckpointError(f"{path}: tensor {key} has unsupported dtype {header[key]['dtype']}")
+    staging = staging or StagingBuffer(64 * 2**20, pin=False)
     file_size = path.stat().st_size
     with open(path, "rb", buffering=0) as f:
-        for key in order:
-            meta = header[key]
-            begin, end = meta["data_offsets"]
-            torch_dtype = SAFETENSORS_DTYPES.get(meta["dtype"])
-            if torch_dtype is None:
-                raise CheckpointError(f"{path}: tensor {key} has unsupported dtype {meta['dtype']}")
+        i = 0
+        while i < len(order):
+            # one read: this tensor and the following ones while they fit the buffer (no big gaps)
+            first_begin, end = header[order[i]]["data_offsets"]
+            j = i + 1
+            while j < len(order):
+                begin_j, end_j = header[order[j]]["data_offsets"]
+                if end_j - first_begin > staging.capacity or begin_j - end > 2**20:
+                    break
+                end, j = max(end, end_j), j + 1
             if data_start + end > file_size:
-                raise CheckpointError(f"{path}: file is truncated (tensor {key} ends past the end); re-download it")
-            buf = staging.view(end - begin)
-            f.seek(data_start + begin)
-            view = memoryview(buf.numpy())
-            done = 0
-            while done < len(view):
-                n = f.readinto(view[done:])
-                if not n:
-                    raise CheckpointError(f"{path}: unexpected end of file in tensor {key}")
-                done += n
-            host = (
-                buf.view(torch_dtype).view(meta["shape"])
-                if end > begin
-                else torch.empty(meta["shape"], dtype=torch_dtype)
-            )
-            yield key, _to_device(host, device, dtype, staging)
+                raise CheckpointError(f"{path}: file is truncated (tensor {order[j - 1]} ends past the end); re-download it")
+            buf = staging.view(end - first_begin)
+            f.seek(data_start + first_begin)
+            _read_exactly(f, memoryview(buf.numpy()), path, f"tensors {order[i]} ... {order[j - 1]}")
+            for key in order[i:j]:
+                meta = header[key]
+                begin, stop = (o - first_begin for o in meta["data_offsets"])
+                torch_dtype = SAFETENSORS_DTYPES[meta["dtype"]]
+                raw = buf[begin:stop]
+                if begin % torch_dtype.itemsize:
+                    raw = raw.clone()  # the format does not align tensors; a view needs aligned bytes
+                host = raw.view(torch_dtype).view(meta["shape"]) if stop > begin else torch.empty(meta["shape"], dtype=torch_dtype)
+                yield key, _to_device(host, device, dtype)
+            if device.type == "cuda":
+                staging.copies_issued()
+            i = j
 
 
 def stream_torch_file(
