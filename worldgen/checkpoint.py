@@ -155,6 +155,13 @@ def stream_bf16_expert(folder: Path, device, dtype, staging) -> Iterator[tuple[s
         yield from stream_safetensors(path, keys, device, dtype, staging)
 
 
+def expert_files(folder: Path) -> list[Path]:
+    """The weight files of an expert folder of either layout (what a load reads)."""
+    if expert_kind(folder) == "bf16":
+        return sorted(folder.glob("diffusion_pytorch_model*.safetensors"))
+    return [_nf4_file(folder)]
+
+
 def _nf4_file(folder: Path) -> Path:
     for name in ("model.safetensors", "model.pt"):
         if (folder / name).exists():

@@ -35,9 +35,16 @@ def free_device_memory(device: torch.device) -> None:
 class ModelSlot:
     """A model loaded on first `get()`; `release()` frees it unless it is resident."""
 
-    def __init__(self, name: str, load: Callable[[], nn.Module], resident: bool = True):
+    def __init__(
+        self,
+        name: str,
+        load: Callable[[], nn.Module],
+        resident: bool = True,
+        prefetch: Callable[[], object] | None = None,
+    ):
         self.name = name
         self._load = load
+        self._prefetch = prefetch
         self.resident = resident
         self.module: nn.Module | None = None
         self.loads = 0
@@ -50,6 +57,11 @@ class ModelSlot:
             self.load_seconds += time.perf_counter() - start
             self.loads += 1
         return self.module
+
+    def prefetch(self) -> None:
+        """Start reading the model's files into the page cache (no-op when loaded or not supported)."""
+        if self.module is None and self._prefetch is not None:
+            self._prefetch()
 
     def release(self) -> None:
         if not self.resident:

@@ -186,6 +186,11 @@ class Pipeline:
             model = None  # drop our reference so a swapped-out expert is really freed
             self.plan.before_expert(which, self.experts)
             model = self.experts[which].get()
+            if i == 0 and not self.plan.keep_both_experts:
+                # read the other expert from disk while this one computes: the swap then loads from RAM
+                later = {"high" if t.item() >= boundary else "low" for t in scheduler.timesteps[1:]} - {which}
+                for name in later:
+                    self.experts[name].prefetch()
             scale = high_scale if which == "high" else low_scale
             timestep = t.reshape(1).to(device)
             x = latent[None]
@@ -372,8 +377,9 @@ def load_pipeline(
     `dtype` is the DiT/T5 compute dtype: bfloat16 on CUDA, float32 on the CPU by default. The VAE
     runs in float32 as in the reference.
     """
-    from worldgen.checkpoint import find_checkpoint, load_expert, load_t5, load_vae
+    from worldgen.checkpoint import expert_files, find_checkpoint, load_expert, load_t5, load_vae
     from worldgen.memory import plan_for
+    from worldgen.tensor_stream import prefetch_into_page_cache
 
     # fewer fragmentation OOMs near the budget; must be set before CUDA's allocator starts
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -388,6 +394,7 @@ def load_pipeline(
             f"{name}-noise expert",
             lambda f=folder: _prepared_expert(load_expert(f, device, dtype), plan),
             resident=plan.keep_both_experts,
+            prefetch=lambda f=folder: prefetch_into_page_cache(expert_files(f)),
         )
         for name, folder in layout.experts.items()
     }

@@ -15,6 +15,7 @@ import ctypes
 import json
 import mmap
 import struct
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -179,6 +180,28 @@ def stream_torch_file(
             out = out.to(dtype)
         yield key, out
         del tensor
+
+
+def prefetch_into_page_cache(paths: Iterable[Path]) -> threading.Thread:
+    """Read `paths` in a background thread so that a later load of them comes from the page cache.
+
+    The page cache is memory the kernel can reclaim, not this process's: the next expert is read
+    from disk while the current one computes, without ever holding both in RAM.
+    """
+
+    def read_all() -> None:
+        block = bytearray(16 * 2**20)
+        for path in paths:
+            try:
+                with open(path, "rb", buffering=0) as f:
+                    while f.readinto(block):
+                        pass
+            except OSError:  # a prefetch is only a hint; the real load reports errors
+                continue
+
+    thread = threading.Thread(target=read_all, name="prefetch", daemon=True)
+    thread.start()
+    return thread
 
 
 _MADV_DONTNEED = 4

@@ -60,3 +60,24 @@ def test_unaligned_tensors_in_one_read(tmp_path):
             w.add(key, tensor)
     got = dict(stream_safetensors(path, None, "cpu", None, StagingBuffer(2**20, pin=False)))
     assert all(torch.equal(got[k], tensors[k]) for k in tensors)
+
+
+def test_prefetch_reads_in_the_background_and_ignores_missing_files(tmp_path):
+    from worldgen.tensor_stream import prefetch_into_page_cache
+
+    present = tmp_path / "a.bin"
+    present.write_bytes(b"x" * 3_000_000)
+    thread = prefetch_into_page_cache([tmp_path / "missing.bin", present])
+    thread.join(timeout=30)
+    assert not thread.is_alive() and thread.daemon
+
+
+def test_model_slot_prefetches_only_what_is_not_loaded():
+    from worldgen.memory import ModelSlot
+
+    calls = []
+    slot = ModelSlot("x", lambda: torch.nn.Linear(1, 1), resident=False, prefetch=lambda: calls.append(1))
+    slot.prefetch()
+    slot.get()
+    slot.prefetch()
+    assert calls == [1]
