@@ -77,6 +77,8 @@ def main() -> None:
     parser.add_argument("--text-tokens", type=int, default=120, help="prompt length before padding to 512")
     parser.add_argument("--chunks", default="none,8192", help="feed-forward chunk sizes to time ('none': whole)")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--attention", default="sdpa", help="sdpa, flash or sage (worldgen.attention)")
+    parser.add_argument("--nf4-only", action="store_true", help="skip the bf16 timings")
     args = parser.parse_args()
     chunks = [None if c == "none" else int(c) for c in args.chunks.split(",")]
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": []}
@@ -106,10 +108,24 @@ def main() -> None:
         print(f"{weights:<5} batch={batch} ffn_chunk={chunk}: {seconds:.2f} s {per}, activations {act:.1f} GiB, "
               f"weights {resident:.1f} GiB", flush=True)  # fmt: skip
 
-    for chunk in chunks:
+    model.set_attention_backend(args.attention)
+    results["attention"] = args.attention
+    for chunk in [] if args.nf4_only else chunks:
         model.set_ffn_chunk_tokens(chunk)
         record("bf16", chunk, 1, *time_forward(model, (x, t, ctx, y, cam), args.repeats))
     to_nf4(model)
+    if args.attention != "sdpa":  # the optional kernel against SDPA on the same NF4 model and inputs
+        with torch.no_grad():
+            model.set_attention_backend("sdpa")
+            reference = model(x, t, ctx, y, cam)[0].float()
+            model.set_attention_backend(args.attention)
+            out = model(x, t, ctx, y, cam)[0].float()
+        results["rel_l2_vs_sdpa"] = ((out - reference).norm() / reference.norm()).item()
+        print(f"{args.attention} vs sdpa, NF4 forward output rel-L2 {results['rel_l2_vs_sdpa']:.2e}", flush=True)
+        model.set_ffn_chunk_tokens(None)
+        model.set_attention_backend("sdpa")
+        record("nf4 (sdpa)", None, 1, *time_forward(model, (x, t, ctx, y, cam), args.repeats))
+        model.set_attention_backend(args.attention)
     for chunk in chunks:
         model.set_ffn_chunk_tokens(chunk)
         record("nf4", chunk, 1, *time_forward(model, (x, t, ctx, y, cam), args.repeats))

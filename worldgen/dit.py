@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worldgen.attention import attention
 from worldgen.errors import CheckpointError
 
 
@@ -153,16 +154,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: tor
     return out.view(b, s, n, d).to(dtype)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """[B, L, n, d] inputs -> [B, L, n*d]; memory-efficient SDPA, softmax scale 1/sqrt(d)."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-    return out.transpose(1, 2).flatten(2)
-
-
 class SelfAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, eps: float):
         super().__init__()
         self.num_heads = num_heads
+        self.attention_backend = "sdpa"  # see worldgen.attention
         self.q, self.k, self.v, self.o = (Linear(dim, dim) for _ in range(4))
         self.norm_q = RMSNorm(dim, eps)
         self.norm_k = RMSNorm(dim, eps)
@@ -173,7 +169,7 @@ class SelfAttention(nn.Module):
         v = self.v(x).view(shape)  # its dtype is the compute dtype (bf16 weights -> bf16)
         q = apply_rope(self.norm_q(self.q(x)).view(shape), *rope, v.dtype)
         k = apply_rope(self.norm_k(self.k(x)).view(shape), *rope, v.dtype)
-        return self.o(attention(q, k, v))
+        return self.o(attention(q, k, v, self.attention_backend))
 
 
 class CrossAttention(SelfAttention):
@@ -182,7 +178,7 @@ class CrossAttention(SelfAttention):
         q = self.norm_q(self.q(x)).view(b, -1, self.num_heads, x.shape[-1] // self.num_heads)
         k = self.norm_k(self.k(context)).view(b, -1, self.num_heads, q.shape[-1])
         v = self.v(context).view(b, -1, self.num_heads, q.shape[-1])
-        return self.o(attention(q, k, v))
+        return self.o(attention(q, k, v, self.attention_backend))
 
 
 class Block(nn.Module):
@@ -266,6 +262,12 @@ class WanCameraDiT(nn.Module):
     @property
     def compute_dtype(self) -> torch.dtype:
         return self.patch_embedding.weight.dtype
+
+    def set_attention_backend(self, backend: str) -> None:
+        """'sdpa', 'flash' or 'sage' (resolve 'auto' with `worldgen.attention.resolve_backend`)."""
+        for module in self.modules():
+            if isinstance(module, SelfAttention):
+                module.attention_backend = backend
 
     def set_ffn_chunk_tokens(self, tokens: int | None) -> None:
         for block in self.blocks:

@@ -62,6 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--ram-budget", type=float, metavar="GB", help="RAM budget reported against the measured peak")
     run.add_argument(
+        "--attention",
+        choices=("auto", "sdpa", "flash", "sage"),
+        default="auto",
+        help="DiT attention kernel: auto = FlashAttention when the flash-attn package is installed, else PyTorch "
+        "SDPA; sage = SageAttention (INT8, not bit-faithful; only when asked)",
+    )
+    run.add_argument(
         "--t5-on-cpu",
         action="store_true",
         help="run the umT5 text encoder on the CPU, streamed from disk one block at a time (slower; no GPU "
@@ -141,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         vram_budget_gb=args.vram_budget,
         ram_budget_gb=args.ram_budget,
         text_encoder_on_cpu=args.t5_on_cpu,
+        attention=args.attention,
     )
     if pipe.is_random_weights:
         print("note: the tiny model has random weights: its output is noise, not a prediction", file=sys.stderr)

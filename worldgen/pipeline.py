@@ -371,12 +371,15 @@ def load_pipeline(
     text_cache_dir: Path | None = None,
     use_text_cache: bool = True,
     text_encoder_on_cpu: bool = False,
+    attention: str = "auto",
 ) -> Pipeline:
     """Recognise the checkpoint, make the memory plan and return a pipeline whose models load lazily.
 
     `dtype` is the DiT/T5 compute dtype: bfloat16 on CUDA, float32 on the CPU by default. The VAE
-    runs in float32 as in the reference.
+    runs in float32 as in the reference. `attention` picks the DiT's attention kernel
+    (`worldgen.attention`: auto, sdpa, flash, sage).
     """
+    from worldgen.attention import resolve_backend
     from worldgen.checkpoint import expert_files, find_checkpoint, load_expert, load_t5, load_vae
     from worldgen.memory import plan_for
     from worldgen.tensor_stream import prefetch_into_page_cache
@@ -388,11 +391,12 @@ def load_pipeline(
     root, is_tiny = resolve_checkpoint(ckpt)
     layout = find_checkpoint(root)
     plan = plan_for(layout, device, dtype, vram_budget_gb, ram_budget_gb, text_encoder_on_cpu)
+    backend = resolve_backend(attention)
     text_len = DiTConfig.from_json(layout.experts["high"] / "config.json").text_len
     experts = {
         name: ModelSlot(
             f"{name}-noise expert",
-            lambda f=folder: _prepared_expert(load_expert(f, device, dtype), plan),
+            lambda f=folder: _prepared_expert(load_expert(f, device, dtype), plan, backend),
             resident=plan.keep_both_experts,
             prefetch=lambda f=folder: prefetch_into_page_cache(expert_files(f)),
         )
@@ -421,6 +425,7 @@ def load_pipeline(
     )
 
 
-def _prepared_expert(model: torch.nn.Module, plan: MemoryPlan) -> torch.nn.Module:
+def _prepared_expert(model: torch.nn.Module, plan: MemoryPlan, attention_backend: str) -> torch.nn.Module:
     model.set_ffn_chunk_tokens(plan.ffn_chunk_tokens)
+    model.set_attention_backend(attention_backend)
     return model

@@ -1,0 +1,35 @@
+"""Attention backend choice: SDPA here (no CUDA); optional kernels must be installed to be chosen."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from worldgen.attention import attention, resolve_backend
+from worldgen.errors import InputError
+
+
+def test_auto_is_sdpa_without_flash_attn():
+    expected = "flash" if importlib.util.find_spec("flash_attn") else "sdpa"
+    assert resolve_backend("auto") == expected
+    assert resolve_backend("sdpa") == "sdpa"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sageattention") is not None, reason="sageattention is installed")
+def test_asking_for_a_missing_kernel_names_the_install():
+    with pytest.raises(InputError, match="pip install sageattention"):
+        resolve_backend("sage")
+    with pytest.raises(InputError, match="unknown"):
+        resolve_backend("xformers")
+
+
+def test_sdpa_matches_explicit_softmax_attention():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 7, 3, 8, generator=g) for _ in range(3))
+    weights = torch.softmax(torch.einsum("blnd,bmnd->bnlm", q, k) / 8**0.5, dim=-1)
+    expected = torch.einsum("bnlm,bmnd->blnd", weights, v).flatten(2)
+    torch.testing.assert_close(attention(q, k, v), expected, rtol=1e-5, atol=1e-5)
+    # optional kernels cannot take CPU float32: they fall back to the same SDPA result
+    assert torch.equal(attention(q, k, v, "sage"), attention(q, k, v))
