@@ -120,3 +120,17 @@ def test_cancel_through_progress_stops_denoising(case):
 
     with pytest.raises(Cancelled):
         pipe.denoise(io["noise"], io["y"], context, negative, None, settings, progress)
+
+
+def test_text_encoder_on_cpu_gives_the_same_embeddings(tmp_path):
+    """--t5-on-cpu streams umT5 block by block; on a CPU-only run it must equal the resident encoder."""
+    from worldgen.pipeline import load_pipeline
+
+    streamed = load_pipeline("tiny", device="cpu", text_encoder_on_cpu=True, use_text_cache=False)
+    resident = load_pipeline("tiny", device="cpu", use_text_cache=False)
+    assert streamed.plan.stream_text_encoder and streamed.plan.text_encoder_device.type == "cpu"
+    assert "streamed block by block" in streamed.plan.describe()
+    prompts = ["a robot arm over a table", "blurry"]
+    for a, b in zip(streamed.encode_text(prompts), resident.encode_text(prompts), strict=True):
+        assert torch.equal(a, b)
+    assert not streamed.text_encoder.loaded  # consumed on the way through, nothing kept
