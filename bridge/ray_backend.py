@@ -127,6 +127,8 @@ class RayWorkerHandle:
         self.returncode: int | None = None
         self._poll_ref = None
         self._pid: int | None = None
+        self._inbox: list[dict[str, Any]] = []
+        self._garbage: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -146,28 +148,35 @@ class RayWorkerHandle:
         return None if self.eof else time.monotonic() + 0.05
 
     def read(self) -> list[dict[str, Any]]:
+        """The worker's messages that arrived since the last read (never waits)."""
+        self._fetch()
+        messages, self._inbox = self._inbox, []
+        if self._garbage is not None:
+            garbage, self._garbage = self._garbage, None
+            raise wp.WorkerProtocolError(garbage)
+        return messages
+
+    def _fetch(self) -> None:
         if self.eof:
-            return []
+            return
         if self._poll_ref is None:
             self._poll_ref = self.actor.poll.remote(POLL_S)
         ready, _ = ray.wait([self._poll_ref], timeout=0)
         if not ready:
-            return []
+            return
         ref, self._poll_ref = self._poll_ref, None
         try:
             reply = ray.get(ref)
         except ray.exceptions.RayError as exc:  # the actor died (killed, crashed, node lost)
             self._ended(1, _first_line(f"Ray actor {self.name} died: {exc}"))
-            return []
-        messages = reply["messages"]
-        for message in messages:
+            return
+        for message in reply["messages"]:
             if message.get("type") == "ready" and isinstance(message.get("pid"), int):
                 self._pid = message["pid"]
-        if reply["garbage"] is not None:
-            raise wp.WorkerProtocolError(reply["garbage"])
+        self._inbox.extend(reply["messages"])
+        self._garbage = reply["garbage"]
         if reply["exit"] is not None:
             self._ended(reply["exit"], None)
-        return messages
 
     def _ended(self, returncode: int, reason: str | None) -> None:
         self.eof, self.eof_at = True, time.monotonic()
@@ -176,7 +185,7 @@ class RayWorkerHandle:
             ray.kill(self.actor, no_restart=True)
 
     def poll(self) -> int | None:
-        self.read()
+        self._fetch()  # messages stay in the inbox for the next read()
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:

@@ -282,8 +282,7 @@ class Supervisor:
             worker.kill()
             returncode = worker.wait()
         if returncode is not None:
-            if not worker.eof:
-                events.extend(self.on_io())  # read what it wrote before it died
+            events.extend(self.on_io())  # read what it wrote before it died
             events.extend(self._on_exit(returncode))
         return events
 

@@ -104,7 +104,9 @@ class WorkerPool:
         return self._events([s.on_io() for s in self.supervisors])
 
     def tick(self) -> list[Event]:
-        return self._events([s.tick() for s in self.supervisors])
+        # A worker with nothing to poll (a Ray actor) is read here, on every turn of the loop.
+        return self._events([(s.on_io() if s.worker is not None and not s.worker.fds() else []) + s.tick()
+                             for s in self.supervisors])  # fmt: skip
 
     def next_deadline(self) -> float | None:
         deadlines = [d for s in self.supervisors if (d := s.next_deadline()) is not None]
