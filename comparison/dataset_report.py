@@ -159,7 +159,10 @@ def _number(value: Any, digits: int = 2) -> str:
 
 
 def _unique_name(folder: Path, root: Path, taken: set[str]) -> str:
-    relative = folder.relative_to(root) if folder != root else Path(folder.name)
+    try:
+        relative = folder.relative_to(root) if folder != root else Path(folder.name)
+    except ValueError:
+        relative = Path(folder.name)
     base = "__".join(relative.parts) or folder.name
     name, n = base, 2
     while name in taken:
@@ -169,9 +172,10 @@ def _unique_name(folder: Path, root: Path, taken: set[str]) -> str:
 
 
 def compare_dataset(
-    dataset_dir: str | Path,
+    dataset_dir: str | Path | None,
     out_dir: str | Path,
     *,
+    episodes: list[Path] | None = None,
     model: str | None = None,
     tiny_model: bool | None = None,
     estimator: EstimatorConfig | None = None,
@@ -179,18 +183,36 @@ def compare_dataset(
     provenance: dict[str, Any] | None = None,
 ) -> Path:
     """Compare every episode of a dataset (resuming: up-to-date reports are kept) and write the
-    dataset report; returns dataset.html. An episode that cannot be compared is listed with why."""
-    root, out_dir = Path(dataset_dir), Path(out_dir)
-    episodes = find_episodes(root)
-    if not episodes:
-        raise EpisodeError(f"--dataset {root}: no episode folder with a {ROLLOUT} under it "
-                           "(run `lingbot-isaac replay` first)")  # fmt: skip
-    reports: list[Path] = []
+    dataset report; returns dataset.html. An episode that cannot be compared is listed with why.
+
+    The episodes are those under `dataset_dir` with a rollout, or the given `episodes` folders
+    (a replay's; one without a rollout is listed as not compared)."""
+    out_dir = Path(out_dir)
     not_compared: dict[str, str] = {}
+    if episodes is not None:
+        folders = [Path(f) for f in episodes]
+        root = Path(os.path.commonpath([f.resolve() for f in folders])) if folders else Path(".")
+        if len(folders) == 1:
+            root = folders[0].resolve().parent
+        found = []
+        for folder in folders:
+            if (folder / ROLLOUT).is_file():
+                found.append((folder.resolve(), folder.resolve() / ROLLOUT))
+            else:
+                not_compared[str(folder)] = f"no {ROLLOUT} (the replay of this episode did not finish)"
+        title = f"replay of {len(folders)} episode(s) under {root}"
+    else:
+        root = Path(dataset_dir)
+        found = find_episodes(root)
+        title = str(root)
+        if not found:
+            raise EpisodeError(f"--dataset {root}: no episode folder with a {ROLLOUT} under it "
+                               "(run `lingbot-isaac replay` first)")  # fmt: skip
+    reports: list[Path] = []
     taken: set[str] = set()
-    bar = _bar(len(episodes), progress)
+    bar = _bar(len(found), progress)
     try:
-        for episode, rollout in episodes:
+        for episode, rollout in found:
             target = out_dir / "episodes" / _unique_name(episode, root, taken)
             report_json = target / "report.json"
             fresh = report_json.is_file() and report_json.stat().st_mtime >= rollout.stat().st_mtime
@@ -205,7 +227,7 @@ def compare_dataset(
             bar.update(1)
     finally:
         bar.close()
-    return write_dataset_report(reports, out_dir, not_compared, title=str(root), provenance=provenance)
+    return write_dataset_report(reports, out_dir, not_compared, title=title, provenance=provenance)
 
 
 def _bar(total: int, enabled: bool):

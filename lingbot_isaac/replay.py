@@ -327,8 +327,8 @@ def parse_demos(spec: str) -> str | set[int]:
     indices: set[int] = set()
     try:
         for part in spec.split(","):
-            low, _, high = part.strip().partition("-")
-            first, last = int(low), int(high or low)
+            low, dash, high = part.strip().partition("-")
+            first, last = int(low), int(high if dash else low)
             if first < 0 or last < first:
                 raise ValueError
             indices.update(range(first, last + 1))
@@ -373,14 +373,16 @@ def window_of(health: dict[str, Any], asked: int | None) -> int:
 class Batch:
     """Many episodes through one client: a bounded window, `busy` backs off, results land as they come."""
 
-    def __init__(self, client, server: str, window: int, job_timeout: float | None, bar) -> None:
+    def __init__(self, client, server: str, window: int, job_timeout: float | None, bar, model: str | None) -> None:
         self.client, self.server, self.window, self.job_timeout, self.bar = client, server, window, job_timeout, bar
+        self.model = model  # what the server runs (health), for rollout.json
         self.in_flight: dict[str, tuple[Path, dict[str, Any], float]] = {}  # job -> (folder, settings, t0)
         self.jobs: dict[str, Any] = {}
         self.last_event: dict[str, float] = {}
         self.wake = threading.Event()
         self.done: list[Path] = []
         self.failed: dict[Path, str] = {}
+        self.busy_answers = 0
 
     def _on_event(self, event) -> None:  # on the client's I/O thread
         self.last_event[event.job] = time.monotonic()
@@ -426,6 +428,7 @@ class Batch:
                         todo.pop(0)
                         self._fail(folder, f"{exc.code}: {exc.message}")
                         continue
+                    self.busy_answers += 1
                     backoff = BUSY_BACKOFF_S[0]  # the server is full: wait for a job to end, then retry
                     break
                 todo.pop(0)
@@ -468,7 +471,7 @@ class Batch:
                 continue
             info = {"job": job_id, "queue_position": job.queue_position, "server_seconds": outcome.seconds,
                     "seconds": round(time.monotonic() - started, 3), "server": self.server,
-                    "episode": str(folder), "settings": settings}  # fmt: skip
+                    "episode": str(folder), "settings": settings, "model": self.model}  # fmt: skip
             print(write_result(folder, outcome.video, info), flush=True)
             (folder / PENDING).unlink(missing_ok=True)
             self.done.append(folder)
@@ -486,6 +489,16 @@ class Batch:
 
 
 def run(args: argparse.Namespace) -> int:
+    episodes, overrides = prepare(args)
+    if args.export_only:
+        for folder in episodes:
+            print(folder)
+        return 0
+    return replay_episodes(args, episodes, overrides)
+
+
+def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
+    """Read and validate every source, export the episode folders; (folders, setting overrides)."""
     image = _load_image(args.image)
     resolution = _parse_resolution(args.resolution)
     if image is not None:
@@ -522,11 +535,7 @@ def run(args: argparse.Namespace) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
     resume = not args.export_only
     episodes = [export(source, target, image, prompt, args.overwrite, resume) for source, target in plan]
-    if args.export_only:
-        for folder in episodes:
-            print(folder)
-        return 0
-    return replay_episodes(args, episodes, overrides)
+    return episodes, overrides
 
 
 def replay_episodes(args: argparse.Namespace, episodes: list[Path], overrides: dict[str, Any]) -> int:
@@ -549,7 +558,7 @@ def replay_episodes(args: argparse.Namespace, episodes: list[Path], overrides: d
         health = client.health()  # ServerUnavailable here says the server is not running, before any upload
         window = window_of(health, args.window)
         bar = _dataset_bar(len(episodes), len(finished), not args.no_progress)
-        batch = Batch(client, args.server, window, args.job_timeout, bar)
+        batch = Batch(client, args.server, window, args.job_timeout, bar, (health.get("model") or {}).get("model"))
         try:
             fresh = [(f, s) for f, s in todo if not ((f / PENDING).is_file() and batch.resume(f, s))]
             batch.run(fresh)
@@ -559,6 +568,8 @@ def replay_episodes(args: argparse.Namespace, episodes: list[Path], overrides: d
             raise
         finally:
             bar.close()
+    if batch.busy_answers:
+        print(f"the server was busy {batch.busy_answers} time(s): waited and sent again", file=sys.stderr)
     if batch.failed:
         print(f"{len(batch.failed)} of {len(episodes)} episode(s) failed (run again to retry them):",
               file=sys.stderr)  # fmt: skip
