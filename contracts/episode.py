@@ -437,7 +437,7 @@ def write_action(
     checked = check_action(poses, intrinsics, min_poses=min_poses)
     prompt = check_prompt(prompt)
     folder.mkdir(parents=True, exist_ok=True)
-    for name, given, array in zip((POSES_FILE, INTRINSICS_FILE), (poses, intrinsics), checked):
+    for name, given, array in zip((POSES_FILE, INTRINSICS_FILE), (poses, intrinsics), checked, strict=True):
         _save_npy(folder / name, array.astype(np.float64 if np.asarray(given).dtype == np.float64 else np.float32))
     if isinstance(image, (bytes, bytearray)):
         kind = image_format(bytes(image))

@@ -52,8 +52,9 @@ FIELDS: tuple[Field, ...] = (
           choices=("base", "fast")),
     Field("size", "size", MODEL_SIZE, "max area as H*W; the real H, W follow the image's aspect"),
     Field("frame_num", "int", 81, "video frames, 4n+1 (limited by the number of poses)", low=1, high=4097),
-    Field("steps", "int", 40, "denoising steps", low=1, high=1000),
-    Field("shift", "float", 5.0, "flow-matching sample shift", low=0.0, high=1000.0, open_low=True),
+    # LingBot-World's i2v-A14B defaults (70 steps, shift 10); [fast40] in generation.toml: 40 / 5
+    Field("steps", "int", 70, "denoising steps", low=1, high=1000),
+    Field("shift", "float", 10.0, "flow-matching sample shift", low=0.0, high=1000.0, open_low=True),
     Field("guide_scale", "pair", (5.0, 5.0), "classifier-free guidance (low-noise expert, high-noise expert)",
           low=0.0, high=100.0),
     Field("boundary", "float", 0.947, "t >= boundary*1000 runs the high-noise expert", low=0.0, high=1.0,
