@@ -18,12 +18,14 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from contracts.engine_options import MODELS, TORCH_DTYPE_NAMES, EngineOptions
 from contracts.settings import GenerationSettings
 from worldgen.camera import camera_conditioning, frames_for_poses, validate_action
 from worldgen.dit import DiTConfig
@@ -40,7 +42,6 @@ Progress = Callable[[str, int, int], None]
 VAE_STRIDE = (4, 8, 8)
 PATCH = (1, 2, 2)
 NEGATIVE_PROMPT_FILE = Path(__file__).with_name("negative_prompt.txt")
-MODELS = ("base", "fast")  # base: the two experts with guidance; fast: LingBot-World-Fast (worldgen.fast)
 
 
 def _no_progress(phase: str, step: int, total: int) -> None:
@@ -115,6 +116,7 @@ class Pipeline:
         self.is_random_weights = is_random_weights
         self.meter = PhaseMeter(self.device)
         self.on_plan: Callable[[str], None] | None = None  # told the plan whenever a job changes it
+        self.engine: dict[str, Any] = {}  # what load_pipeline applied (dtype, compute, attention, ...)
         self._frame_pixels = 0
 
     @property
@@ -363,13 +365,16 @@ def load_pipeline(
     text_encoder_on_cpu: bool = False,
     attention: str = "auto",
     model: str = "base",
+    compute: str | None = None,
 ) -> Pipeline:
     """Recognise the checkpoint, make the memory plan and return a pipeline whose models load lazily.
 
     `dtype` is the DiT/T5 compute dtype: bfloat16 on CUDA, float32 on the CPU by default. The VAE
     runs in float32 as in the reference. `attention` picks the DiT's attention kernel
     (`worldgen.attention`: auto, sdpa, flash, sage). `model`: "base" (the two experts) or "fast"
-    (LingBot-World-Fast, a `worldgen.fast.FastPipeline`).
+    (LingBot-World-Fast, a `worldgen.fast.FastPipeline`). `compute`: how the experts' matmuls
+    run (`contracts.engine_options.COMPUTES`; None: bf16, the only path of this build). What was
+    applied is recorded in `pipe.engine` (the worker reports it in its health answers).
     """
     from worldgen.attention import resolve_backend
     from worldgen.checkpoint import expert_files, find_checkpoint, find_fast_checkpoint, load_expert, load_t5, load_vae
@@ -383,6 +388,8 @@ def load_pipeline(
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     if model not in MODELS:
         raise InputError(f"model {model!r} is unknown: use one of {', '.join(MODELS)}")
+    if compute not in (None, "bf16"):
+        raise InputError(f"compute {compute!r} is not available in this build; use bf16 (or leave it unset)")
     root, is_tiny = resolve_checkpoint(ckpt)
     if is_tiny and model == "fast":
         from worldgen.tiny import ensure_tiny_fast
@@ -418,7 +425,7 @@ def load_pipeline(
         from worldgen.fast import FastPipeline
 
         kind, extra = FastPipeline, {"dit": experts["fast"], "dit_config": dit_config, "dtype": dtype}
-    return kind(
+    pipe = kind(
         **extra,
         tokenizer=PromptTokenizer(layout.tokenizer_dir / "tokenizer.json"),
         text_encoder=ModelSlot(
@@ -435,6 +442,34 @@ def load_pipeline(
         else None,
         is_random_weights=is_tiny,
         text_dtype=t5_dtype,
+    )
+    pipe.engine = {
+        "model": model,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "compute": compute or "bf16",
+        "attention": backend,
+        "text_encoder_device": str(t5_device),
+        "text_encoder_streamed": plan.stream_text_encoder,  # --t5-on-cpu: block by block from its file
+        "vram_budget_gb": vram_budget_gb,  # as asked (the plan applies it on CUDA only)
+    }
+    return pipe
+
+
+def load_pipeline_from_options(options: EngineOptions, **kwargs: Any) -> Pipeline:
+    """`load_pipeline` with `contracts.engine_options.EngineOptions` (what a worker is sent)."""
+    if len(options.devices) > 1:
+        raise InputError(f"devices {list(options.devices)}: one rollout on several devices is not available in this build")
+    return load_pipeline(
+        options.ckpt if options.ckpt == "tiny" else Path(options.ckpt),
+        device=options.device,
+        dtype=getattr(torch, TORCH_DTYPE_NAMES[options.dtype]) if options.dtype else None,
+        vram_budget_gb=options.vram_budget_gb,
+        text_encoder_on_cpu=options.t5_on_cpu,
+        attention=options.attention,
+        model=options.model,
+        compute=options.compute,
+        **kwargs,
     )
 
 

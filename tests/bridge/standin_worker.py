@@ -5,7 +5,7 @@ progress callback, health and shutdown are `worldgen.worker`'s own code. The sta
 `--step-s` per denoising step (so tests can SIGKILL or cancel a job mid-way at a known pace) and
 writes a small file that records what it was asked to do (so tests can check that the episode
 and settings went through the server and the spool unchanged). The acceptance tests that need
-real generation use `python -m worldgen.worker --ckpt tiny` instead.
+real generation use `python -m worldgen.worker` with [worker] ckpt = "tiny" instead.
 
 Prompts containing "[bad-input]" raise worldgen's InputError; "[explode]" raises RuntimeError.
 `--fail-load` makes loading fail with worldgen's CheckpointError, as a missing checkpoint would.
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from contracts.engine_options import EngineOptions
 from contracts.settings import GenerationSettings
 from worldgen.errors import CheckpointError, InputError
 from worldgen.worker import serve
@@ -30,11 +31,12 @@ MAGIC = b"STANDIN-VIDEO\n"
 
 
 class StandinEngine:
-    def __init__(self, step_s: float) -> None:
+    def __init__(self, step_s: float, options: EngineOptions) -> None:
         self.step_s = step_s
+        self.options = options
 
     def describe(self) -> dict:
-        return {"model": "standin", "device": "cpu", "dtype": "none"}
+        return {"model": "standin", "device": "cpu", "dtype": "none", "options": self.options.to_dict()}
 
     def probe(self) -> dict:
         return {"gpu": None}
@@ -79,10 +81,10 @@ def main() -> int:
     parser.add_argument("--fail-load", action="store_true")
     args = parser.parse_args()
 
-    def load() -> StandinEngine:
+    def load(options: EngineOptions) -> StandinEngine:
         if args.fail_load:
             raise CheckpointError("/nowhere: not a checkpoint folder (stand-in)")
-        return StandinEngine(args.step_s)
+        return StandinEngine(args.step_s, options)
 
     return serve(load)
 
