@@ -111,6 +111,11 @@ class Server:
         for record in self.spool.load_all():
             self.jobs[record.id] = record
             self.by_request[(record.client, record.rid)] = record.id
+            if record.state == "done" and not record.result_path.is_file():
+                # never "done" without its result (a result is fsynced before "done" is saved, so
+                # only a hand-deleted file gets here): run it again
+                log.warning("job %s: done, but its result.mp4 is missing; running it again", record.id)
+                record.state = "running"
             if record.state == "running":
                 if record.attempts >= self.config.max_attempts:
                     self._finish(
