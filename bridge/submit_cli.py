@@ -9,25 +9,24 @@ HDF5 trajectories, many episodes). Ctrl-C cancels the job on the server before e
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from bridge.client import (
     DEFAULT_ENDPOINT,
     Client,
     EpisodePayload,
-    JobError,
     JobFailed,
     PayloadError,
     Progress,
     RequestFailed,
-    Result,
     ServerUnavailable,
     Unauthorized,
+    submit_and_follow,
 )
 from bridge.security import SecurityError
+from contracts import atomic
+from contracts.episode import ROLLOUT_VIDEO
 from contracts.settings import SettingsError
 
 USER_ERRORS = (PayloadError, SettingsError, RequestFailed, JobFailed, ServerUnavailable, Unauthorized,
@@ -52,21 +51,19 @@ def run(args: argparse.Namespace) -> int:
     payload = EpisodePayload.from_dir(args.episode)
     settings = {k: v for k, v in (("steps", args.steps), ("frame_num", args.frame_num), ("size", args.size),
                                    ("seed", args.seed)) if v is not None}  # fmt: skip
-    out = args.out or args.episode / "rollout.mp4"
+    out = args.out or args.episode / ROLLOUT_VIDEO
     with Client(args.server, timeout=args.timeout, server_key=args.server_key, client_key=args.client_key) as client:
-        job = client.submit(payload, settings)
-        print(f"job {job.id} accepted ({job.queue_position} ahead)", file=sys.stderr, flush=True)
-        try:
-            for event in job.events(timeout=args.wait):
-                if isinstance(event, Progress):
-                    print(describe(event), file=sys.stderr, flush=True)
-                elif isinstance(event, JobError):
-                    raise JobFailed(event.code, event.message)
-                elif isinstance(event, Result):
-                    write_atomic(out, event.video)
-        except KeyboardInterrupt:
-            client.cancel(job.id)
-            raise
+        _, result = submit_and_follow(
+            client,
+            payload,
+            settings,
+            on_progress=lambda event: print(describe(event), file=sys.stderr, flush=True),
+            on_submitted=lambda job: print(
+                f"job {job.id} accepted ({job.queue_position} ahead)", file=sys.stderr, flush=True
+            ),
+            timeout=args.wait,
+        )
+    atomic.write_bytes(out, result.video)
     print(out)
     return 0
 
@@ -76,16 +73,3 @@ def describe(event: Progress) -> str:
         return f"queued: {event.queue_position} job(s) ahead"
     line = f"{event.phase} {event.step}/{event.total}" if event.total else event.phase
     return line + (f"  (about {event.eta_s:.0f} s left)" if event.eta_s else "")
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a video is not a secret
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

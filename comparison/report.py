@@ -30,13 +30,13 @@ from typing import Any
 import cv2
 import numpy as np
 
-from comparison.atomic import write_bytes_atomic
 from comparison.episode_input import EpisodeError, read_episode_input
 from comparison.metrics import SSIM_SIGMA, SSIM_WINDOW, psnr, resize_to, ssim
 from comparison.side_by_side import DIFF_GAIN, compose_video
 from comparison.svg_plot import Series, line_plot
 from comparison.trajectory import EstimatorConfig, PairResult, TrajectoryResult, evaluate_trajectory
 from comparison.video_io import DEFAULT_FPS, read_video, write_video
+from contracts import atomic
 
 SCHEMA = "lingbot-isaac/compare-report/1"
 SUMMARY_SCHEMA = "lingbot-isaac/compare-summary/1"
@@ -210,7 +210,7 @@ def compare_episode(
     composed = compose_video(sim, resized)
     video_path = write_video(out_dir / "side_by_side.mp4", composed, fps=DEFAULT_FPS)
     thumbnail_path = out_dir / "thumbnail.jpg"
-    write_bytes_atomic(thumbnail_path, _jpeg_bytes(composed[0], width=min(624, composed.shape[2])))
+    atomic.write_bytes(thumbnail_path, _jpeg_bytes(composed[0], width=min(624, composed.shape[2])))
     clock["side_by_side_video_s"] = time.perf_counter() - tick
 
     image_summary = {
@@ -282,9 +282,9 @@ def compare_episode(
     clock["total_s"] = time.perf_counter() - started
 
     report = _jsonable(report)
-    write_bytes_atomic(out_dir / "report.json", json.dumps(report, indent=1).encode())
+    atomic.write_bytes(out_dir / "report.json", json.dumps(report, indent=1).encode())
     html_path = out_dir / "report.html"
-    write_bytes_atomic(html_path, render_episode_html(report, trajectory_model, trajectory_control,
+    atomic.write_bytes(html_path, render_episode_html(report, trajectory_model, trajectory_control,
                                                  poster, video_src, thumbnails).encode())
     return html_path
 
@@ -566,7 +566,7 @@ def write_summary(report_jsons: list[str | Path], out_dir: str | Path) -> Path:
 
     summary = _jsonable({"schema": SUMMARY_SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                          "tiny_model": any_tiny, "episodes": rows})
-    write_bytes_atomic(out_dir / "summary.json", json.dumps(summary, indent=1).encode())
+    atomic.write_bytes(out_dir / "summary.json", json.dumps(summary, indent=1).encode())
     html_path = out_dir / "summary.html"
-    write_bytes_atomic(html_path, "\n".join(out).encode())
+    atomic.write_bytes(html_path, "\n".join(out).encode())
     return html_path

@@ -35,8 +35,10 @@ JPEG_QUALITY = 95
 IMAGE_NAMES = ("image.jpg", "image.jpeg", "image.png")  # the first frame, looked for in this order
 POSES_FILE, INTRINSICS_FILE, PROMPT_FILE, META_FILE = "poses.npy", "intrinsics.npy", "prompt.txt", "episode.json"
 SIM_VIDEO = "sim.mp4"
+ROLLOUT_VIDEO, ROLLOUT_INFO = "rollout.mp4", "rollout.json"  # a generated rollout, beside its episode
 SIM_FRAMES_DIR = "frames"
-JPEG_MAGIC, PNG_MAGIC = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
+JPEG_MAGIC = b"\xff\xd8\xff"  # how image bytes say what they are
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 # --- the validation rules, stated once -----------------------------------------------------------
 RIGID_TOLERANCE = 1e-6  # max |last row - [0, 0, 0, 1]| of a camera-to-world matrix
@@ -387,6 +389,15 @@ def _image_size(path: Path) -> tuple[int, int]:
 # --- writing ---------------------------------------------------------------------------------------
 
 
+def write_rollout(folder: str | os.PathLike, video: bytes, info: dict[str, Any]) -> Path:
+    """`rollout.mp4` and `rollout.json` (job, server, settings, timings) beside an episode, each
+    written atomically and durably; returns the mp4's path."""
+    folder = Path(folder)
+    target = atomic.write_bytes(folder / ROLLOUT_VIDEO, video)
+    atomic.write_json(folder / ROLLOUT_INFO, info, indent=1)
+    return target
+
+
 def _image_rgb(image: Any):
     from PIL import Image
 
@@ -429,13 +440,13 @@ def write_action(
     renames into place): poses/intrinsics as float32 (float64 stays float64), intrinsics already in
     model-frame pixels.
 
-    `image`: encoded JPEG/PNG bytes (stored as they are, as image.jpg / image.png) or anything
+    `prompt` is written as given (checked non-empty). `image`: encoded JPEG/PNG bytes (stored as they are, as image.jpg / image.png) or anything
     `write_episode` takes (encoded as JPEG quality 95, 4:4:4). Nothing is synced here; the caller
     makes the folder durable (`atomic.replace_dir` / `atomic.fsync_tree`).
     """
     folder = Path(folder)
     checked = check_action(poses, intrinsics, min_poses=min_poses)
-    prompt = check_prompt(prompt)
+    check_prompt(prompt)
     folder.mkdir(parents=True, exist_ok=True)
     for name, given, array in zip((POSES_FILE, INTRINSICS_FILE), (poses, intrinsics), checked, strict=True):
         _save_npy(folder / name, array.astype(np.float64 if np.asarray(given).dtype == np.float64 else np.float32))
@@ -444,7 +455,7 @@ def write_action(
         (folder / ("image.jpg" if kind == "jpeg" else "image.png")).write_bytes(bytes(image))
     else:
         _image_rgb(image).save(folder / "image.jpg", quality=JPEG_QUALITY, subsampling=0)  # 4:4:4: keep chroma
-    (folder / PROMPT_FILE).write_text(prompt, encoding="utf-8")  # as given (stripped), byte for byte
+    (folder / PROMPT_FILE).write_text(prompt, encoding="utf-8")  # as given, byte for byte
     return folder
 
 
@@ -493,7 +504,7 @@ def write_episode(
     staging = directory.parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         model_intrinsics = to_model_intrinsics(intrinsics, height, width).astype(np.float32)
-        write_action(staging, poses.astype(np.float32), model_intrinsics, picture, prompt)
+        write_action(staging, poses.astype(np.float32), model_intrinsics, picture, prompt + "\n")
         meta.sim_frames = _write_sim_frames(staging, sim_frames, count, (height, width))
         (staging / META_FILE).write_text(json.dumps(meta.to_json(count), indent=1) + "\n", encoding="utf-8")
         atomic.replace_dir(staging, directory, overwrite=overwrite)

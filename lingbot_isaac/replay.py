@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
 import sys
 import threading
@@ -32,8 +31,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from contracts.episode import EpisodeError, read_episode
-from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
+from contracts import atomic
+from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO, EpisodeError, read_episode, write_rollout
+from contracts.settings import GenerationSettings, SettingsError, job_settings, load_settings, parse_guide_scale
 from lingbot_isaac.lens import CameraError
 from lingbot_isaac.recording import write_recording_episode
 from lingbot_isaac.sources import SourceOptions, TrajectorySource, kind_of, open_source
@@ -46,8 +46,6 @@ else:  # pragma: no cover
 
 ISAAC_CONFIG = Path(__file__).resolve().parent.parent / "config" / "isaac.toml"
 
-RESULT_VIDEO = "rollout.mp4"
-RESULT_INFO = "rollout.json"
 PENDING = "rollout.pending.json"  # {job, server}: submitted, no result yet (a rerun follows it again)
 BUSY_BACKOFF_S = (0.5, 8.0)  # first and longest wait after a `busy` answer
 
@@ -190,13 +188,6 @@ def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return settings
 
 
-def job_settings(episode_generation: dict[str, Any] | None, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The episode's own settings (episode.json `generation`) under the command line's."""
-    settings = {**(episode_generation or {}), **overrides}
-    GenerationSettings.from_dict(settings)
-    return settings
-
-
 def _result_dir(source: TrajectorySource, out: Path | None, file_sources: int) -> Path:
     if source.episode_dir is not None:
         return source.episode_dir if out is None else out / source.name
@@ -228,7 +219,7 @@ def export(
                     raise ReplayError(f"{target} already exists; pass --overwrite to replace it")
                 shutil.rmtree(target)
             shutil.copytree(
-                source.episode_dir, target, ignore=shutil.ignore_patterns(RESULT_VIDEO, RESULT_INFO)
+                source.episode_dir, target, ignore=shutil.ignore_patterns(ROLLOUT_VIDEO, ROLLOUT_INFO)
             )
         read_episode(target)  # validate before sending
         return target
@@ -279,44 +270,25 @@ def generate(
     client, episode_dir: Path, settings: dict[str, Any], label: str, progress: bool, job_timeout: float | None
 ) -> tuple[bytes, dict[str, Any]]:
     """Submit one episode, follow its events with a progress bar, return (mp4 bytes, job info)."""
-    from bridge.client import EpisodePayload, JobError, Progress, Result
+    from bridge.client import EpisodePayload, submit_and_follow
 
-    payload = EpisodePayload.from_dir(episode_dir)
     started = time.monotonic()
-    job = client.submit(payload, settings or None)
     bar = _ProgressBar(label, progress)
-    info: dict[str, Any] = {"job": job.id, "queue_position": job.queue_position}
     try:
-        for event in job.events(timeout=job_timeout):
-            if isinstance(event, Progress):
-                bar.update(event.phase, event.step, event.total)
-            elif isinstance(event, Result):
-                info["server_seconds"] = event.seconds
-            elif isinstance(event, JobError):
-                break
+        job, result = submit_and_follow(
+            client,
+            EpisodePayload.from_dir(episode_dir),
+            settings or None,
+            on_progress=lambda event: bar.update(event.phase, event.step, event.total),
+            timeout=job_timeout,
+        )
     except TimeoutError:
-        client.cancel(job.id)
-        raise ReplayError(
-            f"{label}: no progress from job {job.id} for {job_timeout} s; cancelled it"
-        ) from None
-    except KeyboardInterrupt:
-        client.cancel(job.id)
-        raise
+        raise ReplayError(f"{label}: no progress for {job_timeout} s; cancelled the job") from None
     finally:
         bar.close()
-    video = job.result(timeout=0)  # raises JobFailed with the server's reason
+    info = {"job": job.id, "queue_position": job.queue_position, "server_seconds": result.seconds}
     info["seconds"] = round(time.monotonic() - started, 3)
-    return video, info
-
-
-def write_result(folder: Path, video: bytes, info: dict[str, Any]) -> Path:
-    """rollout.mp4 and rollout.json, each written to a temp file and renamed into place."""
-    target = folder / RESULT_VIDEO
-    for path, data in ((target, video), (folder / RESULT_INFO, (json.dumps(info, indent=1) + "\n").encode())):
-        partial = path.with_name(f".{path.name}.partial")
-        partial.write_bytes(data)
-        os.replace(partial, path)
-    return target
+    return result.video, info
 
 
 def parse_demos(spec: str) -> str | set[int]:
@@ -351,12 +323,6 @@ def select_demos(sources: list[TrajectorySource], spec: str | set[int], path: Pa
             ok = {name: bool(h5["data"][name].attrs.get("success", False)) for name in h5["data"]}
         return [source for source in sources if ok.get(source.name)]
     return [source for source in sources if source.name.startswith("demo_") and int(source.name[5:]) in spec]
-
-
-def _atomic_json(path: Path, value: dict[str, Any]) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(value, indent=1) + "\n")
-    os.replace(partial, path)
 
 
 def window_of(health: dict[str, Any], asked: int | None) -> int:
@@ -432,7 +398,7 @@ class Batch:
                     backoff = BUSY_BACKOFF_S[0]  # the server is full: wait for a job to end, then retry
                     break
                 todo.pop(0)
-                _atomic_json(folder / PENDING, {"job": job.id, "server": self.server})
+                atomic.write_json(folder / PENDING, {"job": job.id, "server": self.server}, indent=1)
                 self._follow(job, folder, settings)
             self._postfix()
             self.wake.wait(backoff or 0.5)
@@ -472,7 +438,7 @@ class Batch:
             info = {"job": job_id, "queue_position": job.queue_position, "server_seconds": outcome.seconds,
                     "seconds": round(time.monotonic() - started, 3), "server": self.server,
                     "episode": str(folder), "settings": settings, "model": self.model}  # fmt: skip
-            print(write_result(folder, outcome.video, info), flush=True)
+            print(write_rollout(folder, outcome.video, info), flush=True)
             (folder / PENDING).unlink(missing_ok=True)
             self.done.append(folder)
             self.bar.update(1)
@@ -542,7 +508,7 @@ def replay_episodes(args: argparse.Namespace, episodes: list[Path], overrides: d
     """Send every unfinished episode through the server; 0 if all have a rollout in the end."""
     from bridge.client import Client
 
-    finished = [f for f in episodes if (f / RESULT_VIDEO).is_file() and not args.overwrite]
+    finished = [f for f in episodes if (f / ROLLOUT_VIDEO).is_file() and not args.overwrite]
     todo = []
     for folder in episodes:
         if folder in finished:
@@ -550,7 +516,7 @@ def replay_episodes(args: argparse.Namespace, episodes: list[Path], overrides: d
         episode = read_episode(folder)
         todo.append((folder, job_settings(episode.meta.generation if episode.meta else None, overrides)))
     if finished:
-        print(f"{len(finished)} of {len(episodes)} episode(s) already have {RESULT_VIDEO}: skipped "
+        print(f"{len(finished)} of {len(episodes)} episode(s) already have {ROLLOUT_VIDEO}: skipped "
               "(--overwrite generates them again)", file=sys.stderr)  # fmt: skip
     if not todo:
         return 0

@@ -9,6 +9,8 @@ through the status object, never through a callback into the UI.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH
 from lingbot_isaac.recorder import Capture, Recorder, RecorderError
 
 
@@ -26,8 +29,8 @@ class SessionSettings:
 
     server: str = "tcp://127.0.0.1:5570"
     output_dir: Path = field(default_factory=lambda: Path.home() / "lingbot_episodes")
-    width: int = 832
-    height: int = 480
+    width: int = MODEL_WIDTH
+    height: int = MODEL_HEIGHT
     sample_on: str = "render"  # "render": every app update; "physics": every physics step
     keep_sim_frames: bool = False  # also keep every frame (sim.mp4/frames) for the comparison
     max_seconds: float = 30.0  # recording stops by itself after this much sim time
@@ -61,8 +64,15 @@ class Status:
 
 
 class Session:
-    def __init__(self, settings: SessionSettings | None = None) -> None:
+    def __init__(
+        self,
+        settings: SessionSettings | None = None,
+        build_report: Callable[[Path, Path, Path], Path] | None = None,
+    ) -> None:
+        """`build_report(episode, rollout, out_dir) -> report.html`: how comparison reports are made
+        (default: `compare_with_cli`, the CLI in its own process; None: no reports)."""
         self.settings = settings or SessionSettings()
+        self.build_report = build_report if build_report is not None else compare_with_cli
         self._lock = threading.Lock()
         self._status = Status()
         self._recorder: Recorder | None = None
@@ -184,9 +194,13 @@ class Session:
                 self._set(message=f"Cancel not confirmed: {exc}")
 
     def _generate(self, episode: Path, client_factory: Callable[[], Any] | None) -> None:
-        from bridge.client import Client, EpisodePayload, JobError, Progress
-        from contracts.episode import read_episode
-        from lingbot_isaac.replay import job_settings, write_result
+        from bridge.client import Client, EpisodePayload, submit_and_follow
+        from contracts.episode import read_episode, write_rollout
+        from contracts.settings import job_settings
+
+        def submitted(job) -> None:
+            self._job_id = job.id
+            self._set(message=f"Queued as {job.id[:8]} (position {job.queue_position}) on {model}")
 
         try:
             meta = read_episode(episode).meta
@@ -194,20 +208,17 @@ class Session:
             factory = client_factory or (lambda: Client(self.settings.server, timeout=self.settings.timeout))
             with factory() as client:
                 self._client = client
-                health = client.health()
+                model = client.health().get("model", "the server")
                 started = time.monotonic()
-                job = client.submit(EpisodePayload.from_dir(episode), settings or None)
-                self._job_id = job.id
-                self._set(
-                    message=f"Queued as {job.id[:8]} (position {job.queue_position}) on "
-                    f"{health.get('model', 'the server')}"
+                job, outcome = submit_and_follow(
+                    client,
+                    EpisodePayload.from_dir(episode),
+                    settings or None,
+                    on_progress=lambda event: self._set(
+                        message=_describe(event), progress=event.step / max(event.total, 1)
+                    ),
+                    on_submitted=submitted,
                 )
-                for event in job.events():
-                    if isinstance(event, Progress):
-                        self._set(message=_describe(event), progress=event.step / max(event.total, 1))
-                    elif isinstance(event, JobError):
-                        break
-                video = job.result(timeout=0)
                 info = {
                     "job": job.id,
                     "server": self.settings.server,
@@ -215,9 +226,9 @@ class Session:
                     "seconds": round(time.monotonic() - started, 3),
                     "episode": str(episode),
                 }
-                result = write_result(episode, video, info)
+                result = write_rollout(episode, outcome.video, info)
             self._client = self._job_id = None
-            report = self._compare(episode, result)
+            report = self._report(episode, result)
             self._set(
                 state="done", message=f"Rollout written: {result}", progress=1.0, result=result, report=report
             )
@@ -229,22 +240,32 @@ class Session:
                 state=state, message=message, error="".join(traceback.format_exception_only(exc)).strip()
             )
 
-    def _compare(self, episode: Path, rollout: Path) -> Path | None:
-        """The comparison report, when sim frames exist and the comparison package is installed."""
+    def _report(self, episode: Path, rollout: Path) -> Path | None:
+        """The comparison report, when sim frames exist, built by `build_report` (by default the
+        CLI's `compare` command in its own process: OpenCV never enters Isaac Sim's Python)."""
         from contracts.episode import read_episode
 
-        if not self.settings.compare or read_episode(episode).sim_frames_path is None:
-            return None
-        try:
-            from comparison.report import compare_episode
-        except ImportError:
+        if not self.settings.compare or self.build_report is None or read_episode(episode).sim_frames_path is None:
             return None
         self._set(message="Comparing the sim frames with the rollout ...")
         try:
-            return Path(compare_episode(episode, rollout, episode / "comparison"))
+            return self.build_report(episode, rollout, episode / "comparison")
         except Exception as exc:  # the rollout is still good; say why there is no report
             self._set(message=f"Rollout written; comparison failed: {exc}")
             return None
+
+
+def compare_with_cli(episode: Path, rollout: Path, out: Path) -> Path:
+    """Build the comparison report with `lingbot-isaac compare` in a separate process; return the
+    HTML report's path. Raises RuntimeError with the command's last words when it fails (e.g. the
+    `compare` extra is not installed in this Python)."""
+    command = [sys.executable, "-m", "lingbot_cli", "compare", str(episode), str(rollout), "--out", str(out)]
+    done = subprocess.run([*command, "--no-progress"], capture_output=True, text=True, check=False)
+    reports = [line.removeprefix("report: ") for line in done.stdout.splitlines() if line.startswith("report: ")]
+    if done.returncode != 0 or not reports:
+        last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [f"exit status {done.returncode}"]
+        raise RuntimeError(f"`lingbot-isaac compare` failed: {last[0]}")
+    return Path(reports[0])
 
 
 def _describe(event) -> str:

@@ -106,9 +106,10 @@ def record_and_generate(simulation_app, args: argparse.Namespace) -> int:
 
 def generate(episode: Path, args: argparse.Namespace) -> int:
     from bridge.client import Client
-    from contracts.episode import read_episode
+    from contracts.episode import read_episode, write_rollout
+    from contracts.settings import job_settings
     from lingbot_isaac.replay import generate as send
-    from lingbot_isaac.replay import job_settings, settings_overrides, write_result
+    from lingbot_isaac.replay import settings_overrides
 
     overrides = settings_overrides(
         argparse.Namespace(
@@ -127,7 +128,7 @@ def generate(episode: Path, args: argparse.Namespace) -> int:
         client.health()
         video, info = send(client, episode, settings, episode.name, progress=True, job_timeout=None)
     info.update({"server": args.server, "episode": str(episode), "settings": settings})
-    print(f"rollout: {write_result(episode, video, info)}")
+    print(f"rollout: {write_rollout(episode, video, info)}")
     return 0
 
 
