@@ -31,6 +31,7 @@ test: $(STAMP) $(ISAACLAB)/.installed
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache
