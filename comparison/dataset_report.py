@@ -127,7 +127,7 @@ def write_dataset_report(
     })
     write_bytes_atomic(out_dir / "dataset.json", json.dumps(dataset, indent=1).encode())
     plots = [
-        histogram([r[key] for r in rows], f"{label} across episodes", unit or label, f"hist-{key}")
+        histogram([r[key] for r in rows], label, f"{unit or label}, one value per episode", f"hist-{key}")
         for key, label, unit, _ in METRICS
     ]
     html_text = _environment().get_template("dataset_report.html.j2").render(

@@ -121,7 +121,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--guide-scale", help="one value or low,high")
     gen.add_argument("--shift", type=float)
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for each request to the server")
-    parser.add_argument("--job-timeout", type=float, default=None, help="seconds to wait for each rollout")
+    parser.add_argument(
+        "--job-timeout",
+        type=float,
+        default=None,
+        help="cancel a job (and count it failed) after this many seconds without any progress from it",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
