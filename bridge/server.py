@@ -396,6 +396,8 @@ class Server:
             if answer is not None:
                 worker["answer_s"] = round(time.monotonic() - asked_at, 4)
                 worker["reported"] = {k: v for k, v in answer.items() if k not in ("type", "id")}
+            elif worker["state"] in ("restarting", "stopped"):
+                worker["error"] = f"the worker is {worker['state']}"
             elif asked_at is not None:
                 worker["error"] = f"the worker did not answer within {supervisor.config.health_timeout_s:g} s"
         ok = not self.unavailable and all(w.get("reported", {}).get("state") in ("idle", "busy") for w in workers)
