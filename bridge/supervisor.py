@@ -87,7 +87,10 @@ class WorkerProcess:
         return self.proc.pid
 
     def send(self, message: dict[str, Any]) -> None:
-        self.outbox += wp.encode(message)
+        self.send_encoded(wp.encode(message))
+
+    def send_encoded(self, data: bytes) -> None:
+        self.outbox += data
         self.flush()
 
     def flush(self) -> None:
@@ -164,11 +167,17 @@ class Supervisor:
         worker.close()
 
     def run_job(self, job: str, message: dict[str, Any]) -> None:
+        """Hand a job to the idle worker. The message is encoded first: if it cannot be (a value
+        msgpack cannot carry), wp.WorkerProtocolError is raised and the worker stays idle."""
         if self.state != "idle" or self.worker is None:
             raise RuntimeError(f"run_job while the worker is {self.state}")
+        try:
+            data = wp.encode({"type": "run", "job": job, **message})
+        except (TypeError, ValueError, OverflowError) as exc:  # msgpack's own errors for such values
+            raise wp.WorkerProtocolError(f"the job cannot be sent to the worker: {exc}") from None
         self.state, self.job = "busy", job
         self._last_heard = time.monotonic()
-        self.worker.send({"type": "run", "job": job, **message})
+        self.worker.send_encoded(data)
 
     def cancel_job(self, job: str) -> None:
         if self.job != job or self.worker is None or self._cancel_deadline is not None:
