@@ -94,3 +94,20 @@ def test_help_explains_the_flags():
     assert result.returncode == 0
     for flag in ("--ckpt-dir", "--action-path", "--size", "--frame-num", "--guide-scale", "--vram-budget"):
         assert flag in result.stdout
+
+
+def test_default_settings_are_the_reference_and_fast40_is_a_named_preset():
+    """[default] is LingBot-World's own i2v-A14B config (70 steps, shift 10, guidance 5/5);
+    today's 40 / 5 stays reachable only by name."""
+    from argparse import Namespace
+
+    from bridge.settings import GenerationSettings, load_settings
+    from worldgen.generate_cli import settings_from_args
+
+    flags = dict(size=None, frame_num=None, steps=None, shift=None, seed=None, negative_prompt=None, guide_scale=None)
+    default = settings_from_args(Namespace(preset=None, **flags), tiny=False)
+    assert (default.steps, default.shift, default.guide_scale) == (70, 10.0, (5.0, 5.0))
+    assert (default.frame_num, default.size) == (81, "480*832")
+    assert default == load_settings() == GenerationSettings()  # the TOML and the built-in defaults agree
+    fast = settings_from_args(Namespace(preset="fast40", **{**flags, "seed": 3}), tiny=False)
+    assert (fast.steps, fast.shift, fast.seed) == (40, 5.0, 3)
