@@ -247,6 +247,12 @@ class Server:
             except Exception as exc:  # a bug must cost one request, never the server
                 log.error("internal error on a request: %s\n%s", exc, traceback.format_exc())
                 self._send(peer, protocol.error_frames("internal", f"internal server error: {exc}", rid))
+            # A new job starts before the next request is read (queue positions stay exact); its
+            # own errors are the job's, never an answer to the request that was just accepted.
+            try:
+                self._dispatch()
+            except Exception:
+                log.exception("internal error while dispatching; going on")
 
     # ---------------------------------------------------------------------------------------
     # Storage
