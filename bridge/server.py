@@ -1,4 +1,4 @@
-"""The generation server: a ROUTER front end, a fair job queue, a disk spool, one supervised worker.
+"""The generation server: a ROUTER front end, a fair job queue, a disk spool, a pool of supervised workers.
 
 One thread, one event loop (zguide style): it polls the ROUTER socket and the worker's pipe
 together, so a slow or dead worker never stalls the front end, and a flood of clients never
@@ -46,7 +46,8 @@ from bridge.security import check_bind_allowed, secure_server_socket
 from bridge.server_config import ServerConfig
 from bridge.settings import GenerationSettings, load_settings
 from bridge.spool import Spool, describe_os_error
-from bridge.supervisor import Event, Supervisor, SupervisorConfig
+from bridge.supervisor import Event
+from bridge.worker_pool import build_pool
 
 log = logging.getLogger("bridge.server")
 
@@ -110,18 +111,11 @@ class Server:
         # The worker imports worldgen from the same tree as this bridge, wherever we were started.
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        self.supervisor = Supervisor(
-            SupervisorConfig(
-                argv=worker.argv(),
-                env=env,
-                startup_timeout_s=worker.startup_timeout_s,
-                health_timeout_s=worker.health_timeout_s,
-                cancel_grace_s=worker.cancel_grace_s,
-                stall_timeout_s=worker.stall_timeout_s,
-                restart_backoff_s=worker.restart_backoff_s,
-                max_start_failures=worker.max_start_failures,
-            )
-        )
+        try:
+            self.supervisor = build_pool(worker, env)  # one supervised worker per device
+        except BaseException:
+            self.close()
+            raise
         self.recover()
 
     def _open_socket(self) -> None:
@@ -499,18 +493,26 @@ class Server:
             fields["error"] = job.error
         self._send(peer, protocol.encode("status", fields))
 
-    def _reply_health(self, peer: bytes, rid: str, answer: dict | None, asked_at: float | None) -> None:
+    def _reply_health(
+        self, peer: bytes, rid: str, answers: list[dict | None] | None, asked_at: float | None
+    ) -> None:
+        """`workers`: every worker of the pool; `worker` (the first) and `gpu`/`memory` (its
+        report) stay for one-worker clients. ok: every worker answered and is idle or busy, and
+        the spool is writable."""
         supervisor = self.supervisor
-        worker = supervisor.status()
-        if answer is not None:
-            worker["answer_s"] = round(time.monotonic() - asked_at, 4)
-            worker["reported"] = {k: v for k, v in answer.items() if k not in ("type", "id")}
-        elif asked_at is not None:
-            worker["error"] = f"the worker did not answer within {supervisor.config.health_timeout_s:g} s"
-        reported = worker.get("reported", {})
-        worker_ok = answer is not None and reported.get("state") in ("idle", "busy")
-        ok = worker_ok and not self.unavailable and not self.storage_error
-        running = self.jobs.get(supervisor.job or "")
+        workers = supervisor.status()
+        for index, worker in enumerate(workers):
+            answer = answers[index] if answers else None
+            if answer is not None:
+                worker["answer_s"] = round(time.monotonic() - asked_at, 4)
+                worker["reported"] = {k: v for k, v in answer.items() if k not in ("type", "id")}
+            elif asked_at is not None:
+                worker["error"] = f"the worker did not answer within {supervisor.config.health_timeout_s:g} s"
+        workers_ok = all(w.get("reported", {}).get("state") in ("idle", "busy") for w in workers)
+        ok = workers_ok and not self.unavailable and not self.storage_error
+        reported = workers[0].get("reported", {})
+        running = [self.jobs[j] for j in supervisor.jobs if j in self.jobs]
+        now = time.monotonic()
         used, _ = self.spool_usage()
         try:
             free = self.spool.free_bytes()
@@ -526,13 +528,16 @@ class Server:
             "memory": reported.get("memory"),
             "queue": {
                 "waiting": len(self.queue),
-                "running": running.id if running else None,
-                "running_for_s": round(time.monotonic() - running.live.since, 2) if running and running.live else None,
-                "phase": running.live.phase if running and running.live else None,
+                "running": running[0].id if running else None,
+                "running_for_s": round(now - running[0].live.since, 2) if running and running[0].live else None,
+                "phase": running[0].live.phase if running and running[0].live else None,
+                "running_jobs": [j.id for j in running],
+                "running_for_s_by_job": {j.id: round(now - j.live.since, 2) for j in running if j.live},
                 "max_queue": self.config.max_queue,
                 "max_queue_per_client": self.config.max_queue_per_client,
             },
-            "worker": worker,
+            "worker": workers[0],
+            "workers": workers,
             "spool": {
                 "dir": str(self.spool.root),
                 "writable": self.storage_error is None,
@@ -558,7 +563,7 @@ class Server:
     def _dispatch(self) -> None:
         """Hand queued jobs to an idle worker. A job moves to "running" only once its state is on
         disk and the worker has its message; otherwise it is requeued or failed, never left."""
-        while self.supervisor.state == "idle" and len(self.queue) and not self.storage_error:
+        while self.supervisor.idle() and len(self.queue) and not self.storage_error:
             job = self.jobs[self.queue.pop()]
             try:
                 self._job_settings(job.settings)  # a job spooled by an older, laxer server
@@ -572,7 +577,7 @@ class Server:
                 self.queue.push(job.client, job.id, front=True)
                 return
             try:
-                self.supervisor.run_job(
+                worker = self.supervisor.run_job(
                     job.id,
                     {
                         "episode_dir": str(job.episode_dir),
@@ -585,7 +590,7 @@ class Server:
             except wp.WorkerProtocolError as exc:
                 self._finish(job, "failed", {"code": "bad_settings", "message": str(exc)})
                 continue
-            log.info("job %s started (attempt %d)", job.id, job.attempts)
+            log.info("job %s started on worker %d (attempt %d)", job.id, worker, job.attempts)
             self._publish(job, protocol.encode("progress", {"job": job.id, "phase": "starting", "step": 0, "total": 0}))
             self._broadcast_positions()
 
@@ -682,16 +687,30 @@ class Server:
         if code not in protocol.ERROR_CODES:
             code = "worker_error"
         self._storage_requeues.pop(job.id, None)
+        if code == "worker_crashed" and self._retry_crashed(job, message):
+            return
         state = "cancelled" if code == "cancelled" else "failed"
         self._finish(job, state, {"code": code, "message": message})
+
+    def _retry_crashed(self, job: Job, reason: str) -> bool:
+        """[worker] retry_crashed: put a job whose worker died back at the front of the queue
+        (any worker may take it), until it has been started max_attempts times."""
+        if not self.config.worker.retry_crashed or job.attempts >= self.config.max_attempts:
+            return False
+        log.warning("job %s: its worker died (%s); running it again (attempt %d of %d)",
+                    job.id, reason, job.attempts + 1, self.config.max_attempts)  # fmt: skip
+        job.move("queued")
+        self._save(job)
+        self.queue.push(job.client, job.id, front=True)
+        self._broadcast_positions()
+        return True
 
     def _worker_health(self, event: Event) -> None:
         pending = self.pending_health.pop(str(event.data.get("id")), None)
         if pending is None:
             return
         peer, rid, asked_at = pending
-        answer = None if event.data.get("timeout") else event.data
-        self._reply_health(peer, rid, answer, asked_at)
+        self._reply_health(peer, rid, event.data.get("workers"), asked_at)
 
     # ---------------------------------------------------------------------------------------
     # Job outcomes and events
@@ -754,11 +773,11 @@ class Server:
             self._send(peer, frames)
 
     def _jobs_ahead(self, job_id: str) -> int:
-        running = 1 if self.supervisor.job is not None else 0
+        running = len(self.supervisor.jobs)
         return running + self.queue.positions().get(job_id, 0)
 
     def _broadcast_positions(self) -> None:
-        running = 1 if self.supervisor.job is not None else 0
+        running = len(self.supervisor.jobs)
         for job_id, position in self.queue.positions().items():
             job, ahead = self.jobs[job_id], running + position
             if job.sent_position != ahead:
