@@ -16,6 +16,7 @@ chunks (a warning says so); the camera path spans the poses of the 4n+1 frames a
 from __future__ import annotations
 
 import dataclasses
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -160,6 +161,9 @@ class FastPipeline(Pipeline):
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.cache_spec: CacheSpec | None = None  # this job's cache, chosen by `plan_job`
         self.cache_reason = ""
+        self.timings: dict[str, float] = {}  # seconds per part of the last `generate` (see _Clock)
+        self.encode_tile_pixels: int | None = None  # VAE tiles before the loop / during it (None: whole frames)
+        self.decode_tile_pixels: int | None = None
 
     # -- memory ------------------------------------------------------------------------------------
     def plan_job(self, latent_frames: int, lat_h: int, lat_w: int, options: FastOptions) -> CacheSpec:
@@ -170,6 +174,7 @@ class FastPipeline(Pipeline):
         self._frame_pixels = pixels
         self.plan.fit(chunk_tokens, pixels)
         self.vae.resident = self.plan.keep_vae
+        self.dit.resident = True  # one model: it stays for the next job
         cfg = self.dit_config
         room = None
         if self.plan.usable_gib is not None:
@@ -195,10 +200,15 @@ class FastPipeline(Pipeline):
             )
         except ValueError as exc:
             raise InputError(str(exc)) from None
+        self.encode_tile_pixels = self.decode_tile_pixels = self.plan.vae_tile_pixels
         if room is not None:
-            self.plan.vae_tile_pixels = (
+            # encode runs before the cache exists (beside the DiT at most); decode beside both
+            encode_room = self.plan.usable_gib - self.plan.expert_gib - LOOP_MARGIN_GIB
+            self.encode_tile_pixels = None if vae_peak_gib(pixels) <= encode_room else vae_tile_pixels(encode_room)
+            self.decode_tile_pixels = (
                 None if vae_peak_gib(pixels) <= self.vae_room_gib else vae_tile_pixels(self.vae_room_gib)
             )
+        self.plan.vae_tile_pixels = self.decode_tile_pixels
         self.cache_spec, self.cache_reason = spec, why
         if self.on_plan is not None:
             self.on_plan(self.describe_plan())
@@ -211,6 +221,9 @@ class FastPipeline(Pipeline):
             if line.startswith("  denoise"):
                 ffn = line.rsplit("; ", 1)[-1]
                 line = f"  denoise Fast DiT resident, chunk by chunk (4 steps + 1 cache refresh each); {ffn}"
+            elif line.startswith("  encode"):
+                tiles = self.encode_tile_pixels
+                line = line.split(",")[0] + (", whole frames" if tiles is None else f", spatial tiles of <= {tiles:,} pixels")
             elif line.startswith("  decode"):
                 line += "; chunk by chunk, each chunk as soon as it is made"
             lines.append(line)
@@ -307,6 +320,7 @@ class FastPipeline(Pipeline):
         settings = settings or GenerationSettings()
         options = options or FastOptions()
         progress = progress or _no_progress
+        clock = _Clock(self.device)
         if (poses is None) != (intrinsics is None):
             raise InputError("camera control needs both poses.npy and intrinsics.npy (or neither)")
         if poses is not None:
@@ -320,6 +334,7 @@ class FastPipeline(Pipeline):
                     raise InputError("prompt is empty: describe the scene (prompt.txt or --prompt)")
                 (context,) = self.encode_text([prompt])
             progress("text", 1, 1)
+        clock.lap("text")
 
         image_resized = prepare_image(image, settings.max_area)
         _, _, h, w = image_resized.shape
@@ -329,8 +344,11 @@ class FastPipeline(Pipeline):
 
         with self.meter.phase("encode"):
             progress("encode", 0, 1)
+            self.plan.vae_tile_pixels = self.encode_tile_pixels
             y = self.condition(image_resized, frames.frames)
+            self.plan.vae_tile_pixels = self.decode_tile_pixels
             progress("encode", 1, 1)
+        clock.lap("encode")
 
         generator = torch.Generator("cpu").manual_seed(settings.seed)
         shape = (16, frames.latent_frames, lat_h, lat_w)
@@ -341,18 +359,48 @@ class FastPipeline(Pipeline):
 
         pieces = []
         num_chunks = frames.latent_frames // options.chunk_frames
-        with self.meter.phase("denoise"):  # the loop, each chunk decoded as soon as it is done
+        with self.meter.phase("loop"):  # the DiT chunk loop, each chunk decoded as soon as it is done
             decoder = None
             for latent in self.rollout_chunks(noise, y, context, plucker, options, generator, progress=progress):
+                clock.lap("dit")
                 if decoder is None:
                     decoder = StreamingDecoder(self.vae.get(), self.plan.vae_tile_pixels)
                 piece = decoder.push(latent[None].to(next(decoder.vae.parameters()).device))[0].cpu()
                 pieces.append(piece)
+                clock.lap("decode")
+                if len(pieces) == 1:
+                    clock.mark("first_chunk")
                 if on_chunk is not None:
                     on_chunk(len(pieces) - 1, num_chunks, piece)
             del decoder
             self.vae.release()
+        clock.mark("total")
+        self.timings = clock.seconds
         return torch.cat(pieces, dim=1)
+
+
+class _Clock:
+    """Seconds per part of one rollout (`timings`): text, encode, dit (the chunk loop's forwards),
+    decode (the chunk decodes), first_chunk (start to the first decoded chunk), total. The device is
+    synchronised at each lap so GPU work is counted where it happens (a few syncs per chunk)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.start = self.last = self._now()
+        self.seconds: dict[str, float] = {}
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = self._now()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def mark(self, name: str) -> None:
+        self.seconds[name] = self._now() - self.start
 
 
 def full_cache_spec(latent_frames: int, frame_tokens: int, options: FastOptions) -> CacheSpec:

@@ -69,9 +69,12 @@ class LayerKV:
     def __init__(self, owner: KVCache, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
         self.owner = owner
         self.fp8 = owner.spec.storage == "fp8"
+        # slots are only ever read after being written (the window ends at the last write), so the
+        # FP8 store need not be zeroed; the compute-dtype one is, as the reference's
+        alloc = torch.empty if self.fp8 else torch.zeros
         store = torch.float8_e4m3fn if self.fp8 else dtype
-        self.k = torch.zeros(shape, dtype=store, device=device)
-        self.v = torch.zeros(shape, dtype=store, device=device)
+        self.k = alloc(shape, dtype=store, device=device)
+        self.v = alloc(shape, dtype=store, device=device)
         if self.fp8:
             self.k_scale = torch.zeros((*shape[:-1], 1), dtype=dtype, device=device)
             self.v_scale = torch.zeros((*shape[:-1], 1), dtype=dtype, device=device)
