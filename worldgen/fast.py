@@ -178,10 +178,9 @@ class FastPipeline(Pipeline):
         cfg = self.dit_config
         room = None
         if self.plan.usable_gib is not None:
-            window = options.max_attention_tokens or latent_frames * frame_tokens
-            # what the loop needs beside the weights: one chunk's activations, the FP8 window
-            # dequantized for one layer, and the VAE decoding the previous chunk in small tiles
-            transient = activation_gib(chunk_tokens) + 2 * window * cfg.dim * 2 / GiB + LOOP_MARGIN_GIB
+            # what the loop needs beside the weights and the cache: one chunk's activations, and the
+            # VAE decoding the previous chunk in small tiles
+            transient = activation_gib(chunk_tokens) + LOOP_MARGIN_GIB
             self.vae_room_gib = min(vae_peak_gib(pixels), STREAM_VAE_GIB)
             room = (self.plan.usable_gib - self.plan.expert_gib - transient - self.vae_room_gib) * GiB
         try:
@@ -225,7 +224,7 @@ class FastPipeline(Pipeline):
                 tiles = self.encode_tile_pixels
                 line = line.split(",")[0] + (", whole frames" if tiles is None else f", spatial tiles of <= {tiles:,} pixels")
             elif line.startswith("  decode"):
-                line += "; chunk by chunk, each chunk as soon as it is made"
+                line = line.replace(" (experts freed first)", "") + "; chunk by chunk, each as soon as it is made"
             lines.append(line)
             if line.startswith("  denoise") and self.cache_spec is not None:
                 lines += [f"  kv cache {self.cache_spec.describe()}", f"           ({self.cache_reason})"]

@@ -196,7 +196,8 @@ def plan_cache(
     """Choose one job's cache and say why. `room_bytes` is what the budget leaves for it (None: no
     budget). `auto` takes the first that fits of: the reference's cache (whole video, compute dtype),
     the same in FP8, a rolling FP8 window (sink + as many whole chunks as fit). `full`, `fp8` and
-    `rolling` force a kind (a rolling window still sized to the room). Raises ValueError when even
+    `rolling` force a kind (a rolling window still sized to the room). FP8 sizes include the window
+    dequantized for one layer during attention. Raises ValueError when even
     the smallest rolling window (sink + one chunk) does not fit."""
     if mode not in MODES:
         raise ValueError(f"KV-cache mode must be one of {MODES}, not {mode!r}")
@@ -204,8 +205,12 @@ def plan_cache(
     def make(frames: int, storage: str, rolling: bool, sink: int) -> CacheSpec:
         return CacheSpec(frames * frame_tokens, frame_tokens, storage, rolling, sink, max_attention_tokens)
 
+    elem = torch.empty(0, dtype=compute_dtype).element_size()
+
     def size(spec: CacheSpec) -> int:
-        return spec.bytes(num_layers, num_heads, head_dim, compute_dtype)
+        """The cache, plus for FP8 the window dequantized for one layer at a time (transient)."""
+        dequant = 2 * spec.capacity_tokens * num_heads * head_dim * elem if spec.storage == "fp8" else 0
+        return spec.bytes(num_layers, num_heads, head_dim, compute_dtype) + dequant
 
     # the reference: whole video; max_attention_tokens also flips its rolling gate (never rolls here)
     ref_rolling, ref_sink = max_attention_tokens is not None, sink_frames or 0
