@@ -22,6 +22,7 @@ import json
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ from worldgen.camera import load_action  # noqa: E402
 from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, load_expert  # noqa: E402
 from worldgen.fast import FastOptions, FastPipeline  # noqa: E402
 from worldgen.kv_cache import CacheSpec, KVCache  # noqa: E402
-from worldgen.memory import ModelSlot, peak_rss_gib  # noqa: E402
+from worldgen.memory import ModelSlot, free_device_memory, peak_rss_gib  # noqa: E402
 from worldgen.pipeline import load_pipeline  # noqa: E402
 from worldgen.rollout import find_image, read_prompt  # noqa: E402
 
@@ -44,7 +45,8 @@ TARGETS = {"dit": 17.0, "total": 25.0, "first_chunk": 4.0}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float().cpu() - b.float()).norm() / b.float().norm()).item()
+    a, b = a.float().cpu(), b.float().cpu()
+    return ((a - b).norm() / b.norm()).item()
 
 
 def golden_parity(root: Path, device: torch.device, dtype: torch.dtype) -> dict[str, float]:
@@ -162,11 +164,16 @@ def main() -> None:
             args.json.write_text(json.dumps(results, indent=1))
 
     if args.golden:
-        errors = golden_parity(args.golden, device, dtype)
+        try:
+            errors = golden_parity(args.golden, device, dtype)
+        except Exception:  # report and go on to the rollouts: one run of the device is precious
+            traceback.print_exc()
+            errors = {}
         results["golden_parity"] = {"dtype": str(dtype), "rel_l2": errors}
         for name, err in errors.items():
             print(f"golden {name:<28} rel L2 {err:.2e} ({dtype})", flush=True)
         save()
+        free_device_memory(device)
     if args.build_synthetic:
         ensure_synthetic(Path(args.ckpt))
     poses, intrinsics = load_action(args.action_path)
@@ -179,7 +186,14 @@ def main() -> None:
     pipe.on_plan = plans.append
     results["rollouts"] = []
     for frames in [int(f) for f in args.frames.split(",")]:
-        result = rollout(pipe, args, image, prompt, poses, intrinsics, frames)
+        try:
+            result = rollout(pipe, args, image, prompt, poses, intrinsics, frames)
+        except Exception as exc:
+            traceback.print_exc()
+            results["rollouts"].append({"frames_asked": frames, "error": repr(exc)[:2000]})
+            save()
+            free_device_memory(device)
+            continue
         result["plan"] = plans[-1] if plans else pipe.describe_plan()
         results["rollouts"].append(result)
         save()

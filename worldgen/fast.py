@@ -38,7 +38,7 @@ from worldgen.camera import (
 from worldgen.dit import DiTConfig
 from worldgen.errors import InputError
 from worldgen.kv_cache import MODES, CacheSpec, KVCache, plan_cache
-from worldgen.memory import GiB, ModelSlot, activation_gib, vae_peak_gib, vae_tile_pixels
+from worldgen.memory import GiB, ModelSlot, activation_gib, free_device_memory, vae_peak_gib, vae_tile_pixels
 from worldgen.pipeline import Pipeline, Progress, _no_progress, condition_mask, prepare_image
 from worldgen.scheduler import FlowUniPCScheduler
 from worldgen.vae import StreamingDecoder
@@ -268,30 +268,33 @@ class FastPipeline(Pipeline):
         context = [context.to(device)]
         total = chunks * (steps + 1)
         progress("denoise", 0, total)
-        for c in range(chunks):
-            frames = slice(c * n, (c + 1) * n)
-            y_c = y[:, frames].to(device)[None]
-            cam_c = None if plucker is None else plucker[:, :, frames].to(device)
-            start = c * n * frame_tokens
-            x_t = noise[:, frames].to(device, torch.float32)
-            for s, t in enumerate(schedule.timesteps):
-                timestep = torch.tensor([t], dtype=torch.int64, device=device)
-                flow = model(x_t[None], timestep, context, y_c, cam_c, cache=cache, current_start=start)[0]
-                x0 = (x_t.double() - schedule.sigmas_x0[s] * flow.double()).to(torch.float32)
-                del flow
-                if s + 1 < steps:
-                    if renoise_draws is not None:
-                        draw = renoise_draws[c, s].to(device, torch.float32)
-                    else:
-                        draw = torch.randn(x0.shape, generator=generator, dtype=torch.float32).to(device)
-                    x_t = renoise(x0, draw, schedule.sigmas_add_noise[s + 1])
-                progress("denoise", c * (steps + 1) + s + 1, total)
-            # refresh: the cache gets the clean chunk's keys/values (output discarded)
-            zero = torch.zeros(1, dtype=torch.int64, device=device)
-            model(x0[None], zero, context, y_c, cam_c, cache=cache, current_start=start)
-            progress("denoise", (c + 1) * (steps + 1), total)
-            yield x0
-        del cache
+        try:
+            for c in range(chunks):
+                frames = slice(c * n, (c + 1) * n)
+                y_c = y[:, frames].to(device)[None]
+                cam_c = None if plucker is None else plucker[:, :, frames].to(device)
+                start = c * n * frame_tokens
+                x_t = noise[:, frames].to(device, torch.float32)
+                for s, t in enumerate(schedule.timesteps):
+                    timestep = torch.tensor([t], dtype=torch.int64, device=device)
+                    flow = model(x_t[None], timestep, context, y_c, cam_c, cache=cache, current_start=start)[0]
+                    x0 = (x_t.double() - schedule.sigmas_x0[s] * flow.double()).to(torch.float32)
+                    del flow
+                    if s + 1 < steps:
+                        if renoise_draws is not None:
+                            draw = renoise_draws[c, s].to(device, torch.float32)
+                        else:
+                            draw = torch.randn(x0.shape, generator=generator, dtype=torch.float32).to(device)
+                        x_t = renoise(x0, draw, schedule.sigmas_add_noise[s + 1])
+                    progress("denoise", c * (steps + 1) + s + 1, total)
+                # refresh: the cache gets the clean chunk's keys/values (output discarded)
+                zero = torch.zeros(1, dtype=torch.int64, device=device)
+                model(x0[None], zero, context, y_c, cam_c, cache=cache, current_start=start)
+                progress("denoise", (c + 1) * (steps + 1), total)
+                yield x0
+        finally:  # also when the consumer stops early (a cancelled job)
+            cache.close()
+            free_device_memory(device)
         model = None
         self.dit.release()
 

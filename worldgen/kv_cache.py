@@ -170,6 +170,15 @@ class KVCache:
         self.step = _Step(local_end - num_tokens, local_end, max(0, local_end - window), evict, kept, sink)
         self._pending = (current_end, local_end)
 
+    def close(self) -> None:
+        """Free every slot now (layers point back at the cache, so dropping it alone would wait for gc)."""
+        for layer in self.layers:
+            layer.owner = None
+            layer.k = layer.v = layer.cross = None
+            if layer.fp8:
+                layer.k_scale = layer.v_scale = None
+        self.layers = []
+
     def commit(self) -> None:
         """After all layers ran: the call's end becomes the cache's end."""
         self.global_end, self.local_end = self._pending
