@@ -38,7 +38,18 @@ from worldgen.camera import (
 from worldgen.dit import DiTConfig
 from worldgen.errors import InputError
 from worldgen.kv_cache import MODES, CacheSpec, KVCache, plan_cache
-from worldgen.memory import GiB, ModelSlot, activation_gib, free_device_memory, vae_peak_gib, vae_tile_pixels
+from worldgen.memory import (
+    MIN_TILE_PIXELS,
+    REFERENCE_PIXELS,
+    VAE_PEAK_GIB,
+    VAE_WEIGHTS_GIB,
+    GiB,
+    ModelSlot,
+    activation_gib,
+    free_device_memory,
+    vae_peak_gib,
+    vae_tile_pixels,
+)
 from worldgen.pipeline import Pipeline, Progress, _no_progress, condition_mask, prepare_image
 from worldgen.scheduler import FlowUniPCScheduler
 from worldgen.vae import StreamingDecoder
@@ -47,8 +58,16 @@ TIMESTEP_INDICES = (0, 179, 358, 679)  # of the 1000-step schedule: 4 steps, as 
 NUM_TRAIN_TIMESTEPS = 1000
 
 ChunkCallback = Callable[[int, int, torch.Tensor], None]  # (chunk index, chunks, its frames [3, f, H, W])
-STREAM_VAE_GIB = 2.0  # VRAM kept for decoding each chunk beside the DiT and its cache (small tiles)
 LOOP_MARGIN_GIB = 0.5  # allocator fragmentation and small buffers during the loop
+# Decoding chunk by chunk beside the DiT and its cache. The decoder's causal caches (float32, every
+# tile's kept for the next chunk) are 3.4 GiB for a 464x832 frame (measured: 9,458 bytes per output
+# pixel) and do not shrink with tiles; tiles overlap, so they grow by about STREAM_TILE_OVERLAP. The
+# rest of the base plan's measured decode peak (VAE_PEAK_GIB) is activations, linear in tile area:
+# tiles are sized so those stay under STREAM_TILE_ACT_GIB. (An H100 run with a 2 GiB allowance for
+# all of it ran out of memory in the first chunk's decode: the caches had not been counted.)
+VAE_CACHE_BYTES_PER_PIXEL = 9_458
+STREAM_TILE_OVERLAP = 1.4
+STREAM_TILE_ACT_GIB = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,11 +196,13 @@ class FastPipeline(Pipeline):
         self.dit.resident = True  # one model: it stays for the next job
         cfg = self.dit_config
         room = None
+        self.encode_tile_pixels = self.decode_tile_pixels = self.plan.vae_tile_pixels
         if self.plan.usable_gib is not None:
-            # what the loop needs beside the weights and the cache: one chunk's activations, and the
-            # VAE decoding the previous chunk in small tiles
-            transient = activation_gib(chunk_tokens) + LOOP_MARGIN_GIB
-            self.vae_room_gib = min(vae_peak_gib(pixels), STREAM_VAE_GIB)
+            # what the loop needs beside the weights and the cache: one chunk's activations, the text
+            # keys/values, and the VAE decoding each finished chunk (stream_decode_plan)
+            cross = 2 * cfg.num_layers * cfg.text_len * cfg.dim * torch.empty(0, dtype=self.dtype).element_size() / GiB
+            transient = activation_gib(chunk_tokens) + cross + LOOP_MARGIN_GIB
+            self.decode_tile_pixels, self.vae_room_gib = stream_decode_plan(pixels)
             room = (self.plan.usable_gib - self.plan.expert_gib - transient - self.vae_room_gib) * GiB
         try:
             spec, why = plan_cache(
@@ -199,14 +220,10 @@ class FastPipeline(Pipeline):
             )
         except ValueError as exc:
             raise InputError(str(exc)) from None
-        self.encode_tile_pixels = self.decode_tile_pixels = self.plan.vae_tile_pixels
         if room is not None:
             # encode runs before the cache exists (beside the DiT at most); decode beside both
             encode_room = self.plan.usable_gib - self.plan.expert_gib - LOOP_MARGIN_GIB
             self.encode_tile_pixels = None if vae_peak_gib(pixels) <= encode_room else vae_tile_pixels(encode_room)
-            self.decode_tile_pixels = (
-                None if vae_peak_gib(pixels) <= self.vae_room_gib else vae_tile_pixels(self.vae_room_gib)
-            )
         self.plan.vae_tile_pixels = self.decode_tile_pixels
         self.cache_spec, self.cache_reason = spec, why
         if self.on_plan is not None:
@@ -359,26 +376,63 @@ class FastPipeline(Pipeline):
         elif tuple(noise.shape) != shape:
             raise InputError(f"noise has shape {tuple(noise.shape)}, expected {shape}")
 
-        pieces = []
+        pieces: list[torch.Tensor] = []
+        latents: list[torch.Tensor] = []
         num_chunks = frames.latent_frames // options.chunk_frames
+
+        def emit(piece: torch.Tensor) -> None:
+            pieces.append(piece)
+            if len(pieces) == 1:
+                clock.mark("first_chunk")
+            if on_chunk is not None:
+                on_chunk(len(pieces) - 1, num_chunks, piece)
+
         with self.meter.phase("loop"):  # the DiT chunk loop, each chunk decoded as soon as it is done
             decoder = None
+            streaming = True
             for latent in self.rollout_chunks(noise, y, context, plucker, options, generator, progress=progress):
                 clock.lap("dit")
-                if decoder is None:
-                    decoder = StreamingDecoder(self.vae.get(), self.plan.vae_tile_pixels)
-                piece = decoder.push(latent[None].to(next(decoder.vae.parameters()).device))[0].cpu()
-                pieces.append(piece)
+                latents.append(latent.cpu())
+                if streaming:
+                    try:
+                        decoder = decoder or StreamingDecoder(self.vae.get(), self.plan.vae_tile_pixels)
+                        piece = decoder.push(latent[None].to(next(decoder.vae.parameters()).device))[0].cpu()
+                    except torch.OutOfMemoryError:
+                        # the plan's estimate was short: finish the loop, then decode every chunk again
+                        # with the same tiles once the KV cache is gone (so the same video)
+                        streaming, decoder = False, None
+                        free_device_memory(self.device)
+                        self.plan.notes += ("decoding beside the KV cache ran out of memory: chunks decoded after the loop",)
+                    else:
+                        emit(piece)
                 clock.lap("decode")
-                if len(pieces) == 1:
-                    clock.mark("first_chunk")
-                if on_chunk is not None:
-                    on_chunk(len(pieces) - 1, num_chunks, piece)
+            if not streaming:
+                decoder, done = StreamingDecoder(self.vae.get(), self.plan.vae_tile_pixels), len(pieces)
+                device = next(decoder.vae.parameters()).device
+                for i, latent in enumerate(latents):
+                    piece = decoder.push(latent[None].to(device))[0].cpu()
+                    if i < done:
+                        pieces[i] = piece
+                    else:
+                        emit(piece)
+                clock.lap("decode")
             del decoder
             self.vae.release()
         clock.mark("total")
         self.timings = clock.seconds
         return torch.cat(pieces, dim=1)
+
+
+def stream_decode_plan(pixels: int) -> tuple[int | None, float]:
+    """(tile pixels or None for whole frames, GiB) for decoding chunks of `pixels`-pixel frames during
+    the loop: weights + every tile's causal caches + one tile's activations (see the constants)."""
+    caches = VAE_CACHE_BYTES_PER_PIXEL * pixels / GiB
+    act_per_pixel = (VAE_PEAK_GIB - VAE_WEIGHTS_GIB - VAE_CACHE_BYTES_PER_PIXEL * REFERENCE_PIXELS / GiB) / REFERENCE_PIXELS
+    whole = VAE_WEIGHTS_GIB + caches + act_per_pixel * pixels
+    if act_per_pixel * pixels <= STREAM_TILE_ACT_GIB:
+        return None, whole
+    tile = max(MIN_TILE_PIXELS, int(STREAM_TILE_ACT_GIB / act_per_pixel))
+    return tile, VAE_WEIGHTS_GIB + caches * STREAM_TILE_OVERLAP + act_per_pixel * tile
 
 
 class _Clock:
