@@ -34,10 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bridge.settings import GenerationSettings  # noqa: E402
 from worldgen.camera import load_action  # noqa: E402
 from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, load_expert  # noqa: E402
+from worldgen.cuda_memory import free_device_memory  # noqa: E402
 from worldgen.fast import FastOptions, FastPipeline  # noqa: E402
 from worldgen.kv_cache import CacheSpec, KVCache  # noqa: E402
-from worldgen.memory import ModelSlot, free_device_memory, peak_rss_gib  # noqa: E402
+from worldgen.metering import peak_rss_gib  # noqa: E402
 from worldgen.pipeline import load_pipeline  # noqa: E402
+from worldgen.residency import ModelSlot  # noqa: E402
 from worldgen.rollout import find_image, read_prompt  # noqa: E402
 
 GiB = 2**30

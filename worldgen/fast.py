@@ -35,6 +35,7 @@ from worldgen.camera import (
     scale_intrinsics,
     validate_action,
 )
+from worldgen.cuda_memory import free_device_memory
 from worldgen.dit import DiTConfig
 from worldgen.errors import InputError
 from worldgen.kv_cache import MODES, CacheSpec, KVCache, plan_cache
@@ -44,13 +45,12 @@ from worldgen.memory import (
     VAE_PEAK_GIB,
     VAE_WEIGHTS_GIB,
     GiB,
-    ModelSlot,
     activation_gib,
-    free_device_memory,
     vae_peak_gib,
     vae_tile_pixels,
 )
 from worldgen.pipeline import Pipeline, Progress, _no_progress, condition_mask, prepare_image
+from worldgen.residency import ModelSlot
 from worldgen.scheduler import FlowUniPCScheduler
 from worldgen.vae import StreamingDecoder
 
@@ -191,9 +191,9 @@ class FastPipeline(Pipeline):
         pixels = lat_h * lat_w * 64
         chunk_tokens = options.chunk_frames * frame_tokens
         self._frame_pixels = pixels
-        self.plan.fit(chunk_tokens, pixels)
-        self.vae.resident = self.plan.keep_vae
-        self.dit.resident = True  # one model: it stays for the next job
+        self.residency.fit(chunk_tokens, pixels)
+        # the VAE decodes each chunk while the DiT is resident: the room below is made for it
+        self.plan.experts_beside_vae = True
         cfg = self.dit_config
         room = None
         self.encode_tile_pixels = self.decode_tile_pixels = self.plan.vae_tile_pixels
@@ -247,12 +247,12 @@ class FastPipeline(Pipeline):
                 lines += [f"  kv cache {self.cache_spec.describe()}", f"           ({self.cache_reason})"]
         return "\n".join(lines)
 
-    def new_cache(self, latent_frames: int, frame_tokens: int, options: FastOptions) -> KVCache:
+    def new_cache(self, latent_frames: int, frame_tokens: int, options: FastOptions, dtype: torch.dtype) -> KVCache:
         cfg = self.dit_config
         spec = self.cache_spec
         if spec is None or spec.frame_tokens != frame_tokens:  # no plan for this size: the reference's cache
             spec = full_cache_spec(latent_frames, frame_tokens, options)
-        return KVCache(spec, cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dit.get().compute_dtype, self.device)
+        return KVCache(spec, cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype, self.device)
 
     # -- denoise -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -279,8 +279,8 @@ class FastPipeline(Pipeline):
             raise InputError(f"latent frames {lat_f} are not whole chunks of {n}")
         chunks = lat_f // n
         frame_tokens = (lat_h // 2) * (lat_w // 2)
-        model = self.dit.get()
-        cache = self.new_cache(lat_f, frame_tokens, options)
+        model = self.residency.use("fast")
+        cache = self.new_cache(lat_f, frame_tokens, options, model.compute_dtype)
         device, steps = self.device, len(schedule.timesteps)
         context = [context.to(device)]
         total = chunks * (steps + 1)
@@ -313,7 +313,7 @@ class FastPipeline(Pipeline):
             cache.close()
             free_device_memory(device)
         model = None
-        self.dit.release()
+        self.residency.phase_done("denoise")
 
     # -- all of it ---------------------------------------------------------------------------------
     def generate(
@@ -395,7 +395,7 @@ class FastPipeline(Pipeline):
                 latents.append(latent.cpu())
                 if streaming:
                     try:
-                        decoder = decoder or StreamingDecoder(self.vae.get(), self.plan.vae_tile_pixels)
+                        decoder = decoder or StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels)
                         piece = decoder.push(latent[None].to(next(decoder.vae.parameters()).device))[0].cpu()
                     except torch.OutOfMemoryError:
                         # the plan's estimate was short: finish the loop, then decode every chunk again
@@ -407,7 +407,7 @@ class FastPipeline(Pipeline):
                         emit(piece)
                 clock.lap("decode")
             if not streaming:
-                decoder, done = StreamingDecoder(self.vae.get(), self.plan.vae_tile_pixels), len(pieces)
+                decoder, done = StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels), len(pieces)
                 device = next(decoder.vae.parameters()).device
                 for i, latent in enumerate(latents):
                     piece = decoder.push(latent[None].to(device))[0].cpu()
@@ -417,7 +417,7 @@ class FastPipeline(Pipeline):
                         emit(piece)
                 clock.lap("decode")
             del decoder
-            self.vae.release()
+            self.residency.phase_done("decode")
         clock.mark("total")
         self.timings = clock.seconds
         return torch.cat(pieces, dim=1)
