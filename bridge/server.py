@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import signal
 import time
@@ -44,10 +43,11 @@ from bridge.mp4 import IncompleteVideo, check_complete
 from bridge.protocol import Health, JobRequest, Limits, ProtocolError, Submit
 from bridge.security import check_bind_allowed, secure_server_socket
 from bridge.server_config import ServerConfig
-from bridge.settings import GenerationSettings, load_settings
 from bridge.spool import Spool, describe_os_error
 from bridge.supervisor import Event
 from bridge.worker_pool import build_pool
+from contracts import atomic
+from contracts.settings import GenerationSettings, load_settings
 
 log = logging.getLogger("bridge.server")
 
@@ -384,7 +384,6 @@ class Server:
                 rid=rid,
                 prompt=request.prompt,
                 image=request.image,
-                image_format=request.image_format,
                 poses=request.poses,
                 intrinsics=request.intrinsics,
                 settings=settings.to_dict(),
@@ -404,13 +403,10 @@ class Server:
 
     def _job_settings(self, requested: dict[str, Any]) -> GenerationSettings:
         """The job's settings (the server's preset under the request's), or ProtocolError bad_settings."""
-        try:
+        try:  # the one strict validator (contracts.settings): every field's type and range
             settings = GenerationSettings.from_dict({**self.base_settings.to_dict(), **requested})
-        except Exception as exc:  # any type the dataclass cannot take is the request's fault, never ours
+        except Exception as exc:  # whatever it refuses is the request's fault, never an internal error
             raise ProtocolError(f"settings: {exc}"[:1000], "bad_settings") from None
-        numbers = (settings.shift, settings.boundary, *settings.guide_scale)  # until contracts' validator lands
-        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers):
-            raise ProtocolError("settings: shift, boundary and guide_scale must be finite numbers", "bad_settings")
         limits = self.limits
         for name, value, cap in (
             ("frame_num", settings.frame_num, limits.max_frame_num),
@@ -643,9 +639,10 @@ class Server:
             size = check_complete(job.result_path, expected or None)
             if job.want_frames and not job.frames_path.is_file():
                 raise IncompleteVideo("frames.npy is missing")
-            _fsync_file(job.result_path)  # durable before "done"
+            atomic.fsync_file(job.result_path)  # durable before "done" (whoever wrote it)
+            atomic.fsync_dir(job.dir)
             if job.want_frames:
-                _fsync_file(job.frames_path)
+                atomic.fsync_file(job.frames_path)
                 size += job.frames_path.stat().st_size
         except (OSError, IncompleteVideo) as exc:
             if self._storage_suspect(job, f"its result is incomplete ({exc})"):
@@ -806,19 +803,6 @@ class Server:
                 self.spool.remove(job)
                 del self.jobs[job.id]
                 self.by_request.pop((job.client, job.rid), None)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _count(value: Any) -> int:

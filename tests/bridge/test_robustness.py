@@ -77,22 +77,20 @@ def healthy(client: Client) -> dict:
 # 1. Settings at the edge; nothing accepted can stall the worker
 
 
-# Until contracts.settings (issue 13) is on main the bridge's settings dataclass coerces these.
-NEEDS_STRICT = pytest.mark.xfail(strict=True, reason="needs contracts' strict settings validator (issue 13)")
 BAD_SETTINGS = [
-    pytest.param({"fps": 1e30}, marks=NEEDS_STRICT),
-    pytest.param({"seed": 1e30}, marks=NEEDS_STRICT),
-    pytest.param({"fps": 10**30 // 10**12}, marks=NEEDS_STRICT),  # an int msgpack can carry, far out of range
-    pytest.param({"seed": -1}, marks=NEEDS_STRICT),
+    {"fps": 1e30},
+    {"seed": 1e30},
+    {"fps": 10**30 // 10**12},  # an int msgpack can carry, far out of range
+    {"seed": -1},
     {"size": 480},
     {"size": ["480", "832"]},
-    pytest.param({"negative_prompt": {"a": 1}}, marks=NEEDS_STRICT),
+    {"negative_prompt": {"a": 1}},
     {"guide_scale": "lots"},
     {"guide_scale": [1.0, 2.0, 3.0]},
-    pytest.param({"steps": "4"}, marks=NEEDS_STRICT),
-    pytest.param({"steps": 2.5}, marks=NEEDS_STRICT),
-    pytest.param({"frame_num": True}, marks=NEEDS_STRICT),
-    pytest.param({"shift": "5"}, marks=NEEDS_STRICT),
+    {"steps": "4"},
+    {"steps": 2.5},
+    {"frame_num": True},
+    {"shift": "5"},
     {"fps": 0},
 ]
 
@@ -112,7 +110,6 @@ def test_out_of_range_and_wrongly_typed_settings_are_bad_settings(servers, episo
         assert client.health()["queue"]["waiting"] == 0
 
 
-@NEEDS_STRICT
 def test_a_spooled_job_that_cannot_reach_the_worker_fails_at_once_and_frees_it(servers, tmp_path, episode):
     """A job already on disk (written by an older server) whose settings the worker pipe cannot
     carry: it fails with a reason at start-up, and the next job runs at once (no stall timeout)."""
@@ -120,7 +117,7 @@ def test_a_spooled_job_that_cannot_reach_the_worker_fails_at_once_and_frees_it(s
     spool = Spool(workdir / "spool")
     payload = EpisodePayload.from_dir(episode)
     record = spool.accept(
-        client="old", rid="r-old", prompt="p", image=payload.image, image_format="png", poses=payload.poses,
+        client="old", rid="r-old", prompt="p", image=payload.image, poses=payload.poses,
         intrinsics=payload.intrinsics, settings={"steps": 2, "fps": 10**30},
     )  # fmt: skip
     spool.close()
@@ -434,7 +431,6 @@ def test_ten_thousand_adversarial_messages(servers, episode):
         assert time.monotonic() - started < 10
 
 
-@NEEDS_STRICT
 def test_msgpack_header_with_settings_junk_is_never_internal(servers, episode):
     """A handful of the fuzz run's findings, kept as a fast test."""
     server = servers(worker=standin_command(step_s=0.01))
