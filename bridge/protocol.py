@@ -26,6 +26,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from contracts import episode
+from contracts.episode import EpisodeError
+
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 DEFAULT_PORT = 5570
@@ -46,7 +49,8 @@ ERROR_CODES = (
     "too_large",  # a frame, string, shape or count above the caps
     "bad_settings",  # generation settings the engine cannot use, or above the server's caps
     "bad_input",  # the episode cannot be generated (raised by the engine)
-    "busy",  # queue full: try again later
+    "busy",  # queue full, or this client's share of the queue or of the spool: try again later
+    "storage",  # the server cannot write its spool (disk full, read-only ...): try again later
     "not_found",  # unknown job id
     "cancelled",  # the job was cancelled
     "worker_crashed",  # the worker process died during the job (signal / OOM kill / exit)
@@ -58,8 +62,7 @@ ERROR_CODES = (
     "internal",  # a bug in the server
 )
 
-JPEG_MAGIC = b"\xff\xd8\xff"
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+JPEG_MAGIC, PNG_MAGIC = episode.JPEG_MAGIC, episode.PNG_MAGIC
 _ID_RE = re.compile(r"[A-Za-z0-9._:@/+=-]{1,64}\Z")
 MIB = 1 << 20
 
@@ -418,6 +421,67 @@ def _check_array(
     return np.frombuffer(view, dtype=DTYPES[dtype_name]).reshape(shape)
 
 
+# ---------------------------------------------------------------------------------------------
+# Typed requests: what the server's handlers get, built only from a fully validated Message
+
+
+@dataclasses.dataclass(frozen=True)
+class Submit:
+    rid: str
+    prompt: str
+    settings: dict[str, Any]  # overrides of the server's preset; checked by the server against its schema
+    image: bytes
+    image_format: str  # "jpeg" | "png", from the magic bytes
+    poses: np.ndarray  # [N, 4, 4], finite
+    intrinsics: np.ndarray  # [N, 4], finite, fx, fy > 0
+    want_frames: bool = False
+    name: str | None = None
+    client: str | None = None  # a label the client chose; never its identity (see docs/protocol.md)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRequest:
+    """`cancel`, `status` or `watch` of one job."""
+
+    type: str
+    rid: str
+    job: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Health:
+    rid: str
+
+
+Request = Submit | JobRequest | Health
+
+
+def parse_request(frames: Sequence[Any], limits: Limits = Limits()) -> Request:
+    """A client -> server message as a typed request; raises ProtocolError (with its code)."""
+    message = decode_request(frames, limits)
+    fields = message.fields
+    if message.type == "health":
+        return Health(fields["rid"])
+    if message.type != "submit":
+        return JobRequest(message.type, fields["rid"], fields["job"])
+    image = message.blobs["image"]
+    poses, intrinsics = message.arrays["poses"], message.arrays["intrinsics"]
+    fmt = image_format(image)
+    check_episode_arrays(poses, intrinsics)
+    return Submit(
+        rid=fields["rid"],
+        prompt=fields["prompt"],
+        settings=dict(fields.get("settings") or {}),
+        image=image,
+        image_format=fmt,
+        poses=poses,
+        intrinsics=intrinsics,
+        want_frames=bool(fields.get("want_frames", False)),
+        name=fields.get("name"),
+        client=fields.get("client"),
+    )
+
+
 def _pattern(spec: FrameSpec) -> str:
     return "[" + ", ".join("N" if d is None else str(d) for d in spec.shape) + "]"
 
@@ -427,19 +491,22 @@ def _pattern(spec: FrameSpec) -> str:
 
 
 def image_format(image: bytes) -> str:
-    """'jpeg' or 'png' from the magic bytes; ProtocolError for anything else."""
-    if image.startswith(JPEG_MAGIC):
-        return "jpeg"
-    if image.startswith(PNG_MAGIC):
-        return "png"
-    raise ProtocolError("image must be JPEG or PNG bytes (image.jpg / image.png of the episode)", "bad_input")
+    """'jpeg' or 'png' from the magic bytes (`contracts.episode`); ProtocolError for anything else."""
+    try:
+        return episode.image_format(image)
+    except EpisodeError as exc:
+        raise ProtocolError(str(exc), "bad_input") from None
 
 
 def check_episode_arrays(poses: np.ndarray, intrinsics: np.ndarray) -> None:
-    """Values the engine cannot use, caught at the door (the engine checks the semantics again)."""
-    if not np.isfinite(poses).all():
-        raise ProtocolError("poses contain NaN or infinity (poses.npy)", "bad_input")
-    if not np.isfinite(intrinsics).all():
-        raise ProtocolError("intrinsics contain NaN or infinity (intrinsics.npy)", "bad_input")
-    if (intrinsics[:, :2] <= 0).any():
-        raise ProtocolError("intrinsics fx, fy must be > 0 (intrinsics.npy rows are fx, fy, cx, cy)", "bad_input")
+    """The one episode validator (`contracts.episode`) at the door: rigid poses, [N, 4] or one row
+    of positive-focal intrinsics. (How many poses a rollout needs is the engine's to say.)"""
+    try:
+        episode.check_action(
+            poses,
+            intrinsics,
+            poses_name="poses (poses.npy)",
+            intrinsics_name="intrinsics (intrinsics.npy)",
+        )
+    except EpisodeError as exc:
+        raise ProtocolError(str(exc), "bad_input") from None

@@ -73,18 +73,23 @@ class ResidencyPolicy:
     """
 
     def __init__(
-        self, plan: MemoryPlan, text_encoder: ModelSlot, vae: ModelSlot, experts: dict[str, ModelSlot]
+        self,
+        plan: MemoryPlan,
+        text_encoder: ModelSlot | None = None,
+        vae: ModelSlot | None = None,
+        experts: dict[str, ModelSlot] | None = None,
     ) -> None:
+        """Slots left out are not managed (e.g. a second GPU that only holds copies of the experts)."""
         self.plan = plan
-        self.text_encoder, self.vae, self.experts = text_encoder, vae, experts
+        self.text_encoder, self.vae, self.experts = text_encoder, vae, experts or {}
+        named = {"text_encoder": text_encoder, "vae": vae, **self.experts}
+        self._slots = {name: slot for name, slot in named.items() if slot is not None}
         self._prefetched: set[str] = set()  # experts whose files are being read ahead and are not loaded yet
 
     def slot(self, name: str) -> ModelSlot:
-        if name == "text_encoder":
-            return self.text_encoder
-        if name == "vae":
-            return self.vae
-        return self.experts[name]
+        if name not in self._slots:
+            raise KeyError(f"this residency policy manages no model {name!r} (it has {', '.join(self._slots)})")
+        return self._slots[name]
 
     def use(self, name: str, upcoming: Sequence[str] = ()) -> nn.Module:
         """About to run model `name`: make room for it, load it, and read ahead what runs next.
@@ -93,11 +98,12 @@ class ResidencyPolicy:
         denoising schedule); the caller must drop its own reference to the previous model first,
         or a freed expert stays in memory.
         """
+        slot = self.slot(name)
         if name == "vae" and not self.plan.experts_beside_vae:
             self._unload(self.experts)
         if name in self.experts and not self.plan.keep_both_experts:
             self._unload(other for other in self.experts if other != name)
-        module = self.slot(name).get()
+        module = slot.get()
         self._prefetched.discard(name)
         if name in self.experts and not self.plan.keep_both_experts:
             for later in dict.fromkeys(upcoming):
@@ -113,7 +119,7 @@ class ResidencyPolicy:
                 self._unload(self.experts)
             return
         for name in PHASE_MODELS[phase]:
-            if not self._keeps(name):
+            if name in self._slots and not self._keeps(name):
                 self.slot(name).unload()
 
     def fit(self, tokens: int, pixels: int) -> bool:

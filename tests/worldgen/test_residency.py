@@ -144,6 +144,18 @@ def test_a_swapping_plan_gives_the_same_video_as_keeping_everything():
 
 
 def swapping_settings():
-    from bridge.settings import GenerationSettings
+    from contracts.settings import GenerationSettings
 
     return GenerationSettings(size="64*64", frame_num=5, steps=4, boundary=0.9, shift=5.0)
+
+
+def test_a_policy_over_the_experts_alone_manages_a_second_gpus_copies(tiny):
+    """A second GPU holds only copies of the experts (worldgen.multi_gpu): its policy swaps them the same
+    way and its phase hooks for models it does not hold do nothing."""
+    policy = ResidencyPolicy(budget_plan(16), experts=tiny.experts)
+    policy.phase_done("text")
+    policy.phase_done("decode")
+    tiny.denoise(policy)
+    assert tiny.events == [("load", "high", ()), ("prefetch", "low"), ("load", "low", ())]
+    with pytest.raises(KeyError, match="no model 'vae'"):
+        policy.use("vae")
