@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from contracts import atomic
 from contracts.episode import EpisodeError, read_episode
 from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
 from lingbot_isaac.lens import CameraError
@@ -358,12 +359,6 @@ def select_demos(sources: list[TrajectorySource], spec: str | set[int], path: Pa
     return [source for source in sources if source.name.startswith("demo_") and int(source.name[5:]) in spec]
 
 
-def _atomic_json(path: Path, value: dict[str, Any]) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(value, indent=1) + "\n")
-    os.replace(partial, path)
-
-
 def window_of(health: dict[str, Any], asked: int | None) -> int:
     """Jobs in flight at once: what the server takes from one client (its per-client queue plus
     one running job per worker), or less if asked."""
@@ -437,7 +432,7 @@ class Batch:
                     backoff = BUSY_BACKOFF_S[0]  # the server is full: wait for a job to end, then retry
                     break
                 todo.pop(0)
-                _atomic_json(folder / PENDING, {"job": job.id, "server": self.server})
+                atomic.write_json(folder / PENDING, {"job": job.id, "server": self.server})
                 self._follow(job, folder, settings)
             self._postfix()
             self.wake.wait(backoff or 0.5)
