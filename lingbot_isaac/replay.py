@@ -26,6 +26,7 @@ from PIL import Image
 
 from bridge.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
 from lingbot_isaac.episode import EpisodeError, read_episode
+from lingbot_isaac.first_frame import fit_photo, parse_intrinsics, with_photo
 from lingbot_isaac.lens import CameraError
 from lingbot_isaac.recording import write_recording_episode
 from lingbot_isaac.sources import SourceOptions, TrajectorySource, open_source
@@ -65,6 +66,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="write result folders here instead of beside the sources")
     parser.add_argument("--overwrite", action="store_true", help="replace existing results and exports")
     parser.add_argument("--export-only", action="store_true", help="write the episode folders, send nothing")
+    photo = parser.add_argument_group("a real photo as the first frame (sim-to-real)")
+    photo.add_argument(
+        "--first-frame",
+        type=Path,
+        metavar="PHOTO",
+        help="start every rollout from this photo (the real camera at the start pose) instead of the sim's "
+        "first frame; centre-cropped and resized to the episode's frame. An episode folder given as SOURCE "
+        "is left as it is: the result goes to <folder>-photo (or under --out)",
+    )
+    photo.add_argument(
+        "--photo-intrinsics",
+        metavar="FX,FY,CX,CY",
+        help="the photo's pinhole intrinsics in its own pixels (default: it shows the sim camera's view)",
+    )
     source = parser.add_argument_group("files without a first frame or prompt (USD, HDF5)")
     source.add_argument("--image", type=Path, help="first frame (png/jpg); its size is the render resolution")
     source.add_argument("--prompt", help="text prompt (or --prompt-file)")
@@ -181,8 +196,29 @@ def _result_dir(source: TrajectorySource, out: Path | None, file_sources: int) -
     return (out or source.origin.parent) / name
 
 
-def export(source: TrajectorySource, target: Path, image, prompt: str | None, overwrite: bool) -> Path:
-    """Make `target` an episode folder for `source` (copy or export); return it."""
+def export(
+    source: TrajectorySource,
+    target: Path,
+    image,
+    prompt: str | None,
+    overwrite: bool,
+    photo: Path | None = None,
+    photo_intrinsics: tuple[float, float, float, float] | None = None,
+) -> Path:
+    """Make `target` an episode folder for `source` (copy or export); return it.
+
+    `photo`: the first frame instead of the source's (`first_frame.fit_photo`).
+    """
+    if photo is not None and source.episode_dir is not None:
+        if target.exists() and not overwrite:
+            raise ReplayError(f"{target} already exists; pass --overwrite to replace it")
+        return with_photo(source.episode_dir, photo, target, photo_intrinsics, overwrite=True)
+    if photo is not None:
+        recording = source.recording
+        image, k, info = fit_photo(photo, *recording.resolution, photo_intrinsics)
+        if k is not None:
+            recording.intrinsics = np.tile(k, (len(recording.times), 1))
+        recording.extra = {**recording.extra, "first_frame": info}
     if source.episode_dir is not None:
         if target.resolve() != source.episode_dir.resolve():
             if target.exists():
@@ -269,6 +305,22 @@ def generate(
     return video, info
 
 
+def first_frame_record(episode) -> dict[str, Any]:
+    """Which first frame a rollout starts from: the photo's record, or the episode's own image."""
+    recorded = (episode.meta.extra.get("first_frame") if episode.meta else None) or {}
+    return recorded or {"source": "episode", "path": str(episode.image_path)}
+
+
+def describe_first_frame(record: dict[str, Any]) -> str:
+    if record.get("source") == "photo":
+        x0, y0, cw, ch = record["crop"]
+        return (
+            f"photo {record['path']} ({record['photo_size'][0]}x{record['photo_size'][1]}, crop {cw}x{ch} at "
+            f"{x0},{y0} -> {record['size'][0]}x{record['size'][1]}; intrinsics: {record['intrinsics']})"
+        )
+    return f"the episode's own image ({record.get('path')})"
+
+
 def write_result(folder: Path, video: bytes, info: dict[str, Any]) -> Path:
     """rollout.mp4 and rollout.json, each written to a temp file and renamed into place."""
     target = folder / RESULT_VIDEO
@@ -308,6 +360,10 @@ def run(args: argparse.Namespace) -> int:
     plan = []
     for source, siblings in sources:
         target = _result_dir(source, args.out, siblings)
+        if args.first_frame is not None and source.episode_dir is not None and target.resolve() == (
+            source.episode_dir.resolve()
+        ):
+            target = target.with_name(f"{target.name}-photo")  # never replace the user's own first frame
         if not args.export_only and (target / RESULT_VIDEO).exists() and not args.overwrite:
             raise ReplayError(
                 f"{target / RESULT_VIDEO} already exists; pass --overwrite to generate it again"
@@ -315,7 +371,14 @@ def run(args: argparse.Namespace) -> int:
         plan.append((source, target))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-    episodes = [export(source, target, image, prompt, args.overwrite) for source, target in plan]
+    photo_k = parse_intrinsics(args.photo_intrinsics)
+    if photo_k is not None and args.first_frame is None:
+        raise ReplayError("--photo-intrinsics describes the --first-frame photo; give --first-frame PHOTO too")
+    if args.first_frame is not None and not args.first_frame.is_file():
+        raise ReplayError(f"--first-frame {args.first_frame}: no such file")
+    episodes = [
+        export(source, target, image, prompt, args.overwrite, args.first_frame, photo_k) for source, target in plan
+    ]
     if args.export_only:
         for folder in episodes:
             print(folder)
@@ -330,6 +393,8 @@ def run(args: argparse.Namespace) -> int:
             settings = job_settings(episode.meta.generation if episode.meta else None, overrides)
             label = f"[{index}/{len(episodes)}] {folder.name}"
             video, info = generate(client, folder, settings, label, not args.no_progress, args.job_timeout)
-            info.update({"server": args.server, "episode": str(folder), "settings": settings})
+            first = first_frame_record(episode)
+            info.update({"server": args.server, "episode": str(folder), "settings": settings, "first_frame": first})
+            print(f"{label}: first frame: {describe_first_frame(first)}", file=sys.stderr)
             print(write_result(folder, video, info))
     return 0
