@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bridge.settings import GenerationSettings  # noqa: E402
+from contracts.settings import GenerationSettings  # noqa: E402
 from worldgen.camera import camera_conditioning  # noqa: E402
 from worldgen.checkpoint import load_expert  # noqa: E402
 from worldgen.pipeline import Pipeline  # noqa: E402

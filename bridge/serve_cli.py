@@ -15,8 +15,8 @@ from pathlib import Path
 from bridge.security import SecurityError
 from bridge.server import ListenError, Server
 from bridge.server_config import ConfigError, load_server_config
-from bridge.settings import SettingsError
 from bridge.spool import SpoolError
+from contracts.settings import SettingsError
 
 USER_ERRORS = (ConfigError, SecurityError, SpoolError, SettingsError, ListenError)
 DEFAULT_CONFIG = Path("config/server.toml")

@@ -30,10 +30,10 @@ from bridge.fair_queue import FairQueue
 from bridge.protocol import Limits, Message, ProtocolError
 from bridge.security import check_bind_allowed, secure_server_socket
 from bridge.server_config import ServerConfig
-from bridge.settings import GenerationSettings, SettingsError, load_settings
 from bridge.spool import JobRecord, Spool
 from bridge.supervisor import Event
 from bridge.worker_pool import build_pool
+from contracts.settings import GenerationSettings, SettingsError, load_settings
 
 log = logging.getLogger("bridge.server")
 
@@ -234,7 +234,7 @@ class Server:
             return
         try:
             image = message.blobs["image"]
-            image_format = protocol.image_format(image)
+            protocol.image_format(image)
             poses, intrinsics = message.arrays["poses"], message.arrays["intrinsics"]
             protocol.check_episode_arrays(poses, intrinsics)
             settings = self._job_settings(message.get("settings") or {})
@@ -269,7 +269,6 @@ class Server:
                 rid=rid,
                 prompt=message.fields["prompt"],
                 image=image,
-                image_format=image_format,
                 poses=poses,
                 intrinsics=intrinsics,
                 settings=settings.to_dict(),

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps
 
-from lingbot_isaac.episode import EpisodeError, read_episode, source_intrinsics, write_episode
+from contracts.episode import EpisodeError, read_episode, write_episode
+from contracts.model_frame import from_model_intrinsics
 
 
 def parse_intrinsics(text: str | None) -> tuple[float, float, float, float] | None:
@@ -105,7 +106,7 @@ def with_photo(
         )
     height, width = episode.meta.source_resolution
     image, k, info = fit_photo(photo, height, width, photo_intrinsics)
-    intrinsics = source_intrinsics(episode.intrinsics, height, width) if k is None else k
+    intrinsics = from_model_intrinsics(episode.intrinsics, height, width) if k is None else k
     meta = episode.meta
     meta.extra = {**meta.extra, "first_frame": info}
     # In place (an episode we exported) the old folder is swapped out only once the new one is

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from bridge.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
-from lingbot_isaac.episode import EpisodeError, read_episode
+from contracts.episode import EpisodeError, read_episode
+from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
 from lingbot_isaac.first_frame import fit_photo, parse_intrinsics, with_photo
 from lingbot_isaac.lens import CameraError
 from lingbot_isaac.recording import write_recording_episode

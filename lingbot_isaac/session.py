@@ -41,7 +41,7 @@ class SessionSettings:
     photo_intrinsics: str | None = None  # "fx,fy,cx,cy" of that photo in its pixels (default: the sim camera's)
 
     def generation(self) -> dict[str, Any]:
-        from bridge.settings import GenerationSettings, load_settings
+        from contracts.settings import GenerationSettings, load_settings
 
         settings: dict[str, Any] = load_settings(preset=self.preset).to_dict() if self.preset else {}
         flags = {"frame_num": self.frame_num, "steps": self.steps, "seed": self.seed}
@@ -187,7 +187,7 @@ class Session:
 
     def _generate(self, episode: Path, client_factory: Callable[[], Any] | None) -> None:
         from bridge.client import Client, EpisodePayload, JobError, Progress
-        from lingbot_isaac.episode import read_episode
+        from contracts.episode import read_episode
         from lingbot_isaac.first_frame import parse_intrinsics, with_photo
         from lingbot_isaac.replay import first_frame_record, job_settings, write_result
 
@@ -239,7 +239,7 @@ class Session:
 
     def _compare(self, episode: Path, rollout: Path) -> Path | None:
         """The comparison report, when sim frames exist and the comparison package is installed."""
-        from lingbot_isaac.episode import read_episode
+        from contracts.episode import read_episode
 
         if not self.settings.compare or read_episode(episode).sim_frames_path is None:
             return None

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from bridge.settings import GenerationSettings
+from contracts.settings import GenerationSettings
 from worldgen.camera import (
     TEMPORAL_STRIDE,
     frames_for_poses,

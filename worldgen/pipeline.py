@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from bridge.settings import GenerationSettings
+from contracts.settings import GenerationSettings
 from worldgen.camera import camera_conditioning, frames_for_poses, validate_action
 from worldgen.dit import DiTConfig
 from worldgen.errors import InputError

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lingbot_isaac.episode import EpisodeError, lingbot_intrinsics, read_episode, source_intrinsics
+from contracts.episode import EpisodeError, read_episode
+from contracts.model_frame import from_model_intrinsics, to_model_intrinsics
 from lingbot_isaac.first_frame import crop_box, fit_photo, parse_intrinsics, with_photo
 from lingbot_isaac.room_render import render_room
 from tests.isaac.test_replay import REPO, SAMPLE, needs_server, server  # noqa: F401  (fixture)
@@ -75,8 +76,8 @@ def test_with_photo_rewrites_the_episode_and_records_it(tmp_path):
     out = with_photo(SAMPLE, tmp_path / "photo.jpg", tmp_path / "ep", k_photo, overwrite=True)
     episode = read_episode(out)
     _, k, _ = fit_photo(tmp_path / "photo.jpg", 480, 832, k_photo)
-    np.testing.assert_allclose(episode.intrinsics, np.tile(lingbot_intrinsics(k, 480, 832), (33, 1)), rtol=1e-6)
-    np.testing.assert_allclose(source_intrinsics(episode.intrinsics[0], 480, 832), k, rtol=1e-6)
+    np.testing.assert_allclose(episode.intrinsics, np.tile(to_model_intrinsics(k, 480, 832), (33, 1)), rtol=1e-6)
+    np.testing.assert_allclose(from_model_intrinsics(episode.intrinsics[0], 480, 832), k, rtol=1e-6)
     # In place (an exported episode) works too and keeps its sim frames.
     assert with_photo(out, tmp_path / "photo.jpg", out).joinpath("sim.mp4").is_file()
 

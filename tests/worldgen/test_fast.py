@@ -283,7 +283,7 @@ def test_streamed_decode_equals_whole_decode(tile_pixels):
 
 @pytest.mark.slow
 def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
-    from bridge.settings import GenerationSettings
+    from contracts.settings import GenerationSettings
     from worldgen.pipeline import load_pipeline
 
     pipe = load_pipeline("tiny", device="cpu", model="fast")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bridge.settings import GenerationSettings
+from contracts.settings import GenerationSettings
 from tests.worldgen.numerics import rel_l2
 from worldgen.checkpoint import load_expert
 from worldgen.pipeline import Pipeline, prepare_image

@@ -144,7 +144,7 @@ def test_a_swapping_plan_gives_the_same_video_as_keeping_everything():
 
 
 def swapping_settings():
-    from bridge.settings import GenerationSettings
+    from contracts.settings import GenerationSettings
 
     return GenerationSettings(size="64*64", frame_num=5, steps=4, boundary=0.9, shift=5.0)
 
