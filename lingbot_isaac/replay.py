@@ -71,7 +71,8 @@ USER_ERRORS = (ReplayError, EpisodeError, CameraError, SettingsError, *_bridge_e
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "sources", nargs="+", type=Path, metavar="SOURCE", help="episode folder, USD or HDF5 file"
+        "sources", nargs="+", type=Path, metavar="SOURCE",
+        help="episode folder (or its episode.json: `DIR/**/episode.json` replays a whole tree), USD or HDF5 file"
     )
     parser.add_argument("--server", default="tcp://127.0.0.1:5570", help="the generation server's endpoint")
     parser.add_argument("--out", type=Path, help="write result folders here instead of beside the sources")
@@ -585,6 +586,8 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
     # Read and validate every source before sending anything.
     sources: list[tuple[TrajectorySource, int]] = []
     for path in args.sources:
+        if path.name == "episode.json" and path.is_file():  # `replay DIR/**/episode.json`
+            path = path.parent
         found = open_source(path, options)
         siblings = len(found)
         if kind_of(path) == "isaaclab-hdf5":
@@ -605,6 +608,14 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
         ):
             target = target.with_name(f"{target.name}-photo")  # never replace the user's own first frame
         plan.append((source, target))
+    targets: dict[Path, TrajectorySource] = {}
+    for source, target in plan:
+        other = targets.setdefault(target.resolve(), source)
+        if other is not source:
+            raise ReplayError(
+                f"{other.origin} and {source.origin} would both write {target}; give them different "
+                "names or replay them with different --out folders"
+            )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
     resume = not args.export_only
