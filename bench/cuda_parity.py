@@ -142,17 +142,21 @@ def main() -> None:
         shift=spec["shift"],
         guide_scale=tuple(spec["guide_scale_low_high"]),
     )
-    video = pipe.generate(
-        ex / "00/image.jpg",
-        None,
-        np.load(ex / "00/poses.npy"),
-        np.load(ex / "00/intrinsics.npy"),
-        settings,
-        noise=pio["noise"],
-        context=context.to(dev),
-        negative_context=negative.to(dev),
-    )
-    results["pipeline end-to-end video"] = rel(video, pio["video"])
+    for compute in computes:
+        for slot in pipe.experts.values():
+            slot.get().set_compute(compute)
+        video = pipe.generate(
+            ex / "00/image.jpg",
+            None,
+            np.load(ex / "00/poses.npy"),
+            np.load(ex / "00/intrinsics.npy"),
+            settings,
+            noise=pio["noise"],
+            context=context.to(dev),
+            negative_context=negative.to(dev),
+        )
+        tag = "" if compute == "bf16" else f" [{compute}]"
+        results[f"pipeline end-to-end video{tag}"] = rel(video, pio["video"])
 
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__} compute dtype {dtype}")
     for name, err in results.items():

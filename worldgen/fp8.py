@@ -24,6 +24,7 @@ and `attention_note()` says so when fp8 is asked for.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -32,6 +33,7 @@ from worldgen.errors import InputError
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
 MIN_ROWS = 256  # fewer rows than this: the bf16 GEMM is as fast and exact
+FAST_ACCUM = True  # Hopper's fast FP8 accumulation (partial sums promoted to float32 less often)
 COMPUTES = ("bf16", "fp8")
 
 
@@ -82,8 +84,24 @@ def _compiled_quantize():
     return torch.compile(_quantize_rows, dynamic=True, fullgraph=True)
 
 
+_compile_failed = False
+
+
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return _compiled_quantize()(x) if x.is_cuda else _quantize_rows(x)
+    """[M, K] -> (float8, per-row float32 scales): one fused kernel on CUDA, eager elsewhere."""
+    global _compile_failed
+    # one input type for the compiled kernel (a Parameter or a float32 tensor would each recompile)
+    x = x.detach().to(torch.bfloat16).contiguous() if x.is_cuda else x
+    if not x.is_cuda or _compile_failed:
+        return _quantize_rows(x)
+    try:
+        return _compiled_quantize()(x)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (no Triton / compiler: eager, said once)
+        _compile_failed = True
+        warnings.warn(f"the FP8 quantization kernel failed to compile ({exc}); using eager PyTorch", stacklevel=2)
+        return _quantize_rows(x)
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -99,7 +117,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
         scale_b=w_scale.view(1, -1),
         bias=None if bias is None else bias.to(torch.bfloat16),
         out_dtype=torch.bfloat16,
-        use_fast_accum=True,
+        use_fast_accum=FAST_ACCUM,
     )
     return out.view(*lead, weight.shape[0])
 
