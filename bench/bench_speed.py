@@ -34,7 +34,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_dit import random_model, to_nf4  # noqa: E402
-from worldgen import attention as attention_mod  # noqa: E402
 from worldgen import fused  # noqa: E402
 from worldgen.dit import DiTConfig  # noqa: E402
 
@@ -207,7 +206,7 @@ def main() -> None:
     parser.add_argument("--rollout-steps", type=int, default=3, help="denoising steps timed after the first")
     parser.add_argument("--text-tokens", type=int, default=120, help="prompt length before padding to 512")
     parser.add_argument("--profile-top", type=int, default=12, help="kernels listed per profile")
-    parser.add_argument("--experiments", action="store_true", help="also time the attention kernels one by one")
+    parser.add_argument("--experiments", action="store_true", help="also: FP8 with slow accumulation, GEMM and attention-kernel micro-benchmarks")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args()
 
@@ -223,7 +222,7 @@ def main() -> None:
     inputs = (x, torch.tensor([900.0], device=dev), ctx, y, cam)
     head = (
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.height}x{args.width}x{args.frames} "
-        f"-> {tokens} tokens; exact SDPA kernel now: {attention_mod.sdpa_kernel_name()}"
+        f"-> {tokens} tokens"
     )
     print(head, flush=True)
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": tokens}
@@ -231,7 +230,6 @@ def main() -> None:
 
     def run(label: str, model, *, fast: bool, compute: str, reference: torch.Tensor | None = None, against=""):
         fused.enable(fast)
-        attention_mod.set_fast_sdpa(fast)
         model.set_compute(compute)
         try:
             seconds, out = timed(model, inputs, args.repeats)
@@ -257,27 +255,13 @@ def main() -> None:
     profiles["NF4 + fp8"] = profile(model, inputs, args.profile_top)
 
     if args.experiments:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
         from worldgen import fp8
 
         fp8.FAST_ACCUM = False
         run("NF4 + fp8 (slow accumulation)", model, fast=True, compute="fp8", reference=nf4_fast, against="NF4 exact")
         fp8.FAST_ACCUM = True
         micro_benchmarks(dev, tokens, cfg)
-        fused.enable(True)
-        model.set_compute("bf16")
-        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
-                              ("efficient", SDPBackend.EFFICIENT_ATTENTION)):  # fmt: skip
-            try:
-                with sdpa_kernel([backend]):
-                    seconds, out = timed(model, inputs, 1)
-                print(f"experiment: NF4 exact, SDPA forced to {name}: {seconds:.2f} s, rel-L2 {rel(out, nf4_fast):.2e}")
-            except Exception as exc:  # noqa: BLE001
-                print(f"experiment: SDPA {name} unavailable: {str(exc)[:200]}")
-
     fused.enable(True)
-    attention_mod.set_fast_sdpa(True)
     model.set_compute("bf16")
     try:
         step = rollout_step_seconds(model, dev, args.rollout_steps, lat, args.text_tokens)

@@ -3,7 +3,7 @@
 Usage: python bench/cuda_parity.py [--shared ../shared] [--dtype bfloat16] [--compute bf16,fp8] [--eager]
 Prints one line per case with the relative L2 error |a-b|/|b| against the CPU-float32 golden file.
 `--compute fp8` also runs the golden DiT cases through the FP8 GEMMs (every Linear of the tiny
-golden model, whatever its token count); `--eager` turns the fused CUDA kernels off (the old path).
+golden model, whatever its token count); `--eager` turns the fused elementwise CUDA kernels off (the old path).
 """
 
 from __future__ import annotations
@@ -43,13 +43,12 @@ def main() -> None:
     parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parent.parent.parent / "shared")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--compute", default="bf16", help="comma-separated: bf16 (exact), fp8 (DiT cases only)")
-    parser.add_argument("--eager", action="store_true", help="no fused kernels, PyTorch's own SDPA order")
+    parser.add_argument("--eager", action="store_true", help="no fused elementwise kernels (the old path)")
     args = parser.parse_args()
     if args.eager:
-        from worldgen import attention, fused
+        from worldgen import fused
 
         fused.enable(False)
-        attention.set_fast_sdpa(False)
     computes = args.compute.split(",")
     if "fp8" in computes:
         from worldgen import fp8

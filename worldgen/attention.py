@@ -9,16 +9,10 @@
 - `auto` (default): `flash` when the package is installed, else `sdpa`.
 
 Inputs the optional kernels cannot take (CPU, float32) go through SDPA whatever the choice.
-
-Within SDPA, on CUDA bf16/fp16 we ask for cuDNN's fused attention first (then PyTorch's
-FlashAttention-2, then the memory-efficient kernel): on Hopper cuDNN's kernel is the faster of the
-exact ones (docs/benchmarks.md), the same math (softmax in float32, no approximation), only a
-different summation order. `set_fast_sdpa(False)` gives PyTorch's own choice back.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 
 import torch
@@ -28,31 +22,6 @@ from worldgen.errors import InputError
 
 BACKENDS = ("auto", "sdpa", "flash", "sage")
 _PACKAGES = {"flash": ("flash_attn", "pip install flash-attn"), "sage": ("sageattention", "pip install sageattention")}
-
-
-_fast_sdpa = True
-
-
-def set_fast_sdpa(on: bool) -> None:
-    """Prefer cuDNN's attention inside SDPA on CUDA (process-wide; default on)."""
-    global _fast_sdpa
-    _fast_sdpa = bool(on)
-
-
-def sdpa_kernel_name() -> str:
-    return "cuDNN first, then flash / efficient" if _fast_sdpa else "PyTorch's default order"
-
-
-def _sdpa_priority(q: torch.Tensor):
-    if not (_fast_sdpa and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)):
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-    try:
-        return sdpa_kernel(order, set_priority=True)
-    except TypeError:  # a PyTorch without priorities: its own order
-        return contextlib.nullcontext()
 
 
 def installed(backend: str) -> bool:
@@ -82,6 +51,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = 
             from sageattention import sageattn
 
             return sageattn(q, k, v, tensor_layout="NHD").flatten(2)
-    with _sdpa_priority(q):
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     return out.transpose(1, 2).flatten(2)
