@@ -24,12 +24,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-_enabled = False
+_enabled = True  # on by default: it only ever applies to CUDA tensors
 _failed: set[str] = set()
 
 
 def enable(on: bool) -> None:
-    """Fuse on CUDA from now on (process-wide: the kernels are shared by every model)."""
+    """Fuse on CUDA (the default) or not (process-wide: the kernels are shared by every model)."""
     global _enabled
     _enabled = bool(on)
 
