@@ -27,6 +27,7 @@ from worldgen.dit import DiTConfig
 from worldgen.errors import InputError
 from worldgen.image_input import load_image
 from worldgen.memory import MemoryPlan, ModelSlot, PhaseMeter
+from worldgen.multi_gpu import SecondDevice
 from worldgen.scheduler import FlowUniPCScheduler
 from worldgen.text_cache import TextCache
 from worldgen.tokenizer import PromptTokenizer
@@ -92,6 +93,8 @@ class Pipeline:
         text_cache: TextCache | None = None,
         is_random_weights: bool = False,
         text_dtype: torch.dtype | None = None,
+        compute: str = "bf16",
+        second_device: SecondDevice | None = None,
     ):
         self.tokenizer = tokenizer
         self.text_encoder = text_encoder
@@ -107,6 +110,8 @@ class Pipeline:
         self.meter = PhaseMeter(self.device)
         self.on_plan: Callable[[str], None] | None = None  # told the plan whenever a job changes it
         self._frame_pixels = 0
+        self.compute = compute  # the experts' compute unless a job's settings say otherwise (worldgen.fp8)
+        self.second_device = second_device  # the unconditional passes' GPU (worldgen.multi_gpu), or None
 
     # -- text -------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -170,6 +175,7 @@ class Pipeline:
         progress: Progress = _no_progress,
     ) -> torch.Tensor:
         """Flow-matching UniPC with two experts and classifier-free guidance -> final latent (float32)."""
+        compute = self.job_compute(settings)
         scheduler = FlowUniPCScheduler()
         scheduler.set_timesteps(settings.steps, shift=settings.shift)
         device = self.device
@@ -177,6 +183,9 @@ class Pipeline:
         y = y.to(device)[None]
         context, negative_context = context.to(device), negative_context.to(device)
         cam = None if plucker is None else plucker.to(device)
+        second = self.second_device
+        if second is not None:
+            second.start_job(negative_context, y, cam)
         boundary = settings.boundary * 1000
         low_scale, high_scale = settings.guide_scale
         total = len(scheduler.timesteps)
@@ -187,6 +196,7 @@ class Pipeline:
             model = None  # drop our reference so a swapped-out expert is really freed
             self.plan.before_expert(which, self.experts)
             model = self.experts[which].get()
+            model.set_compute(compute)
             if i == 0 and not self.plan.keep_both_experts:
                 # read the other expert from disk while this one computes: the swap then loads from RAM
                 later = {"high" if t.item() >= boundary else "low" for t in scheduler.timesteps[1:]} - {which}
@@ -195,7 +205,11 @@ class Pipeline:
             scale = high_scale if which == "high" else low_scale
             timestep = t.reshape(1).to(device)
             x = latent[None]
-            if self.plan.batch_guidance:
+            if second is not None:  # the unconditional pass on the other GPU, at the same time
+                pending = second.submit(which, x, timestep, compute)
+                cond = model(x, timestep, [context], y, cam)[0]
+                uncond = pending.result()
+            elif self.plan.batch_guidance:
                 both = model(
                     x.expand(2, -1, -1, -1, -1),
                     timestep.expand(2),
@@ -214,7 +228,21 @@ class Pipeline:
         model = None
         for slot in self.experts.values():
             slot.release()
+        if second is not None:
+            second.end_job()
         return latent
+
+    def job_compute(self, settings: GenerationSettings) -> str:
+        """The experts' compute for this job ('bf16' exact, 'fp8' approximate), refused where unsupported."""
+        from worldgen.fp8 import COMPUTES, check_supported
+
+        compute = getattr(settings, "compute", None) or self.compute
+        if compute not in COMPUTES:
+            raise InputError(f"compute {compute!r} is unknown: use one of {', '.join(COMPUTES)}")
+        if compute == "fp8":
+            for device in [self.device] + ([self.second_device.device] if self.second_device else []):
+                check_supported(device)
+        return compute
 
     # -- decode -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -256,6 +284,8 @@ class Pipeline:
             slot.resident = self.plan.keep_both_experts
             if slot.loaded:
                 slot.module.set_ffn_chunk_tokens(self.plan.ffn_chunk_tokens)
+        if self.second_device is not None:
+            self.second_device.fit(tokens, pixels)
         self.vae.resident = self.plan.keep_vae
         if not self.plan.keep_both_experts and sum(slot.loaded for slot in self.experts.values()) > 1:
             self.experts["low"].unload()
@@ -374,13 +404,18 @@ def load_pipeline(
     text_encoder_on_cpu: bool = False,
     attention: str = "auto",
     model: str = "base",
+    compute: str = "bf16",
+    devices: list[str] | tuple[str, ...] | None = None,
 ) -> Pipeline:
     """Recognise the checkpoint, make the memory plan and return a pipeline whose models load lazily.
 
     `dtype` is the DiT/T5 compute dtype: bfloat16 on CUDA, float32 on the CPU by default. The VAE
     runs in float32 as in the reference. `attention` picks the DiT's attention kernel
     (`worldgen.attention`: auto, sdpa, flash, sage). `model`: "base" (the two experts) or "fast"
-    (LingBot-World-Fast, a `worldgen.fast.FastPipeline`).
+    (LingBot-World-Fast, a `worldgen.fast.FastPipeline`). `compute`: "bf16" (exact) or "fp8"
+    (approximate, Ada/Hopper only: `worldgen.fp8`), a job's settings may override it. `devices`:
+    one device (as `device`) or two, the second running each step's unconditional pass
+    (`worldgen.multi_gpu`; `devices_for_gpus` turns `--gpus 0,1` into them).
     """
     from worldgen.attention import resolve_backend
     from worldgen.checkpoint import expert_files, find_checkpoint, find_fast_checkpoint, load_expert, load_t5, load_vae
@@ -389,7 +424,18 @@ def load_pipeline(
 
     # fewer fragmentation OOMs near the budget; must be set before CUDA's allocator starts
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    if devices:
+        if len(devices) > 2:
+            raise InputError(f"devices {list(devices)}: a rollout uses one or two devices")
+        device = devices[0]
     device = torch.device(device) if device is not None else default_device()
+    from worldgen.fp8 import COMPUTES, check_supported
+
+    if compute not in COMPUTES:
+        raise InputError(f"compute {compute!r} is unknown: use one of {', '.join(COMPUTES)}")
+    if compute == "fp8":
+        for name in devices or [device]:
+            check_supported(name)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     if model not in MODELS:
         raise InputError(f"model {model!r} is unknown: use one of {', '.join(MODELS)}")
@@ -406,7 +452,7 @@ def load_pipeline(
     experts = {
         name: ModelSlot(
             "Fast DiT" if name == "fast" else f"{name}-noise expert",
-            lambda f=folder: _prepared_expert(load_expert(f, device, dtype), plan, backend),
+            lambda f=folder: _prepared_expert(load_expert(f, device, dtype), plan, backend, compute),
             resident=plan.keep_both_experts,
             prefetch=lambda f=folder: prefetch_into_page_cache(expert_files(f)),
         )
@@ -416,6 +462,22 @@ def load_pipeline(
     t5_dtype = dtype if t5_device.type == "cuda" else torch.float32
     kind = Pipeline
     extra = {"experts": experts}
+    if devices and len(devices) == 2:
+        if model == "fast":
+            raise InputError("--gpus with two GPUs: the Fast model has no guidance passes to split; use one GPU")
+        from worldgen.multi_gpu import SecondDevice
+
+        other = torch.device(devices[1])
+        plan2 = plan_for(layout, other, dtype, vram_budget_gb, ram_budget_gb, text_encoder_on_cpu=True)
+        experts2 = {
+            name: ModelSlot(
+                f"{name}-noise expert on {other}",
+                lambda f=folder, p=plan2: _prepared_expert(load_expert(f, other, dtype), p, backend, compute),
+                resident=plan2.keep_both_experts,
+            )
+            for name, folder in layout.experts.items()
+        }
+        extra["second_device"] = SecondDevice(other, experts2, plan2)
     if model == "fast":
         from worldgen.fast import FastPipeline
 
@@ -438,10 +500,14 @@ def load_pipeline(
         else None,
         is_random_weights=is_tiny,
         text_dtype=t5_dtype,
+        compute=compute,
     )
 
 
-def _prepared_expert(model: torch.nn.Module, plan: MemoryPlan, attention_backend: str) -> torch.nn.Module:
+def _prepared_expert(
+    model: torch.nn.Module, plan: MemoryPlan, attention_backend: str, compute: str = "bf16"
+) -> torch.nn.Module:
     model.set_ffn_chunk_tokens(plan.ffn_chunk_tokens)
     model.set_attention_backend(attention_backend)
+    model.set_compute(compute)
     return model

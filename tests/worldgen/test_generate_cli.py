@@ -111,3 +111,20 @@ def test_default_settings_are_the_reference_and_fast40_is_a_named_preset():
     assert default == load_settings() == GenerationSettings()  # the TOML and the built-in defaults agree
     fast = settings_from_args(Namespace(preset="fast40", **{**flags, "seed": 3}), tiny=False)
     assert (fast.steps, fast.shift, fast.seed) == (40, 5.0, 3)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--gpus", "0,1"], "no CUDA GPU"), (["--compute", "fp8"], "FP8 tensor cores")],
+)
+def test_gpu_only_paths_refuse_clearly_on_a_cpu_machine(lingbot_examples, tmp_path, cache, flags, message):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = tmp_path / "out.mp4"
+    result = run_cli("generate", "--action-path", str(lingbot_examples / "00"), "-o", str(out), "--quiet", *flags,
+                     env_cache=cache)  # fmt: skip
+    assert result.returncode != 0
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()
