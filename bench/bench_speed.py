@@ -155,6 +155,36 @@ def micro_benchmarks(dev: torch.device, tokens: int, cfg: DiTConfig) -> None:
     torch.cuda.empty_cache()
 
 
+def trace_blocks(model, inputs, blocks: list[int]) -> dict[int, torch.Tensor]:
+    """The residual stream after the given blocks (float32) of one forward."""
+    saved: dict[int, torch.Tensor] = {}
+    hooks = [
+        model.blocks[i].register_forward_hook(lambda _m, _a, out, i=i: saved.__setitem__(i, out.detach().clone()))
+        for i in blocks
+    ]
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return saved
+
+
+def distance_by_depth(model, inputs, blocks: list[int], setups: dict[str, tuple[bool, str]]) -> dict[str, list[float]]:
+    """rel-L2 of the residual stream after each of `blocks`, of each setup against the first one."""
+    traces = {}
+    for name, (fast, compute) in setups.items():
+        fused.enable(fast)
+        model.set_compute(compute)
+        traces[name] = trace_blocks(model, inputs, blocks)
+    first, *others = traces
+    out = {name: [rel(traces[name][i], traces[first][i]) for i in blocks] for name in others}
+    del traces
+    torch.cuda.empty_cache()
+    return out
+
+
 class _Stop(Exception):
     pass
 
@@ -253,6 +283,15 @@ def main() -> None:
     profiles["NF4 exact"] = profile(model, inputs, args.profile_top)
     run("NF4 + fp8", model, fast=True, compute="fp8", reference=nf4_fast, against="NF4 exact")
     profiles["NF4 + fp8"] = profile(model, inputs, args.profile_top)
+    depth = sorted({i for i in (0, 1, 4, 9, 19, 29) if i < len(model.blocks)} | {len(model.blocks) - 1})
+    try:
+        by_depth = distance_by_depth(
+            model, inputs, depth, {"NF4 exact": (True, "bf16"), "NF4 + fp8": (True, "fp8"),
+                                   "NF4 (before)": (False, "bf16")})  # fmt: skip
+    except Exception as exc:  # noqa: BLE001
+        print(f"distance by depth failed: {type(exc).__name__}: {str(exc)[:300]}")
+        by_depth = {}
+    results["distance_by_depth"] = {"blocks": [i + 1 for i in depth], **by_depth}
 
     if args.experiments:
         from worldgen import fp8
@@ -260,6 +299,10 @@ def main() -> None:
         fp8.FAST_ACCUM = False
         run("NF4 + fp8 (slow accumulation)", model, fast=True, compute="fp8", reference=nf4_fast, against="NF4 exact")
         fp8.FAST_ACCUM = True
+        fp8.KERNEL = "compile"
+        run("NF4 + fp8 (compiled quantization)", model, fast=True, compute="fp8", reference=nf4_fast,
+            against="NF4 exact")  # fmt: skip
+        fp8.KERNEL = "triton"
         micro_benchmarks(dev, tokens, cfg)
     fused.enable(True)
     model.set_compute("bf16")
@@ -280,6 +323,11 @@ def main() -> None:
     )
     if torch.cuda.device_count() < 2:
         print("rollout on 2 GPUs: not measured (this machine has one GPU)")
+    if by_depth:
+        print("\nrel-L2 of the residual stream after block n, against NF4 exact (how a perturbation grows with depth):")
+        print("  block  " + "".join(f"{i + 1:>10}" for i in depth))
+        for name, values in by_depth.items():
+            print(f"  {name:<7}" + "".join(f"{v:10.2e}" for v in values))
     for title, prof in profiles.items():
         print_profile(title, prof)
     results.update(

@@ -32,7 +32,7 @@ from torch import nn
 from worldgen import fused
 from worldgen.attention import attention
 from worldgen.errors import CheckpointError
-from worldgen.fp8 import fp8_linear, wants_fp8
+from worldgen.fp8 import QuantizedRows, fp8_linear, quantize_input, wants_fp8
 
 if TYPE_CHECKING:
     from worldgen.kv_cache import KVCache, LayerKV
@@ -97,9 +97,9 @@ class Linear(nn.Linear):
 
     compute = "bf16"
 
-    def forward(self, x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedRows, dtype: torch.dtype | None = None) -> torch.Tensor:
         dtype = dtype or self.weight.dtype
-        if wants_fp8(x, self.compute, dtype):
+        if isinstance(x, QuantizedRows) or wants_fp8(x, self.compute, dtype):
             return fp8_linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.to(dtype)
         return F.linear(x.to(dtype), self.weight.to(dtype), bias)
@@ -185,6 +185,7 @@ class SelfAttention(nn.Module):
         the new (rotated) keys and values are written into it and the query attends to its window."""
         b, s, _ = x.shape
         shape = (b, s, self.num_heads, -1)
+        x = quantize_input(x, self.q)  # FP8 path: quantized once for q, k and v (else x as it is)
         v = self.v(x).view(shape)  # its dtype is the compute dtype (bf16 weights -> bf16)
         # RMSNorm over the full width, then RoPE per head: one fused kernel each on CUDA
         q = fused.rms_norm_rope(self.q(x), self.norm_q.weight, *rope, self.norm_q.eps, self.num_heads).to(v.dtype)

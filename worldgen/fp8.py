@@ -23,6 +23,7 @@ and `attention_note()` says so when fp8 is asked for.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 
@@ -84,31 +85,91 @@ def _compiled_quantize():
     return torch.compile(_quantize_rows, dynamic=True, fullgraph=True)
 
 
-_compile_failed = False
+try:  # Triton ships with CUDA builds of PyTorch; CPU-only installs have none and never need it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, n_cols, x_stride, q_stride, fp8_max, BLOCK: tl.constexpr):
+        # one program per row, the whole row in registers: x is read once (the compiled reduction
+        # reads it twice: once for the maximum, once to scale)
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / fp8_max
+        q = tl.minimum(tl.maximum(x / scale, -fp8_max), fp8_max)
+        tl.store(q_ptr + row * q_stride + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(s_ptr + row, scale)
+
+
+def _triton_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, cols = x.shape
+    q = torch.empty((rows, cols), device=x.device, dtype=FP8)
+    scale = torch.empty((rows, 1), device=x.device, dtype=torch.float32)
+    block = triton.next_power_of_2(cols)
+    warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
+    _quantize_rows_kernel[(rows,)](x, q, scale, cols, x.stride(0), q.stride(0), FP8_MAX, BLOCK=block, num_warps=warps)
+    return q, scale
+
+
+KERNEL = "triton"  # "triton" (hand-written, one read) or "compile" (torch.compile'd); eager on the CPU
+_failed: set[str] = set()
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[M, K] -> (float8, per-row float32 scales): one fused kernel on CUDA, eager elsewhere."""
-    global _compile_failed
-    # one input type for the compiled kernel (a Parameter or a float32 tensor would each recompile)
+    # one input type for the kernels (a Parameter or a float32 tensor would each recompile)
     x = x.detach().to(torch.bfloat16).contiguous() if x.is_cuda else x
-    if not x.is_cuda or _compile_failed:
-        return _quantize_rows(x)
-    try:
-        return _compiled_quantize()(x)
-    except torch.OutOfMemoryError:
-        raise
-    except Exception as exc:  # noqa: BLE001  (no Triton / compiler: eager, said once)
-        _compile_failed = True
-        warnings.warn(f"the FP8 quantization kernel failed to compile ({exc}); using eager PyTorch", stacklevel=2)
-        return _quantize_rows(x)
+    kernels = []
+    if x.is_cuda:
+        if KERNEL == "triton" and triton is not None and x.shape[-1] <= 32768:
+            kernels.append(("triton", _triton_quantize_rows))
+        kernels.append(("compile", lambda t: _compiled_quantize()(t)))
+    for name, kernel in kernels:
+        if name in _failed:
+            continue
+        try:
+            return kernel(x)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (no Triton / compiler: the next kernel, said once)
+            _failed.add(name)
+            warnings.warn(f"the {name} FP8 quantization kernel failed ({exc}); trying the next one", stacklevel=2)
+    return _quantize_rows(x)
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+@dataclasses.dataclass
+class QuantizedRows:
+    """An activation already quantized (`quantize_input`), for several Linears that share an input."""
+
+    data: torch.Tensor  # float8 [M, K]
+    scale: torch.Tensor  # float32 [M, 1]
+    lead: tuple[int, ...]  # the leading shape of the original [..., K]
+
+
+def quantize_input(x: torch.Tensor, linear: torch.nn.Module) -> torch.Tensor | QuantizedRows:
+    """x quantized once when `linear` (and the Linears sharing x) would take the FP8 path, else x."""
+    dtype = getattr(linear, "compute_dtype", None) or linear.weight.dtype
+    if not wants_fp8(x, getattr(linear, "compute", "bf16"), dtype):
+        return x
+    data, scale = quantize_rows(x.reshape(-1, x.shape[-1]))
+    return QuantizedRows(data, scale, tuple(x.shape[:-1]))
+
+
+def fp8_linear(x: torch.Tensor | QuantizedRows, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """y = x @ weight.T + bias with both operands in FP8 (per-token x scales, per-channel weight
-    scales), float32 accumulation, bf16 out. x [..., K] (any float dtype), weight [N, K]."""
-    lead = x.shape[:-1]
-    xq, x_scale = quantize_rows(x.reshape(-1, x.shape[-1]))
+    scales), float32 accumulation, bf16 out. x [..., K] (any float dtype, or already quantized),
+    weight [N, K]."""
+    if isinstance(x, QuantizedRows):
+        lead, xq, x_scale = x.lead, x.data, x.scale
+    else:
+        lead = x.shape[:-1]
+        xq, x_scale = quantize_rows(x.reshape(-1, x.shape[-1]))
     wq, w_scale = quantize_rows(weight)
     out = torch._scaled_mm(
         xq,
