@@ -191,9 +191,9 @@ class _Stop(Exception):
 
 def rollout_step_seconds(model, dev, steps_timed: int, lat: tuple[int, int, int], text_tokens: int) -> float:
     """Seconds per denoising step of a 70-step guided rollout (Pipeline.denoise, steps 2..)."""
-    from bridge.settings import GenerationSettings
-    from worldgen.memory import ModelSlot
+    from contracts.settings import GenerationSettings
     from worldgen.pipeline import Pipeline
+    from worldgen.residency import ModelSlot
 
     cfg = model.cfg
     pipe = Pipeline(

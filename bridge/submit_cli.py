@@ -28,7 +28,7 @@ from bridge.client import (
     Unauthorized,
 )
 from bridge.security import SecurityError
-from bridge.settings import SettingsError
+from contracts.settings import SettingsError
 
 USER_ERRORS = (PayloadError, SettingsError, RequestFailed, JobFailed, ServerUnavailable, Unauthorized,
                SecurityError, TimeoutError)  # fmt: skip

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bridge.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
+from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
 from worldgen.errors import InputError
 
 USER_ERRORS = (InputError, SettingsError)

@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from worldgen.errors import InputError
-from worldgen.memory import MemoryPlan, ModelSlot
+from worldgen.residency import ResidencyPolicy
 
 
 def parse_gpus(spec: str | Sequence[int] | None) -> list[int] | None:
@@ -75,23 +75,16 @@ def devices_for_gpus(spec: str | Sequence[int] | None) -> list[str] | None:
 class SecondDevice:
     """The unconditional pass of each step, on another device, in a thread of its own."""
 
-    def __init__(self, device: torch.device | str, experts: dict[str, ModelSlot], plan: MemoryPlan):
+    def __init__(self, device: torch.device | str, residency: ResidencyPolicy):
         self.device = torch.device(device)
-        self.experts = experts  # this device's own copies ("high", "low")
-        self.plan = plan  # this device's own memory plan (its budget, its residency)
+        self.residency = residency  # this device's own plan (its budget) over its own copies of the experts
+        self.experts = residency.experts
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"guidance-{self.device}")
         self._inputs: dict[str, torch.Tensor | None] = {}
 
     def fit(self, tokens: int, pixels: int) -> None:
         """Re-plan this device's residency for a job's size (its own budget, its own experts)."""
-        if not self.plan.fit(tokens, pixels):
-            return
-        for slot in self.experts.values():
-            slot.resident = self.plan.keep_both_experts
-            if slot.loaded:
-                slot.module.set_ffn_chunk_tokens(self.plan.ffn_chunk_tokens)
-        if not self.plan.keep_both_experts and sum(slot.loaded for slot in self.experts.values()) > 1:
-            self.experts["low"].unload()
+        self.residency.fit(tokens, pixels)
 
     def start_job(self, negative_context: torch.Tensor, y: torch.Tensor, cam: torch.Tensor | None) -> None:
         """Copy the job's fixed inputs to this device once (not once per step)."""
@@ -101,15 +94,18 @@ class SecondDevice:
             "cam": None if cam is None else cam.to(self.device),
         }
 
-    def submit(self, which: str, x: torch.Tensor, timestep: torch.Tensor, compute: str) -> Future:
+    def submit(
+        self, which: str, upcoming: Sequence[str], x: torch.Tensor, timestep: torch.Tensor, compute: str
+    ) -> Future:
         """Start the unconditional prediction of this step; `.result()` is [16, F, H, W] on x's device."""
-        return self._pool.submit(self._predict, which, x, timestep, compute)
+        return self._pool.submit(self._predict, which, list(upcoming), x, timestep, compute)
 
     @torch.no_grad()
-    def _predict(self, which: str, x: torch.Tensor, timestep: torch.Tensor, compute: str) -> torch.Tensor:
+    def _predict(
+        self, which: str, upcoming: list[str], x: torch.Tensor, timestep: torch.Tensor, compute: str
+    ) -> torch.Tensor:
         home = x.device
-        self.plan.before_expert(which, self.experts)
-        model = self.experts[which].get()
+        model = self.residency.use(which, upcoming=upcoming)
         model.set_compute(compute)
         inputs = self._inputs
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
@@ -120,8 +116,7 @@ class SecondDevice:
 
     def end_job(self) -> None:
         self._inputs = {}
-        for slot in self.experts.values():
-            slot.release()
+        self.residency.phase_done("denoise")
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -220,7 +220,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from worldgen.memory import peak_rss_gib
+    from worldgen.metering import peak_rss_gib
 
     source = args.source.expanduser()
     target = (args.target or source.with_name(source.name.rstrip("/") + "-nf4")).expanduser()

@@ -7,30 +7,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bridge.settings import GenerationSettings
+from contracts import episode
+from contracts.settings import GenerationSettings
 from worldgen.camera import load_action
 from worldgen.errors import InputError
 from worldgen.pipeline import Pipeline, Progress
 from worldgen.video_out import write_mp4
 
-IMAGE_NAMES = ("image.jpg", "image.jpeg", "image.png")
-
 
 def find_image(folder: Path) -> Path:
-    for name in IMAGE_NAMES:
-        if (folder / name).exists():
-            return folder / name
-    raise InputError(f"{folder}: no first-frame image (looked for {', '.join(IMAGE_NAMES)})")
+    try:
+        return episode.find_image(folder)
+    except episode.EpisodeError as exc:
+        raise InputError(str(exc)) from None
 
 
 def read_prompt(folder: Path) -> str:
-    path = folder / "prompt.txt"
-    if not path.exists():
-        raise InputError(f"{path}: missing; write the scene description there (or pass --prompt)")
-    prompt = path.read_text(encoding="utf-8").strip()
-    if not prompt:
-        raise InputError(f"{path}: is empty; write the scene description there (or pass --prompt)")
-    return prompt
+    try:
+        return episode.read_prompt(folder)
+    except episode.EpisodeError as exc:
+        raise InputError(f"{exc} (or pass --prompt)") from None
 
 
 def generate_episode(

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from bridge import worker_protocol as wp
-from bridge.settings import GenerationSettings
+from contracts.settings import GenerationSettings
 from worldgen.errors import CheckpointError, InputError
 
 log = logging.getLogger("worldgen.worker")

@@ -14,6 +14,8 @@ pytest.importorskip("pxr", reason="usd-core (pxr) is not installed")
 h5py = pytest.importorskip("h5py", reason="h5py is not installed")
 from pxr import Gf, Usd, UsdGeom  # noqa: E402
 
+from contracts.episode import EpisodeError, read_episode  # noqa: E402
+from contracts.model_frame import to_model_intrinsics  # noqa: E402
 from lingbot_isaac.camera import (  # noqa: E402
     CameraError,
     camera_pose,
@@ -23,7 +25,6 @@ from lingbot_isaac.camera import (  # noqa: E402
     set_camera_intrinsics,
     usd_to_opencv_c2w,
 )
-from lingbot_isaac.episode import EpisodeError, lingbot_intrinsics, read_episode  # noqa: E402
 from lingbot_isaac.lens import NonSquarePixelWarning  # noqa: E402
 from lingbot_isaac.recording import write_recording_episode  # noqa: E402
 from lingbot_isaac.room_render import look_at  # noqa: E402
@@ -208,7 +209,7 @@ def test_isaacsim_episode_recorder_session(tmp_path):
     episode = read_episode(out)
     assert episode.frame_count == 21  # 89/60 s -> 24 frames at 16 fps -> 21 = 4*5 + 1
     np.testing.assert_allclose(
-        episode.intrinsics[0], lingbot_intrinsics([fx, fx, 320, 180], 360, 640), rtol=1e-6
+        episode.intrinsics[0], to_model_intrinsics([fx, fx, 320, 180], 360, 640), rtol=1e-6
     )
     # Another image size: the apertures give intrinsics for it.
     bigger = open_source(tmp_path / "session.hdf5", SourceOptions(resolution=(720, 1280), meters_per_unit=1))[0].recording

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from bridge.settings import load_settings
+from contracts.settings import load_settings
 from worldgen.errors import InputError
 from worldgen.fp8 import fp8_linear, unsupported_reason
 from worldgen.multi_gpu import devices_for_gpus, parse_gpus
