@@ -54,7 +54,7 @@ def test_export_only_episode_folder_and_usd_stage(tmp_path, capsys):
     [
         ([], "no prompt"),
         (["--prompt", "p", "--resolution", "832x"], "--resolution must look like"),
-        (["--prompt", "p", "--steps", "0"], "steps must be >= 1"),
+        (["--prompt", "p", "--steps", "0"], "steps must be in [1, 1000]"),  # contracts.settings names the range
         (["--prompt", "p", "--camera", "/Nope"], "not found"),
     ],
 )
