@@ -113,7 +113,6 @@ def test_default_settings_are_the_reference_and_fast40_is_a_named_preset():
     assert (fast.steps, fast.shift, fast.seed) == (40, 5.0, 3)
 
 
-<<<<<<< HEAD
 @pytest.mark.parametrize(
     ("flags", "message"),
     [(["--gpus", "0,1"], "no CUDA GPU"), (["--compute", "fp8"], "FP8 tensor cores")],
@@ -129,7 +128,8 @@ def test_gpu_only_paths_refuse_clearly_on_a_cpu_machine(lingbot_examples, tmp_pa
     assert result.returncode != 0
     assert message in result.stderr and "Traceback" not in result.stderr
     assert not out.exists()
-=======
+
+
 def test_tiny_generate_with_the_fast_model(lingbot_examples, tmp_path, cache):
     out = tmp_path / "fast.mp4"
     result = run_cli(
@@ -154,4 +154,3 @@ def test_fast_model_without_its_folder_is_a_clear_error(tmp_path, cache, lingbot
     )  # fmt: skip
     assert result.returncode != 0 and "lingbot_world_fast/" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "x.mp4").exists()
->>>>>>> main
