@@ -393,7 +393,7 @@ def load_pipeline(
     text_encoder_on_cpu: bool = False,
     attention: str = "auto",
     model: str = "base",
-    compute: str = "bf16",
+    compute: str | None = "bf16",
     devices: list[str] | tuple[str, ...] | None = None,
 ) -> Pipeline:
     """Recognise the checkpoint, make the memory plan and return a pipeline whose models load lazily.
@@ -421,6 +421,7 @@ def load_pipeline(
     device = torch.device(device) if device is not None else default_device()
     from worldgen.fp8 import COMPUTES, check_supported
 
+    compute = compute or "bf16"  # None: the engine's choice, the exact path
     if compute not in COMPUTES:
         raise InputError(f"compute {compute!r} is unknown: use one of {', '.join(COMPUTES)}")
     if compute == "fp8":
