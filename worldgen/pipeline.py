@@ -305,6 +305,7 @@ class Pipeline:
         """
         settings = settings or GenerationSettings()
         progress = progress or _no_progress
+        self.job_compute(settings)  # an unusable compute (fp8 without FP8 tensor cores) is refused before any work
         if (poses is None) != (intrinsics is None):
             raise InputError("camera control needs both poses.npy and intrinsics.npy (or neither)")
         frames = settings.frame_num
