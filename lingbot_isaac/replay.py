@@ -128,7 +128,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "or xyzw (3.x); default: [isaaclab] quat_order of config/isaac.toml",
     )
     gen = parser.add_argument_group("generation (default: the episode's settings, then the server's preset)")
-    gen.add_argument("--preset", help="send all settings of this [preset] of config/generation.toml")
+    gen.add_argument(
+        "--preset",
+        help="send all settings of this [preset] of config/generation.toml: default = the reference's own 70 "
+        "steps, shift 10 (exact); fast40 = 40 steps, shift 5 (approximate: 0.57x the time); tiny",
+    )
+    gen.add_argument(
+        "--compute",
+        choices=("bf16", "fp8"),
+        help="per job: bf16 = exact (the reference's numerics); fp8 = approximate (FP8 GEMMs: ~0.74x the time "
+        "of a forward on an H100, output a few %% different; the server's GPU needs FP8 tensor cores) "
+        "(default: the server's choice)",
+    )
     gen.add_argument("--frame-num", type=int, help="frames to generate (4n+1)")
     gen.add_argument("--steps", type=int, help="denoising steps")
     gen.add_argument("--seed", type=int)
@@ -197,6 +208,7 @@ def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "size": args.size,
         "shift": args.shift,
+        "compute": getattr(args, "compute", None),
     }
     settings.update({k: v for k, v in flags.items() if v is not None})
     if args.guide_scale:

@@ -85,6 +85,11 @@ def test_settings_precedence():
         Namespace(preset="tiny", frame_num=None, steps=None, seed=1, size=None, shift=None, guide_scale=None)
     )
     assert whole["size"] == "96*160" and whole["seed"] == 1
+    fast = settings_overrides(
+        Namespace(preset="fast40", frame_num=None, steps=None, seed=None, size=None, shift=None, guide_scale=None,
+                  compute="fp8")  # fmt: skip
+    )
+    assert (fast["steps"], fast["shift"], fast["compute"]) == (40, 5.0, "fp8")  # per job, on the wire
 
 
 def _have(module: str) -> bool:
