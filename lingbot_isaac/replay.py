@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from contracts import atomic
 from contracts.episode import EpisodeError, read_episode
 from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
 from lingbot_isaac.first_frame import fit_photo, parse_intrinsics, with_photo
@@ -70,7 +71,8 @@ USER_ERRORS = (ReplayError, EpisodeError, CameraError, SettingsError, *_bridge_e
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "sources", nargs="+", type=Path, metavar="SOURCE", help="episode folder, USD or HDF5 file"
+        "sources", nargs="+", type=Path, metavar="SOURCE",
+        help="episode folder (or its episode.json: `DIR/**/episode.json` replays a whole tree), USD or HDF5 file"
     )
     parser.add_argument("--server", default="tcp://127.0.0.1:5570", help="the generation server's endpoint")
     parser.add_argument("--out", type=Path, help="write result folders here instead of beside the sources")
@@ -147,7 +149,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--guide-scale", help="one value or low,high")
     gen.add_argument("--shift", type=float)
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for each request to the server")
-    parser.add_argument("--job-timeout", type=float, default=None, help="seconds to wait for each rollout")
+    parser.add_argument(
+        "--job-timeout",
+        type=float,
+        default=None,
+        help="cancel a job (and count it failed) after this many seconds without any progress from it",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -425,12 +432,6 @@ def select_demos(sources: list[TrajectorySource], spec: str | set[int], path: Pa
     return [source for source in sources if source.name.startswith("demo_") and int(source.name[5:]) in spec]
 
 
-def _atomic_json(path: Path, value: dict[str, Any]) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(value, indent=1) + "\n")
-    os.replace(partial, path)
-
-
 def window_of(health: dict[str, Any], asked: int | None) -> int:
     """Jobs in flight at once: what the server takes from one client (its per-client queue plus
     one running job per worker), or less if asked."""
@@ -504,7 +505,7 @@ class Batch:
                     backoff = BUSY_BACKOFF_S[0]  # the server is full: wait for a job to end, then retry
                     break
                 todo.pop(0)
-                _atomic_json(folder / PENDING, {"job": job.id, "server": self.server})
+                atomic.write_json(folder / PENDING, {"job": job.id, "server": self.server})
                 self._follow(job, folder, settings)
             self._postfix()
             self.wake.wait(backoff or 0.5)
@@ -597,6 +598,8 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
     # Read and validate every source before sending anything.
     sources: list[tuple[TrajectorySource, int]] = []
     for path in args.sources:
+        if path.name == "episode.json" and path.is_file():  # `replay DIR/**/episode.json`
+            path = path.parent
         found = open_source(path, options)
         siblings = len(found)
         if kind_of(path) == "isaaclab-hdf5":
@@ -617,6 +620,14 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
         ):
             target = target.with_name(f"{target.name}-photo")  # never replace the user's own first frame
         plan.append((source, target))
+    targets: dict[Path, TrajectorySource] = {}
+    for source, target in plan:
+        other = targets.setdefault(target.resolve(), source)
+        if other is not source:
+            raise ReplayError(
+                f"{other.origin} and {source.origin} would both write {target}; give them different "
+                "names or replay them with different --out folders"
+            )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
     resume = not args.export_only
