@@ -1,7 +1,9 @@
 """Golden parity on CUDA in bf16 (and float32): every reference case through the public API.
 
-Usage: python bench/cuda_parity.py [--shared ../shared] [--dtype bfloat16]
+Usage: python bench/cuda_parity.py [--shared ../shared] [--dtype bfloat16] [--compute bf16,fp8] [--eager]
 Prints one line per case with the relative L2 error |a-b|/|b| against the CPU-float32 golden file.
+`--compute fp8` also runs the golden DiT cases through the FP8 GEMMs (every Linear of the tiny
+golden model, whatever its token count); `--eager` turns the fused elementwise CUDA kernels off (the old path).
 """
 
 from __future__ import annotations
@@ -40,7 +42,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parent.parent.parent / "shared")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--compute", default="bf16", help="comma-separated: bf16 (exact), fp8 (DiT cases only)")
+    parser.add_argument("--eager", action="store_true", help="no fused elementwise kernels (the old path)")
     args = parser.parse_args()
+    if args.eager:
+        from worldgen import fused
+
+        fused.enable(False)
+    computes = args.compute.split(",")
+    if "fp8" in computes:
+        from worldgen import fp8
+
+        fp8.MIN_ROWS = 0  # the golden model has 72 tokens: send every Linear through FP8
     g = args.shared / "golden"
     dev = torch.device("cuda")
     dtype = getattr(torch, args.dtype)
@@ -50,7 +63,8 @@ def main() -> None:
     nio = load_file(g / "dit/nf4_io.safetensors")
     for layout, ref in (("bf16_layout", io), ("nf4_layout", nio)):
         model = load_expert(g / "dit" / layout, dev, dtype)
-        for t in (900, 250):
+        for compute, t in ((c, t) for c in computes for t in (900, 250)):
+            model.set_compute(compute)
             with torch.no_grad():
                 out = model(
                     io["x"][None].to(dev),
@@ -59,7 +73,8 @@ def main() -> None:
                     io["y"][None].to(dev),
                     io["cam"].to(dev),
                 )
-            results[f"dit {layout} cam t{t}"] = rel(out[0], ref[f"out_cam_t{t}"])
+            tag = "" if compute == "bf16" else f" [{compute}]"
+            results[f"dit {layout} cam t{t}{tag}"] = rel(out[0], ref[f"out_cam_t{t}"])
         del model
 
     tio = load_file(g / "t5/io.safetensors")
@@ -126,21 +141,44 @@ def main() -> None:
         shift=spec["shift"],
         guide_scale=tuple(spec["guide_scale_low_high"]),
     )
-    video = pipe.generate(
-        ex / "00/image.jpg",
-        None,
-        np.load(ex / "00/poses.npy"),
-        np.load(ex / "00/intrinsics.npy"),
-        settings,
-        noise=pio["noise"],
-        context=context.to(dev),
-        negative_context=negative.to(dev),
-    )
-    results["pipeline end-to-end video"] = rel(video, pio["video"])
+
+    def golden_rollout(compute: str) -> torch.Tensor:
+        return pipe.generate(
+            ex / "00/image.jpg",
+            None,
+            np.load(ex / "00/poses.npy"),
+            np.load(ex / "00/intrinsics.npy"),
+            settings.replace(compute=compute),  # per job, as a job's settings carry it
+            noise=pio["noise"],
+            context=context.to(dev),
+            negative_context=negative.to(dev),
+        )
+
+    for compute in computes:
+        video = golden_rollout(compute)
+        tag = "" if compute == "bf16" else f" [{compute}]"
+        results[f"pipeline end-to-end video{tag}"] = rel(video, pio["video"])
+    # the two-device path (--gpus), both "devices" on this GPU: the same output as one device
+    one_device = golden_rollout("bf16")
+    pipe.second_device = second_device(g, dev, dtype)
+    results["pipeline, two devices vs one (rel-L2 between them)"] = rel(golden_rollout("bf16"), one_device)
+    pipe.second_device = None
 
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__} compute dtype {dtype}")
     for name, err in results.items():
         print(f"  {name:<45} rel-L2 {err:.3e}")
+
+
+def second_device(g: Path, dev: torch.device, dtype: torch.dtype):
+    """A `worldgen.multi_gpu.SecondDevice` with its own copies of the golden experts on `dev`."""
+    from worldgen.memory import MemoryPlan
+    from worldgen.multi_gpu import SecondDevice
+    from worldgen.residency import ResidencyPolicy
+
+    copies = {
+        e: ModelSlot(e, lambda e=e: load_expert(g / "pipeline" / f"{e}_noise_model", dev, dtype)) for e in ("high", "low")
+    }
+    return SecondDevice(dev, ResidencyPolicy(MemoryPlan.unlimited(dev), experts=copies))
 
 
 if __name__ == "__main__":

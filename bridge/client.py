@@ -106,6 +106,18 @@ class Progress:
 
 
 @dataclasses.dataclass(frozen=True)
+class Chunk:
+    """One finished part of the video (model = fast, asked for with want_chunks): chunks arrive in
+    order, all before the Result, and their frames together are the result's frames."""
+
+    job: str
+    index: int
+    total: int
+    frames: int  # video frames in this chunk
+    video: bytes  # an mp4 of just this chunk's frames
+
+
+@dataclasses.dataclass(frozen=True)
 class Result:
     job: str
     video: bytes  # the mp4
@@ -120,7 +132,7 @@ class JobError:
     message: str
 
 
-Event = Progress | Result | JobError
+Event = Progress | Chunk | Result | JobError
 EventCallback = Callable[[Event], None]
 
 
@@ -194,20 +206,24 @@ def submit_and_follow(
     on_progress: Callable[[Progress], None] | None = None,
     on_submitted: Callable[[Job], None] | None = None,
     timeout: float | None = None,
+    on_chunk: Callable[[Chunk], None] | None = None,
 ) -> tuple[Job, Result]:
     """Submit an episode and follow it to its end: the one loop of the CLI, replay and the window.
 
-    `on_submitted(job)` once the server accepted it; `on_progress(event)` for each Progress.
-    Returns (job, Result). Raises JobFailed with the server's reason; TimeoutError when no event
-    comes for `timeout` seconds, and KeyboardInterrupt, after cancelling the job.
+    `on_submitted(job)` once the server accepted it; `on_progress(event)` for each Progress;
+    `on_chunk(event)` for each finished chunk (asks for chunks: model = fast). Returns (job,
+    Result). Raises JobFailed with the server's reason; TimeoutError when no event comes for
+    `timeout` seconds, and KeyboardInterrupt, after cancelling the job.
     """
-    job = client.submit(payload, settings)
+    job = client.submit(payload, settings, want_chunks=on_chunk is not None)
     if on_submitted is not None:
         on_submitted(job)
     try:
         for event in job.events(timeout=timeout):
             if isinstance(event, Progress) and on_progress is not None:
                 on_progress(event)
+            elif isinstance(event, Chunk) and on_chunk is not None:
+                on_chunk(event)
     except (TimeoutError, KeyboardInterrupt):
         with contextlib.suppress(BridgeError, TimeoutError):
             client.cancel(job.id)
@@ -300,7 +316,7 @@ class Job:
                 self.latest = event
                 if event.queue_position is not None:
                     self.queue_position = event.queue_position
-            else:
+            elif not isinstance(event, Chunk):
                 self.outcome = event
             self._history.append(event)
             self._cond.notify_all()
@@ -358,6 +374,9 @@ class Client:
         self.endpoint, self.timeout, self.retries = endpoint, float(timeout), int(retries)
         self.heartbeat_s, self.give_up_s, self.limits = heartbeat_s, give_up_s, limits or Limits()
         self.client_id = client_id or uuid.uuid4().hex
+        # The server knows this client by its connection's routing id (or its CurveZMQ key): a
+        # random one kept across reconnects, so a retried submit is still recognised as a retry.
+        self._routing_id = b"L" + uuid.uuid4().bytes
         if not protocol._ID_RE.match(self.client_id):
             raise ValueError("client_id must be 1-64 characters of [A-Za-z0-9._:@/+=-]")
         self._curve = self._load_curve(server_key, client_key)
@@ -388,12 +407,16 @@ class Client:
         settings: GenerationSettings | dict[str, Any] | None = None,
         *,
         want_frames: bool = False,
+        want_chunks: bool = False,
         on_event: EventCallback | None = None,
         timeout: float | None = None,
     ) -> Job:
         """Send an episode; returns once the server has it on disk (its queue position known).
-        Raises RequestFailed (busy, bad_input, bad_settings ...) or ServerUnavailable."""
-        future = self.submit_async(payload, settings, want_frames=want_frames, on_event=on_event, timeout=timeout)
+        Raises RequestFailed (busy, bad_input, bad_settings ...) or ServerUnavailable.
+        `want_chunks`: get each finished chunk as a Chunk event (model = fast)."""
+        future = self.submit_async(
+            payload, settings, want_frames=want_frames, want_chunks=want_chunks, on_event=on_event, timeout=timeout
+        )
         return self._wait(future, timeout)
 
     def submit_async(
@@ -402,6 +425,7 @@ class Client:
         settings: GenerationSettings | dict[str, Any] | None = None,
         *,
         want_frames: bool = False,
+        want_chunks: bool = False,
         on_event: EventCallback | None = None,
         timeout: float | None = None,
     ) -> concurrent.futures.Future:
@@ -415,6 +439,8 @@ class Client:
             "settings": settings_dict(settings),
             "want_frames": bool(want_frames),
         }
+        if want_chunks:  # sent only when asked: older servers ignore it, older clients never see a chunk
+            fields["want_chunks"] = True
         if payload.name:
             fields["name"] = payload.name[:200]
         frames = protocol.encode(
@@ -557,6 +583,7 @@ class Client:
         socket.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         socket.setsockopt(zmq.HEARTBEAT_IVL, 2000)
         socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000)
+        socket.setsockopt(zmq.ROUTING_ID, self._routing_id)
         if self._curve is not None:
             secure_client_socket(socket, *self._curve)
         self._monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
@@ -649,6 +676,9 @@ class Client:
         elif message.type == "progress" and job is not None:
             f = message.fields
             job._deliver(Progress(job_id, f["phase"], f["step"], f["total"], f.get("eta_s"), f.get("queue_position")))
+        elif message.type == "chunk" and job is not None:
+            f = message.fields
+            job._deliver(Chunk(job_id, f["index"], f["total"], f["frame_count"], message.blobs["video"]))
         elif message.type == "result" and job is not None:
             frames = message.arrays.get("frames")
             self._jobs.pop(job_id, None)

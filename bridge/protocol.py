@@ -31,6 +31,7 @@ from contracts.episode import EpisodeError
 
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
+CHUNK_VERSION = 1  # the `chunk` message's own version (an opt-in addition within protocol 1)
 DEFAULT_PORT = 5570
 
 # Wire dtypes: names, always little-endian. Anything else is refused.
@@ -49,7 +50,8 @@ ERROR_CODES = (
     "too_large",  # a frame, string, shape or count above the caps
     "bad_settings",  # generation settings the engine cannot use, or above the server's caps
     "bad_input",  # the episode cannot be generated (raised by the engine)
-    "busy",  # queue full: try again later
+    "busy",  # queue full, or this client's share of the queue or of the spool: try again later
+    "storage",  # the server cannot write its spool (disk full, read-only ...): try again later
     "not_found",  # unknown job id
     "cancelled",  # the job was cancelled
     "worker_crashed",  # the worker process died during the job (signal / OOM kill / exit)
@@ -85,6 +87,7 @@ class Limits:
     max_prompt_bytes: int = 16 * 1024
     max_text_bytes: int = 4096  # error messages, names, phases
     max_video_bytes: int = 1024 * MIB  # a result mp4 (client side)
+    max_chunk_bytes: int = 64 * MIB  # one streamed chunk's mp4 (model = fast; 12 frames)
     max_result_frames_bytes: int = 2048 * MIB  # optional decoded frames of a result (client side)
     # Generation settings: a request may not ask for more work than this.
     max_frame_num: int = 161
@@ -177,6 +180,7 @@ REQUESTS: dict[str, dict[str, tuple[str, bool]]] = {
         "prompt": (PROMPT, True),
         "settings": (MAP, False),
         "want_frames": (BOOL, False),
+        "want_chunks": (BOOL, False),  # stream each finished chunk (model = fast) as a `chunk` message
         "name": (TEXT, False),
     },
     "cancel": {"rid": (ID, True), "job": (ID, True)},
@@ -193,6 +197,13 @@ REPLIES: dict[str, dict[str, tuple[str, bool]]] = {
         "total": (COUNT, True),
         "eta_s": (NUMBER, False),
         "queue_position": (COUNT, False),
+    },
+    "chunk": {  # one finished part of the video, in order, before the result (asked for by want_chunks)
+        "job": (ID, True),
+        "chunk_v": (COUNT, True),
+        "index": (COUNT, True),
+        "total": (COUNT, True),
+        "frame_count": (COUNT, True),  # video frames in this chunk ("frames" is the header's frame list)
     },
     "result": {"job": (ID, True), "rid": (ID, False), "seconds": (NUMBER, False)},
     "error": {"code": (TEXT, True), "message": (TEXT, True), "rid": (ID, False), "job": (ID, False)},
@@ -229,6 +240,7 @@ FRAMES: dict[str, dict[str, FrameSpec]] = {
         "poses": FrameSpec("array", True, ("float32", "float64"), (None, 4, 4), "max_poses"),
         "intrinsics": FrameSpec("array", True, ("float32", "float64"), (None, 4), "max_poses"),
     },
+    "chunk": {"video": FrameSpec("blob", True, max_bytes="max_chunk_bytes")},
     "result": {
         "video": FrameSpec("blob", True, max_bytes="max_video_bytes"),
         "frames": FrameSpec("array", False, ("uint8",), (None, None, None, 3), max_bytes="max_result_frames_bytes"),
@@ -418,6 +430,69 @@ def _check_array(
     if 0 in shape:
         raise ProtocolError(f"{type_}.{name}: empty array (shape {shape})")
     return np.frombuffer(view, dtype=DTYPES[dtype_name]).reshape(shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed requests: what the server's handlers get, built only from a fully validated Message
+
+
+@dataclasses.dataclass(frozen=True)
+class Submit:
+    rid: str
+    prompt: str
+    settings: dict[str, Any]  # overrides of the server's preset; checked by the server against its schema
+    image: bytes
+    image_format: str  # "jpeg" | "png", from the magic bytes
+    poses: np.ndarray  # [N, 4, 4], finite
+    intrinsics: np.ndarray  # [N, 4], finite, fx, fy > 0
+    want_frames: bool = False
+    want_chunks: bool = False
+    name: str | None = None
+    client: str | None = None  # a label the client chose; never its identity (see docs/protocol.md)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRequest:
+    """`cancel`, `status` or `watch` of one job."""
+
+    type: str
+    rid: str
+    job: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Health:
+    rid: str
+
+
+Request = Submit | JobRequest | Health
+
+
+def parse_request(frames: Sequence[Any], limits: Limits = Limits()) -> Request:
+    """A client -> server message as a typed request; raises ProtocolError (with its code)."""
+    message = decode_request(frames, limits)
+    fields = message.fields
+    if message.type == "health":
+        return Health(fields["rid"])
+    if message.type != "submit":
+        return JobRequest(message.type, fields["rid"], fields["job"])
+    image = message.blobs["image"]
+    poses, intrinsics = message.arrays["poses"], message.arrays["intrinsics"]
+    fmt = image_format(image)
+    check_episode_arrays(poses, intrinsics)
+    return Submit(
+        rid=fields["rid"],
+        prompt=fields["prompt"],
+        settings=dict(fields.get("settings") or {}),
+        image=image,
+        image_format=fmt,
+        poses=poses,
+        intrinsics=intrinsics,
+        want_frames=bool(fields.get("want_frames", False)),
+        want_chunks=bool(fields.get("want_chunks", False)),
+        name=fields.get("name"),
+        client=fields.get("client"),
+    )
 
 
 def _pattern(spec: FrameSpec) -> str:

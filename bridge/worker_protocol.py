@@ -7,7 +7,7 @@ a "type" key; the worker reads them on stdin and writes them on stdout, and logs
 Supervisor -> worker
     load      {options}               first message: `contracts.engine_options.EngineOptions` as a
                                       dict; the worker loads its engine with them, then `ready`
-    run       {job, episode_dir, output, settings, want_frames, frames_output}
+    run       {job, episode_dir, output, settings, want_frames, frames_output, want_chunks}
     cancel    {job}                   stop that job at the next progress call (denoising step)
     health    {id}                    answered by a `health` message with the same id
     shutdown  {}                      finish nothing, exit 0
@@ -16,7 +16,8 @@ Worker -> supervisor
     ready     {pid, model, device, load_s, ...}   the model is loaded; jobs may be sent
     fatal     {code, message}                     the worker cannot start (bad checkpoint ...)
     progress  {job, phase, step, total}
-    result    {job, output, frames_output|None, seconds}
+    chunk     {job, index, total, path, frames}  model fast, want_chunks: a finished chunk's mp4 in the job folder
+    result    {job, output, frames_output|None, seconds, frames}   frames: the count the mp4 must hold
     error     {job, code, message}                codes: ERROR_CODES below
     health    {id, state, job|None, ...}          `state` is "idle" or "busy"
 
@@ -36,13 +37,14 @@ MAX_MESSAGE_BYTES = 1 << 20
 LENGTH = struct.Struct(">I")
 
 TO_WORKER = ("load", "run", "cancel", "health", "shutdown")
-FROM_WORKER = ("ready", "fatal", "progress", "result", "error", "health")
+FROM_WORKER = ("ready", "fatal", "progress", "chunk", "result", "error", "health")
 
 # Error codes a worker reports for a job (the server passes them on to the client).
 ERROR_CODES = (
     "bad_input",  # worldgen.errors.InputError: the episode or settings cannot be generated
     "cancelled",  # a `cancel` arrived and the job stopped at its next step
     "out_of_memory",  # CUDA/host out of memory inside the job (the worker keeps running)
+    "storage",  # the job's files cannot be written (disk full, read-only): the server requeues it
     "worker_error",  # any other exception inside the job
 )
 PHASES = ("text", "encode", "denoise", "decode", "write")

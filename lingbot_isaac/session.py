@@ -40,6 +40,8 @@ class SessionSettings:
     preset: str | None = None  # send all settings of this preset instead of the server's
     timeout: float = 10.0  # seconds per request to the server
     compare: bool = True  # build the sim-vs-rollout report when sim frames exist
+    first_frame: Path | None = None  # a real photo to start the rollout from (`first_frame.with_photo`)
+    photo_intrinsics: str | None = None  # "fx,fy,cx,cy" of that photo in its pixels (default: the sim camera's)
 
     def generation(self) -> dict[str, Any]:
         from contracts.settings import GenerationSettings, load_settings
@@ -197,12 +199,17 @@ class Session:
         from bridge.client import Client, EpisodePayload, submit_and_follow
         from contracts.episode import read_episode, write_rollout
         from contracts.settings import job_settings
+        from lingbot_isaac.first_frame import first_frame_record, parse_intrinsics, with_photo
 
         def submitted(job) -> None:
             self._job_id = job.id
             self._set(message=f"Queued as {job.id[:8]} (position {job.queue_position}) on {model}")
 
         try:
+            if self.settings.first_frame is not None:
+                self._set(message=f"Fitting {self.settings.first_frame.name} as the first frame ...")
+                k = parse_intrinsics(self.settings.photo_intrinsics)
+                with_photo(episode, self.settings.first_frame, episode, k)  # in place, atomically
             meta = read_episode(episode).meta
             settings = job_settings(meta.generation if meta else None, self.settings.generation())
             factory = client_factory or (lambda: Client(self.settings.server, timeout=self.settings.timeout))
@@ -225,6 +232,7 @@ class Session:
                     "settings": settings,
                     "seconds": round(time.monotonic() - started, 3),
                     "episode": str(episode),
+                    "first_frame": first_frame_record(read_episode(episode)),
                 }
                 result = write_rollout(episode, outcome.video, info)
             self._client = self._job_id = None

@@ -19,6 +19,7 @@ Engine-agnostic core (`serve(load_engine)`): the real engine is `PipelineEngine`
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import queue
@@ -39,6 +40,8 @@ from worldgen.errors import CheckpointError, InputError
 
 log = logging.getLogger("worldgen.worker")
 
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
 ProgressFn = Callable[[str, int, int], None]
 
 
@@ -57,10 +60,20 @@ class JobCancelled(Exception):
     """Raised inside the progress callback to stop a job the supervisor cancelled."""
 
 
+ChunkFn = Callable[[int, int, Path, int], None]  # (index, chunks, the chunk's mp4, its frames)
+
+
 class Engine(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
-    def generate(self, episode_dir: Path, settings: GenerationSettings, output: Path, progress: ProgressFn) -> Path: ...
+    def generate(
+        self,
+        episode_dir: Path,
+        settings: GenerationSettings,
+        output: Path,
+        progress: ProgressFn,
+        on_chunk: ChunkFn | None = None,
+    ) -> Path: ...
 
     def probe(self) -> dict[str, Any]: ...
 
@@ -73,27 +86,73 @@ class PipelineEngine:
     def __init__(self, options: EngineOptions) -> None:
         import torch
 
-        from worldgen.pipeline import load_pipeline_from_options
-
         self.torch = torch
         self.options = options
-        self.device = options.device
-        self.pipe = load_pipeline_from_options(options)
+        self.ckpt, self.device = options.ckpt, options.device
+        # models load lazily (on a job's first use); this checks the checkpoint now. A folder with
+        # only one of the models (e.g. only the Fast DiT) serves that model alone.
+        other = "fast" if options.model == "base" else "base"
+        try:
+            self.model, self.pipe = options.model, self._load(options.model)
+        except CheckpointError:
+            try:
+                self.model, self.pipe = other, self._load(other)
+            except CheckpointError:
+                pass
+            else:
+                return
+            raise
+
+    def _load(self, model: str):
+        from worldgen.pipeline import load_pipeline_from_options
+
+        return load_pipeline_from_options(self.options.replace(model=model))
+
+    def _pipeline_for(self, model: str):
+        """The pipeline of a job's model: one is resident at a time (a switch frees the other's models
+        first, so both never need memory together); a missing Fast folder is the job's bad input."""
+        if model != self.model:
+            old, self.pipe, self.model = self.pipe, None, None
+            if old is not None:
+                _unload_all(old)
+                del old
+                if self.device.startswith("cuda"):
+                    self.torch.cuda.empty_cache()
+            self.pipe, self.model = self._load(model), model
+        return self.pipe
 
     def describe(self) -> dict[str, Any]:
         return {
-            "model": self.options.ckpt,
+            "model": self.ckpt,
+            "engine": self.model,  # the model resident now: base or fast (chosen per job by settings.model)
             "device": self.device,
-            "dtype": self.pipe.engine.get("dtype", self.options.dtype or "auto"),
+            "dtype": (self.pipe.engine if self.pipe else {}).get("dtype", self.options.dtype or "auto"),
             "torch": self.torch.__version__,
             "options": self.options.to_dict(),  # as the server sent them
-            "engine": dict(self.pipe.engine),  # as the pipeline applied them
+            "pipeline": dict(self.pipe.engine) if self.pipe else {},  # as the pipeline applied them
         }
 
-    def generate(self, episode_dir: Path, settings: GenerationSettings, output: Path, progress: ProgressFn) -> Path:
+    def generate(
+        self,
+        episode_dir: Path,
+        settings: GenerationSettings,
+        output: Path,
+        progress: ProgressFn,
+        on_chunk: ChunkFn | None = None,
+    ) -> Path:
         from worldgen.rollout import generate_episode
 
-        return Path(generate_episode(self.pipe, episode_dir, settings, output, progress=progress))
+        pipe = self._pipeline_for(settings.model)
+        chunk_fn = None
+        if on_chunk is not None and settings.model == "fast":
+            from worldgen.video_out import write_mp4
+
+            def chunk_fn(index: int, total: int, frames) -> None:
+                path = output.with_name(f"{output.stem}.chunk{index:03d}.mp4")
+                write_mp4(frames, path, fps=settings.fps)
+                on_chunk(index, total, path, int(frames.shape[1]))
+
+        return Path(generate_episode(pipe, episode_dir, settings, output, progress=progress, on_chunk=chunk_fn))
 
     def probe(self) -> dict[str, Any]:
         """Touch the device: a reply means the CUDA context (or CPU torch) still works."""
@@ -117,6 +176,12 @@ class PipelineEngine:
     def after_failure(self) -> None:
         if self.device.startswith("cuda"):
             self.torch.cuda.empty_cache()
+
+
+def _unload_all(pipe) -> None:
+    for slot in (pipe.text_encoder, pipe.vae, *pipe.experts.values()):
+        if slot is not None:
+            slot.unload()
 
 
 def memory_info() -> dict[str, Any]:
@@ -265,9 +330,18 @@ class Worker:
             self.progress = {"phase": phase, "step": int(step), "total": int(total)}
             self.send({"type": "progress", "job": job, **self.progress})
 
+        def on_chunk(index: int, total: int, path: Path, frames: int) -> None:
+            # a finished, decoded part of the video (model = fast): the server streams it to the client
+            self.send({"type": "chunk", "job": job, "index": index, "total": total, "path": str(path), "frames": frames})
+            progress("chunk", index + 1, total)
+
         try:
             settings = GenerationSettings.from_dict(message["settings"])
-            written = self.engine.generate(Path(message["episode_dir"]), settings, partial, progress)
+            generate_args = (Path(message["episode_dir"]), settings, partial, progress)
+            if message.get("want_chunks"):
+                written = self.engine.generate(*generate_args, on_chunk=on_chunk)
+            else:
+                written = self.engine.generate(*generate_args)
             if self.cancel.is_set():
                 raise JobCancelled("cancelled after the last step")
             atomic.commit(written, output)  # fsynced and renamed: durable before it is reported
@@ -281,6 +355,7 @@ class Worker:
                     "output": str(output),
                     "frames_output": frames_output,
                     "seconds": round(time.monotonic() - started, 3),
+                    "frames": self.expected_frames(Path(message["episode_dir"]), settings),
                 }
             )
         except JobCancelled as exc:
@@ -288,6 +363,11 @@ class Worker:
             self.send({"type": "error", "job": job, "code": "cancelled", "message": str(exc)})
         except BAD_INPUT as exc:  # the episode or the settings: the user's to fix
             self.send({"type": "error", "job": job, "code": "bad_input", "message": str(exc)})
+        except OSError as exc:
+            # Disk full or read-only: not the job's fault; the server requeues it until space returns.
+            code = "storage" if exc.errno in STORAGE_ERRNOS else "worker_error"
+            log.error("job %s: cannot write its files: %s", job, exc)
+            self.send({"type": "error", "job": job, "code": code, "message": f"{type(exc).__name__}: {exc}"})
         except Exception as exc:
             log.error("job %s failed:\n%s", job, traceback.format_exc())
             code = "out_of_memory" if isinstance(exc, out_of_memory_errors()) else "worker_error"
@@ -297,8 +377,23 @@ class Worker:
             except Exception:
                 log.error("cleanup after the failure failed:\n%s", traceback.format_exc())
         finally:
-            partial.unlink(missing_ok=True)
+            try:  # a read-only or vanished spool must not take the worker down with it
+                partial.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("cannot remove %s: %s", partial, exc)
             self.job, self.state, self.progress = None, "idle", {}
+
+    def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int | None:
+        """The frame count the engine's mp4 must hold (the server checks it in the file); None if
+        the engine cannot say (the server then checks that the mp4 is complete only)."""
+        count = getattr(self.engine, "expected_frames", None)
+        if count is None:
+            return None
+        try:
+            return int(count(episode_dir, settings))
+        except Exception as exc:
+            log.warning("cannot tell the expected frame count: %s", exc)
+            return None
 
     @staticmethod
     def write_frames(video: Path, target: Path) -> None:

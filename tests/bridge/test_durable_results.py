@@ -4,7 +4,7 @@ and a job is never "done" with a missing or partial result.
 A worker SIGKILLed after writing its result and before reporting it (tests/bridge/dying_worker.py):
 the job runs again and ends done with a complete, playable mp4. The same with the whole server
 killed at that moment, then restarted on its spool. And a "done" job whose result.mp4 is gone when
-the server starts is run again, not reported done.
+the server starts is reported failed (its inputs are released once it ended), never done.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import imageio_ffmpeg
 import pytest
 
-from bridge.client import Client, EpisodePayload
+from bridge.client import Client, EpisodePayload, JobFailed
 from tests.bridge.conftest import ServerPool, wait_for
 
 DYING = Path(__file__).with_name("dying_worker.py")
@@ -79,19 +79,20 @@ def test_server_and_worker_killed_between_writing_and_reporting(tmp_path, episod
         pool.close()
 
 
-def test_a_done_job_whose_result_is_gone_runs_again(servers, episode):
+def test_a_done_job_whose_result_is_gone_is_not_reported_done(servers, episode):
     server = servers()
     spool = Path(server.tables["server"]["spool_dir"])
     with Client(server.endpoint, timeout=10) as client:
         job = client.submit(EpisodePayload.from_dir(episode), {"steps": 2})
-        first = job.result(timeout=30)
+        job.result(timeout=30)
     assert job_state(spool, job.id)["state"] == "done"
     server.kill_group()
     (spool / "jobs" / job.id / "result.mp4").unlink()
     server.tables["server"]["bind"] = server.endpoint
     server.start()
     with Client(server.endpoint, timeout=10) as client:
-        wait_for(lambda: client.status(job.id)["state"] == "done", 60, interval=0.2, what="the job to run again")
-        again = client.watch(job.id).result(timeout=30)
-    assert again == first and job_state(spool, job.id)["attempts"] == 2
+        status = client.status(job.id)
+        with pytest.raises(JobFailed, match="result.mp4 of this job is missing"):
+            client.watch(job.id).result(timeout=30)
+    assert status["state"] == "failed" and job_state(spool, job.id)["state"] == "failed"
     assert "result.mp4 is missing" in server.log()

@@ -26,7 +26,7 @@ def test_attention_t5_on_cpu_compute_and_budget_reach_the_pipeline(servers, epis
         sent = reported["options"]
         assert {k: sent[k] for k in engine_keys} == engine_keys
         assert sent["ckpt"] == "tiny" and sent["devices"] == ["cpu"]
-        applied = reported["engine"]
+        applied = reported["pipeline"]
         assert applied["attention"] == "sdpa"
         assert applied["text_encoder_device"] == "cpu" and applied["text_encoder_streamed"] is True
         assert applied["compute"] == "bf16" and applied["vram_budget_gb"] == 12.5
@@ -41,7 +41,7 @@ def test_default_options_leave_each_choice_to_the_engine(servers):
     server = servers(worker=TINY)
     with Client(server.endpoint, timeout=10) as client:
         health = wait_for(lambda: (h := client.health())["ok"] and h, 180, interval=0.5, what="the tiny worker")
-        applied = health["worker"]["reported"]["engine"]
+        applied = health["worker"]["reported"]["pipeline"]
         assert applied["attention"] in ("sdpa", "flash") and applied["vram_budget_gb"] is None
         assert applied["text_encoder_streamed"] is False and applied["dtype"] == "float32"
 
