@@ -282,6 +282,43 @@ def test_per_client_spool_quota(servers, episode):
 
 
 # ---------------------------------------------------------------------------------------------
+# 4. Isaac's UI thread: the real Session against a real server that dies
+
+
+def test_session_cancel_never_blocks_and_a_dead_server_frees_it(servers, episode, tmp_path):
+    from lingbot_isaac.session import Session, SessionSettings
+
+    server = servers(worker=standin_command(step_s=0.2))
+    session = Session(SessionSettings(server=server.endpoint, output_dir=tmp_path, timeout=3.0, steps=50,
+                                      compare=False))  # fmt: skip
+    session.generate(episode)
+    wait_for(lambda: session.status().message.startswith("Denoise"), 30, what="denoising")
+    server.kill_group()
+    started = time.monotonic()
+    session.cancel()  # what the Cancel button runs on Kit's UI thread
+    assert time.monotonic() - started < 0.1
+    assert not session.busy and session.status().message == "Cancelled."
+    session.generate(episode)  # not refused as busy; with no server it fails by itself
+    assert session.wait(timeout=30).state == "failed"
+    started = time.monotonic()
+    session.shutdown(timeout=1.0)  # what on_shutdown runs
+    assert time.monotonic() - started < 1.5
+
+
+def test_session_notices_a_server_that_died_mid_job(servers, episode, tmp_path):
+    from lingbot_isaac.session import Session, SessionSettings
+
+    server = servers(worker=standin_command(step_s=0.2))
+    session = Session(SessionSettings(server=server.endpoint, output_dir=tmp_path, timeout=1.0, steps=50,
+                                      compare=False))  # fmt: skip
+    session.generate(episode)
+    wait_for(lambda: session.status().message.startswith("Denoise"), 30, what="denoising")
+    server.kill_group()
+    status = wait_for(lambda: not session.busy and session.status(), 20, what="the session to be free")
+    assert status.state == "failed" and "stopped answering" in status.message, status.message
+
+
+# ---------------------------------------------------------------------------------------------
 # 5. watch on a finished job
 
 
