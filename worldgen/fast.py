@@ -95,6 +95,14 @@ class FastOptions:
         if self.kv_cache not in MODES:
             raise InputError(f"kv_cache must be one of {', '.join(MODES)} (got {self.kv_cache!r})")
 
+    @classmethod
+    def from_settings(cls, settings: GenerationSettings, frame_tokens: int) -> FastOptions:
+        """A job's settings (shift, kv_cache, attention_frames, sink_frames) for frames of `frame_tokens`."""
+        window = settings.attention_frames * frame_tokens or None
+        return cls(
+            shift=settings.shift, max_attention_tokens=window, sink_frames=settings.sink_frames, kv_cache=settings.kv_cache
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class FastSchedule:
@@ -332,19 +340,19 @@ class FastPipeline(Pipeline):
     ) -> torch.Tensor:
         """-> video [3, F, H, W] float32 in [-1, 1] on the CPU (see `Pipeline.generate`).
 
-        `settings` gives size, frame_num and seed (steps, guidance, boundary and the negative prompt
-        do not apply); `options` the Fast knobs. `on_chunk(i, n, frames)` gets every chunk's decoded
+        `settings` gives size, frame_num, seed, shift and the Fast knobs (steps, guidance, boundary and
+        the negative prompt do not apply); `options`, when given, replaces those knobs. `on_chunk(i, n, frames)` gets every chunk's decoded
         frames [3, f, H, W] as soon as they exist (the first chunk has 9 frames, the others 12).
         """
-        settings = settings or GenerationSettings()
-        options = options or FastOptions()
+        settings = settings or GenerationSettings(model="fast")
         progress = progress or _no_progress
         clock = _Clock(self.device)
         if (poses is None) != (intrinsics is None):
             raise InputError("camera control needs both poses.npy and intrinsics.npy (or neither)")
         if poses is not None:
             poses, intrinsics = validate_action(poses, intrinsics)
-        frames = fast_frames(settings.frame_num, None if poses is None else len(poses), options.chunk_frames)
+        chunk_frames = (options or FastOptions()).chunk_frames
+        frames = fast_frames(settings.frame_num, None if poses is None else len(poses), chunk_frames)
 
         with self.meter.phase("text"):
             progress("text", 0, 1)
@@ -358,6 +366,7 @@ class FastPipeline(Pipeline):
         image_resized = prepare_image(image, settings.max_area)
         _, _, h, w = image_resized.shape
         lat_h, lat_w = h // 8, w // 8
+        options = options or FastOptions.from_settings(settings, (lat_h // 2) * (lat_w // 2))
         self.plan_job(frames.latent_frames, lat_h, lat_w, options)
         plucker = None if poses is None else fast_camera(poses, intrinsics, frames, h, w)
 

@@ -47,6 +47,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(approximate: 0.57x the time, a different schedule than the reference's default); tiny = the tiny "
         "model's (default: tiny for the tiny model, else default)",
     )
+    gen.add_argument(
+        "--model",
+        choices=("base", "fast"),
+        help="base = LingBot-World's two experts with guidance; fast = LingBot-World-Fast (causal, chunk by chunk, "
+        "4 steps, no guidance; its DiT in lingbot_world_fast/ inside --ckpt-dir) (default: base)",
+    )
+    gen.add_argument("--kv-cache", choices=("auto", "full", "fp8", "rolling"), help="fast: KV cache kind (default: "
+                     "auto = whole video in bf16, else in FP8, else a rolling FP8 window, whichever fits --vram-budget)")
+    gen.add_argument("--attention-frames", type=int, help="fast: latent frames a chunk attends to at most (0: all)")
+    gen.add_argument("--sink-frames", type=int, help="fast: frames a rolling KV cache never evicts (default: 1)")
     gen.add_argument("--size", help="max area as H*W, e.g. 480*832 or 720*1280; the aspect follows the image")
     gen.add_argument("--frame-num", type=int, help="frames, 4n+1 (rounded down), at most what the poses cover")
     gen.add_argument("--steps", type=int, help="denoising steps")
@@ -89,7 +99,9 @@ def settings_from_args(args: argparse.Namespace, tiny: bool) -> GenerationSettin
     base = load_settings(preset=getattr(args, "preset", None) or ("tiny" if tiny else "default"))
     changes = {k: v for k, v in {
         "size": args.size, "frame_num": args.frame_num, "steps": args.steps, "shift": args.shift,
-        "seed": args.seed, "negative_prompt": args.negative_prompt,
+        "seed": args.seed, "negative_prompt": args.negative_prompt, "model": getattr(args, "model", None),
+        "kv_cache": getattr(args, "kv_cache", None), "attention_frames": getattr(args, "attention_frames", None),
+        "sink_frames": getattr(args, "sink_frames", None),
         "guide_scale": parse_guide_scale(args.guide_scale) if args.guide_scale else None,
     }.items() if v is not None}  # fmt: skip
     return base.replace(**changes)
@@ -156,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         ram_budget_gb=args.ram_budget,
         text_encoder_on_cpu=args.t5_on_cpu,
         attention=args.attention,
+        model=settings.model,
     )
     if pipe.is_random_weights:
         print("note: the tiny model has random weights: its output is noise, not a prediction", file=sys.stderr)
