@@ -106,6 +106,18 @@ class Progress:
 
 
 @dataclasses.dataclass(frozen=True)
+class Chunk:
+    """One finished part of the video (model = fast, asked for with want_chunks): chunks arrive in
+    order, all before the Result, and their frames together are the result's frames."""
+
+    job: str
+    index: int
+    total: int
+    frames: int  # video frames in this chunk
+    video: bytes  # an mp4 of just this chunk's frames
+
+
+@dataclasses.dataclass(frozen=True)
 class Result:
     job: str
     video: bytes  # the mp4
@@ -120,7 +132,7 @@ class JobError:
     message: str
 
 
-Event = Progress | Result | JobError
+Event = Progress | Chunk | Result | JobError
 EventCallback = Callable[[Event], None]
 
 
@@ -269,7 +281,7 @@ class Job:
                 self.latest = event
                 if event.queue_position is not None:
                     self.queue_position = event.queue_position
-            else:
+            elif not isinstance(event, Chunk):
                 self.outcome = event
             self._history.append(event)
             self._cond.notify_all()
@@ -362,12 +374,16 @@ class Client:
         settings: GenerationSettings | dict[str, Any] | None = None,
         *,
         want_frames: bool = False,
+        want_chunks: bool = False,
         on_event: EventCallback | None = None,
         timeout: float | None = None,
     ) -> Job:
         """Send an episode; returns once the server has it on disk (its queue position known).
-        Raises RequestFailed (busy, bad_input, bad_settings ...) or ServerUnavailable."""
-        future = self.submit_async(payload, settings, want_frames=want_frames, on_event=on_event, timeout=timeout)
+        Raises RequestFailed (busy, bad_input, bad_settings ...) or ServerUnavailable.
+        `want_chunks`: get each finished chunk as a Chunk event (model = fast)."""
+        future = self.submit_async(
+            payload, settings, want_frames=want_frames, want_chunks=want_chunks, on_event=on_event, timeout=timeout
+        )
         return self._wait(future, timeout)
 
     def submit_async(
@@ -376,6 +392,7 @@ class Client:
         settings: GenerationSettings | dict[str, Any] | None = None,
         *,
         want_frames: bool = False,
+        want_chunks: bool = False,
         on_event: EventCallback | None = None,
         timeout: float | None = None,
     ) -> concurrent.futures.Future:
@@ -389,6 +406,8 @@ class Client:
             "settings": settings_dict(settings),
             "want_frames": bool(want_frames),
         }
+        if want_chunks:  # sent only when asked: older servers ignore it, older clients never see a chunk
+            fields["want_chunks"] = True
         if payload.name:
             fields["name"] = payload.name[:200]
         frames = protocol.encode(
@@ -633,6 +652,9 @@ class Client:
         elif message.type == "progress" and job is not None:
             f = message.fields
             job._deliver(Progress(job_id, f["phase"], f["step"], f["total"], f.get("eta_s"), f.get("queue_position")))
+        elif message.type == "chunk" and job is not None:
+            f = message.fields
+            job._deliver(Chunk(job_id, f["index"], f["total"], f["frame_count"], message.blobs["video"]))
         elif message.type == "result" and job is not None:
             frames = message.arrays.get("frames")
             self._jobs.pop(job_id, None)

@@ -32,8 +32,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from contracts import atomic
 from contracts.episode import EpisodeError, read_episode
 from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
+from lingbot_isaac.first_frame import fit_photo, parse_intrinsics, with_photo
 from lingbot_isaac.lens import CameraError
 from lingbot_isaac.recording import write_recording_episode
 from lingbot_isaac.sources import SourceOptions, TrajectorySource, kind_of, open_source
@@ -69,7 +71,8 @@ USER_ERRORS = (ReplayError, EpisodeError, CameraError, SettingsError, *_bridge_e
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "sources", nargs="+", type=Path, metavar="SOURCE", help="episode folder, USD or HDF5 file"
+        "sources", nargs="+", type=Path, metavar="SOURCE",
+        help="episode folder (or its episode.json: `DIR/**/episode.json` replays a whole tree), USD or HDF5 file"
     )
     parser.add_argument("--server", default="tcp://127.0.0.1:5570", help="the generation server's endpoint")
     parser.add_argument("--out", type=Path, help="write result folders here instead of beside the sources")
@@ -77,6 +80,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--overwrite", action="store_true", help="replace existing results and exports (default: resume, skip finished)"
     )
     parser.add_argument("--export-only", action="store_true", help="write the episode folders, send nothing")
+    photo = parser.add_argument_group("a real photo as the first frame (sim-to-real)")
+    photo.add_argument(
+        "--first-frame",
+        type=Path,
+        metavar="PHOTO",
+        help="start every rollout from this photo (the real camera at the start pose) instead of the sim's "
+        "first frame; centre-cropped and resized to the episode's frame. An episode folder given as SOURCE "
+        "is left as it is: the result goes to <folder>-photo (or under --out)",
+    )
+    photo.add_argument(
+        "--photo-intrinsics",
+        metavar="FX,FY,CX,CY",
+        help="the photo's pinhole intrinsics in its own pixels (default: it shows the sim camera's view)",
+    )
     parser.add_argument(
         "--demos",
         default="all",
@@ -113,7 +130,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "or xyzw (3.x); default: [isaaclab] quat_order of config/isaac.toml",
     )
     gen = parser.add_argument_group("generation (default: the episode's settings, then the server's preset)")
-    gen.add_argument("--preset", help="send all settings of this [preset] of config/generation.toml")
+    gen.add_argument(
+        "--preset",
+        help="send all settings of this [preset] of config/generation.toml: default = the reference's own 70 "
+        "steps, shift 10 (exact); fast40 = 40 steps, shift 5 (approximate: 0.57x the time); tiny",
+    )
+    gen.add_argument(
+        "--compute",
+        choices=("bf16", "fp8"),
+        help="per job: bf16 = exact (the reference's numerics); fp8 = approximate (FP8 GEMMs: ~0.74x the time "
+        "of a forward on an H100, output a few %% different; the server's GPU needs FP8 tensor cores) "
+        "(default: the server's choice)",
+    )
     gen.add_argument("--frame-num", type=int, help="frames to generate (4n+1)")
     gen.add_argument("--steps", type=int, help="denoising steps")
     gen.add_argument("--seed", type=int)
@@ -121,7 +149,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--guide-scale", help="one value or low,high")
     gen.add_argument("--shift", type=float)
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for each request to the server")
-    parser.add_argument("--job-timeout", type=float, default=None, help="seconds to wait for each rollout")
+    parser.add_argument(
+        "--job-timeout",
+        type=float,
+        default=None,
+        help="cancel a job (and count it failed) after this many seconds without any progress from it",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -182,6 +215,7 @@ def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "size": args.size,
         "shift": args.shift,
+        "compute": getattr(args, "compute", None),
     }
     settings.update({k: v for k, v in flags.items() if v is not None})
     if args.guide_scale:
@@ -216,11 +250,40 @@ def _exported_from(target: Path, source: TrajectorySource) -> bool:
     return episode.meta is not None and episode.meta.source == source.recording.source
 
 
+def _has_photo(target: Path, photo: Path) -> bool:
+    """True if `target` is a valid episode folder whose first frame is already this photo."""
+    try:
+        episode = read_episode(target)
+    except EpisodeError:
+        return False
+    return bool(episode.meta) and (episode.meta.extra.get("first_frame") or {}).get("path") == str(photo)
+
+
 def export(
-    source: TrajectorySource, target: Path, image, prompt: str | None, overwrite: bool, resume: bool = False
+    source: TrajectorySource,
+    target: Path,
+    image,
+    prompt: str | None,
+    overwrite: bool,
+    resume: bool = False,
+    photo: Path | None = None,
+    photo_intrinsics: tuple[float, float, float, float] | None = None,
 ) -> Path:
     """Make `target` an episode folder for `source` (copy or export); return it. `resume`: an
-    earlier export of the same source is kept as it is."""
+    earlier export of the same source is kept as it is. `photo`: the first frame instead of the
+    source's (`first_frame.fit_photo`)."""
+    if photo is not None and source.episode_dir is not None:
+        if resume and not overwrite and target.is_dir() and _has_photo(target, photo):
+            return target
+        if target.exists() and not overwrite:
+            raise ReplayError(f"{target} already exists; pass --overwrite to replace it")
+        return with_photo(source.episode_dir, photo, target, photo_intrinsics, overwrite=True)
+    if photo is not None:
+        recording = source.recording
+        image, k, info = fit_photo(photo, *recording.resolution, photo_intrinsics)
+        if k is not None:
+            recording.intrinsics = np.tile(k, (len(recording.times), 1))
+        recording.extra = {**recording.extra, "first_frame": info}
     if source.episode_dir is not None:
         if target.resolve() != source.episode_dir.resolve():
             if target.exists():
@@ -309,6 +372,22 @@ def generate(
     return video, info
 
 
+def first_frame_record(episode) -> dict[str, Any]:
+    """Which first frame a rollout starts from: the photo's record, or the episode's own image."""
+    recorded = (episode.meta.extra.get("first_frame") if episode.meta else None) or {}
+    return recorded or {"source": "episode", "path": str(episode.image_path)}
+
+
+def describe_first_frame(record: dict[str, Any]) -> str:
+    if record.get("source") == "photo":
+        x0, y0, cw, ch = record["crop"]
+        return (
+            f"photo {record['path']} ({record['photo_size'][0]}x{record['photo_size'][1]}, crop {cw}x{ch} at "
+            f"{x0},{y0} -> {record['size'][0]}x{record['size'][1]}; intrinsics: {record['intrinsics']})"
+        )
+    return f"the episode's own image ({record.get('path')})"
+
+
 def write_result(folder: Path, video: bytes, info: dict[str, Any]) -> Path:
     """rollout.mp4 and rollout.json, each written to a temp file and renamed into place."""
     target = folder / RESULT_VIDEO
@@ -351,12 +430,6 @@ def select_demos(sources: list[TrajectorySource], spec: str | set[int], path: Pa
             ok = {name: bool(h5["data"][name].attrs.get("success", False)) for name in h5["data"]}
         return [source for source in sources if ok.get(source.name)]
     return [source for source in sources if source.name.startswith("demo_") and int(source.name[5:]) in spec]
-
-
-def _atomic_json(path: Path, value: dict[str, Any]) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(value, indent=1) + "\n")
-    os.replace(partial, path)
 
 
 def window_of(health: dict[str, Any], asked: int | None) -> int:
@@ -432,7 +505,7 @@ class Batch:
                     backoff = BUSY_BACKOFF_S[0]  # the server is full: wait for a job to end, then retry
                     break
                 todo.pop(0)
-                _atomic_json(folder / PENDING, {"job": job.id, "server": self.server})
+                atomic.write_json(folder / PENDING, {"job": job.id, "server": self.server})
                 self._follow(job, folder, settings)
             self._postfix()
             self.wake.wait(backoff or 0.5)
@@ -471,7 +544,9 @@ class Batch:
                 continue
             info = {"job": job_id, "queue_position": job.queue_position, "server_seconds": outcome.seconds,
                     "seconds": round(time.monotonic() - started, 3), "server": self.server,
-                    "episode": str(folder), "settings": settings, "model": self.model}  # fmt: skip
+                    "episode": str(folder), "settings": settings, "model": self.model,
+                    "first_frame": first_frame_record(read_episode(folder))}  # fmt: skip
+            print(f"{folder.name}: first frame: {describe_first_frame(info['first_frame'])}", file=sys.stderr)
             print(write_result(folder, outcome.video, info), flush=True)
             (folder / PENDING).unlink(missing_ok=True)
             self.done.append(folder)
@@ -523,6 +598,8 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
     # Read and validate every source before sending anything.
     sources: list[tuple[TrajectorySource, int]] = []
     for path in args.sources:
+        if path.name == "episode.json" and path.is_file():  # `replay DIR/**/episode.json`
+            path = path.parent
         found = open_source(path, options)
         siblings = len(found)
         if kind_of(path) == "isaaclab-hdf5":
@@ -530,11 +607,34 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
         sources += [(source, siblings) for source in found]
     if not sources:
         raise ReplayError(f"--demos {args.demos}: no demo of {', '.join(map(str, args.sources))} matches")
-    plan = [(source, _result_dir(source, args.out, siblings)) for source, siblings in sources]
+    photo_k = parse_intrinsics(args.photo_intrinsics)
+    if photo_k is not None and args.first_frame is None:
+        raise ReplayError("--photo-intrinsics describes the --first-frame photo; give --first-frame PHOTO too")
+    if args.first_frame is not None and not args.first_frame.is_file():
+        raise ReplayError(f"--first-frame {args.first_frame}: no such file")
+    plan = []
+    for source, siblings in sources:
+        target = _result_dir(source, args.out, siblings)
+        if args.first_frame is not None and source.episode_dir is not None and target.resolve() == (
+            source.episode_dir.resolve()
+        ):
+            target = target.with_name(f"{target.name}-photo")  # never replace the user's own first frame
+        plan.append((source, target))
+    targets: dict[Path, TrajectorySource] = {}
+    for source, target in plan:
+        other = targets.setdefault(target.resolve(), source)
+        if other is not source:
+            raise ReplayError(
+                f"{other.origin} and {source.origin} would both write {target}; give them different "
+                "names or replay them with different --out folders"
+            )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
     resume = not args.export_only
-    episodes = [export(source, target, image, prompt, args.overwrite, resume) for source, target in plan]
+    episodes = [
+        export(source, target, image, prompt, args.overwrite, resume, args.first_frame, photo_k)
+        for source, target in plan
+    ]
     return episodes, overrides
 
 

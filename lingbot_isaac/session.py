@@ -38,6 +38,8 @@ class SessionSettings:
     preset: str | None = None  # send all settings of this preset instead of the server's
     timeout: float = 10.0  # seconds per request to the server
     compare: bool = True  # build the sim-vs-rollout report when sim frames exist
+    first_frame: Path | None = None  # a real photo to start the rollout from (`first_frame.with_photo`)
+    photo_intrinsics: str | None = None  # "fx,fy,cx,cy" of that photo in its pixels (default: the sim camera's)
 
     def generation(self) -> dict[str, Any]:
         from contracts.settings import GenerationSettings, load_settings
@@ -209,7 +211,8 @@ class Session:
     ) -> None:
         from bridge.client import Client, EpisodePayload, JobError, Progress, ServerUnavailable
         from contracts.episode import read_episode
-        from lingbot_isaac.replay import job_settings, write_result
+        from lingbot_isaac.first_frame import parse_intrinsics, with_photo
+        from lingbot_isaac.replay import first_frame_record, job_settings, write_result
 
         timeout = self.settings.timeout
 
@@ -218,6 +221,10 @@ class Session:
                 self._set(run, message=_describe(event), progress=event.step / max(event.total, 1))
 
         try:
+            if self.settings.first_frame is not None:
+                self._set(message=f"Fitting {self.settings.first_frame.name} as the first frame ...")
+                k = parse_intrinsics(self.settings.photo_intrinsics)
+                with_photo(episode, self.settings.first_frame, episode, k)  # in place, atomically
             meta = read_episode(episode).meta
             settings = job_settings(meta.generation if meta else None, self.settings.generation())
             factory = client_factory or (lambda: Client(self.settings.server, timeout=timeout))
@@ -261,6 +268,7 @@ class Session:
                     "settings": settings,
                     "seconds": round(time.monotonic() - started, 3),
                     "episode": str(episode),
+                    "first_frame": first_frame_record(read_episode(episode)),
                 }
                 result = write_result(episode, video, info)
             self._client = self._job_id = None

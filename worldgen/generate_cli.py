@@ -86,6 +86,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "SDPA; sage = SageAttention (INT8, not bit-faithful; only when asked)",
     )
     run.add_argument(
+        "--compute",
+        choices=("bf16", "fp8"),
+        default="bf16",
+        help="how the DiT's matmuls run. bf16 (default): exact, the reference's numerics (NF4 weights are "
+        "dequantized to bf16). fp8: approximate, each large Linear as an FP8 GEMM (per-token and per-channel "
+        "scales; weights stay NF4 in memory): ~0.74x the time of a forward on an H100 and a few %% "
+        "different output (docs/benchmarks.md); needs FP8 tensor cores (RTX 40xx, L40, H100), refused elsewhere",
+    )
+    run.add_argument(
+        "--gpus",
+        metavar="I,J",
+        help="run one rollout on two GPUs, e.g. 0,1: each step's conditional pass on the first, the "
+        "unconditional one on the second at the same time (exact: the same output as one GPU). Each GPU "
+        "holds its own copy of the experts under --vram-budget. Default: one device (--device)",
+    )
+    run.add_argument(
         "--t5-on-cpu",
         action="store_true",
         help="run the umT5 text encoder on the CPU, streamed from disk one block at a time (slower; no GPU "
@@ -160,6 +176,11 @@ def run(args: argparse.Namespace) -> int:
         poses, intrinsics = load_action(args.action_path)
 
     dtype = getattr(torch, args.dtype) if args.dtype else None
+    from worldgen.multi_gpu import devices_for_gpus
+
+    devices = devices_for_gpus(getattr(args, "gpus", None))
+    if devices and args.device:
+        raise InputError("give --device or --gpus, not both")
     pipe = load_pipeline(
         args.ckpt_dir,
         device=args.device,
@@ -169,7 +190,13 @@ def run(args: argparse.Namespace) -> int:
         text_encoder_on_cpu=args.t5_on_cpu,
         attention=args.attention,
         model=settings.model,
+        compute=getattr(args, "compute", None) or "bf16",
+        devices=devices,
     )
+    if pipe.compute == "fp8":
+        from worldgen.fp8 import attention_note
+
+        print(f"note: {attention_note()}", file=sys.stderr)
     if pipe.is_random_weights:
         print("note: the tiny model has random weights: its output is noise, not a prediction", file=sys.stderr)
     print(f"model: {pipe.name}", file=sys.stderr)

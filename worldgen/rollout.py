@@ -36,14 +36,18 @@ def generate_episode(
     output_path: Path | str,
     progress: Progress | None = None,
     prompt: str | None = None,
+    on_chunk=None,
 ) -> Path:
-    """Generate the rollout of an action/episode folder and write it as an mp4 (atomically)."""
+    """Generate the rollout of an action/episode folder and write it as an mp4 (atomically).
+
+    `on_chunk(i, n, frames [3, f, H, W])` sees each finished chunk (Fast pipelines only)."""
     folder = Path(episode_dir)
     if not folder.is_dir():
         raise InputError(f"{folder}: not a folder (expected poses.npy, intrinsics.npy, image.jpg, prompt.txt)")
     poses, intrinsics = load_action(folder)
+    extra = {} if on_chunk is None else {"on_chunk": on_chunk}
     video = pipe.generate(
-        find_image(folder), prompt or read_prompt(folder), poses, intrinsics, settings, progress=progress
+        find_image(folder), prompt or read_prompt(folder), poses, intrinsics, settings, progress=progress, **extra
     )
     if progress:
         progress("write", 0, 1)

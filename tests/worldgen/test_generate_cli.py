@@ -113,6 +113,23 @@ def test_default_settings_are_the_reference_and_fast40_is_a_named_preset():
     assert (fast.steps, fast.shift, fast.seed) == (40, 5.0, 3)
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--gpus", "0,1"], "no CUDA GPU"), (["--compute", "fp8"], "FP8 tensor cores")],
+)
+def test_gpu_only_paths_refuse_clearly_on_a_cpu_machine(lingbot_examples, tmp_path, cache, flags, message):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = tmp_path / "out.mp4"
+    result = run_cli("generate", "--action-path", str(lingbot_examples / "00"), "-o", str(out), "--quiet", *flags,
+                     env_cache=cache)  # fmt: skip
+    assert result.returncode != 0
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()
+
+
 def test_tiny_generate_with_the_fast_model(lingbot_examples, tmp_path, cache):
     out = tmp_path / "fast.mp4"
     result = run_cli(
