@@ -138,8 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument(
         "--compute",
         choices=("bf16", "fp8"),
-        help="per job: bf16 = exact (the reference's numerics); fp8 = approximate (FP8 GEMMs: ~0.74x the time "
-        "of a forward on an H100, output a few %% different; the server's GPU needs FP8 tensor cores) "
+        help="per job: bf16 = exact (the reference's numerics); fp8 = approximate (FP8 GEMMs: 0.84x the time "
+        "of an exact forward on an H100, output ~5%% different per forward; the server's GPU needs FP8 tensor cores) "
         "(default: the server's choice)",
     )
     gen.add_argument("--frame-num", type=int, help="frames to generate (4n+1)")
