@@ -407,10 +407,10 @@ def test_another_peer_reusing_client_and_rid_never_gets_the_victims_job(servers,
     thief_payload = EpisodePayload.from_dir(make_episode(tmp_path / "thief", prompt="thief", seed=5))
     victim, thief = RawDealer(server.endpoint), RawDealer(server.endpoint)
     try:
-        mine = victim.ask(submit_frames(victim_payload, "same", client="c", prompt="victim"))
-        again = victim.ask(submit_frames(victim_payload, "same", client="c", prompt="victim"))
+        mine = reply_to(victim, submit_frames(victim_payload, "same", client="c", prompt="victim"))
+        again = reply_to(victim, submit_frames(victim_payload, "same", client="c", prompt="victim"))
         assert mine.type == again.type == "accepted" and mine.fields["job"] == again.fields["job"]  # a retry
-        theirs = thief.ask(submit_frames(thief_payload, "same", client="c", prompt="thief"))
+        theirs = reply_to(thief, submit_frames(thief_payload, "same", client="c", prompt="thief"))
         assert theirs.type == "accepted" and theirs.fields["job"] != mine.fields["job"]
         while (event := thief.read(15)).type != "result":
             assert event.fields.get("job") == theirs.fields["job"]
