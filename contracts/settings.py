@@ -119,12 +119,11 @@ def _number(spec: Field, value: Any) -> Any:
     too_low = spec.low is not None and (value <= spec.low if spec.open_low else value < spec.low)
     too_high = spec.high is not None and (value >= spec.high if spec.open_high else value > spec.high)
     if too_low or too_high:
-        bounds = []
-        if spec.low is not None:
-            bounds.append(f"{'>' if spec.open_low else '>='} {spec.low:g}")
-        if spec.high is not None:
-            bounds.append(f"{'<' if spec.open_high else '<='} {spec.high:g}")
-        raise SettingsError(f"{name} must be {' and '.join(bounds)} (got {value!r})")
+        left = "(" if spec.open_low else "["
+        right = ")" if spec.open_high else "]"
+        low = "-inf" if spec.low is None else f"{spec.low:g}"
+        high = "inf" if spec.high is None else f"{spec.high:g}"
+        raise SettingsError(f"{name} must be in {left}{low}, {high}{right} (got {value!r})")
     return value
 
 
