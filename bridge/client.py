@@ -360,6 +360,8 @@ class Client:
         self._reconnects = 0
         self._next_reconnect = 0.0
         self._closed = threading.Event()
+        self._refused: str | None = None  # the server refused our handshake (kept: it will again)
+        self._failed_handshakes = 0
         self._connect()
         self._thread = threading.Thread(target=self._io_loop, name="bridge-client-io", daemon=True)
         self._thread.start()
@@ -551,7 +553,12 @@ class Client:
         socket.setsockopt(zmq.ROUTING_ID, self._routing_id)
         if self._curve is not None:
             secure_client_socket(socket, *self._curve)
-        self._monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        self._monitor = socket.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | zmq.EVENT_HANDSHAKE_SUCCEEDED
+        )
         socket.connect(self.endpoint)
         self._socket = socket
 
@@ -590,6 +597,9 @@ class Client:
             if command[0] == "close":
                 return True
             request: _Request = command[1]
+            if self._refused is not None:  # the handshake failed before this request was made
+                _settle(request.future, error=Unauthorized(self._refused))
+                continue
             self._pending[request.rid] = request
             self._send(request)
 
@@ -613,6 +623,7 @@ class Client:
                 return
             self._last_contact = time.monotonic()
             self._reconnects = 0
+            self._refused = None
             try:
                 message = protocol.decode_reply([f.buffer for f in frames], self.limits)
             except ProtocolError as exc:
@@ -674,10 +685,22 @@ class Client:
                 event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            reason = _AUTH_EVENTS.get(event["event"])
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._failed_handshakes = 0
+                continue
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                # A CURVE server drops a plain client mid-handshake (often with no detail): twice
+                # in a row, with no success between, is a refusal, not a network hiccup.
+                self._failed_handshakes += 1
+                if self._failed_handshakes < 2:
+                    continue
+                kind = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            reason = _AUTH_EVENTS.get(kind)
             if reason is None:
                 continue
             log.error("%s (%s)", reason, self.endpoint)
+            self._refused = reason
             for request in self._pending.values():
                 _settle(request.future, error=Unauthorized(reason))
             self._pending.clear()

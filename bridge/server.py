@@ -122,7 +122,6 @@ class Server:
         socket = self.socket
         socket.linger = 0
         socket.router_mandatory = 1  # sends to vanished peers fail fast instead of vanishing
-        socket.router_handover = 1  # a client that reconnects with its routing id takes it over
         socket.maxmsgsize = self.limits.max_request_frame_bytes  # ZeroMQ drops larger frames itself
         socket.rcvhwm = 256
         socket.sndhwm = 1024

@@ -157,6 +157,22 @@ class PipelineEngine:
 
         return Path(generate_episode(pipe, episode_dir, settings, output, progress=progress, on_chunk=chunk_fn))
 
+    def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int | None:
+        """Frames `generate` writes for this episode (base model: the request cut to what the poses
+        cover, as the pipeline does); None where the engine does not promise a count (fast)."""
+        if getattr(settings, "model", "base") != "base":
+            return None
+        import warnings
+
+        import numpy as np
+
+        from worldgen.camera import frames_for_poses
+
+        poses = np.load(episode_dir / "poses.npy", mmap_mode="r", allow_pickle=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return frames_for_poses(settings.frame_num, len(poses))
+
     def probe(self) -> dict[str, Any]:
         """Touch the device: a reply means the CUDA context (or CPU torch) still works."""
         torch = self.torch
