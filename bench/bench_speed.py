@@ -192,9 +192,18 @@ class _Stop(Exception):
 
 
 def rollout_step_seconds(
-    model, dev, steps_timed: int, lat: tuple[int, int, int], text_tokens: int, compute: str = "bf16"
+    model,
+    dev,
+    steps_timed: int,
+    lat: tuple[int, int, int],
+    text_tokens: int,
+    compute: str = "bf16",
+    second_model=None,
 ) -> float:
-    """Seconds per denoising step of a 70-step guided rollout (Pipeline.denoise, steps 2..)."""
+    """Seconds per denoising step of a 70-step guided rollout (Pipeline.denoise, steps 2..).
+
+    `second_model` (a copy of `model` on another GPU): the unconditional passes run there
+    (`worldgen.multi_gpu`, what `--gpus 0,1` does)."""
     from contracts.settings import GenerationSettings
     from worldgen.pipeline import Pipeline
     from worldgen.residency import ModelSlot
@@ -209,6 +218,14 @@ def rollout_step_seconds(
         text_len=cfg.text_len,
         name="bench",
     )
+    if second_model is not None:
+        from worldgen.memory import MemoryPlan
+        from worldgen.multi_gpu import SecondDevice
+        from worldgen.residency import ResidencyPolicy
+
+        other = next(second_model.parameters()).device
+        copies = {"high": ModelSlot("high", lambda: second_model), "low": ModelSlot("low", lambda: second_model)}
+        pipe.second_device = SecondDevice(other, ResidencyPolicy(MemoryPlan.unlimited(other), experts=copies))
     gen = torch.Generator(dev).manual_seed(3)
     f, h, w = lat
     noise = torch.randn(16, f, h, w, device=dev, generator=gen)
@@ -317,6 +334,17 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001
             print(f"rollout ({compute}) failed: {type(exc).__name__}: {str(exc)[:300]}")
             steps[compute] = float("nan")
+    two_gpu = None
+    if torch.cuda.device_count() >= 2:
+        import copy
+
+        try:
+            second = copy.deepcopy(model).to("cuda:1")
+            two_gpu = rollout_step_seconds(model, dev, args.rollout_steps, lat, args.text_tokens, "bf16", second)
+            del second
+        except Exception as exc:  # noqa: BLE001
+            print(f"rollout on 2 GPUs failed: {type(exc).__name__}: {str(exc)[:300]}")
+    results["rollout_two_gpu_step_seconds"] = two_gpu
     base = rows[0][1]
     print(f"\n== speed, {head} ==")
     print(f"{'path':<16} {'s/forward':>9} {'x bf16(before)':>14}  rel-L2")
@@ -330,8 +358,13 @@ def main() -> None:
             f"(before) forward; {args.rollout_steps} step(s) timed after the first) -> {70 * step / 60:.1f} min "
             "of denoising"
         )
-    if torch.cuda.device_count() < 2:
+    if two_gpu is None:
         print("rollout on 2 GPUs: not measured (this machine has one GPU)")
+    else:
+        print(
+            f"rollout, 70 steps with guidance, NF4 exact, 2 GPUs: {two_gpu:.2f} s / step ({two_gpu / base:.2f}x a bf16 "
+            f"(before) forward; {two_gpu / steps['bf16']:.2f}x the one-GPU step; target <= 0.55x)"
+        )
     if by_depth:
         print("\nrel-L2 of the residual stream after block n, against NF4 exact (how a perturbation grows with depth):")
         print("  block  " + "".join(f"{i + 1:>10}" for i in depth))
