@@ -192,7 +192,7 @@ REPLIES: dict[str, dict[str, tuple[str, bool]]] = {
         "eta_s": (NUMBER, False),
         "queue_position": (COUNT, False),
     },
-    "result": {"job": (ID, True), "rid": (ID, False), "seconds": (NUMBER, False)},
+    "result": {"job": (ID, True), "rid": (ID, False), "seconds": (NUMBER, False), "provenance": (MAP, False)},
     "error": {"code": (TEXT, True), "message": (TEXT, True), "rid": (ID, False), "job": (ID, False)},
     "status": {
         "rid": (ID, True),

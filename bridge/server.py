@@ -32,6 +32,7 @@ from bridge.security import check_bind_allowed, secure_server_socket
 from bridge.server_config import ServerConfig
 from bridge.settings import GenerationSettings, SettingsError, load_settings
 from bridge.spool import JobRecord, Spool
+from contracts.provenance import read_record
 from bridge.supervisor import Event, Supervisor, SupervisorConfig
 
 log = logging.getLogger("bridge.server")
@@ -556,7 +557,13 @@ class Server:
         if record.want_frames and record.frames_path.is_file():
             arrays["frames"] = np.load(record.frames_path, mmap_mode="r", allow_pickle=False)
         seconds = (record.finished or 0) - (record.started or 0)
-        return protocol.encode("result", {"job": record.id, "seconds": round(seconds, 3)}, arrays, {"video": video})
+        fields: dict[str, Any] = {"job": record.id, "seconds": round(seconds, 3)}
+        provenance, note = read_record(record.result_path)  # the worker's record beside result.mp4
+        if provenance is not None:
+            fields["provenance"] = provenance
+        elif note:
+            log.warning("job %s: %s", record.id, note)
+        return protocol.encode("result", fields, arrays, {"video": video})
 
     def _publish(self, job_id: str, frames: list) -> None:
         for identity in list(self.subscribers.get(job_id, ())):

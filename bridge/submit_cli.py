@@ -29,6 +29,7 @@ from bridge.client import (
 )
 from bridge.security import SecurityError
 from bridge.settings import SettingsError
+from contracts.provenance import with_job, write_record
 
 USER_ERRORS = (PayloadError, SettingsError, RequestFailed, JobFailed, ServerUnavailable, Unauthorized,
                SecurityError, TimeoutError)  # fmt: skip
@@ -63,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
                 elif isinstance(event, JobError):
                     raise JobFailed(event.code, event.message)
                 elif isinstance(event, Result):
+                    record = with_job(event.provenance, {"client": "submit", "id": job.id, "server": args.server,
+                                                         "server_seconds": event.seconds})
+                    if record is not None:  # the record first: a video never sits without its record
+                        write_record(out, record)
                     write_atomic(out, event.video)
         except KeyboardInterrupt:
             client.cancel(job.id)

@@ -5,7 +5,8 @@ camera, an Isaac Sim 6 episode-recorder session (.hdf5) or an Isaac Lab dataset 
 camera poses (see `docs/isaac-sim.md`). Files are first exported to episode folders beside them
 (`<stem>/` for a stage, `<stem>-<episode>/` for each episode of an HDF5 file); `--image` and
 `--prompt` give the first frame and the text where the file has none. Each result is
-`rollout.mp4` plus `rollout.json` (settings, job, timings) in the episode folder.
+`rollout.mp4` plus `rollout.json`, its provenance record (model, checkpoint, every setting used,
+versions, timings, the job: `contracts.provenance`), in the episode folder.
 
 Never imports torch: generation happens in the server (`lingbot-isaac serve`).
 """
@@ -13,7 +14,6 @@ Never imports torch: generation happens in the server (`lingbot-isaac serve`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image
 
 from bridge.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
+from contracts.provenance import sidecar_path, with_job, write_record
 from lingbot_isaac.episode import EpisodeError, read_episode
 from lingbot_isaac.lens import CameraError
 from lingbot_isaac.recording import write_recording_episode
@@ -211,7 +212,7 @@ def generate(
     started = time.monotonic()
     job = client.submit(payload, settings or None)
     bar = _ProgressBar(label, progress)
-    info: dict[str, Any] = {"job": job.id, "queue_position": job.queue_position}
+    info: dict[str, Any] = {"id": job.id, "queue_position": job.queue_position}
     try:
         for event in job.events(timeout=job_timeout):
             if isinstance(event, Progress):
@@ -232,16 +233,25 @@ def generate(
         bar.close()
     video = job.result(timeout=0)  # raises JobFailed with the server's reason
     info["seconds"] = round(time.monotonic() - started, 3)
+    info["provenance"] = job.provenance
     return video, info
 
 
-def write_result(folder: Path, video: bytes, info: dict[str, Any]) -> Path:
-    """rollout.mp4 and rollout.json, each written to a temp file and renamed into place."""
+def write_result(folder: Path, video: bytes, info: dict[str, Any], client: str = "replay") -> Path:
+    """rollout.mp4 and its provenance record rollout.json (the worker's record plus this job: `info`
+    from `generate`), each written to a temp file and renamed into place, the record first."""
     target = folder / RESULT_VIDEO
-    for path, data in ((target, video), (folder / RESULT_INFO, (json.dumps(info, indent=1) + "\n").encode())):
-        partial = path.with_name(f".{path.name}.partial")
-        partial.write_bytes(data)
-        os.replace(partial, path)
+    job = {key: value for key, value in info.items() if key != "provenance"}
+    record = with_job(info.get("provenance"), {"client": client, **job})
+    if record is not None:
+        write_record(target, record)
+    else:
+        sidecar_path(target).unlink(missing_ok=True)  # a stale record would describe another video
+        print(f"warning: the server sent no provenance record for {target}: its report cannot say "
+              "what made it (an older server?)", file=sys.stderr)
+    partial = target.with_name(f".{target.name}.partial")
+    partial.write_bytes(video)
+    os.replace(partial, target)
     return target
 
 
@@ -290,6 +300,8 @@ def run(args: argparse.Namespace) -> int:
             settings = job_settings(episode.meta.generation if episode.meta else None, overrides)
             label = f"[{index}/{len(episodes)}] {folder.name}"
             video, info = generate(client, folder, settings, label, not args.no_progress, args.job_timeout)
-            info.update({"server": args.server, "episode": str(folder), "settings": settings})
+            info.update({"server": args.server, "episode": str(folder), "asked": settings})
+            for line in (info["provenance"] or {}).get("adjustments", []):
+                print(f"{label}: {line}", file=sys.stderr)
             print(write_result(folder, video, info))
     return 0

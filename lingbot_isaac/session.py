@@ -209,13 +209,14 @@ class Session:
                         break
                 video = job.result(timeout=0)
                 info = {
-                    "job": job.id,
+                    "id": job.id,
                     "server": self.settings.server,
-                    "settings": settings,
+                    "asked": settings,
                     "seconds": round(time.monotonic() - started, 3),
                     "episode": str(episode),
+                    "provenance": job.provenance,
                 }
-                result = write_result(episode, video, info)
+                result = write_result(episode, video, info, client="extension")
             self._client = self._job_id = None
             report = self._compare(episode, result)
             self._set(

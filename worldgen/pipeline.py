@@ -27,6 +27,7 @@ from worldgen.dit import DiTConfig
 from worldgen.errors import InputError
 from worldgen.image_input import load_image
 from worldgen.memory import MemoryPlan, ModelSlot, PhaseMeter
+from worldgen.request import latent_size  # noqa: F401  (re-exported: the rule is defined there)
 from worldgen.scheduler import FlowUniPCScheduler
 from worldgen.text_cache import TextCache
 from worldgen.tokenizer import PromptTokenizer
@@ -39,17 +40,6 @@ NEGATIVE_PROMPT_FILE = Path(__file__).with_name("negative_prompt.txt")
 
 def _no_progress(phase: str, step: int, total: int) -> None:
     pass
-
-
-def latent_size(image_hw: tuple[int, int], max_area: int) -> tuple[int, int]:
-    """(lat_h, lat_w) for an image of (h0, w0) and a pixel budget, as the reference computes it."""
-    h0, w0 = image_hw
-    aspect = h0 / w0
-    lat_h = round(np.sqrt(max_area * aspect) // VAE_STRIDE[1] // PATCH[1] * PATCH[1])
-    lat_w = round(np.sqrt(max_area / aspect) // VAE_STRIDE[2] // PATCH[2] * PATCH[2])
-    if lat_h < PATCH[1] or lat_w < PATCH[2]:
-        raise InputError(f"size: max_area {max_area} is too small for a {w0}x{h0} image; use at least 16*16")
-    return lat_h, lat_w
 
 
 def prepare_image(image: Image.Image | np.ndarray | str | Path, max_area: int) -> torch.Tensor:
@@ -106,6 +96,7 @@ class Pipeline:
         self.meter = PhaseMeter(self.device)
         self.on_plan: Callable[[str], None] | None = None  # told the plan whenever a job changes it
         self._frame_pixels = 0
+        self.identity: dict[str, str] = {}  # set by load_pipeline: variant, checkpoint, layout, dtype ...
 
     # -- text -------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -404,7 +395,7 @@ def load_pipeline(
     }
     t5_device = plan.text_encoder_device
     t5_dtype = dtype if t5_device.type == "cuda" else torch.float32
-    return Pipeline(
+    pipe = Pipeline(
         tokenizer=PromptTokenizer(layout.tokenizer_dir / "tokenizer.json"),
         text_encoder=ModelSlot(
             "umT5",
@@ -423,6 +414,17 @@ def load_pipeline(
         is_random_weights=is_tiny,
         text_dtype=t5_dtype,
     )
+    # what the provenance record of each rollout says about the model (worldgen.rollout.rollout_record)
+    pipe.identity = {
+        "variant": "base",
+        "weights": "tiny" if is_tiny else "real",
+        "checkpoint": str(root),
+        "layout": layout.kind,
+        "dtype": str(dtype).removeprefix("torch."),
+        "text_encoder": "cpu, streamed" if text_encoder_on_cpu else str(t5_device),
+        "attention": backend,
+    }
+    return pipe
 
 
 def _prepared_expert(model: torch.nn.Module, plan: MemoryPlan, attention_backend: str) -> torch.nn.Module:

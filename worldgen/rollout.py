@@ -1,16 +1,23 @@
 """One rollout from an action folder (the LingBot-World example layout, or our episode folder).
 
-The folder holds `poses.npy`, `intrinsics.npy`, `image.jpg` (or `.png`) and `prompt.txt`.
+The folder holds `poses.npy`, `intrinsics.npy`, `image.jpg` (or `.png`) and `prompt.txt`. Every
+rollout gets its provenance record (`contracts.provenance`) beside the mp4; `rollout_record` builds
+it from the pipeline that made the video, whichever path ran it.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 from bridge.settings import GenerationSettings
+from contracts.provenance import checkpoint_fingerprint, make_record, write_record
 from worldgen.camera import load_action
 from worldgen.errors import InputError
+from worldgen.image_input import load_image
 from worldgen.pipeline import Pipeline, Progress
+from worldgen.request import ResolvedRequest, resolve_request
 from worldgen.video_out import write_mp4
 
 IMAGE_NAMES = ("image.jpg", "image.jpeg", "image.png")
@@ -33,6 +40,73 @@ def read_prompt(folder: Path) -> str:
     return prompt
 
 
+def _fingerprint(pipe: Pipeline) -> dict[str, Any]:
+    """The checkpoint's fingerprint, computed once per pipeline (a warm worker serves many jobs)."""
+    cached = getattr(pipe, "_fingerprint", None)
+    if cached is None:
+        cached = pipe._fingerprint = checkpoint_fingerprint(pipe.identity["checkpoint"])
+    return cached
+
+
+def _device_name(pipe: Pipeline) -> str:
+    import platform
+
+    import torch
+
+    if pipe.device.type == "cuda":
+        return torch.cuda.get_device_name(pipe.device)
+    return platform.processor() or platform.machine()
+
+
+def rollout_record(
+    pipe: Pipeline,
+    settings: GenerationSettings,
+    resolved: ResolvedRequest,
+    *,
+    producer: str,
+    phases: list[Any],
+    inputs: dict[str, Any] | None = None,
+    timings: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """The provenance record of a rollout `pipe` just made with `settings` (as asked) and `resolved`."""
+    import torch
+
+    identity = pipe.identity
+    used = {**settings.to_dict(), "frame_num": resolved.frames}
+    phase_seconds = {f"{record.name}_s": round(record.seconds, 3) for record in phases}
+    peaks = {
+        "peak_rss_gib": max((r.peak_rss_gib or 0.0 for r in phases), default=None),
+        "peak_vram_gib": max((r.peak_vram_gib or 0.0 for r in phases), default=None) if pipe.device.type == "cuda"
+        else None,
+    }
+    return make_record(
+        producer=producer,
+        model={
+            "family": "lingbot-world",
+            "variant": identity.get("variant", "base"),
+            "weights": identity.get("weights", "real"),
+            "random_weights": bool(pipe.is_random_weights),
+            "name": pipe.name,
+        },
+        checkpoint={"path": identity.get("checkpoint"), "layout": identity.get("layout"), **_fingerprint(pipe)},
+        compute={
+            "device": str(pipe.device),
+            "device_name": _device_name(pipe),
+            "dtype": identity.get("dtype"),
+            "attention": identity.get("attention"),
+            "text_encoder": identity.get("text_encoder"),
+        },
+        settings=used,
+        requested=settings.to_dict(),
+        adjustments=resolved.adjustments,
+        output={"frames": resolved.frames, "height": resolved.height, "width": resolved.width, "fps": settings.fps},
+        inputs=inputs,
+        timings={**(timings or {}), **phase_seconds, **{k: round(v, 3) for k, v in peaks.items() if v is not None}},
+        memory_plan=pipe.plan.describe(),
+        torch_version=torch.__version__,
+    )
+
+
 def generate_episode(
     pipe: Pipeline,
     episode_dir: Path | str,
@@ -40,18 +114,35 @@ def generate_episode(
     output_path: Path | str,
     progress: Progress | None = None,
     prompt: str | None = None,
+    producer: str = "worker",
 ) -> Path:
-    """Generate the rollout of an action/episode folder and write it as an mp4 (atomically)."""
+    """Generate the rollout of an action/episode folder; write the mp4 and its provenance record
+    beside it (each atomically: the record first, so a video never exists without one)."""
     folder = Path(episode_dir)
     if not folder.is_dir():
         raise InputError(f"{folder}: not a folder (expected poses.npy, intrinsics.npy, image.jpg, prompt.txt)")
     poses, intrinsics = load_action(folder)
-    video = pipe.generate(
-        find_image(folder), prompt or read_prompt(folder), poses, intrinsics, settings, progress=progress
-    )
+    image_path = find_image(folder)
+    image = load_image(image_path)
+    prompt = prompt or read_prompt(folder)
+    resolved = resolve_request(settings, (image.height, image.width), len(poses))
+    first_phase, started = len(pipe.meter.records), time.perf_counter()
+    video = pipe.generate(image, prompt, poses, intrinsics, settings, progress=progress)
     if progress:
         progress("write", 0, 1)
-    path = write_mp4(video, output_path, fps=settings.fps)
+    path = Path(output_path)
+    record = rollout_record(
+        pipe,
+        settings,
+        resolved,
+        producer=producer,
+        phases=pipe.meter.records[first_phase:],
+        inputs={"episode": folder.name, "image": image_path.name, "image_size": [image.width, image.height],
+                "poses": len(poses), "prompt": prompt},
+        timings={"generate_s": round(time.perf_counter() - started, 3)},
+    )
+    write_record(path, record)
+    path = write_mp4(video, path, fps=settings.fps)
     if progress:
         progress("write", 1, 1)
     return path

@@ -32,6 +32,7 @@ from typing import Any, BinaryIO, Protocol
 
 from bridge import worker_protocol as wp
 from bridge.settings import GenerationSettings
+from contracts.provenance import sidecar_path
 from worldgen.errors import CheckpointError, InputError
 
 log = logging.getLogger("worldgen.worker")
@@ -263,6 +264,9 @@ class Worker:
             written = self.engine.generate(Path(message["episode_dir"]), settings, partial, progress)
             if self.cancel.is_set():
                 raise JobCancelled("cancelled after the last step")
+            record = sidecar_path(written)
+            if record.is_file():  # the provenance record goes first: a result never exists without it
+                os.replace(record, sidecar_path(output))
             os.replace(written, output)
             frames_output = message.get("frames_output")
             if message.get("want_frames") and frames_output:
@@ -294,6 +298,7 @@ class Worker:
                 log.error("cleanup after the failure failed:\n%s", traceback.format_exc())
         finally:
             partial.unlink(missing_ok=True)
+            sidecar_path(partial).unlink(missing_ok=True)
             self.job, self.state, self.progress = None, "idle", {}
 
     @staticmethod

@@ -1,0 +1,1 @@
+"""contracts: the formats, settings and rules every package shares (numpy only; imports none of ours)."""
