@@ -11,11 +11,14 @@ With no --ckpt-dir the built-in `tiny` model runs (random weights: its output is
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from bridge.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
+from contracts.provenance import sidecar_path, write_record
 from worldgen.errors import InputError
+from worldgen.quiet import VERBOSE_ENV
 
 USER_ERRORS = (InputError, SettingsError)
 
@@ -74,8 +77,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the umT5 text encoder on the CPU, streamed from disk one block at a time (slower; no GPU "
         "memory, ~1 GB of RAM); a cached prompt skips it either way",
     )
-    run.add_argument("-o", "--output", type=Path, default=Path("out.mp4"), help="output mp4 (H.264)")
+    run.add_argument(
+        "-o", "--output", type=Path, default=Path("out.mp4"),
+        help="output mp4 (H.264); its provenance record goes beside it as .json (default: out.mp4)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument(
+        "--verbose", action="store_true",
+        help="also print the memory plan, the measured per-phase peaks and third-party notices hidden by default",
+    )
 
 
 def settings_from_args(args: argparse.Namespace, tiny: bool) -> GenerationSettings:
@@ -121,25 +131,49 @@ class ProgressBars:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    if args.verbose:
+        os.environ[VERBOSE_ENV] = "1"  # third-party notices we hide by default (worldgen.quiet)
+    say = print if args.verbose else (lambda *a, **k: None)
 
-    from worldgen.camera import load_action
-    from worldgen.pipeline import load_pipeline
-    from worldgen.rollout import find_image, read_prompt
-    from worldgen.video_out import write_mp4
-
+    # Every input is checked before anything heavy: a typo costs a second, not a model load.
     tiny = str(args.ckpt_dir).startswith("tiny")
     settings = settings_from_args(args, tiny)
     if args.action_path is None and args.image is None:
         raise InputError("give --image (and --prompt), or --action-path with image.jpg and prompt.txt")
-    image = args.image or find_image(args.action_path)
+    if args.action_path is not None and not args.action_path.is_dir():
+        raise InputError(f"--action-path {args.action_path}: not a folder (poses.npy, intrinsics.npy, image.jpg, "
+                         "prompt.txt)")
+    from worldgen.image_input import load_image
+    from worldgen.request import find_image, read_prompt
+
+    image = load_image(image_path := args.image or find_image(args.action_path))
     prompt = args.prompt or (read_prompt(args.action_path) if args.action_path else None)
     if not prompt:
         raise InputError("no prompt: pass --prompt or put prompt.txt in --action-path")
+    from worldgen.camera import load_action
+    from worldgen.request import resolve_request
+
     poses = intrinsics = None
     if args.action_path is not None and not args.no_camera:
         poses, intrinsics = load_action(args.action_path)
+    resolved = resolve_request(settings, (image.height, image.width), None if poses is None else len(poses))
+    if not tiny:
+        from worldgen.checkpoint import find_checkpoint
 
+        find_checkpoint(Path(args.ckpt_dir))  # the layout, before any weight is read
+    for line in resolved.adjustments:
+        print(f"note: {line}", file=sys.stderr)
+
+    import time
+    import warnings
+
+    import torch
+
+    from worldgen.pipeline import load_pipeline
+    from worldgen.rollout import rollout_record
+    from worldgen.video_out import write_mp4
+
+    started = time.perf_counter()
     dtype = getattr(torch, args.dtype) if args.dtype else None
     pipe = load_pipeline(
         args.ckpt_dir,
@@ -150,22 +184,36 @@ def run(args: argparse.Namespace) -> int:
         text_encoder_on_cpu=args.t5_on_cpu,
         attention=args.attention,
     )
+    load_s = time.perf_counter() - started
     if pipe.is_random_weights:
         print("note: the tiny model has random weights: its output is noise, not a prediction", file=sys.stderr)
-    print(f"model: {pipe.name}", file=sys.stderr)
-    print(pipe.plan.describe(), file=sys.stderr)
-    pipe.on_plan = lambda text: print(f"re-planned for this job's size:\n{text}", file=sys.stderr)
+    identity = pipe.identity
+    print(f"model: {pipe.name}; computing in {identity['dtype']} on {pipe.device}", file=sys.stderr)
+    say(pipe.plan.describe(), file=sys.stderr)
+    pipe.on_plan = lambda text: say(f"re-planned for this job's size:\n{text}", file=sys.stderr)
     bars = ProgressBars(not args.quiet)
     try:
-        video = pipe.generate(image, prompt, poses, intrinsics, settings, progress=bars)
+        with warnings.catch_warnings():  # said above, once, as a note
+            warnings.filterwarnings("ignore", message=r"frame_num \d+ is not 4n\+1", category=UserWarning)
+            video = pipe.generate(image, prompt, poses, intrinsics, settings, progress=bars)
     finally:
         bars.close()
     with pipe.meter.phase("write"):
+        record = rollout_record(
+            pipe, settings, resolved, producer="generate", phases=pipe.meter.records,
+            inputs={"image": str(image_path), "image_size": [image.width, image.height],
+                    "poses": None if poses is None else len(poses), "prompt": prompt,
+                    "action_path": None if args.action_path is None else str(args.action_path)},
+            timings={"load_s": round(load_s, 3), "generate_s": round(time.perf_counter() - started - load_s, 3)},
+        )
+        write_record(args.output, record)  # first: a video never sits without its record
         path = write_mp4(video, args.output, fps=settings.fps)
-    print(pipe.meter.summary(), file=sys.stderr)
+    say(pipe.meter.summary(), file=sys.stderr)
     peak_rss = max((r.peak_rss_gib or 0) for r in pipe.meter.records)
     if args.ram_budget and peak_rss > args.ram_budget:
         print(f"warning: peak RSS {peak_rss:.2f} GiB exceeded --ram-budget {args.ram_budget:g}", file=sys.stderr)
     frames, h, w = video.shape[1:]
-    print(f"wrote {path} ({frames} frames, {w}x{h}, {settings.fps} fps)")
+    seconds = time.perf_counter() - started
+    print(f"wrote {path} ({frames} frames, {w}x{h}, {settings.fps} fps, {seconds:.1f} s, peak RSS {peak_rss:.2f} GiB)"
+          f" and its provenance record {sidecar_path(path)}")
     return 0

@@ -406,7 +406,7 @@ def load_pipeline(
         experts=experts,
         device=device,
         text_len=text_len,
-        name=f"{'tiny (random weights)' if is_tiny else root.name} [{layout.kind}]",
+        name=f"{'tiny (random weights)' if is_tiny else root.name}, {layout.kind} checkpoint layout",
         plan=plan,
         text_cache=TextCache(layout.t5, text_cache_dir, variant=f"{t5_device.type}-{t5_dtype}")
         if use_text_cache

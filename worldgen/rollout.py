@@ -17,27 +17,8 @@ from worldgen.camera import load_action
 from worldgen.errors import InputError
 from worldgen.image_input import load_image
 from worldgen.pipeline import Pipeline, Progress
-from worldgen.request import ResolvedRequest, resolve_request
+from worldgen.request import IMAGE_NAMES, ResolvedRequest, find_image, read_prompt, resolve_request  # noqa: F401
 from worldgen.video_out import write_mp4
-
-IMAGE_NAMES = ("image.jpg", "image.jpeg", "image.png")
-
-
-def find_image(folder: Path) -> Path:
-    for name in IMAGE_NAMES:
-        if (folder / name).exists():
-            return folder / name
-    raise InputError(f"{folder}: no first-frame image (looked for {', '.join(IMAGE_NAMES)})")
-
-
-def read_prompt(folder: Path) -> str:
-    path = folder / "prompt.txt"
-    if not path.exists():
-        raise InputError(f"{path}: missing; write the scene description there (or pass --prompt)")
-    prompt = path.read_text(encoding="utf-8").strip()
-    if not prompt:
-        raise InputError(f"{path}: is empty; write the scene description there (or pass --prompt)")
-    return prompt
 
 
 def _fingerprint(pipe: Pipeline) -> dict[str, Any]:

@@ -158,7 +158,7 @@ def test_rollout_sidecar_and_episode_json_sim_frames(tmp_path, commanded_poses, 
     record = with_job(make_record(
         producer="worker",
         model={"family": "lingbot-world", "variant": "base", "weights": "tiny", "random_weights": True,
-               "name": "tiny (random weights) [bf16]"},
+               "name": "tiny (random weights), bf16 checkpoint layout"},
         checkpoint={"path": "/cache/tiny-v1/bf16", "layout": "bf16", "fingerprint": "sha256:ab", "files": 9, "bytes": 1},
         compute={"device": "cpu", "dtype": "float32"},
         settings={"size": "96*160", "frame_num": 5, "steps": 4, "shift": 5.0, "guide_scale": [5.0, 5.0], "seed": 42},
@@ -169,13 +169,13 @@ def test_rollout_sidecar_and_episode_json_sim_frames(tmp_path, commanded_poses, 
     out = compare_episode(episode, rollout, tmp_path / "out")
     report = strict_json(out.with_name("report.json"))
     assert report["provenance"]["job"]["id"] == "j-1"
-    assert report["model"] == "lingbot-world base, tiny (random weights) [bf16]"
+    assert report["model"] == "lingbot-world base, tiny (random weights), bf16 checkpoint layout"
     assert report["tiny_model"] is True, "the noise banner follows the record"
     assert report["settings"]["generation"]["steps"] == 4
     assert report["timings"]["generation"] == {"generate_s": 9.5, "job_seconds": 12.5, "job_server_seconds": 11.0}
     page = html.unescape(out.read_text())
     top = page[: page.index("<h2>")]  # model, banner and every setting come before the first section
-    assert "tiny (random weights) [bf16]" in top and TINY_NOTE in top and "sha256:ab" in top
+    assert "tiny (random weights), bf16 checkpoint layout" in top and TINY_NOTE in top and "sha256:ab" in top
     for key, value in record["settings"].items():
         assert f"setting: {key}" in top and str(value if not isinstance(value, list) else value[0]) in top
     assert "81 frames asked, 5 poses: generating 5" in top
