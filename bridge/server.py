@@ -32,8 +32,8 @@ from bridge.security import check_bind_allowed, secure_server_socket
 from bridge.server_config import ServerConfig
 from bridge.settings import GenerationSettings, SettingsError, load_settings
 from bridge.spool import JobRecord, Spool
-from contracts.provenance import read_record
 from bridge.supervisor import Event, Supervisor, SupervisorConfig
+from contracts.provenance import read_record
 
 log = logging.getLogger("bridge.server")
 

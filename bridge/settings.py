@@ -29,8 +29,8 @@ class GenerationSettings:
 
     size: str = "480*832"  # "H*W": the max area; the real H, W follow the image aspect
     frame_num: int = 81  # 4n+1; limited by the number of poses
-    steps: int = 40
-    shift: float = 5.0
+    steps: int = 70  # LingBot-World's i2v-A14B default ([fast40] in generation.toml: 40 / 5)
+    shift: float = 10.0
     guide_scale: tuple[float, float] = (5.0, 5.0)  # (low-noise expert, high-noise expert)
     boundary: float = 0.947  # t >= boundary*1000 -> high-noise expert
     seed: int = 42

@@ -30,6 +30,14 @@ from lingbot_isaac.episode import EpisodeError, read_episode
 from lingbot_isaac.lens import CameraError
 from lingbot_isaac.recording import write_recording_episode
 from lingbot_isaac.sources import SourceOptions, TrajectorySource, open_source
+from lingbot_isaac.sources.isaaclab_hdf5 import QUAT_ORDERS
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ISAAC_CONFIG = Path(__file__).resolve().parent.parent / "config" / "isaac.toml"
 
 RESULT_VIDEO = "rollout.mp4"
 RESULT_INFO = "rollout.json"
@@ -67,7 +75,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--rate", type=float, help="Isaac Lab env step rate in Hz (1 / (sim.dt * decimation))"
     )
-    source.add_argument("--meters-per-unit", type=float, help="recorder positions' unit, if not metres")
+    source.add_argument(
+        "--meters-per-unit",
+        type=float,
+        help="Isaac Sim recorder positions' stage unit in metres (1 metre stage, 0.01 centimetre stage)",
+    )
+    source.add_argument(
+        "--stage", type=Path, help="the USD stage an Isaac Sim recorder session was recorded on (for its units)"
+    )
+    source.add_argument(
+        "--quat-order",
+        choices=QUAT_ORDERS,
+        help="quaternion order of an Isaac Lab dataset without a format_version mark: wxyz (Isaac Lab 2.x) "
+        "or xyzw (3.x); default: [isaaclab] quat_order of config/isaac.toml",
+    )
     gen = parser.add_argument_group("generation (default: the episode's settings, then the server's preset)")
     gen.add_argument("--preset", help="send all settings of this [preset] of config/generation.toml")
     gen.add_argument("--frame-num", type=int, help="frames to generate (4n+1)")
@@ -112,6 +133,19 @@ def _prompt(args: argparse.Namespace) -> str | None:
         except OSError as exc:
             raise ReplayError(f"--prompt-file {args.prompt_file}: {exc}") from None
     return args.prompt
+
+
+def config_quat_order(path: Path = ISAAC_CONFIG) -> str | None:
+    """`[isaaclab] quat_order` of config/isaac.toml ("" or a missing file: None, i.e. ask)."""
+    if not path.is_file():
+        return None
+    try:
+        value = tomllib.loads(path.read_text(encoding="utf-8")).get("isaaclab", {}).get("quat_order", "")
+    except tomllib.TOMLDecodeError as exc:
+        raise ReplayError(f"{path}: not valid TOML ({exc})") from None
+    if value not in ("", *QUAT_ORDERS):
+        raise ReplayError(f"{path}: [isaaclab] quat_order must be \"\", \"wxyz\" or \"xyzw\" (got {value!r})")
+    return value or None
 
 
 def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -267,7 +301,13 @@ def run(args: argparse.Namespace) -> int:
     prompt = _prompt(args)
     overrides = settings_overrides(args)
     options = SourceOptions(
-        camera=args.camera, resolution=resolution, rate=args.rate, meters_per_unit=args.meters_per_unit
+        camera=args.camera,
+        resolution=resolution,
+        rate=args.rate,
+        meters_per_unit=args.meters_per_unit,
+        quat_order=args.quat_order,
+        default_quat_order=config_quat_order(),
+        stage=args.stage,
     )
 
     # Read and validate every source before sending anything.

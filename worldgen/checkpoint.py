@@ -28,6 +28,8 @@ from worldgen.nf4 import QUANT_SUFFIXES, NF4Linear
 from worldgen.tensor_stream import StagingBuffer, stream_safetensors, stream_torch_file
 
 EXPERTS = ("high", "low")
+FAST_DIR = "lingbot_world_fast"  # LingBot-World-Fast, inside the base folder as its README downloads it
+FAST_NF4_DIR = "lingbot_world_fast_bnb_nf4"  # the same quantized by `lingbot-isaac quantize`
 T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 VAE_FILE = "Wan2.1_VAE.pth"
 INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
@@ -38,7 +40,7 @@ TOKENIZER_DIRS = ("google/umt5-xxl", "tokenizer")
 class CheckpointLayout:
     root: Path
     kind: str  # "bf16" (original release) or "nf4" (community release)
-    experts: dict[str, Path]  # "high"/"low" -> expert folder
+    experts: dict[str, Path]  # "high"/"low" -> expert folder; "fast" -> the Fast DiT folder
     t5: Path
     vae: Path
     tokenizer_dir: Path
@@ -81,6 +83,10 @@ def find_checkpoint(root: Path | str) -> CheckpointLayout:
     for folder in experts.values():
         if not (folder / "config.json").exists():
             raise CheckpointError(f"{folder}: config.json is missing; re-download this expert")
+    return _with_shared_parts(root, kind, experts)
+
+
+def _with_shared_parts(root: Path, kind: str, experts: dict[str, Path]) -> CheckpointLayout:
     for path, what in ((root / T5_FILE, "umT5 text encoder"), (root / VAE_FILE, "video VAE")):
         if not path.exists():
             raise CheckpointError(f"{root}: {path.name} ({what}) is missing; download it into this folder")
@@ -89,6 +95,65 @@ def find_checkpoint(root: Path | str) -> CheckpointLayout:
         tried = ", ".join(f"{d}/tokenizer.json" for d in TOKENIZER_DIRS)
         raise CheckpointError(f"{root}: no tokenizer found (looked for {tried})")
     return CheckpointLayout(root, kind, experts, root / T5_FILE, root / VAE_FILE, tokenizer_dir)
+
+
+def _is_dit_folder(folder: Path) -> bool:
+    return (folder / "config.json").exists() or any(folder.glob("diffusion_pytorch_model*.safetensors"))
+
+
+def find_fast_checkpoint(root: Path | str) -> CheckpointLayout:
+    """The LingBot-World-Fast DiT as released (`lingbot_world_fast/` inside the base checkpoint
+    folder, whose umT5, VAE and tokenizer it uses), quantized (`lingbot_world_fast_bnb_nf4/`), or
+    that folder given on its own (the shared parts are then looked for beside it). Layout
+    `experts` = {"fast": folder}; errors name what is missing and the fix."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise CheckpointError(
+            f"checkpoint folder {root} does not exist (pass --ckpt-dir, or 'tiny' for the built-in model)"
+        )
+    if root.name in (FAST_DIR, FAST_NF4_DIR) or (
+        _is_dit_folder(root) and not (root / FAST_DIR).is_dir() and not (root / FAST_NF4_DIR).is_dir()
+    ):
+        folder, base = root, root.parent
+    else:
+        folder = next((root / d for d in (FAST_NF4_DIR, FAST_DIR) if (root / d).is_dir()), None)
+        if folder is None:
+            raise CheckpointError(
+                f"{root}: no LingBot-World-Fast model: expected {FAST_DIR}/ inside it (download the Fast "
+                f"weights there, as the reference README does) or {FAST_NF4_DIR}/ (lingbot-isaac quantize)"
+            )
+        base = root
+    if not (folder / "config.json").exists():
+        raise CheckpointError(f"{folder}: config.json is missing; re-download the Fast model")
+    kind = expert_kind(folder)
+    if kind == "bf16":
+        _check_shards(folder)
+    elif not (folder / "quantization_meta.json").exists():
+        raise CheckpointError(f"{folder}: quantization_meta.json is missing; this is not a complete NF4 model")
+    try:
+        return _with_shared_parts(base, kind, {"fast": folder})
+    except CheckpointError as exc:
+        if base == root:
+            raise
+        raise CheckpointError(
+            f"{exc}; the Fast model uses the base checkpoint's umT5, VAE and tokenizer: put {folder.name}/ "
+            "inside the lingbot-world-base-cam folder and pass that folder"
+        ) from None
+
+
+def _check_shards(folder: Path) -> None:
+    index_path = folder / INDEX_FILE
+    if not index_path.exists():
+        return
+    try:
+        shards = set(json.loads(index_path.read_text())["weight_map"].values())
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"{index_path}: unreadable index ({exc}); re-download it") from None
+    absent = sorted(name for name in shards if not (folder / name).exists())
+    if absent:
+        raise CheckpointError(
+            f"{folder}: shard {absent[0]} listed in {INDEX_FILE} is missing; the download is partial"
+        )
 
 
 def expert_kind(folder: Path) -> str:

@@ -20,6 +20,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,9 @@ from torch import nn
 
 from worldgen.attention import attention
 from worldgen.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from worldgen.kv_cache import KVCache, LayerKV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +50,10 @@ class DiTConfig:
     qk_norm: bool = True
     cross_attn_norm: bool = True
     eps: float = 1e-6
+    # LingBot-World-Fast only (causal, KV-cached): the rolling-cache gate and the attention sink in
+    # frames; the loop sets both per job (see worldgen.kv_cache), these are the config's defaults.
+    local_attn_size: int = -1
+    sink_size: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -58,7 +66,8 @@ class DiTConfig:
         except (OSError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"{path}: cannot read the DiT config ({exc}); re-download config.json") from None
         fields = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(fields - set(raw) - {"window_size", "qk_norm", "cross_attn_norm", "eps", "model_type"})
+        optional = {"window_size", "qk_norm", "cross_attn_norm", "eps", "model_type", "local_attn_size", "sink_size"}
+        missing = sorted(fields - set(raw) - optional)
         if missing:
             raise CheckpointError(f"{path}: DiT config lacks {missing}; is this a LingBot-World expert folder?")
         kwargs = {k: v for k, v in raw.items() if k in fields}
@@ -114,11 +123,14 @@ def sinusoidal_embedding(dim: int, t: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.cos(angles), torch.sin(angles)], dim=1).float()
 
 
-def rope_tables(head_dim: int, grid: tuple[int, int, int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    head_dim: int, grid: tuple[int, int, int], device: torch.device, start_frame: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin tables [L, head_dim/2] for the 3-D (frame, row, column) rotary embedding.
 
     head_dim/2 rotary pairs split into (c - 2(c//3), c//3, c//3) for c = head_dim/2, each group with
-    angle = position / 10000^(2k/group_dim); computed in float64, stored in float32.
+    angle = position / 10000^(2k/group_dim); computed in float64, stored in float32. Frame positions
+    start at `start_frame` (a later chunk of the causal model), rows and columns at 0.
     """
     pairs = head_dim // 2
     splits = (pairs - 2 * (pairs // 3), pairs // 3, pairs // 3)
@@ -127,7 +139,9 @@ def rope_tables(head_dim: int, grid: tuple[int, int, int], device: torch.device)
     for n_pairs, size, axis in zip(splits, (f, h, w), range(3), strict=True):
         group_dim = 2 * n_pairs if axis else head_dim - 4 * (head_dim // 6)
         inv = 1.0 / torch.pow(10000, torch.arange(0, group_dim, 2, dtype=torch.float64, device=device) / group_dim)
-        angles = torch.outer(torch.arange(size, dtype=torch.float64, device=device), inv)
+        first = start_frame if axis == 0 else 0
+        positions = torch.arange(first, first + size, dtype=torch.float64, device=device)
+        angles = torch.outer(positions, inv)
         shape = [1, 1, 1, n_pairs]
         shape[axis] = size
         parts.append(angles.view(shape).expand(f, h, w, n_pairs))
@@ -163,21 +177,35 @@ class SelfAttention(nn.Module):
         self.norm_q = RMSNorm(dim, eps)
         self.norm_k = RMSNorm(dim, eps)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: LayerKV | None = None
+    ) -> torch.Tensor:
+        """Full attention over `x`; with `kv` (the causal model) the keys are those of the KV cache:
+        the new (rotated) keys and values are written into it and the query attends to its window."""
         b, s, _ = x.shape
         shape = (b, s, self.num_heads, -1)
         v = self.v(x).view(shape)  # its dtype is the compute dtype (bf16 weights -> bf16)
         q = apply_rope(self.norm_q(self.q(x)).view(shape), *rope, v.dtype)
         k = apply_rope(self.norm_k(self.k(x)).view(shape), *rope, v.dtype)
+        if kv is not None:
+            k, v = kv.update(k, v)
         return self.o(attention(q, k, v, self.attention_backend))
 
 
 class CrossAttention(SelfAttention):
-    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None, kv: LayerKV | None = None) -> torch.Tensor:
+        """Attention to the text; with `kv`, the text keys/values are computed once and then reused
+        (one prompt per cache, as the causal reference does), so `context` may then be None."""
         b = x.shape[0]
         q = self.norm_q(self.q(x)).view(b, -1, self.num_heads, x.shape[-1] // self.num_heads)
-        k = self.norm_k(self.k(context)).view(b, -1, self.num_heads, q.shape[-1])
-        v = self.v(context).view(b, -1, self.num_heads, q.shape[-1])
+        cached = None if kv is None else kv.cross
+        if cached is None:
+            k = self.norm_k(self.k(context)).view(b, -1, self.num_heads, q.shape[-1])
+            v = self.v(context).view(b, -1, self.num_heads, q.shape[-1])
+            if kv is not None:
+                kv.cross = (k, v)
+        else:
+            k, v = cached
         return self.o(attention(q, k, v, self.attention_backend))
 
 
@@ -216,16 +244,17 @@ class Block(nn.Module):
         x: torch.Tensor,
         e0: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
-        context: torch.Tensor,
+        context: torch.Tensor | None,
         cam: torch.Tensor | None,
+        kv: LayerKV | None = None,
     ) -> torch.Tensor:
         # m0..m5: [B, 1, dim] float32 (one row per sample, broadcast over tokens)
         m = (self.modulation.float() + e0).unsqueeze(2).unbind(1)
-        x = x + self.self_attn(self.norm1(x) * (1 + m[1]) + m[0], rope) * m[2]
+        x = x + self.self_attn(self.norm1(x) * (1 + m[1]) + m[0], rope, kv) * m[2]
         if cam is not None:
             h = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(cam))) + cam
             x = (1 + self.cam_scale_layer(h)) * x + self.cam_shift_layer(h)
-        x = x + self.cross_attn(self.norm3(x), context)
+        x = x + self.cross_attn(self.norm3(x), context, kv)
         return self.feed_forward(x, m[3], m[4], m[5])
 
 
@@ -242,7 +271,9 @@ class Head(nn.Module):
 
 
 class WanCameraDiT(nn.Module):
-    """One expert. `forward(x, t, context, y, cam)`; all per-sample tensors batched on dim 0."""
+    """One expert, or the causal Fast model. `forward(x, t, context, y, cam)`; all per-sample tensors
+    batched on dim 0. With `cache` (a `worldgen.kv_cache.KVCache`) `x` is one chunk of frames starting
+    at token `current_start` of the video, attending causally to the cached earlier chunks."""
 
     def __init__(self, cfg: DiTConfig):
         super().__init__()
@@ -295,10 +326,13 @@ class WanCameraDiT(nn.Module):
         context: torch.Tensor | list[torch.Tensor],
         y: torch.Tensor,
         cam: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        current_start: int = 0,
     ) -> torch.Tensor:
         """x [B,16,F,H,W] noisy latent, t [B] timesteps, y [B,20,F,H,W] condition -> [B,16,F,H,W] float32.
 
         `context` is text embeddings (not yet zero-padded); `cam` the Plücker tensor or None.
+        `cache`/`current_start`: the causal model's KV cache and the chunk's first token (see above).
         """
         cfg = self.cfg
         dtype = self.compute_dtype
@@ -313,12 +347,19 @@ class WanCameraDiT(nn.Module):
         )
         e0 = self.time_projection[1](self.time_projection[0](e), torch.float32).view(b, 6, cfg.dim)
 
-        text = self.embed_text(context)
+        # with a cache the text keys/values are computed on its first call only: no need to embed again
+        text = None if cache is not None and cache.has_text else self.embed_text(context)
         # camera tokens are the same for every sample of the batch: [1, L, dim], broadcast in the blocks
         cam_tokens = None if cam is None else self.embed_camera(cam[:1].to(dtype))
-        rope = rope_tables(cfg.head_dim, (f, h, w), tokens.device)
-        for block in self.blocks:
-            tokens = block(tokens, e0, rope, text, cam_tokens)
+        start_frame = 0
+        if cache is not None:
+            start_frame = current_start // (h * w)
+            cache.begin(current_start, tokens.shape[1])
+        rope = rope_tables(cfg.head_dim, (f, h, w), tokens.device, start_frame)
+        for i, block in enumerate(self.blocks):
+            tokens = block(tokens, e0, rope, text, cam_tokens, None if cache is None else cache.layers[i])
+        if cache is not None:
+            cache.commit()
         out = self.head(tokens, e)
         return unpatchify(out, (f, h, w), cfg.patch_size, cfg.out_dim)
 

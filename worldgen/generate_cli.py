@@ -43,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--prompt", help="scene description (default: prompt.txt of --action-path)")
     src.add_argument("--no-camera", action="store_true", help="ignore poses: image-to-video without camera control")
     gen = parser.add_argument_group("generation (defaults: config/generation.toml; [tiny] for the tiny model)")
+    gen.add_argument(
+        "--preset",
+        help="a [table] of config/generation.toml, single flags below override it. default = the reference's "
+        "own 70 steps, shift 10 (exact: what LingBot-World's generate.py does); fast40 = 40 steps, shift 5 "
+        "(approximate: 0.57x the time, a different schedule than the reference's default); tiny = the tiny "
+        "model's (default: tiny for the tiny model, else default)",
+    )
     gen.add_argument("--size", help="max area as H*W, e.g. 480*832 or 720*1280; the aspect follows the image")
     gen.add_argument("--frame-num", type=int, help="frames, 4n+1 (rounded down), at most what the poses cover")
     gen.add_argument("--steps", type=int, help="denoising steps")
@@ -89,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace, tiny: bool) -> GenerationSettings:
-    base = load_settings(preset="tiny" if tiny else "default")
+    base = load_settings(preset=getattr(args, "preset", None) or ("tiny" if tiny else "default"))
     changes = {k: v for k, v in {
         "size": args.size, "frame_num": args.frame_num, "steps": args.steps, "shift": args.shift,
         "seed": args.seed, "negative_prompt": args.negative_prompt,

@@ -36,6 +36,7 @@ Progress = Callable[[str, int, int], None]
 VAE_STRIDE = (4, 8, 8)
 PATCH = (1, 2, 2)
 NEGATIVE_PROMPT_FILE = Path(__file__).with_name("negative_prompt.txt")
+MODELS = ("base", "fast")  # base: the two experts with guidance; fast: LingBot-World-Fast (worldgen.fast)
 
 
 def _no_progress(phase: str, step: int, total: int) -> None:
@@ -363,15 +364,17 @@ def load_pipeline(
     use_text_cache: bool = True,
     text_encoder_on_cpu: bool = False,
     attention: str = "auto",
+    model: str = "base",
 ) -> Pipeline:
     """Recognise the checkpoint, make the memory plan and return a pipeline whose models load lazily.
 
     `dtype` is the DiT/T5 compute dtype: bfloat16 on CUDA, float32 on the CPU by default. The VAE
     runs in float32 as in the reference. `attention` picks the DiT's attention kernel
-    (`worldgen.attention`: auto, sdpa, flash, sage).
+    (`worldgen.attention`: auto, sdpa, flash, sage). `model`: "base" (the two experts) or "fast"
+    (LingBot-World-Fast, a `worldgen.fast.FastPipeline`).
     """
     from worldgen.attention import resolve_backend
-    from worldgen.checkpoint import expert_files, find_checkpoint, load_expert, load_t5, load_vae
+    from worldgen.checkpoint import expert_files, find_checkpoint, find_fast_checkpoint, load_expert, load_t5, load_vae
     from worldgen.memory import plan_for
     from worldgen.tensor_stream import prefetch_into_page_cache
 
@@ -379,14 +382,21 @@ def load_pipeline(
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    if model not in MODELS:
+        raise InputError(f"model {model!r} is unknown: use one of {', '.join(MODELS)}")
     root, is_tiny = resolve_checkpoint(ckpt)
-    layout = find_checkpoint(root)
+    if is_tiny and model == "fast":
+        from worldgen.tiny import ensure_tiny_fast
+
+        ensure_tiny_fast(root)
+    layout = find_fast_checkpoint(root) if model == "fast" else find_checkpoint(root)
     plan = plan_for(layout, device, dtype, vram_budget_gb, ram_budget_gb, text_encoder_on_cpu)
     backend = resolve_backend(attention)
-    text_len = DiTConfig.from_json(layout.experts["high"] / "config.json").text_len
+    dit_config = DiTConfig.from_json(next(iter(layout.experts.values())) / "config.json")
+    text_len = dit_config.text_len
     experts = {
         name: ModelSlot(
-            f"{name}-noise expert",
+            "Fast DiT" if name == "fast" else f"{name}-noise expert",
             lambda f=folder: _prepared_expert(load_expert(f, device, dtype), plan, backend),
             resident=plan.keep_both_experts,
             prefetch=lambda f=folder: prefetch_into_page_cache(expert_files(f)),
@@ -395,7 +405,14 @@ def load_pipeline(
     }
     t5_device = plan.text_encoder_device
     t5_dtype = dtype if t5_device.type == "cuda" else torch.float32
-    pipe = Pipeline(
+    kind = Pipeline
+    extra = {"experts": experts}
+    if model == "fast":
+        from worldgen.fast import FastPipeline
+
+        kind, extra = FastPipeline, {"dit": experts["fast"], "dit_config": dit_config, "dtype": dtype}
+    pipe = kind(
+        **extra,
         tokenizer=PromptTokenizer(layout.tokenizer_dir / "tokenizer.json"),
         text_encoder=ModelSlot(
             "umT5",
@@ -403,10 +420,10 @@ def load_pipeline(
             resident=plan.keep_text_encoder,
         ),
         vae=ModelSlot("VAE", lambda: load_vae(layout, device), resident=plan.keep_vae),
-        experts=experts,
         device=device,
         text_len=text_len,
-        name=f"{'tiny (random weights)' if is_tiny else root.name}, {layout.kind} checkpoint layout",
+        name=f"{'tiny (random weights)' if is_tiny else root.name}{', Fast' if model == 'fast' else ''}, "
+        f"{layout.kind} checkpoint layout",
         plan=plan,
         text_cache=TextCache(layout.t5, text_cache_dir, variant=f"{t5_device.type}-{t5_dtype}")
         if use_text_cache
@@ -416,7 +433,7 @@ def load_pipeline(
     )
     # what the provenance record of each rollout says about the model (worldgen.rollout.rollout_record)
     pipe.identity = {
-        "variant": "base",
+        "variant": model,
         "weights": "tiny" if is_tiny else "real",
         "checkpoint": str(root),
         "layout": layout.kind,

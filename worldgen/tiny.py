@@ -18,13 +18,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from worldgen.checkpoint import INDEX_FILE, T5_FILE, VAE_FILE
+from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, INDEX_FILE, T5_FILE, VAE_FILE
 from worldgen.dit import DiTConfig, Linear, WanCameraDiT
 from worldgen.nf4 import quantize_weight
 
 VERSION = "tiny-v1"
 NOISE_NOTE = "the tiny model has random weights: its output is noise, not a prediction"
 SEED = 20260101
+FAST_SEED = 20260407  # the tiny Fast DiT's weights (made on first use of --model fast)
 DIT = DiTConfig(text_len=512, dim=64, ffn_dim=128, freq_dim=32, text_dim=32, num_heads=4, num_layers=2)
 T5 = {"vocab": 100, "dim": 32, "dim_attn": 32, "dim_ffn": 64, "num_heads": 4, "num_layers": 2,
       "num_buckets": 32, "shared_pos": False, "dropout": 0.0}  # fmt: skip
@@ -50,9 +51,9 @@ def _random_state(module: torch.nn.Module, generator: torch.Generator) -> dict[s
     return state
 
 
-def _write_expert_bf16(folder: Path, state: dict[str, torch.Tensor]) -> None:
+def _write_expert_bf16(folder: Path, state: dict[str, torch.Tensor], class_name: str = "WanModel") -> None:
     folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({"_class_name": "WanModel", **dataclasses.asdict(DIT)}, indent=1))
+    (folder / "config.json").write_text(json.dumps({"_class_name": class_name, **dataclasses.asdict(DIT)}, indent=1))
     keys = sorted(state)
     halves = (keys[: len(keys) // 2], keys[len(keys) // 2 :])
     weight_map = {}
@@ -119,6 +120,31 @@ def ensure_tiny_checkpoint(kind: str = "bf16") -> Path:
             os.replace(tmp, target)
         except OSError:  # another process finished first
             if not (target / "README.txt").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def ensure_tiny_fast(root: Path) -> Path:
+    """Add a tiny LingBot-World-Fast DiT to a tiny checkpoint folder (once): `lingbot_world_fast/`
+    beside bf16 experts, `lingbot_world_fast_bnb_nf4/` beside NF4 ones, as the real layouts have it."""
+    nf4 = (root / "high_noise_model_bnb_nf4").is_dir()
+    target = root / (FAST_NF4_DIR if nf4 else FAST_DIR)
+    if (target / "config.json").exists():
+        return target
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".fast-"))
+    try:
+        model = WanCameraDiT(DIT)
+        state = _random_state(model, torch.Generator().manual_seed(FAST_SEED))
+        if nf4:
+            _write_expert_nf4(tmp / "dit", state, model)
+        else:
+            _write_expert_bf16(tmp / "dit", state, class_name="WanModelFast")
+        try:
+            os.replace(tmp / "dit", target)
+        except OSError:  # another process finished first
+            if not (target / "config.json").exists():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

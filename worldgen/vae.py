@@ -427,3 +427,39 @@ def decode_tiled(vae: WanVAE, latent: torch.Tensor, max_tile_pixels: int | None,
         return vae.decode(latent)
     tile = tile_shape(h, w, max_tile_pixels // 64, unit=1)
     return _tiled(vae.decode, latent, 8, tile, min(overlap // 8, min(tile) // 4), unit=1)
+
+
+class StreamingDecoder:
+    """`decode_tiled` a few latent frames at a time, each tile's causal frame cache carried from one
+    call to the next: the pieces, concatenated, are exactly `decode_tiled(vae, whole latent, tile)`
+    (same tiles, same per-frame arithmetic), so a streamed video equals a decoded-at-the-end one."""
+
+    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int = 64):
+        self.vae = vae
+        self.max_tile_pixels = max_tile_pixels
+        self.overlap = overlap
+        self.caches: dict[tuple[int, int], FrameCache] = {}
+
+    def _run(self, key: tuple[int, int], latent: torch.Tensor) -> torch.Tensor:
+        cache = self.caches.setdefault(key, {})
+        frames = [self.vae.decode_chunk(latent[:, :, t : t + 1], cache) for t in range(latent.shape[2])]
+        return torch.cat(frames, dim=2)
+
+    @torch.no_grad()
+    def push(self, latent: torch.Tensor) -> torch.Tensor:
+        """The next latent frames [B, z, t, h, w] -> their video frames [B, 3, f, 8h, 8w] float32."""
+        h, w = latent.shape[-2:]
+        if self.max_tile_pixels is None or h * w * 64 <= self.max_tile_pixels:
+            return self._run((0, 0), latent)
+        tile = tile_shape(h, w, self.max_tile_pixels // 64, unit=1)
+        overlap = min(self.overlap // 8, min(tile) // 4)
+        positions = iter(_tile_positions(h, w, tile, overlap, unit=1))
+        return _tiled(lambda piece: self._run(next(positions), piece), latent, 8, tile, overlap, unit=1)
+
+
+def _tile_positions(height: int, width: int, tile_hw: tuple[int, int], overlap: int, unit: int) -> list[tuple[int, int]]:
+    """(top, left) of every tile in the order `_tiled` visits them."""
+    overlap = max(unit, overlap // unit * unit)
+    rows = [s * unit for s in tile_starts(height // unit, tile_hw[0] // unit, overlap // unit)]
+    cols = [s * unit for s in tile_starts(width // unit, tile_hw[1] // unit, overlap // unit)]
+    return [(top, left) for top in rows for left in cols]

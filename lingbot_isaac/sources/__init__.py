@@ -26,7 +26,10 @@ class SourceOptions:
     camera: str | None = None  # prim path, recorder group or Isaac Lab camera name
     resolution: tuple[int, int] | None = None  # (H, W) the intrinsics are for (e.g. the image's size)
     rate: float | None = None  # Isaac Lab env step rate in Hz (demos have no time stamps)
-    meters_per_unit: float | None = None  # override for recorder positions not in metres
+    meters_per_unit: float | None = None  # recorder positions' unit, when the recording does not say
+    quat_order: str | None = None  # "wxyz" (Isaac Lab 2.x) / "xyzw" (3.x) for datasets without a mark
+    default_quat_order: str | None = None  # the same from config/isaac.toml (never overrides a mark)
+    stage: Path | None = None  # the USD stage a recorder session was recorded on (its metersPerUnit)
 
 
 @dataclass
@@ -101,9 +104,13 @@ def open_source(path: Path, options: SourceOptions) -> list[TrajectorySource]:
     if kind == "isaacsim-hdf5":
         from lingbot_isaac.sources.isaacsim_hdf5 import read_isaacsim_session
 
-        found = read_isaacsim_session(path, options.resolution, options.camera, options.meters_per_unit)
+        found = read_isaacsim_session(
+            path, options.resolution, options.camera, options.meters_per_unit, options.stage
+        )
     else:
         from lingbot_isaac.sources.isaaclab_hdf5 import read_isaaclab_dataset
 
-        found = read_isaaclab_dataset(path, options.camera, options.rate, options.resolution)
+        found = read_isaaclab_dataset(
+            path, options.camera, options.rate, options.resolution, options.quat_order, options.default_quat_order
+        )
     return [TrajectorySource(name=name, origin=path, recording=rec) for name, rec in found]

@@ -6,11 +6,18 @@ name for camera poses, so we look for what its `Camera` sensor exposes (`camera.
 as observation terms with a common prefix (a group `obs/<cam>/...` or names `obs/<cam>_...`):
 
     <prefix>pos_w                [N, 3]  camera position in the world frame (metres)
-    <prefix>quat_w_ros           [N, 4]  (w, x, y, z), camera axes +Z forward, -Y up (= OpenCV)
-      or <prefix>quat_w_opengl           (w, x, y, z), USD camera axes (-Z forward, +Y up)
-      or <prefix>quat_w_world            (w, x, y, z), +X forward, +Z up
+    <prefix>quat_w_ros           [N, 4]  camera axes +Z forward, -Y up (= OpenCV)
+      or <prefix>quat_w_opengl           USD camera axes (-Z forward, +Y up)
+      or <prefix>quat_w_world            +X forward, +Z up
     <prefix>intrinsic_matrices   [N, 3, 3] (or [3, 3]) pinhole K in pixels of the image
-    <prefix>rgb                  optional [N, H, W, 3|4] uint8 frames: the first frame and resolution
+    <cam>  or <prefix>rgb        optional [N, H, W, 3|4] uint8 frames: the first frame and resolution
+                                 (`<cam>` is how Isaac Lab's own configs name an `mdp.image` /
+                                 `mdp.image_rgb` term, e.g. `wrist_cam`)
+
+Quaternion order: Isaac Lab 2.x stored (w, x, y, z); Isaac Lab 3.x stores (x, y, z, w). Isaac
+Lab 3.x's handler marks its files with the root attribute `format_version` (1 = xyzw; Isaac Lab
+itself reads a missing mark as the legacy wxyz). A file without the mark is read only with an
+explicit order (`--quat-order`, or `quat_order` in config/isaac.toml): never guessed.
 
 Demos carry no time stamps, so the env step rate is needed (`--rate`, Hz = 1 / (sim.dt *
 decimation)) unless a `<prefix>timestamp` or demo-level `timestamps` dataset [N] (seconds) exists.
@@ -35,6 +42,47 @@ CONVENTIONS = {
     # world: x forward, y left, z up -> OpenCV x right = -y, y down = -z, z forward = +x
     "quat_w_world": np.array([[0.0, 0.0, 1.0], [-1.0, 0.0, 0.0], [0.0, -1.0, 0.0]]),
 }
+
+
+QUAT_ORDERS = ("wxyz", "xyzw")
+# Isaac Lab 3.x `HDF5DatasetFileHandler.create` writes this root attribute; from version 1 on,
+# quaternions are (x, y, z, w) (isaaclab/utils/datasets/hdf5_dataset_file_handler.py).
+FORMAT_VERSION_ATTR = "format_version"
+FIRST_XYZW_FORMAT_VERSION = 1
+
+
+def quaternion_order(
+    h5, path: Path, requested: str | None, default: str | None = None
+) -> tuple[str, str]:
+    """(order, why) of a dataset's quaternions: its `format_version` mark, else `requested`, else `default`.
+
+    A mark and a different `requested` (command-line) order contradict each other; the `default`
+    (config) only applies to unmarked files. A file with neither a mark nor an order is refused:
+    a wrong order turns rotations by up to 180 degrees without any error.
+    """
+    for value in (requested, default):
+        if value is not None and value not in QUAT_ORDERS:
+            raise EpisodeError(f"quaternion order must be one of {', '.join(QUAT_ORDERS)} (got {value!r})")
+    if FORMAT_VERSION_ATTR in h5.attrs:
+        version = int(h5.attrs[FORMAT_VERSION_ATTR])
+        order = "xyzw" if version >= FIRST_XYZW_FORMAT_VERSION else "wxyz"
+        why = f"{FORMAT_VERSION_ATTR} {version} ({'Isaac Lab 3.x' if order == 'xyzw' else 'legacy Isaac Lab 2.x'})"
+        if requested is not None and requested != order:
+            raise EpisodeError(
+                f"{path}: the file says {why}, i.e. {order} quaternions, but --quat-order is {requested}; "
+                "drop --quat-order (the file's mark is what Isaac Lab itself reads)"
+            )
+        return order, why
+    if requested is None and default is not None:
+        return default, "[isaaclab] quat_order of config/isaac.toml (the file carries no format_version)"
+    if requested is None:
+        raise EpisodeError(
+            f"{path}: no '{FORMAT_VERSION_ATTR}' attribute, so the quaternion order is unknown: Isaac Lab "
+            "2.x datasets store (w, x, y, z), Isaac Lab 3.x datasets store (x, y, z, w) (and mark their "
+            f"files with {FORMAT_VERSION_ATTR} = 1). Pass --quat-order wxyz for an Isaac Lab 2.x file or "
+            "--quat-order xyzw for Isaac Lab 3.x (or set quat_order in config/isaac.toml)"
+        )
+    return requested, "--quat-order (the file carries no format_version)"
 
 
 def is_isaaclab_dataset(h5) -> bool:
@@ -68,6 +116,37 @@ def find_cameras(demo) -> dict[str, tuple[str, str]]:
     return cameras
 
 
+def _first_frame(demo, prefix: str, label: str, where: str) -> np.ndarray | None:
+    """The first RGB frame of the camera, from an image term recorded beside its poses.
+
+    Isaac Lab's configs name the term after the camera (`wrist_cam = ObsTerm(func=mdp.image_rgb,
+    ...)` in 3.x, `func=mdp.image` in 2.x); we also take `<prefix>rgb`. Frame-stacked terms hold
+    the frames oldest to newest along channels: the newest is the last three channels.
+    """
+    group = prefix.rstrip("/_").rsplit("/", 1)[0] + "/" if "/" in prefix.rstrip("/_") else ""
+    for name in (prefix + "rgb", group + label, prefix + "image"):
+        if name not in demo or not hasattr(demo[name], "shape"):
+            continue
+        images = demo[name]
+        if images.ndim == 5 and images.shape[1] == 1:  # [N, 1, H, W, C]: one sensor per env
+            frame = np.asarray(images[0, 0])
+        elif images.ndim == 4:
+            frame = np.asarray(images[0])
+        else:
+            raise EpisodeError(f"{where}/{name}: expected image frames [N, H, W, C] (got {images.shape})")
+        if frame.shape[-1] % 3 and frame.shape[-1] != 4 and frame.shape[0] in (3, 4, 6, 9, 12):
+            frame = np.moveaxis(frame, 0, -1)  # channel_first=True terms
+        channels = frame.shape[-1]
+        if frame.dtype != np.uint8 or not (channels == 4 or channels % 3 == 0):
+            raise EpisodeError(
+                f"{where}/{name}: {frame.dtype} images with {channels} channels are not RGB frames; record the "
+                "camera term with normalize=False (uint8 RGB) or give the first frame with --image"
+            )
+        rgb = frame[..., :3] if channels in (3, 4) else frame[..., -3:]
+        return np.ascontiguousarray(rgb)
+    return None
+
+
 def _squeeze(array: np.ndarray, tail: tuple[int, ...], where: str) -> np.ndarray:
     """[N, 1, *tail] (one sensor per env) -> [N, *tail]."""
     array = np.asarray(array)
@@ -88,12 +167,19 @@ def read_isaaclab_dataset(
     camera: str | None = None,
     rate: float | None = None,
     resolution: tuple[int, int] | None = None,
+    quat_order: str | None = None,
+    default_quat_order: str | None = None,
 ) -> list[tuple[str, CameraRecording]]:
-    """One CameraRecording per demo; `resolution` (H, W) is needed when no `<prefix>rgb` exists."""
+    """One CameraRecording per demo; `resolution` (H, W) is needed when no image term exists.
+
+    `quat_order` ("wxyz" or "xyzw", the command line's) or `default_quat_order` (the config's) is
+    needed only for files without Isaac Lab 3.x's mark (`quaternion_order`).
+    """
     import h5py
 
     recordings = []
     with h5py.File(path, "r") as h5:
+        order, order_source = quaternion_order(h5, Path(path), quat_order, default_quat_order)
         data = h5["data"]
         try:
             env_name = json.loads(data.attrs.get("env_args", "{}")).get("env_name") or None
@@ -123,17 +209,12 @@ def read_isaaclab_dataset(
             if n < 2:
                 raise EpisodeError(f"{where}: only {n} camera sample(s)")
 
-            first_frame = None
-            if prefix + "rgb" in demo:
-                rgb = demo[prefix + "rgb"]
-                frame = np.asarray(rgb[0] if rgb.ndim == 4 else rgb[0, 0])
-                if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] not in (3, 4):
-                    raise EpisodeError(f"{where}/{prefix}rgb: expected uint8 [N, H, W, 3|4] frames")
-                first_frame = np.ascontiguousarray(frame[..., :3])
+            first_frame = _first_frame(demo, prefix, label, where)
+            if first_frame is not None:
                 resolution = first_frame.shape[:2]
             if resolution is None:
                 raise EpisodeError(
-                    f"{where}: no {prefix}rgb frames to take the image size from; "
+                    f"{where}: no image term ({label} or {prefix}rgb) to take the image size from; "
                     "pass --image (or --resolution WxH)"
                 )
 
@@ -150,7 +231,9 @@ def read_isaaclab_dataset(
                 times = np.arange(n) / float(rate)
 
             poses = np.tile(np.eye(4), (n, 1, 1))
-            rotation = Rotation.from_quat(quat[:n].astype(np.float64)[:, [1, 2, 3, 0]]).as_matrix()
+            quat = quat[:n].astype(np.float64)
+            # scipy takes (x, y, z, w), Isaac Lab 3.x's own order; 2.x's (w, x, y, z) is rolled to it.
+            rotation = Rotation.from_quat(quat if order == "xyzw" else quat[:, [1, 2, 3, 0]]).as_matrix()
             poses[:, :3, :3] = rotation @ CONVENTIONS[convention]
             poses[:, :3, 3] = position[:n]
             intrinsics = np.stack([k[:n, 0, 0], k[:n, 1, 1], k[:n, 0, 2], k[:n, 1, 2]], axis=1)
@@ -166,7 +249,12 @@ def read_isaaclab_dataset(
                         source=where,
                         scene_id=env_name,
                         first_frame=first_frame,
-                        extra={"orientation_convention": convention, "dataset_prefix": prefix},
+                        extra={
+                            "orientation_convention": convention,
+                            "dataset_prefix": prefix,
+                            "quaternion_order": order,
+                            "quaternion_order_from": order_source,
+                        },
                     ),
                 )
             )

@@ -13,6 +13,13 @@ Layout of such an HDF5 file (schema_version 2), as written by that extension's S
 
 The recorder stores no aperture offsets (taken as 0) and no image, so the first frame comes from
 elsewhere (`--image`). Samples with a repeated sim time (a paused sim) are dropped.
+
+Units: `position` is in stage units (the recorder reads world transforms as they are); the
+manifest's "position_units": "meters" is the recorder's default label, not a measurement, so a
+centimetre stage gives numbers 100x too large in metres. metersPerUnit comes from, in order:
+`--meters-per-unit`, `--stage scene.usd`, or the stage snapshot the recorder links beside its
+sessions (`stage_snapshot.usd`, written by `export_stage_snapshot` / the UI's Export Scene);
+without any of them the file is refused, never guessed.
 """
 
 from __future__ import annotations
@@ -28,6 +35,46 @@ from lingbot_isaac.lens import pinhole_intrinsics
 from lingbot_isaac.recording import CameraRecording
 
 USD_TO_OPENCV_AXES = np.diag([1.0, -1.0, -1.0])
+# What `isaacsim.replicator.episode_recorder.export_stage_snapshot(output_dir)` writes beside the
+# sessions of that folder (the standalone example episode_record_replay.py expects these names).
+STAGE_SNAPSHOT = "stage_snapshot.usd"
+
+
+def stage_meters_per_unit(stage_path: Path, where: str) -> float:
+    """metersPerUnit of a USD stage (needs usd-core)."""
+    try:
+        from pxr import Usd, UsdGeom
+    except ImportError:
+        raise EpisodeError(
+            f"{where}: reading metersPerUnit from {stage_path} needs usd-core (pip install "
+            "'lingbot-isaac[usd]'), or pass --meters-per-unit"
+        ) from None
+    stage = Usd.Stage.Open(str(stage_path), Usd.Stage.LoadNone)  # layer metadata only, no payloads
+    if stage is None:
+        raise EpisodeError(f"{where}: USD could not open {stage_path}")
+    return float(UsdGeom.GetStageMetersPerUnit(stage))
+
+
+def session_meters_per_unit(
+    path: Path, meters_per_unit: float | None, stage: Path | None
+) -> tuple[float, str]:
+    """(metersPerUnit, where it came from) for a recorder session's positions."""
+    if meters_per_unit is not None:
+        if not (np.isfinite(meters_per_unit) and meters_per_unit > 0):
+            raise EpisodeError(f"--meters-per-unit must be a positive number (got {meters_per_unit})")
+        return float(meters_per_unit), "--meters-per-unit"
+    if stage is not None:
+        if not Path(stage).is_file():
+            raise EpisodeError(f"--stage {stage}: no such file")
+        return stage_meters_per_unit(Path(stage), str(path)), f"--stage {stage}"
+    snapshot = Path(path).parent / STAGE_SNAPSHOT
+    if snapshot.is_file():
+        return stage_meters_per_unit(snapshot, str(path)), str(snapshot)
+    raise EpisodeError(
+        f"{path}: the recorder stores positions in stage units and nothing says which (no "
+        f"{STAGE_SNAPSHOT} beside it); pass --stage SCENE.usd (the stage it was recorded on) or "
+        "--meters-per-unit (1 for a metre stage, Isaac Sim's default; 0.01 for a centimetre stage)"
+    )
 
 
 def is_isaacsim_session(h5) -> bool:
@@ -62,8 +109,12 @@ def read_isaacsim_session(
     resolution: tuple[int, int] | None,
     camera: str | None = None,
     meters_per_unit: float | None = None,
+    stage: Path | None = None,
 ) -> list[tuple[str, CameraRecording]]:
-    """One CameraRecording per episode of the session. `resolution` (H, W) overrides the manifest's."""
+    """One CameraRecording per episode of the session. `resolution` (H, W) overrides the manifest's.
+
+    `meters_per_unit` / `stage`: see the module docstring (units).
+    """
     import h5py
 
     recordings = []
@@ -77,11 +128,7 @@ def read_isaacsim_session(
             raise EpisodeError(
                 f"{path}: quaternion_order {conventions['quaternion_order']!r}, expected 'wxyz'"
             )
-        if meters_per_unit is None:
-            units = conventions.get("position_units", "meters")
-            if units not in ("meters", "m"):
-                raise EpisodeError(f"{path}: positions are in {units!r}; pass --meters-per-unit")
-            meters_per_unit = 1.0
+        meters_per_unit, units_from = session_meters_per_unit(Path(path), meters_per_unit, stage)
         track = _pick_track(tracks, camera, path)
         group = track["group"]
         time_group = next((t["group"] for t in tracks if t.get("type") == "sim_time"), "meta/time")
@@ -146,7 +193,7 @@ def read_isaacsim_session(
                         camera_prim=track.get("prim_path"),
                         meters_per_unit=meters_per_unit,
                         source=where,
-                        extra={"sim_time_start": float(times[idx[0]])},
+                        extra={"sim_time_start": float(times[idx[0]]), "meters_per_unit_from": units_from},
                     ),
                 )
             )

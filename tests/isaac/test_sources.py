@@ -132,8 +132,15 @@ def wxyz(rotations: np.ndarray) -> np.ndarray:
     return Rotation.from_matrix(rotations).as_quat()[:, [3, 0, 1, 2]]
 
 
-def write_isaacsim_session(path, t, poses, resolution=(640, 360), time_offset=3.0):
-    """An HDF5 file laid out as isaacsim.replicator.episode_recorder (schema 2) writes it."""
+def write_isaacsim_session(path, t, poses, resolution=(640, 360), time_offset=3.0, meters_per_unit=1.0):
+    """An HDF5 file laid out as isaacsim.replicator.episode_recorder (schema 2) writes it.
+
+    Follows the "HDF5 V2 layout" of that extension's SessionStorage as documented on its docs page
+    (docs/index.html: manifest-first, one group per episode, Recordable channels); the storage
+    module itself is not in the public index we could read, so the group and dataset names are
+    the ones our reader documents. Positions are world positions in stage units (what the
+    CameraRecordable samples from the stage): `meters_per_unit` sets the stage unit.
+    """
     usd_rotations = poses[:, :3, :3] @ np.diag([1.0, -1.0, -1.0])  # OpenCV axes -> USD camera axes
     with h5py.File(path, "w") as h5:
         h5.attrs["schema_version"] = 2
@@ -168,7 +175,7 @@ def write_isaacsim_session(path, t, poses, resolution=(640, 360), time_offset=3.
             time["sim_time"] = sim_time
             time["physics_step"] = np.arange(len(t))
             cam = episode.create_group("cameras/head")
-            cam["position"] = poses[:, :3, 3].astype(np.float32)
+            cam["position"] = (poses[:, :3, 3] / meters_per_unit).astype(np.float32)
             cam["orientation"] = wxyz(usd_rotations).astype(np.float32)
             cam["focal_length"] = np.full(len(t), 18.14756, np.float32)
             cam["horizontal_aperture"] = np.full(len(t), 20.955, np.float32)
@@ -181,7 +188,7 @@ def test_isaacsim_episode_recorder_session(tmp_path):
     t, poses = reference_trajectory()
     write_isaacsim_session(tmp_path / "session.hdf5", t, poses)
     assert kind_of(tmp_path / "session.hdf5") == "isaacsim-hdf5"
-    sources = open_source(tmp_path / "session.hdf5", SourceOptions())
+    sources = open_source(tmp_path / "session.hdf5", SourceOptions(meters_per_unit=1.0))
     assert [s.name for s in sources] == ["episode_00000", "episode_00001"]
     recording = sources[0].recording
     assert recording.resolution == (360, 640) and recording.camera_prim == "/World/Robot/head_cam"
@@ -198,12 +205,46 @@ def test_isaacsim_episode_recorder_session(tmp_path):
         episode.intrinsics[0], lingbot_intrinsics([fx, fx, 320, 180], 360, 640), rtol=1e-6
     )
     # Another image size: the apertures give intrinsics for it.
-    bigger = open_source(tmp_path / "session.hdf5", SourceOptions(resolution=(720, 1280)))[0].recording
+    bigger = open_source(tmp_path / "session.hdf5", SourceOptions(resolution=(720, 1280), meters_per_unit=1))[0].recording
     np.testing.assert_allclose(bigger.intrinsics[0], [2 * fx, 2 * fx, 640, 360], rtol=1e-6)
     with pytest.raises(EpisodeError, match="same aspect ratio"):
-        open_source(tmp_path / "session.hdf5", SourceOptions(resolution=(480, 640)))
+        open_source(tmp_path / "session.hdf5", SourceOptions(resolution=(480, 640), meters_per_unit=1))
     with pytest.raises(EpisodeError, match="no camera track matching 'nope'"):
-        open_source(tmp_path / "session.hdf5", SourceOptions(camera="nope"))
+        open_source(tmp_path / "session.hdf5", SourceOptions(camera="nope", meters_per_unit=1))
+
+
+def test_centimetre_stage_recorder_session_exports_metres(tmp_path):
+    t, poses = reference_trajectory()
+    folder = tmp_path / "_out_episode_recorder"
+    folder.mkdir()
+    write_isaacsim_session(folder / "episode_20260101_120000.hdf5", t, poses, meters_per_unit=0.01)
+    session = folder / "episode_20260101_120000.hdf5"
+    # Nothing says the unit: refused (the manifest's "position_units": "meters" is only a label).
+    with pytest.raises(EpisodeError, match="--meters-per-unit") as refused:
+        open_source(session, SourceOptions())
+    assert "--stage" in str(refused.value)
+    # The stage it was recorded on, given with --stage ...
+    stage = Usd.Stage.CreateNew(str(tmp_path / "warehouse.usda"))
+    UsdGeom.SetStageMetersPerUnit(stage, 0.01)
+    stage.GetRootLayer().Save()
+    source, _second_episode = open_source(session, SourceOptions(stage=tmp_path / "warehouse.usda"))
+    keep = np.r_[0:10, 11 : len(t)]  # the repeated sim time is dropped
+    np.testing.assert_allclose(source.recording.poses, poses[keep], atol=1e-6)
+    assert source.recording.meters_per_unit == 0.01
+    # ... or the snapshot the recorder links beside its sessions (export_stage_snapshot(output_dir)).
+    stage.GetRootLayer().Export(str(folder / "stage_snapshot.usd"))
+    linked = open_source(session, SourceOptions())[0]
+    np.testing.assert_allclose(linked.recording.poses, source.recording.poses)
+    assert linked.recording.extra["meters_per_unit_from"].endswith("stage_snapshot.usd")
+    # ... or stated: the flag wins over the snapshot.
+    stated = open_source(session, SourceOptions(meters_per_unit=0.01))[0]
+    np.testing.assert_allclose(stated.recording.poses, source.recording.poses)
+    out = write_recording_episode(
+        linked.recording, tmp_path / "ep", "A robot drives.", image=np.zeros((360, 640, 3), np.uint8)
+    )
+    episode = read_episode(out)
+    assert np.abs(episode.poses[:, :3, 3]).max() < 3.0  # metres, not centimetres
+    np.testing.assert_allclose(episode.poses[0], poses[0], atol=1e-6)
 
 
 @pytest.mark.parametrize("convention", ["quat_w_ros", "quat_w_opengl", "quat_w_world"])
@@ -230,8 +271,8 @@ def test_isaaclab_dataset_with_camera_observations(tmp_path, convention):
         obs["wrist_cam_rgb"] = frames
     assert kind_of(tmp_path / "dataset.hdf5") == "isaaclab-hdf5"
     with pytest.raises(EpisodeError, match="--rate"):
-        open_source(tmp_path / "dataset.hdf5", SourceOptions())
-    [source] = open_source(tmp_path / "dataset.hdf5", SourceOptions(rate=30.0))
+        open_source(tmp_path / "dataset.hdf5", SourceOptions(quat_order="wxyz"))
+    [source] = open_source(tmp_path / "dataset.hdf5", SourceOptions(rate=30.0, quat_order="wxyz"))
     recording = source.recording
     assert source.name == "demo_0" and recording.camera_prim == "wrist_cam"
     assert recording.scene_id == "Isaac-Stack-Cube-Franka-v0"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import resource
 import shutil
 import subprocess
@@ -106,7 +105,7 @@ def test_help_explains_the_flags():
 def test_generate_writes_its_provenance_record_and_the_report_shows_it(tmp_path, cache):
     """generate -> rollout.mp4 + rollout.json (0644 under umask 022) -> compare: model, noise banner, every setting."""
     from comparison.report import compare_episode
-    from contracts.provenance import TINY_NOTE, REQUIRED_SETTINGS, read_record
+    from contracts.provenance import REQUIRED_SETTINGS, TINY_NOTE, read_record
 
     episode = shutil.copytree(REPO / "data" / "sample_room", tmp_path / "ep")
     out = episode / "rollout.mp4"
@@ -174,3 +173,20 @@ def test_bad_input_fails_in_a_second_without_loading_a_model(lingbot_examples, t
     assert not {"worldgen.pipeline", "worldgen.checkpoint", "bitsandbytes"} & imported, "a model was on its way"
     assert cpu < 2.0, f"{cpu:.2f} s of CPU ({wall:.2f} s wall on a shared machine)"
     assert not (tmp_path / "o.mp4").exists()
+
+
+def test_default_settings_are_the_reference_and_fast40_is_a_named_preset():
+    """[default] is LingBot-World's own i2v-A14B config (70 steps, shift 10, guidance 5/5);
+    today's 40 / 5 stays reachable only by name."""
+    from argparse import Namespace
+
+    from bridge.settings import GenerationSettings, load_settings
+    from worldgen.generate_cli import settings_from_args
+
+    flags = dict(size=None, frame_num=None, steps=None, shift=None, seed=None, negative_prompt=None, guide_scale=None)
+    default = settings_from_args(Namespace(preset=None, **flags), tiny=False)
+    assert (default.steps, default.shift, default.guide_scale) == (70, 10.0, (5.0, 5.0))
+    assert (default.frame_num, default.size) == (81, "480*832")
+    assert default == load_settings() == GenerationSettings()  # the TOML and the built-in defaults agree
+    fast = settings_from_args(Namespace(preset="fast40", **{**flags, "seed": 3}), tiny=False)
+    assert (fast.steps, fast.shift, fast.seed) == (40, 5.0, 3)

@@ -1,0 +1,304 @@
+"""LingBot-World-Fast against the reference (golden/fast), plus its loader, cache plans and decoding."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.worldgen.numerics import rel_l2
+from worldgen.camera import validate_action
+from worldgen.checkpoint import FAST_DIR, find_fast_checkpoint, load_expert
+from worldgen.errors import CheckpointError, InputError
+from worldgen.fast import FastOptions, FastPipeline, fast_camera, fast_frames, fast_schedule, y_from_latent
+from worldgen.kv_cache import CacheSpec, KVCache, plan_cache
+from worldgen.memory import ModelSlot
+from worldgen.pipeline import prepare_image
+
+DIT_TOL = 1e-5  # golden README: DiT outputs and KV caches
+LOOP_TOL = 5e-5  # loop x0 / latents
+
+
+@pytest.fixture(scope="module")
+def fast_root(golden):
+    return golden / "fast"
+
+
+@pytest.fixture(scope="module")
+def dit(fast_root):
+    return load_expert(fast_root / "lingbot-world-base-cam" / FAST_DIR, "cpu", torch.float32)
+
+
+@pytest.fixture(scope="module")
+def chunks_io(fast_root):
+    return load_file(fast_root / "dit_chunks" / "io.safetensors")
+
+
+def _frames(t: torch.Tensor, c: int) -> torch.Tensor:
+    return t[:, 3 * c : 3 * c + 3] if t.dim() == 4 else t[:, :, 3 * c : 3 * c + 3]
+
+
+def _call(dit, io, cache, c, x="x", t=None):
+    t = io["t_a"] if t is None else t
+    out = dit(
+        _frames(io[x], c)[None], t, [io["context"]], _frames(io["y"], c)[None], _frames(io["cam"], c),
+        cache=cache, current_start=30 * c,
+    )  # fmt: skip
+    return out[0]
+
+
+def _cache(spec: CacheSpec) -> KVCache:
+    return KVCache(spec, num_layers=2, num_heads=2, head_dim=16, dtype=torch.float32, device="cpu")
+
+
+def _stacked(cache: KVCache, which: str, tokens: slice = slice(None)) -> torch.Tensor:
+    return torch.stack([getattr(layer, which)[0, tokens] for layer in cache.layers])
+
+
+def test_case_a_causal_chunks_and_cache(dit, chunks_io):
+    io = chunks_io
+    cache = _cache(CacheSpec(60, 10))
+    assert rel_l2(_call(dit, io, cache, 0), io["a_out_chunk0"]) < DIT_TOL
+    assert rel_l2(_stacked(cache, "k", slice(0, 30)), io["a_cache_k_after_chunk0"]) < DIT_TOL
+    assert rel_l2(_stacked(cache, "v", slice(0, 30)), io["a_cache_v_after_chunk0"]) < DIT_TOL
+    assert rel_l2(_call(dit, io, cache, 1, t=io["t_b"]), io["a_out_chunk1"]) < DIT_TOL
+    assert rel_l2(_stacked(cache, "k"), io["a_cache_k_final"]) < DIT_TOL
+    assert rel_l2(_stacked(cache, "v"), io["a_cache_v_final"]) < DIT_TOL
+
+
+def test_case_a_attention_window(dit, chunks_io):
+    io = chunks_io
+    cache = _cache(CacheSpec(60, 10, max_attention_tokens=40))
+    _call(dit, io, cache, 0)
+    out = _call(dit, io, cache, 1, t=io["t_b"])
+    assert rel_l2(out, io["a_out_chunk1_window"]) < DIT_TOL
+    # the window matters: the full-attention output is further away than the tolerance
+    assert rel_l2(io["a_out_chunk1"], io["a_out_chunk1_window"]) > 10 * DIT_TOL
+
+
+def test_case_d_rolling_cache_with_sink(dit, chunks_io, fast_root):
+    io = chunks_io
+    ends = json.loads((fast_root / "dit_chunks" / "case.json").read_text())["case_d"]
+    cache = _cache(CacheSpec(60, 10, rolling=True, sink_frames=1))
+    for c in range(3):
+        assert rel_l2(_call(dit, io, cache, c), io[f"d_out_chunk{c}_noisy"]) < DIT_TOL
+        clean = _call(dit, io, cache, c, x="x_clean", t=torch.zeros(1, dtype=torch.int64))
+        assert rel_l2(clean, io[f"d_out_chunk{c}_t0"]) < DIT_TOL
+        assert [cache.global_end, cache.local_end] == ends["global_local_end_index_after_each_chunk"][c]
+    assert rel_l2(_stacked(cache, "k"), io["d_cache_k_final"]) < DIT_TOL
+    assert rel_l2(_stacked(cache, "v"), io["d_cache_v_final"]) < DIT_TOL
+
+
+@pytest.fixture(scope="module")
+def loop_case(fast_root, dit):
+    io = load_file(fast_root / "loop" / "io.safetensors")
+    spec = json.loads((fast_root / "loop" / "case.json").read_text())
+    pipe = FastPipeline(
+        dit=ModelSlot("fast", lambda: dit),
+        dit_config=dit.cfg,
+        tokenizer=None,
+        text_encoder=None,
+        vae=None,
+        device=torch.device("cpu"),
+        text_len=dit.cfg.text_len,
+        name="golden fast",
+    )
+    return pipe, io, spec
+
+
+def test_loop_schedule(loop_case):
+    _, io, spec = loop_case
+    schedule = fast_schedule(spec["shift"], tuple(spec["timesteps_index"]))
+    assert list(schedule.timesteps) == io["timesteps"].tolist() == spec["timesteps"]
+    assert torch.equal(torch.tensor(schedule.sigmas_x0, dtype=torch.float32), io["sigmas_x0"])
+    # add_noise takes the second of a repeated integer timestep; only entries 1.. are used
+    assert torch.equal(torch.tensor(schedule.sigmas_add_noise[1:], dtype=torch.float32), io["sigmas_add_noise"][1:])
+
+
+def test_loop_inputs(loop_case, lingbot_examples):
+    _, io, spec = loop_case
+    example = lingbot_examples / "00"
+    poses, intrinsics = validate_action(np.load(example / "poses.npy"), np.load(example / "intrinsics.npy"))
+    with pytest.warns(UserWarning, match="whole chunks"):
+        frames = fast_frames(spec["frame_num_requested"], len(poses), spec["chunk_size"])
+    assert frames.frames == spec["frame_num_used"] and frames.latent_frames == spec["latent_grid"][0]
+    image = prepare_image(example / "image.jpg", spec["max_area"])
+    assert rel_l2(image, io["image_resized"]) < 1e-5
+    plucker = fast_camera(poses, intrinsics, frames, spec["height"], spec["width"])
+    assert rel_l2(plucker, io["plucker"]) < 1e-5
+    assert rel_l2(y_from_latent(io["y_vae"], frames.frames), io["y"]) < 1e-6
+
+
+def _rollout(pipe, io, options):
+    chunks = pipe.rollout_chunks(io["noise"], io["y"], io["context"], io["plucker"], options, renoise_draws=io["renoise"])
+    return torch.cat(list(chunks), dim=1)
+
+
+def test_loop_full_attention(loop_case):
+    pipe, io, _ = loop_case
+    assert rel_l2(_rollout(pipe, io, FastOptions()), io["latent_final"]) < LOOP_TOL
+
+
+def test_loop_window_and_sink(loop_case):
+    pipe, io, spec = loop_case
+    case = spec["case_c"]
+    options = FastOptions(max_attention_tokens=case["max_attention_size"], sink_frames=case["sink_size"])
+    latent = _rollout(pipe, io, options)
+    assert rel_l2(latent, io["window_latent_final"]) < LOOP_TOL
+    assert rel_l2(io["latent_final"], io["window_latent_final"]) > 2 * LOOP_TOL  # the case tests the window
+
+
+def test_loop_progress_counts_steps_and_refreshes(loop_case):
+    pipe, io, _ = loop_case
+    seen = []
+    chunks = pipe.rollout_chunks(
+        io["noise"], io["y"], io["context"], io["plucker"], FastOptions(), renoise_draws=io["renoise"],
+        progress=lambda phase, step, total: seen.append((step, total)),
+    )  # fmt: skip
+    next(chunks)
+    assert seen[-1] == (5, 15)  # 4 steps + 1 cache refresh per chunk, 3 chunks
+    chunks.close()
+
+
+def test_fp8_cache_stays_close(dit, chunks_io):
+    io = chunks_io
+    exact, fp8 = _cache(CacheSpec(60, 10)), _cache(CacheSpec(60, 10, storage="fp8"))
+    _call(dit, io, exact, 0), _call(dit, io, fp8, 0)
+    err = rel_l2(_call(dit, io, fp8, 1, t=io["t_b"]), _call(dit, io, exact, 1, t=io["t_b"]))
+    assert 0 < err < 2e-2
+    assert fp8.nbytes < 0.7 * exact.nbytes
+
+
+# -- frame counts ------------------------------------------------------------------------------------
+
+
+def test_frame_counts_round_down_to_whole_chunks():
+    with pytest.warns(UserWarning, match="generating 45 frames"):
+        assert fast_frames(49, 1000, 3).frames == 45  # 13 latent frames -> 4 chunks of 3
+    with pytest.warns(UserWarning, match="generating 69 frames"):
+        assert fast_frames(81, 73, 3).frames == 69  # the poses cover 73 frames: 19 latent -> 18
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fast_frames(81, 1000, 3).frames == 81  # 21 latent frames: whole chunks, no warning
+        assert fast_frames(81, None, 7).frames == 81
+    with pytest.raises(InputError, match="at least 9 frames"):
+        fast_frames(5, None, 3)
+
+
+# -- KV-cache plans ---------------------------------------------------------------------------------
+
+FULL_SIZE = dict(num_layers=40, num_heads=40, head_dim=128, compute_dtype=torch.bfloat16)  # the 14B model
+
+
+def test_cache_plan_prefers_the_reference_then_fp8_then_rolling():
+    gib = 2**30
+    spec, _ = plan_cache(21, 1560, 3, room_bytes=None, **FULL_SIZE)
+    assert spec.storage == "model" and spec.capacity_tokens == 32760 and not spec.rolling
+    assert spec.bytes(**FULL_SIZE) == 2 * 40 * 32760 * 5120 * 2  # 26.8 GB, as the reference doc says
+    spec, why = plan_cache(21, 1560, 3, room_bytes=14 * gib, **FULL_SIZE)
+    assert spec.storage == "fp8" and not spec.rolling and "bf16 would not fit" in why
+    spec, why = plan_cache(21, 1560, 3, room_bytes=8 * gib, **FULL_SIZE)
+    assert spec.rolling and spec.sink_frames == 1 and (spec.capacity_tokens // 1560 - 1) % 3 == 0
+    assert spec.bytes(**FULL_SIZE) <= 8 * gib and "rolling" in why
+    with pytest.raises(ValueError, match="smallest rolling KV cache"):
+        plan_cache(21, 1560, 3, room_bytes=1 * gib, **FULL_SIZE)
+
+
+def test_rolling_cache_runs_a_video_longer_than_itself(loop_case):
+    pipe, io, _ = loop_case
+    pipe.cache_spec = CacheSpec(70, 10, storage="fp8", rolling=True, sink_frames=1)  # 7 frames for 9
+    try:
+        latent = _rollout(pipe, io, FastOptions())
+    finally:
+        pipe.cache_spec = None
+    assert latent.shape == io["latent_final"].shape and torch.isfinite(latent).all()
+    # chunks 0 and 1 fit whole, so they equal the reference up to FP8 rounding
+    assert rel_l2(latent[:, :6], io["latent_final"][:, :6]) < 5e-2
+
+
+# -- loader errors -----------------------------------------------------------------------------------
+
+
+def _base_folder(tmp_path, fast_root):
+    from worldgen.tiny import ensure_tiny_checkpoint
+
+    root = tmp_path / "base"
+    shutil.copytree(ensure_tiny_checkpoint("bf16"), root, ignore=shutil.ignore_patterns("lingbot_world_fast*"))
+    return root
+
+
+def test_fast_folder_found_inside_the_base_folder_or_on_its_own(tmp_path, fast_root):
+    root = _base_folder(tmp_path, fast_root)
+    with pytest.raises(CheckpointError, match=f"expected {FAST_DIR}/ inside it"):
+        find_fast_checkpoint(root)
+    shutil.copytree(fast_root / "lingbot-world-base-cam" / FAST_DIR, root / FAST_DIR)
+    layout = find_fast_checkpoint(root)
+    assert layout.experts == {"fast": root / FAST_DIR} and layout.kind == "bf16" and layout.t5.exists()
+    assert find_fast_checkpoint(root / FAST_DIR).experts == layout.experts
+
+
+def test_partial_fast_folder_errors_name_the_file(tmp_path, fast_root):
+    root = _base_folder(tmp_path, fast_root)
+    folder = root / FAST_DIR
+    shutil.copytree(fast_root / "lingbot-world-base-cam" / FAST_DIR, folder)
+    (folder / "diffusion_pytorch_model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="00002-of-00002.safetensors listed in .* is missing; the download is partial"):
+        find_fast_checkpoint(root)
+    shutil.rmtree(folder)
+    folder.mkdir()
+    with pytest.raises(CheckpointError, match="config.json is missing"):
+        find_fast_checkpoint(root)
+
+
+def test_fast_folder_alone_needs_the_shared_parts(tmp_path, fast_root):
+    alone = tmp_path / FAST_DIR
+    shutil.copytree(fast_root / "lingbot-world-base-cam" / FAST_DIR, alone)
+    with pytest.raises(CheckpointError, match="umT5.*put lingbot_world_fast/ inside the lingbot-world-base-cam"):
+        find_fast_checkpoint(alone)
+
+
+# -- chunk-by-chunk decoding and the whole path on the tiny model -----------------------------------
+
+
+@pytest.mark.parametrize("tile_pixels", [None, 24 * 24])
+def test_streamed_decode_equals_whole_decode(tile_pixels):
+    from worldgen.vae import WAN21_VAE, StreamingDecoder, WanVAE, decode_tiled
+
+    torch.manual_seed(0)
+    import dataclasses
+
+    vae = WanVAE(dataclasses.replace(WAN21_VAE, dim=8, num_res_blocks=1)).eval()
+    latent = torch.randn(1, 16, 6, 4, 6)
+    whole = decode_tiled(vae, latent, tile_pixels, overlap=16)
+    decoder = StreamingDecoder(vae, tile_pixels, overlap=16)
+    pieces = [decoder.push(latent[:, :, i : i + 3]) for i in (0, 3)]
+    assert [p.shape[2] for p in pieces] == [9, 12]
+    assert torch.equal(torch.cat(pieces, dim=2), whole)
+
+
+@pytest.mark.slow
+def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
+    from bridge.settings import GenerationSettings
+    from worldgen.pipeline import load_pipeline
+
+    pipe = load_pipeline("tiny", device="cpu", model="fast")
+    example = lingbot_examples / "00"
+    seen, plans = [], []
+    pipe.on_plan = plans.append
+    settings = GenerationSettings(size="32*48", frame_num=25, seed=3)
+    video = pipe.generate(
+        example / "image.jpg", "a room", np.load(example / "poses.npy"), np.load(example / "intrinsics.npy"),
+        settings, on_chunk=lambda i, n, frames: seen.append((i, n, frames.clone())),
+    )  # fmt: skip
+    assert [(i, n) for i, n, _ in seen] == [(0, 2), (1, 2)]
+    assert torch.equal(torch.cat([f for *_, f in seen], dim=1), video) and video.shape[1] == 21
+    assert "kv cache" in plans[-1] and "Fast DiT" in pipe.name + plans[-1]
+    again = pipe.generate(
+        example / "image.jpg", "a room", np.load(example / "poses.npy"), np.load(example / "intrinsics.npy"), settings
+    )
+    assert torch.equal(again, video)  # seeded: a non-streamed run is the same video

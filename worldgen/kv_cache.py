@@ -1,0 +1,234 @@
+"""The self-attention KV cache of the causal LingBot-World-Fast DiT, and how it is stored.
+
+The Fast model generates a video chunk by chunk; each chunk's queries attend to the keys/values of
+the chunks before it (held here) plus its own (full attention inside a chunk). Keys are stored
+already rotated (RoPE), so they keep their positions when the cache rolls.
+
+Index rules (the reference's `CausalWanSelfAttention`, one state shared by all layers):
+- a call on tokens [current_start, current_end) writes them at slots [local_end - L, local_end) with
+  local_end = old local_end + current_end - old global_end; repeated calls on the same chunk (the
+  denoising steps and the clean refresh) overwrite the same slots;
+- `rolling` (the reference's `local_attn_size != -1`): when a call advances past the cache's end,
+  the oldest tokens after the first `sink_frames` frames (the attention sink) are evicted, the rest
+  shifted left, and the new chunk appended at the end;
+- queries attend to slots [max(0, local_end - max_attention_size), local_end).
+
+Storage (`storage`): the compute dtype (bf16 on CUDA, as the reference), or `fp8`: float8_e4m3fn
+with one scale (compute dtype) per token and head (absmax / 448), about half the bytes,
+dequantized to the compute dtype only for the window a call reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+STORAGES = ("model", "fp8")
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheSpec:
+    """The shape of one job's cache: what the memory plan decides and prints."""
+
+    capacity_tokens: int  # slots per layer
+    frame_tokens: int  # tokens of one latent frame (lat_h/2 * lat_w/2)
+    storage: str = "model"  # "model" (the compute dtype) or "fp8"
+    rolling: bool = False  # evict old frames when full (the reference's local_attn_size gate)
+    sink_frames: int = 0  # frames never evicted (attention sink), when rolling
+    max_attention_tokens: int | None = None  # attention window; None: the whole cache
+
+    def __post_init__(self) -> None:
+        if self.storage not in STORAGES:
+            raise ValueError(f"KV-cache storage must be one of {STORAGES}, not {self.storage!r}")
+        if self.capacity_tokens < 1 or self.frame_tokens < 1:
+            raise ValueError("a KV cache needs at least one slot and one token per frame")
+
+    def bytes(self, num_layers: int, num_heads: int, head_dim: int, compute_dtype: torch.dtype) -> int:
+        """Bytes of keys + values (+ the fp8 scales) over all layers."""
+        slots = 2 * num_layers * self.capacity_tokens * num_heads
+        size = torch.empty(0, dtype=compute_dtype).element_size()
+        if self.storage == "fp8":
+            return slots * (head_dim + size)  # one byte per value, one scale per token and head
+        return slots * head_dim * size
+
+    def describe(self) -> str:
+        kind = "in the compute dtype" if self.storage == "model" else "FP8 (e4m3, per-token scales)"
+        text = f"{self.capacity_tokens // self.frame_tokens} latent frames ({self.capacity_tokens:,} tokens), {kind}"
+        if self.rolling:
+            text += f", rolling window with a {self.sink_frames}-frame attention sink"
+        if self.max_attention_tokens is not None:
+            text += f", attention to the last {self.max_attention_tokens:,} cached tokens"
+        return text
+
+
+class LayerKV:
+    """One layer's slots (and its text keys/values); `update` is called by `SelfAttention`."""
+
+    def __init__(self, owner: KVCache, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
+        self.owner = owner
+        self.fp8 = owner.spec.storage == "fp8"
+        store = torch.float8_e4m3fn if self.fp8 else dtype
+        self.k = torch.zeros(shape, dtype=store, device=device)
+        self.v = torch.zeros(shape, dtype=store, device=device)
+        if self.fp8:
+            self.k_scale = torch.zeros((*shape[:-1], 1), dtype=dtype, device=device)
+            self.v_scale = torch.zeros((*shape[:-1], 1), dtype=dtype, device=device)
+        self.cross: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [self.k, self.v, self.k_scale, self.v_scale] if self.fp8 else [self.k, self.v]
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this call's rotated keys and values [1, L, n, d]; return the window to attend to."""
+        step = self.owner.step
+        if step.evict:
+            # shift left past the sink; clone: source and destination overlap
+            sink, ev, kept = step.sink, step.evict, step.kept
+            for t in self._tensors():
+                t[:, sink : sink + kept] = t[:, sink + ev : sink + ev + kept].clone()
+        start, end = step.write_start, step.write_end
+        if self.fp8:
+            for value, store, scale in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
+                s = (value.float().abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / FP8_MAX).to(scale.dtype)
+                scale[:, start:end] = s
+                store[:, start:end] = (value.float() / s.float()).to(torch.float8_e4m3fn)
+            lo = step.window_start
+            # dequantized in the compute dtype: one window-sized copy per layer, freed after attention
+            k_win = self.k[:, lo:end].to(k.dtype).mul_(self.k_scale[:, lo:end])
+            v_win = self.v[:, lo:end].to(v.dtype).mul_(self.v_scale[:, lo:end])
+            return k_win, v_win
+        self.k[:, start:end] = k
+        self.v[:, start:end] = v
+        return self.k[:, step.window_start : end], self.v[:, step.window_start : end]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    write_start: int
+    write_end: int
+    window_start: int
+    evict: int = 0
+    kept: int = 0
+    sink: int = 0
+
+
+class KVCache:
+    """Per-layer self-attention slots for one rollout (batch 1), plus each layer's text keys/values."""
+
+    def __init__(
+        self,
+        spec: CacheSpec,
+        num_layers: int,
+        num_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        self.spec = spec
+        shape = (1, spec.capacity_tokens, num_heads, head_dim)
+        self.layers = [LayerKV(self, shape, dtype, torch.device(device)) for _ in range(num_layers)]
+        self.global_end = 0  # one past the last video token written so far
+        self.local_end = 0  # one past the last slot written so far
+        self.step: _Step | None = None
+        self._pending: tuple[int, int] | None = None
+
+    @property
+    def has_text(self) -> bool:
+        return self.layers[0].cross is not None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for layer in self.layers for t in layer._tensors())
+
+    def begin(self, current_start: int, num_tokens: int) -> None:
+        """Decide where a call on tokens [current_start, current_start + num_tokens) writes and reads."""
+        spec = self.spec
+        capacity = spec.capacity_tokens
+        current_end = current_start + num_tokens
+        evict = kept = sink = 0
+        if spec.rolling and current_end > self.global_end and num_tokens + self.local_end > capacity:
+            sink = spec.sink_frames * spec.frame_tokens
+            evict = num_tokens + self.local_end - capacity
+            kept = self.local_end - evict - sink
+            if kept < 0:
+                raise ValueError(
+                    f"KV cache of {capacity} tokens cannot roll past a {sink}-token sink for a "
+                    f"{num_tokens}-token chunk: make it larger or the sink smaller"
+                )
+        local_end = self.local_end + current_end - self.global_end - evict
+        if local_end > capacity or local_end - num_tokens < 0:
+            raise ValueError(
+                f"KV cache of {capacity} tokens has no room for tokens [{current_start}, {current_end}) "
+                "(a non-rolling cache must hold the whole video)"
+            )
+        window = spec.max_attention_tokens or capacity
+        self.step = _Step(local_end - num_tokens, local_end, max(0, local_end - window), evict, kept, sink)
+        self._pending = (current_end, local_end)
+
+    def commit(self) -> None:
+        """After all layers ran: the call's end becomes the cache's end."""
+        self.global_end, self.local_end = self._pending
+        self.step = self._pending = None
+
+
+MODES = ("auto", "full", "fp8", "rolling")
+
+
+def plan_cache(
+    latent_frames: int,
+    frame_tokens: int,
+    chunk_frames: int,
+    *,
+    room_bytes: float | None,
+    num_layers: int,
+    num_heads: int,
+    head_dim: int,
+    compute_dtype: torch.dtype,
+    mode: str = "auto",
+    sink_frames: int | None = None,
+    max_attention_tokens: int | None = None,
+) -> tuple[CacheSpec, str]:
+    """Choose one job's cache and say why. `room_bytes` is what the budget leaves for it (None: no
+    budget). `auto` takes the first that fits of: the reference's cache (whole video, compute dtype),
+    the same in FP8, a rolling FP8 window (sink + as many whole chunks as fit). `full`, `fp8` and
+    `rolling` force a kind (a rolling window still sized to the room). Raises ValueError when even
+    the smallest rolling window (sink + one chunk) does not fit."""
+    if mode not in MODES:
+        raise ValueError(f"KV-cache mode must be one of {MODES}, not {mode!r}")
+
+    def make(frames: int, storage: str, rolling: bool, sink: int) -> CacheSpec:
+        return CacheSpec(frames * frame_tokens, frame_tokens, storage, rolling, sink, max_attention_tokens)
+
+    def size(spec: CacheSpec) -> int:
+        return spec.bytes(num_layers, num_heads, head_dim, compute_dtype)
+
+    # the reference: whole video; max_attention_tokens also flips its rolling gate (never rolls here)
+    ref_rolling, ref_sink = max_attention_tokens is not None, sink_frames or 0
+    gib = 2**30
+    if mode in ("auto", "full"):
+        spec = make(latent_frames, "model", ref_rolling, ref_sink)
+        if room_bytes is None or size(spec) <= room_bytes or mode == "full":
+            return spec, f"whole video in the compute dtype ({size(spec) / gib:.1f} GiB), as the reference"
+    if mode in ("auto", "fp8"):
+        spec = make(latent_frames, "fp8", ref_rolling, ref_sink)
+        if room_bytes is None or size(spec) <= room_bytes or mode == "fp8":
+            return spec, f"whole video in FP8 ({size(spec) / gib:.1f} GiB): bf16 would not fit the budget"
+    sink = 1 if sink_frames is None else sink_frames
+    per_frame = size(make(1, "fp8", True, 0))
+    fit_frames = latent_frames if room_bytes is None else int(room_bytes // per_frame)
+    chunks = min((fit_frames - sink) // chunk_frames, -(-(latent_frames - sink) // chunk_frames))
+    if chunks < 1:
+        need = (sink + chunk_frames) * per_frame / gib
+        raise ValueError(
+            f"the smallest rolling KV cache ({sink} sink frame(s) + one chunk, {need:.2f} GiB) does not fit "
+            f"the {0 if room_bytes is None else room_bytes / gib:.2f} GiB left: raise --vram-budget or lower --size"
+        )
+    frames = min(sink + chunks * chunk_frames, latent_frames)
+    spec = make(frames, "fp8", True, sink)
+    why = (
+        f"rolling FP8 window of {frames} of {latent_frames} latent frames ({size(spec) / gib:.1f} GiB, "
+        f"{sink}-frame attention sink): the whole video would need {size(make(latent_frames, 'fp8', False, 0)) / gib:.1f} GiB"
+    )
+    return spec, why
