@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spool-dir", help="folder for accepted jobs and results (overrides [server] spool_dir)")
     parser.add_argument("--ckpt", help="checkpoint folder or 'tiny' (overrides [worker] ckpt)")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (overrides [worker] device)")
-    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="how much the server logs to stderr")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from bridge.client import (
     ServerUnavailable,
     Unauthorized,
 )
+from bridge.reach import check_listening, explain_no_answer
 from bridge.security import SecurityError
 from bridge.settings import SettingsError
 from contracts.provenance import with_job, write_record
@@ -42,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, help="denoising steps (default: the server's preset)")
     parser.add_argument("--frame-num", type=int, help="frames to generate, 4n+1")
     parser.add_argument("--size", help="max area as H*W, e.g. 480*832")
-    parser.add_argument("--seed", type=int)
+    parser.add_argument("--seed", type=int, help="random seed of the initial noise (default: the server's preset)")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for each request to the server")
     parser.add_argument("--wait", type=float, default=None, help="give up waiting for the job after this many s")
     parser.add_argument("--server-key", type=Path, help="CurveZMQ: the server's public key file (server.key)")
@@ -54,8 +55,12 @@ def run(args: argparse.Namespace) -> int:
     settings = {k: v for k, v in (("steps", args.steps), ("frame_num", args.frame_num), ("size", args.size),
                                    ("seed", args.seed)) if v is not None}  # fmt: skip
     out = args.out or args.episode / "rollout.mp4"
+    check_listening(args.server)  # a closed port is said at once, with how to start a server
     with Client(args.server, timeout=args.timeout, server_key=args.server_key, client_key=args.client_key) as client:
-        job = client.submit(payload, settings)
+        try:
+            job = client.submit(payload, settings)
+        except ServerUnavailable as exc:
+            raise explain_no_answer(args.server, exc) from None
         print(f"job {job.id} accepted ({job.queue_position} ahead)", file=sys.stderr, flush=True)
         try:
             for event in job.events(timeout=args.wait):

@@ -127,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
             generation_seconds = time.monotonic() - started
     finally:
         _stop(server)
+        # the demo's private spool: its copies of the episode and the result (of a finished or a
+        # cancelled job: Ctrl-C) are not the user's; the rollout is already beside the episode
+        shutil.rmtree(out / "spool", ignore_errors=True)
     started = time.monotonic()
     # the model, its settings and the noise banner come from the rollout's provenance record
     report = compare_episode(episode_dir, rollout, out / "report", timings={"generation_s": round(generation_seconds, 1)})

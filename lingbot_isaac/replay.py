@@ -93,10 +93,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--preset", help="send all settings of this [preset] of config/generation.toml")
     gen.add_argument("--frame-num", type=int, help="frames to generate (4n+1)")
     gen.add_argument("--steps", type=int, help="denoising steps")
-    gen.add_argument("--seed", type=int)
+    gen.add_argument("--seed", type=int, help="random seed of the initial noise")
     gen.add_argument("--size", help="max area as H*W, e.g. 480*832")
     gen.add_argument("--guide-scale", help="one value or low,high")
-    gen.add_argument("--shift", type=float)
+    gen.add_argument("--shift", type=float, help="noise schedule shift")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for each request to the server")
     parser.add_argument("--job-timeout", type=float, default=None, help="seconds to wait for each rollout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -331,10 +331,15 @@ def run(args: argparse.Namespace) -> int:
             print(folder)
         return 0
 
-    from bridge.client import Client
+    from bridge.client import Client, ServerUnavailable
+    from bridge.reach import check_listening, explain_no_answer
 
+    check_listening(args.server)  # a closed port is said at once, with how to start a server
     with Client(args.server, timeout=args.timeout) as client:
-        client.health()  # ServerUnavailable here says the server is not running, before any upload
+        try:
+            client.health()  # before any upload
+        except ServerUnavailable as exc:
+            raise explain_no_answer(args.server, exc) from None
         for index, folder in enumerate(episodes, 1):
             episode = read_episode(folder)
             settings = job_settings(episode.meta.generation if episode.meta else None, overrides)

@@ -191,6 +191,10 @@ class Session:
         try:
             meta = read_episode(episode).meta
             settings = job_settings(meta.generation if meta else None, self.settings.generation())
+            if client_factory is None:
+                from bridge.reach import check_listening
+
+                check_listening(self.settings.server)  # "no server: start one with ..." at once
             factory = client_factory or (lambda: Client(self.settings.server, timeout=self.settings.timeout))
             with factory() as client:
                 self._client = client

@@ -24,7 +24,6 @@ USER_ERRORS = (InputError, SettingsError)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = __doc__.split("\n\n", 1)[1]
     src = parser.add_argument_group("inputs")
     src.add_argument(

@@ -18,7 +18,6 @@ USER_ERRORS = (InputError,)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = __doc__.split("\n\n", 1)[1]
     parser.add_argument("source", type=Path, help="the original bf16 release folder (high_noise_model/, ...)")
     parser.add_argument(
