@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# Pin torch first: the CPU wheel on disk; an unpinned torch pulls gigabytes of CUDA packages.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[gen,usd,hdf5,compare,dev]'
+	$(BIN)/pip install -q -e '.[gen,usd,hdf5,compare,dev,cluster]'
 	touch $(STAMP)
 
 $(ISAACLAB)/.installed: $(STAMP)

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from worldgen.checkpoint import load_expert, stream_bf16_expert  # noqa: E402
-from worldgen.memory import peak_rss_gib  # noqa: E402
+from worldgen.metering import peak_rss_gib  # noqa: E402
 from worldgen.nf4 import QUANT_SUFFIXES  # noqa: E402
 from worldgen.quantize import quantize_expert  # noqa: E402
 

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bridge.settings import GenerationSettings  # noqa: E402
+from contracts.settings import GenerationSettings  # noqa: E402
 from worldgen.camera import load_action  # noqa: E402
 from worldgen.checkpoint import find_checkpoint, load_expert  # noqa: E402
 from worldgen.pipeline import load_pipeline  # noqa: E402

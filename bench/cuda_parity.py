@@ -17,11 +17,11 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bridge.settings import GenerationSettings  # noqa: E402
+from contracts.settings import GenerationSettings  # noqa: E402
 from worldgen.camera import camera_conditioning  # noqa: E402
 from worldgen.checkpoint import load_expert  # noqa: E402
-from worldgen.memory import ModelSlot  # noqa: E402
 from worldgen.pipeline import Pipeline  # noqa: E402
+from worldgen.residency import ModelSlot  # noqa: E402
 from worldgen.scheduler import FlowUniPCScheduler  # noqa: E402
 from worldgen.t5 import T5Config, UMT5Encoder, encode_prompts  # noqa: E402
 from worldgen.vae import VAEConfig, WanVAE  # noqa: E402

@@ -1,6 +1,6 @@
 """The wire between Isaac Sim and the generator: protocol, client, server, supervisor.
 
-Importing `bridge` imports neither zmq nor torch; `bridge.settings` and the worker protocol are
+Importing `bridge` imports neither zmq nor torch; `contracts.settings` and the worker protocol are
 plain Python so that both the Isaac side and the worldgen worker can use them.
 
 Modules: `protocol` (the wire format, docs/protocol.md), `client` (Client, EpisodePayload, Job),

@@ -44,7 +44,9 @@ from zmq.utils.monitor import recv_monitor_message
 from bridge import protocol
 from bridge.protocol import DEFAULT_PORT, Limits, ProtocolError
 from bridge.security import load_public, load_secret, secure_client_socket
-from bridge.settings import GenerationSettings
+from contracts import episode
+from contracts.episode import EpisodeError
+from contracts.settings import GenerationSettings
 
 log = logging.getLogger("bridge.client")
 
@@ -85,7 +87,7 @@ class JobFailed(BridgeError):
         self.code, self.message = code, message
 
 
-class PayloadError(ValueError):
+class PayloadError(EpisodeError):
     """An episode that cannot be sent: the message names the file or field."""
 
 
@@ -138,52 +140,30 @@ class EpisodePayload:
     name: str | None = None
 
     def __post_init__(self) -> None:
-        self.poses = _float_array(self.poses, "poses", (4, 4))
-        intrinsics = np.asarray(self.intrinsics)
-        self.intrinsics = _float_array(
-            intrinsics.reshape(1, 4) if intrinsics.shape == (4,) else intrinsics, "intrinsics", (4,)
-        )
         if not isinstance(self.image, (bytes, bytearray)):
             raise PayloadError("image must be the bytes of a JPEG or PNG file")
         self.image = bytes(self.image)
-        if not isinstance(self.prompt, str) or not self.prompt.strip():
-            raise PayloadError("prompt must be a non-empty string (prompt.txt)")
         try:
-            protocol.image_format(self.image)
-            protocol.check_episode_arrays(self.poses, self.intrinsics)
-        except ProtocolError as exc:
+            episode.image_format(self.image)
+            # the one episode validator (the format's rules; how many poses a rollout needs is
+            # the engine's to say, so a short episode comes back from it as bad_input)
+            poses, intrinsics = episode.check_action(self.poses, self.intrinsics)
+            self.prompt = episode.check_prompt(self.prompt, "prompt (prompt.txt)")
+        except EpisodeError as exc:
             raise PayloadError(str(exc)) from None
+        # float32 on the wire unless the caller's arrays were float64
+        self.poses = poses.astype(np.float64 if np.asarray(self.poses).dtype == np.float64 else np.float32)
+        self.intrinsics = intrinsics.astype(np.float64 if np.asarray(self.intrinsics).dtype == np.float64 else np.float32)
 
     @classmethod
     def from_dir(cls, episode_dir: str | os.PathLike) -> EpisodePayload:
-        """Read an episode folder in the LingBot action layout (poses.npy, intrinsics.npy,
-        image.jpg or image.png, prompt.txt; `episode.json` and anything else is not sent)."""
-        folder = Path(episode_dir)
-        if not folder.is_dir():
-            raise PayloadError(f"episode folder {folder} does not exist")
-        layout = "(an episode folder holds poses.npy, intrinsics.npy, image.jpg or image.png, prompt.txt)"
-        images = [folder / n for n in ("image.jpg", "image.jpeg", "image.png") if (folder / n).is_file()]
-        if not images:
-            raise PayloadError(f"{folder}: no image.jpg or image.png {layout}")
-        arrays = {}
-        for name in ("poses", "intrinsics"):
-            path = folder / f"{name}.npy"
-            if not path.is_file():
-                raise PayloadError(f"{folder}: missing {name}.npy {layout}")
-            try:
-                arrays[name] = np.load(path, allow_pickle=False)
-            except (ValueError, OSError) as exc:
-                raise PayloadError(f"{path}: not a readable .npy array ({exc})") from None
-        prompt_path = folder / "prompt.txt"
-        if not prompt_path.is_file():
-            raise PayloadError(f"{folder}: missing prompt.txt {layout}")
-        return cls(
-            images[0].read_bytes(),
-            arrays["poses"],
-            arrays["intrinsics"],
-            prompt_path.read_text(encoding="utf-8").strip(),
-            name=folder.name,
-        )
+        """Read an episode folder with the one episode reader (`contracts.episode.read_episode`);
+        `episode.json` and anything else is not sent."""
+        try:
+            read = episode.read_episode(episode_dir)
+        except EpisodeError as exc:
+            raise PayloadError(str(exc)) from None
+        return cls(read.image_path.read_bytes(), read.poses, read.intrinsics, read.prompt, name=read.path.name)
 
     def check_limits(self, limits: Limits) -> None:
         if len(self.image) > limits.max_image_bytes:
@@ -193,16 +173,6 @@ class EpisodePayload:
                 raise PayloadError(f"{name} has {len(array)} rows; the server takes at most {limits.max_poses}")
         if len(self.prompt.encode()) > limits.max_prompt_bytes:
             raise PayloadError(f"prompt is longer than {limits.max_prompt_bytes} bytes")
-
-
-def _float_array(value: Any, name: str, tail: tuple[int, ...]) -> np.ndarray:
-    array = np.asarray(value)
-    if array.ndim != 1 + len(tail) or array.shape[1:] != tail or array.shape[0] < 1:
-        pattern = "[N, " + ", ".join(map(str, tail)) + "]"
-        raise PayloadError(f"{name} must have shape {pattern} (got {list(array.shape)})")
-    if not np.issubdtype(array.dtype, np.floating) and not np.issubdtype(array.dtype, np.integer):
-        raise PayloadError(f"{name} must be numbers (got dtype {array.dtype})")
-    return array.astype(np.float64 if array.dtype == np.float64 else np.float32)
 
 
 def settings_dict(settings: GenerationSettings | dict[str, Any] | None) -> dict[str, Any]:

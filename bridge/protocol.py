@@ -26,6 +26,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from contracts import episode
+from contracts.episode import EpisodeError
+
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 DEFAULT_PORT = 5570
@@ -58,8 +61,7 @@ ERROR_CODES = (
     "internal",  # a bug in the server
 )
 
-JPEG_MAGIC = b"\xff\xd8\xff"
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+JPEG_MAGIC, PNG_MAGIC = episode.JPEG_MAGIC, episode.PNG_MAGIC
 _ID_RE = re.compile(r"[A-Za-z0-9._:@/+=-]{1,64}\Z")
 MIB = 1 << 20
 
@@ -427,19 +429,22 @@ def _pattern(spec: FrameSpec) -> str:
 
 
 def image_format(image: bytes) -> str:
-    """'jpeg' or 'png' from the magic bytes; ProtocolError for anything else."""
-    if image.startswith(JPEG_MAGIC):
-        return "jpeg"
-    if image.startswith(PNG_MAGIC):
-        return "png"
-    raise ProtocolError("image must be JPEG or PNG bytes (image.jpg / image.png of the episode)", "bad_input")
+    """'jpeg' or 'png' from the magic bytes (`contracts.episode`); ProtocolError for anything else."""
+    try:
+        return episode.image_format(image)
+    except EpisodeError as exc:
+        raise ProtocolError(str(exc), "bad_input") from None
 
 
 def check_episode_arrays(poses: np.ndarray, intrinsics: np.ndarray) -> None:
-    """Values the engine cannot use, caught at the door (the engine checks the semantics again)."""
-    if not np.isfinite(poses).all():
-        raise ProtocolError("poses contain NaN or infinity (poses.npy)", "bad_input")
-    if not np.isfinite(intrinsics).all():
-        raise ProtocolError("intrinsics contain NaN or infinity (intrinsics.npy)", "bad_input")
-    if (intrinsics[:, :2] <= 0).any():
-        raise ProtocolError("intrinsics fx, fy must be > 0 (intrinsics.npy rows are fx, fy, cx, cy)", "bad_input")
+    """The one episode validator (`contracts.episode`) at the door: rigid poses, [N, 4] or one row
+    of positive-focal intrinsics. (How many poses a rollout needs is the engine's to say.)"""
+    try:
+        episode.check_action(
+            poses,
+            intrinsics,
+            poses_name="poses (poses.npy)",
+            intrinsics_name="intrinsics (intrinsics.npy)",
+        )
+    except EpisodeError as exc:
+        raise ProtocolError(str(exc), "bad_input") from None

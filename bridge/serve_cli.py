@@ -1,4 +1,4 @@
-"""`lingbot-isaac serve`: run the generation server (ZeroMQ front end, job spool, supervised worker).
+"""`lingbot-isaac serve`: run the generation server (ZeroMQ front end, job spool, supervised workers).
 
 Listens on tcp://127.0.0.1:5570 by default; any other address needs CurveZMQ keys
 (`lingbot-isaac keys`). Settings come from config/server.toml (see its comments); flags override it.
@@ -15,8 +15,8 @@ from pathlib import Path
 from bridge.security import SecurityError
 from bridge.server import ListenError, Server
 from bridge.server_config import ConfigError, load_server_config
-from bridge.settings import SettingsError
 from bridge.spool import SpoolError
+from contracts.settings import SettingsError
 
 USER_ERRORS = (ConfigError, SecurityError, SpoolError, SettingsError, ListenError)
 DEFAULT_CONFIG = Path("config/server.toml")
@@ -33,6 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spool-dir", help="folder for accepted jobs and results (overrides [server] spool_dir)")
     parser.add_argument("--ckpt", help="checkpoint folder or 'tiny' (overrides [worker] ckpt)")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (overrides [worker] device)")
+    parser.add_argument(
+        "--devices",
+        help="a pool: one warm worker per device, comma-separated, e.g. cuda:0,cuda:1 or cpu,cpu "
+        "(overrides [worker] devices)",
+    )
+    parser.add_argument("--backend", choices=("local", "ray"), help="where workers run (overrides [worker] backend)")
+    parser.add_argument("--ray-address", help="backend ray: auto, HOST:PORT or ray://HOST:10001 (overrides [worker] ray_address)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                         help="how much the server logs to stderr")
 
@@ -49,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
         "server.spool_dir": args.spool_dir,
         "worker.ckpt": args.ckpt,
         "worker.device": args.device,
+        "worker.devices": [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None,
+        "worker.backend": args.backend,
+        "worker.ray_address": args.ray_address,
     }
     config = load_server_config(path, {k: v for k, v in flags.items() if v is not None})
     server = Server(config)

@@ -1,4 +1,4 @@
-"""The generation server: a ROUTER front end, a fair job queue, a disk spool, one supervised worker.
+"""The generation server: a ROUTER front end, a fair job queue, a disk spool, a pool of supervised workers.
 
 One thread, one event loop (zguide style): it polls the ROUTER socket and the worker's pipe
 together, so a slow or dead worker never stalls the front end, and a flood of clients never
@@ -30,10 +30,11 @@ from bridge.fair_queue import FairQueue
 from bridge.protocol import Limits, Message, ProtocolError
 from bridge.security import check_bind_allowed, secure_server_socket
 from bridge.server_config import ServerConfig
-from bridge.settings import GenerationSettings, SettingsError, load_settings
 from bridge.spool import JobRecord, Spool
-from bridge.supervisor import Event, Supervisor, SupervisorConfig
+from bridge.supervisor import Event
+from bridge.worker_pool import build_pool
 from contracts.provenance import read_record
+from contracts.settings import GenerationSettings, SettingsError, load_settings
 
 log = logging.getLogger("bridge.server")
 
@@ -76,18 +77,11 @@ class Server:
         # The worker imports worldgen from the same tree as this bridge, wherever we were started.
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        self.supervisor = Supervisor(
-            SupervisorConfig(
-                argv=worker.argv(),
-                env=env,
-                startup_timeout_s=worker.startup_timeout_s,
-                health_timeout_s=worker.health_timeout_s,
-                cancel_grace_s=worker.cancel_grace_s,
-                stall_timeout_s=worker.stall_timeout_s,
-                restart_backoff_s=worker.restart_backoff_s,
-                max_start_failures=worker.max_start_failures,
-            )
-        )
+        try:
+            self.supervisor = build_pool(worker, env)  # one supervised worker per device
+        except BaseException:
+            self.close()
+            raise
         self.recover()
 
     def _open_socket(self) -> None:
@@ -241,7 +235,7 @@ class Server:
             return
         try:
             image = message.blobs["image"]
-            image_format = protocol.image_format(image)
+            protocol.image_format(image)
             poses, intrinsics = message.arrays["poses"], message.arrays["intrinsics"]
             protocol.check_episode_arrays(poses, intrinsics)
             settings = self._job_settings(message.get("settings") or {})
@@ -276,7 +270,6 @@ class Server:
                 rid=rid,
                 prompt=message.fields["prompt"],
                 image=image,
-                image_format=image_format,
                 poses=poses,
                 intrinsics=intrinsics,
                 settings=settings.to_dict(),
@@ -391,17 +384,24 @@ class Server:
             fields["error"] = record.error
         self._send(identity, protocol.encode("status", fields))
 
-    def _reply_health(self, identity: bytes, rid: str, answer: dict | None, asked_at: float | None) -> None:
+    def _reply_health(
+        self, identity: bytes, rid: str, answers: list[dict | None] | None, asked_at: float | None
+    ) -> None:
+        """`workers`: every worker of the pool; `worker` (the first) and `gpu`/`memory` (its
+        report) stay for one-worker clients. ok: every worker answered and is idle or busy."""
         supervisor = self.supervisor
-        worker = supervisor.status()
-        if answer is not None:
-            worker["answer_s"] = round(time.monotonic() - asked_at, 4)
-            worker["reported"] = {k: v for k, v in answer.items() if k not in ("type", "id")}
-        elif asked_at is not None:
-            worker["error"] = f"the worker did not answer within {supervisor.config.health_timeout_s:g} s"
-        reported = worker.get("reported", {})
-        ok = answer is not None and reported.get("state") in ("idle", "busy") and not self.unavailable
+        workers = supervisor.status()
+        for index, worker in enumerate(workers):
+            answer = answers[index] if answers else None
+            if answer is not None:
+                worker["answer_s"] = round(time.monotonic() - asked_at, 4)
+                worker["reported"] = {k: v for k, v in answer.items() if k not in ("type", "id")}
+            elif asked_at is not None:
+                worker["error"] = f"the worker did not answer within {supervisor.config.health_timeout_s:g} s"
+        ok = not self.unavailable and all(w.get("reported", {}).get("state") in ("idle", "busy") for w in workers)
+        reported = workers[0].get("reported", {})
         info = supervisor.info
+        running = supervisor.jobs
         fields = {
             "rid": rid,
             "ok": ok,
@@ -411,11 +411,13 @@ class Server:
             "memory": reported.get("memory"),
             "queue": {
                 "waiting": len(self.queue),
-                "running": supervisor.job,
+                "running": running[0] if running else None,
+                "running_jobs": running,
                 "max_queue": self.config.max_queue,
                 "max_queue_per_client": self.config.max_queue_per_client,
             },
-            "worker": worker,
+            "worker": workers[0],
+            "workers": workers,
             "server": {
                 "pid": os.getpid(),
                 "endpoint": self.endpoint,
@@ -430,8 +432,10 @@ class Server:
     # The worker
 
     def _dispatch(self) -> None:
-        if self.supervisor.state != "idle" or not len(self.queue):
-            return
+        while self.supervisor.idle() and len(self.queue):
+            self._start_next()
+
+    def _start_next(self) -> None:
         job_id = self.queue.pop()
         record = self.jobs[job_id]
         record.state, record.started = "running", time.time()
@@ -440,7 +444,7 @@ class Server:
         self.spool.save_state(record)
         self.sent_positions.pop(job_id, None)
         self.live[job_id] = {"phase": "starting", "step": 0, "total": 0}
-        self.supervisor.run_job(
+        worker = self.supervisor.run_job(
             job_id,
             {
                 "episode_dir": str(record.episode_dir),
@@ -450,7 +454,7 @@ class Server:
                 "frames_output": str(record.frames_path) if record.want_frames else None,
             },
         )
-        log.info("job %s started (attempt %d)", job_id, record.attempts)
+        log.info("job %s started on worker %d (attempt %d)", job_id, worker, record.attempts)
         self._publish(job_id, protocol.encode("progress", {"job": job_id, "phase": "starting", "step": 0, "total": 0}))
         self._broadcast_positions()
 
@@ -515,16 +519,31 @@ class Server:
         code = str(event.data.get("code", "worker_error"))
         if code not in protocol.ERROR_CODES:
             code = "worker_error"
+        if code == "worker_crashed" and self._retry_crashed(record, str(event.data.get("message", ""))):
+            return
         state = "cancelled" if code == "cancelled" else "failed"
         self._finish(record, state, {"code": code, "message": str(event.data.get("message", ""))[:2000]})
+
+    def _retry_crashed(self, record: JobRecord, reason: str) -> bool:
+        """[worker] retry_crashed: put a job whose worker died back at the front of the queue
+        (any worker may take it), until it has been started max_attempts times."""
+        if not self.config.worker.retry_crashed or record.attempts >= self.config.max_attempts:
+            return False
+        log.warning("job %s: its worker died (%s); running it again (attempt %d of %d)",
+                    record.id, reason, record.attempts + 1, self.config.max_attempts)  # fmt: skip
+        record.state = "queued"
+        self.spool.save_state(record)
+        self.live.pop(record.id, None)
+        self.queue.push(record.client, record.id, front=True)
+        self._broadcast_positions()
+        return True
 
     def _worker_health(self, event: Event) -> None:
         pending = self.pending_health.pop(str(event.data.get("id")), None)
         if pending is None:
             return
         identity, rid, asked_at = pending
-        answer = None if event.data.get("timeout") else event.data
-        self._reply_health(identity, rid, answer, asked_at)
+        self._reply_health(identity, rid, event.data.get("workers"), asked_at)
 
     # ---------------------------------------------------------------------------------------
     # Job outcomes and events
@@ -570,11 +589,11 @@ class Server:
             self._send(identity, frames)
 
     def _jobs_ahead(self, job_id: str) -> int:
-        running = 1 if self.supervisor.job is not None else 0
+        running = len(self.supervisor.jobs)
         return running + self.queue.positions().get(job_id, 0)
 
     def _broadcast_positions(self) -> None:
-        running = 1 if self.supervisor.job is not None else 0
+        running = len(self.supervisor.jobs)
         for job_id, position in self.queue.positions().items():
             ahead = running + position
             if self.sent_positions.get(job_id) != ahead:

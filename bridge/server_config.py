@@ -8,6 +8,7 @@ directory.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+BACKENDS = ("local", "ray")
+DEVICE_RE = re.compile(r"cpu|cuda(:\d+)?")
+
+
 class ConfigError(ValueError):
     """The server config file has a missing, unknown or invalid key."""
 
@@ -28,6 +33,11 @@ class ConfigError(ValueError):
 class WorkerConfig:
     ckpt: str = "tiny"  # "tiny" or a checkpoint folder
     device: str = "cpu"  # "cpu" | "cuda" | "cuda:N"
+    # One warm worker per entry (a pool, bridge/worker_pool.py); empty: one worker on `device`.
+    devices: tuple[str, ...] = ()
+    backend: str = "local"  # "local": worker processes here; "ray": one Ray actor per device
+    ray_address: str = ""  # backend "ray": "" starts a local Ray; "auto"; "HOST:PORT"; "ray://HOST:10001"
+    retry_crashed: bool = False  # a job whose worker died runs again (until max_attempts starts)
     dtype: str = ""  # "" = the engine's choice
     vram_budget_gb: float = 0.0  # 0 = no budget given
     ram_budget_gb: float = 0.0
@@ -39,10 +49,15 @@ class WorkerConfig:
     restart_backoff_s: tuple[float, float] = (0.5, 30.0)
     max_start_failures: int = 3
 
-    def argv(self) -> tuple[str, ...]:
+    def pool_devices(self) -> tuple[str, ...]:
+        """The device of each worker in the pool."""
+        return self.devices or (self.device,)
+
+    def argv(self, device: str | None = None) -> tuple[str, ...]:
         if self.command:
             return self.command
-        argv = [sys.executable, "-m", "worldgen.worker", "--ckpt", self.ckpt, "--device", self.device]
+        device = device or self.device
+        argv = [sys.executable, "-m", "worldgen.worker", "--ckpt", self.ckpt, "--device", device]
         if self.dtype:
             argv += ["--dtype", self.dtype]
         if self.vram_budget_gb:
@@ -108,6 +123,11 @@ def load_server_config(path: Path | None, overrides: dict[str, Any] | None = Non
     )
     if config.max_queue < 1 or config.max_queue_per_client < 1 or config.max_attempts < 1:
         raise ConfigError(f"{where}: max_queue, max_queue_per_client and max_attempts must be >= 1")
+    if config.worker.backend not in BACKENDS:
+        raise ConfigError(f"{where} [worker] backend must be one of {list(BACKENDS)} (got {config.worker.backend!r})")
+    for device in config.worker.pool_devices():
+        if not DEVICE_RE.fullmatch(device):
+            raise ConfigError(f"{where} [worker] device {device!r}: expected cpu, cuda or cuda:N")
     if (config.security.server_secret_key is None) != (config.security.client_keys_dir is None):
         raise ConfigError(f"{where} [security]: set both server_secret_key and client_keys_dir, or neither")
     return config

@@ -9,7 +9,7 @@ queue from the folders.
     SPOOL/jobs/JOB/job.json         who asked for what (immutable after accept)
     SPOOL/jobs/JOB/state.json       queued | running | done | failed | cancelled, error, attempts
     SPOOL/jobs/JOB/episode/         poses.npy, intrinsics.npy, image.jpg|png, prompt.txt
-    SPOOL/jobs/JOB/result.mp4       written by the worker (temp file + rename)
+    SPOOL/jobs/JOB/result.mp4       written by the worker (temp file, fsync, rename) before it reports
     SPOOL/jobs/JOB/frames.npy       the decoded frames, when the client asked for them
 """
 
@@ -20,7 +20,6 @@ import dataclasses
 import fcntl
 import json
 import logging
-import os
 import shutil
 import time
 import uuid
@@ -29,44 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from contracts import atomic, episode
+
 log = logging.getLogger("bridge.spool")
 
 
 class SpoolError(RuntimeError):
     """The spool folder cannot be used (locked by another server, not writable ...)."""
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so a reader (or a crash) sees the old or the new file, never half."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_npy(path: Path, array: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        np.save(f, np.ascontiguousarray(array), allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 @dataclasses.dataclass
@@ -147,7 +115,6 @@ class Spool:
         rid: str,
         prompt: str,
         image: bytes,
-        image_format: str,
         poses: np.ndarray,
         intrinsics: np.ndarray,
         settings: dict[str, Any],
@@ -170,25 +137,18 @@ class Spool:
         )
         self._next_seq += 1
         try:
-            episode = staging / "episode"
-            episode.mkdir(parents=True)
-            _write_npy(episode / "poses.npy", poses)
-            _write_npy(episode / "intrinsics.npy", intrinsics)
-            _write_file(episode / ("image.jpg" if image_format == "jpeg" else "image.png"), image)
-            _write_file(episode / "prompt.txt", prompt.encode("utf-8"))
-            _write_file(staging / "job.json", json.dumps(record.job_json()).encode())
-            _write_file(staging / "state.json", json.dumps(record.state_json()).encode())
-            _fsync_dir(episode)
-            _fsync_dir(staging)
-            os.replace(staging, record.dir)
-            _fsync_dir(self.jobs_dir)
+            # the one episode writer; then the whole folder is fsynced and renamed into place
+            episode.write_action(staging / "episode", poses, intrinsics, image, prompt)
+            (staging / "job.json").write_text(json.dumps(record.job_json()))
+            (staging / "state.json").write_text(json.dumps(record.state_json()))
+            atomic.replace_dir(staging, record.dir)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return record
 
     def save_state(self, record: JobRecord) -> None:
-        write_atomic(record.dir / "state.json", json.dumps(record.state_json()).encode())
+        atomic.write_json(record.dir / "state.json", record.state_json())
 
     def load_all(self) -> list[JobRecord]:
         """Every job in the spool, oldest first; unreadable folders are moved to `corrupt/`."""

@@ -29,8 +29,8 @@ from bridge.client import (
 )
 from bridge.reach import check_listening, explain_no_answer
 from bridge.security import SecurityError
-from bridge.settings import SettingsError
 from contracts.provenance import with_job, write_record
+from contracts.settings import SettingsError
 
 USER_ERRORS = (PayloadError, SettingsError, RequestFailed, JobFailed, ServerUnavailable, Unauthorized,
                SecurityError, TimeoutError)  # fmt: skip

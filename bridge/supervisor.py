@@ -50,6 +50,7 @@ class Event:
     kind: str
     job: str | None = None
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    worker: int = 0  # which worker of the pool (bridge.worker_pool) it came from
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -69,7 +70,13 @@ def describe_exit(returncode: int | None) -> str:
 
 
 class WorkerProcess:
-    """One child process with non-blocking message pipes."""
+    """One child process with non-blocking message pipes.
+
+    The supervisor only uses: pid, send, flush, read, eof, eof_at, fds, wake_at, poll, wait, kill,
+    close, exit_reason; `bridge.ray_backend.RayWorkerHandle` is the same thing for a Ray actor.
+    """
+
+    exit_reason: str | None = None  # why it ended, when the exit status cannot say (a Ray actor)
 
     def __init__(self, argv: tuple[str, ...], env: dict[str, str] | None) -> None:
         self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=env)
@@ -115,6 +122,21 @@ class WorkerProcess:
             messages.extend(self.buffer.feed(chunk))
         return messages
 
+    def fds(self) -> list[tuple[int, bool]]:
+        """(fd, also_wants_write) to poll: stdout (and stdin while the outbox is not empty)."""
+        if self.eof:
+            return []
+        return [(self.stdout_fd, False)] + ([(self.stdin_fd, True)] if self.outbox else [])
+
+    def wake_at(self) -> float | None:
+        return None  # everything arrives through fds()
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.proc.wait(timeout=timeout)
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
@@ -126,10 +148,16 @@ class WorkerProcess:
 
 
 class Supervisor:
-    """The worker's lifecycle. States: starting, idle, busy, restarting, stopped."""
+    """The worker's lifecycle. States: starting, idle, busy, restarting, stopped.
 
-    def __init__(self, config: SupervisorConfig) -> None:
+    `spawn(argv, env)` starts the worker: a local process by default, or a Ray actor
+    (`bridge.ray_backend`); `name` labels it in logs and health answers (e.g. "cuda:1").
+    """
+
+    def __init__(self, config: SupervisorConfig, spawn: Any = None, name: str = "worker") -> None:
         self.config = config
+        self.spawn = spawn or WorkerProcess
+        self.name = name
         self.state = "stopped"
         self.worker: WorkerProcess | None = None
         self.info: dict[str, Any] = {}  # the worker's `ready` message
@@ -157,10 +185,11 @@ class Supervisor:
             return
         try:
             worker.send({"type": "shutdown"})
-            worker.proc.wait(timeout=timeout)
+            worker.wait(timeout=timeout)
         except (subprocess.TimeoutExpired, OSError):
             worker.kill()
-            worker.proc.wait(timeout=timeout)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.wait(timeout=timeout)
         worker.close()
 
     def run_job(self, job: str, message: dict[str, Any]) -> None:
@@ -188,9 +217,9 @@ class Supervisor:
 
     def fds(self) -> list[tuple[int, bool]]:
         """(fd, also_wants_write) to poll: the worker's stdout (and stdin while its outbox is full)."""
-        if self.worker is None or self.worker.eof:
+        if self.worker is None:
             return []
-        return [(self.worker.stdout_fd, False)] + ([(self.worker.stdin_fd, True)] if self.worker.outbox else [])
+        return self.worker.fds()
 
     def on_io(self) -> list[Event]:
         worker = self.worker
@@ -201,7 +230,7 @@ class Supervisor:
         try:
             messages = worker.read()
         except wp.WorkerProtocolError as exc:
-            log.error("worker %d wrote garbage on its protocol pipe (%s); killing it", worker.pid, exc)
+            log.error("worker %s wrote garbage on its protocol pipe (%s); killing it", worker.pid, exc)
             self._dying_reason = f"worker wrote an invalid message ({exc})"
             worker.kill()
             messages = []
@@ -218,6 +247,9 @@ class Supervisor:
         if self._cancel_deadline is not None:
             deadlines.append(self._cancel_deadline)
         if self.worker is not None:
+            wake = self.worker.wake_at()
+            if wake is not None:
+                deadlines.append(wake)
             if self.worker.eof:
                 deadlines.append(time.monotonic() + 0.05)  # poll for its exit
             elif self.state == "starting":
@@ -245,27 +277,26 @@ class Supervisor:
             self._kill(f"job made no progress for {self.config.stall_timeout_s:.0f} s; worker restarted")
         elif self._cancel_deadline is not None and now >= self._cancel_deadline:
             self._kill(f"worker did not stop within {self.config.cancel_grace_s:.0f} s of the cancel")
-        returncode = worker.proc.poll()
+        returncode = worker.poll()
         if returncode is None and worker.eof and now - (worker.eof_at or now) > EXIT_GRACE_S:
             worker.kill()
-            returncode = worker.proc.wait()
+            returncode = worker.wait()
         if returncode is not None:
-            if not worker.eof:
-                events.extend(self.on_io())  # read what it wrote before it died
+            events.extend(self.on_io())  # read what it wrote before it died
             events.extend(self._on_exit(returncode))
         return events
 
     # -- internals -----------------------------------------------------------------------
 
     def _spawn(self) -> None:
-        self.worker = WorkerProcess(self.config.argv, self.config.env)
+        self.worker = self.spawn(self.config.argv, self.config.env)
         self.state, self.info = "starting", {}
         self._started_at = self._last_heard = time.monotonic()
         self._dying_reason = None
-        log.info("worker started: pid %d: %s", self.worker.pid, " ".join(self.config.argv))
+        log.info("worker %s started: pid %s: %s", self.name, self.worker.pid, " ".join(self.config.argv))
 
     def _kill(self, reason: str) -> None:
-        log.warning("killing worker %d: %s", self.worker.pid, reason)
+        log.warning("killing worker %s (pid %s): %s", self.name, self.worker.pid, reason)
         self._dying_reason = reason
         self.worker.kill()
 
@@ -273,11 +304,11 @@ class Supervisor:
         kind = message.get("type")
         if kind == "ready" and self.state == "starting":
             self.state, self.info, self.start_failures = "idle", message, 0
-            log.info("worker %d ready: %s", self.worker.pid, {k: v for k, v in message.items() if k != "type"})
+            log.info("worker %s ready: %s", self.name, {k: v for k, v in message.items() if k != "type"})
             return [Event("ready", data=message)]
         if kind == "fatal":
             self.last_fatal = f"{message.get('code', 'fatal')}: {message.get('message', '')}"
-            log.error("worker %d cannot start: %s", self.worker.pid, self.last_fatal)
+            log.error("worker %s cannot start: %s", self.name, self.last_fatal)
             return []
         if kind == "health":
             health_id = str(message.get("id"))
@@ -300,7 +331,7 @@ class Supervisor:
         worker = self.worker
         worker.close()
         self.worker = None
-        reason = self._dying_reason or describe_exit(returncode)
+        reason = self._dying_reason or worker.exit_reason or describe_exit(returncode)
         self.last_exit = reason
         events: list[Event] = []
         for health_id in list(self._health_deadlines):
@@ -311,19 +342,19 @@ class Supervisor:
             if self._dying_reason and "no progress" in self._dying_reason:
                 code = "stalled"
             events.append(Event("error", self.job, {"code": code, "message": reason}))
-            log.error("worker %d died during job %s: %s", worker.pid, self.job, reason)
+            log.error("worker %s (pid %s) died during job %s: %s", self.name, worker.pid, self.job, reason)
             delay = self.config.restart_backoff_s[0]
         elif self.state == "starting":
             self.start_failures += 1
             detail = f"{self.last_fatal} ({reason})" if self.last_fatal else reason
             self.last_exit = detail
-            log.error("worker %d failed to start (%d in a row): %s", worker.pid, self.start_failures, detail)
+            log.error("worker %s failed to start (%d in a row): %s", self.name, self.start_failures, detail)
             if self.start_failures >= self.config.max_start_failures:
                 events.append(Event("unavailable", data={"message": f"worker cannot start: {detail}"}))
             low, high = self.config.restart_backoff_s
             delay = min(high, low * 2 ** (self.start_failures - 1))
         else:
-            log.error("worker %d died while idle: %s", worker.pid, reason)
+            log.error("worker %s (pid %s) died while idle: %s", self.name, worker.pid, reason)
             delay = self.config.restart_backoff_s[0]
         self.job, self._cancel_deadline, self.last_fatal = None, None, None
         self.state = "restarting"
@@ -333,6 +364,7 @@ class Supervisor:
 
     def status(self) -> dict[str, Any]:
         return {
+            "name": self.name,
             "state": self.state,
             "pid": self.worker.pid if self.worker else None,
             "job": self.job,

@@ -3,8 +3,10 @@
 `lingbot-isaac compare EPISODE_DIR ROLLOUT_MP4 --out DIR` writes DIR/report.html (self-contained),
 DIR/report.json (every number) and DIR/side_by_side.mp4. Several episodes at once:
 `--pair EPISODE_DIR ROLLOUT_MP4` (repeatable) writes one sub-folder per episode plus
-DIR/summary.html and DIR/summary.json. Rollout frame i is compared with sim frame i and pose i
-(both 16 fps); see docs/comparison.md.
+DIR/summary.html and DIR/summary.json. A whole dataset: `--dataset DATASET_DIR` compares every
+episode folder under it that has a rollout.mp4 (as `lingbot-isaac replay` leaves them) and writes
+DIR/dataset.html and DIR/dataset.json (every episode worst first, distributions, totals). Rollout
+frame i is compared with sim frame i and pose i (both 16 fps); see docs/comparison.md.
 """
 
 from __future__ import annotations
@@ -36,7 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pair", nargs=2, action="append", metavar=("EPISODE_DIR", "ROLLOUT_MP4"),
                         default=[], help="one more episode and its rollout (repeatable); with several, "
                         "a summary is written")
+    parser.add_argument("--dataset", type=Path, default=None, metavar="DATASET_DIR",
+                        help="compare every episode folder with a rollout.mp4 under DATASET_DIR and write "
+                        "one dataset report (dataset.html, dataset.json)")
     parser.add_argument("--out", type=Path, default=Path("out/compare"), help="output folder")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--model", default=None,
                         help="what generated the rollout, for a rollout without its provenance record "
                         "(rollout.json beside it); default: the record's model")
@@ -93,6 +99,8 @@ def _unique_names(pairs: list[tuple[Path, Path]]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dataset is not None:
+        return run_dataset(args)
     pairs = _pairs(args)
     settings = _settings(args.settings)
     tiny = args.tiny or args.model == "tiny"
@@ -114,4 +122,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"summary: {summary}")
     if noise:  # the rollout's provenance record says random weights, or --tiny / --model tiny
         print(f"note: {TINY_NOTE}")
+    return 0
+
+
+def run_dataset(args: argparse.Namespace) -> int:
+    from comparison.dataset_report import compare_dataset
+
+    if args.episode is not None or args.rollout is not None or args.pair:
+        raise CompareUsageError("--dataset compares every episode under its folder: give no EPISODE_DIR, "
+                                "ROLLOUT_MP4 or --pair with it")
+    estimator = EstimatorConfig(max_features=args.max_features, ratio=args.ratio,
+                                ransac_threshold_px=args.ransac_threshold_px)
+    tiny = True if (args.tiny or args.model == "tiny") else None  # None: each rollout's rollout.json says
+    html_path = compare_dataset(args.dataset, args.out, model=args.model, tiny_model=tiny, estimator=estimator,
+                                progress=not args.no_progress)
+    print(f"dataset report: {html_path}")
+    print(f"json:           {html_path.with_name('dataset.json')}")
     return 0

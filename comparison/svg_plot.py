@@ -121,3 +121,56 @@ def line_plot(series: list[Series], title: str, x_label: str, y_label: str, elem
         legend_x += 6.5 * len(s.label) + 34  # a rough text width: the legend is one row
     parts.append("</svg>")
     return "".join(parts)
+
+
+def histogram(values: list[float | None], title: str, x_label: str, element_id: str, bins: int = 12,
+              width: int = 420, height: int = 220, color: str = PALETTE[0]) -> str:
+    """An <svg> histogram of the finite values (None/NaN/inf are left out and counted in the title)."""
+    finite = [v for v in values if _finite(v)]
+    missing = len(values) - len(finite)
+    if missing:
+        title = f"{title} ({missing} without a value)"
+    left, right, top, bottom = 44, 12, 30, 40
+    plot_w, plot_h = width - left - right, height - top - bottom
+    parts = [
+        f'<svg id="{escape(element_id)}" class="plot histogram" xmlns="http://www.w3.org/2000/svg" '
+        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{escape(title)}">',
+        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
+        f'<text x="{left}" y="16" font-size="13" font-weight="bold">{escape(title)}</text>',
+    ]
+    if not finite:
+        parts.append(f'<text x="{left + 10}" y="{top + plot_h / 2}" font-size="13" fill="#888">no data</text></svg>')
+        return "".join(parts)
+    low, high = min(finite), max(finite)
+    if high == low:
+        low, high = low - 0.5, high + 0.5
+    step = (high - low) / bins
+    counts = [0] * bins
+    for v in finite:
+        counts[min(bins - 1, int((v - low) / step))] += 1
+    y_ticks = _nice_ticks(0, max(counts), 4)
+    y_hi = y_ticks[-1]
+    for tick in y_ticks:
+        y = top + plot_h - tick / y_hi * plot_h
+        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#e5e5e5"/>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{_format(tick)}</text>')
+    bar_w = plot_w / bins
+    for index, count in enumerate(counts):
+        if count:
+            bar_h = count / y_hi * plot_h
+            x0 = low + index * step
+            parts.append(
+                f'<rect class="bar" x="{left + index * bar_w + 1:.1f}" y="{top + plot_h - bar_h:.1f}" '
+                f'width="{bar_w - 2:.1f}" height="{bar_h:.1f}" fill="{color}">'
+                f"<title>{_format(x0)} to {_format(x0 + step)}: {count}</title></rect>"
+            )
+    for tick in _nice_ticks(low, high, 5):
+        if low <= tick <= high:
+            x = left + (tick - low) / (high - low) * plot_w
+            parts.append(f'<text x="{x:.1f}" y="{top + plot_h + 15}" font-size="11" text-anchor="middle">'
+                         f"{_format(tick)}</text>")
+    parts.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>')
+    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 6}" font-size="12" text-anchor="middle">'
+                 f"{escape(x_label)}</text></svg>")
+    return "".join(parts)

@@ -95,7 +95,7 @@ def _wait_healthy(client, server: subprocess.Popen, log_path: Path, timeout: flo
 def run(args: argparse.Namespace) -> int:
     from bridge.client import Client
     from comparison.report import compare_episode
-    from lingbot_isaac.episode import read_episode
+    from contracts.episode import read_episode
     from lingbot_isaac.replay import generate, job_settings, write_result
 
     if not (args.episode / "poses.npy").exists():

@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("worldgen.generate_cli", "image + prompt + camera poses -> video (no server)"),
     "serve": ("bridge.serve_cli", "run the ZeroMQ generation server"),
     "submit": ("bridge.submit_cli", "send one episode folder to a server and save the rollout mp4"),
-    "replay": ("lingbot_isaac.replay", "send recorded episodes / USD / HDF5 trajectories to a server"),
+    "replay": ("lingbot_cli.replay", "send recorded episodes / USD / HDF5 trajectories to a server"),
     "compare": ("comparison.compare_cli", "sim frames vs world-model rollout: side-by-side video and report"),
     "quantize": ("worldgen.quantize_cli", "convert the original bf16 release into the NF4 layout"),
     "keys": ("bridge.keys", "create CurveZMQ key pairs for non-loopback servers"),

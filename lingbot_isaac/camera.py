@@ -12,9 +12,11 @@ USD and what LingBot-World expects (each a source of silent errors):
   matter, so they need no conversion.
 - Scale: parents may scale the camera. A uniform scale does not change what the camera sees, so
   it is removed from the rotation; a non-uniform one would distort the frustum and is refused.
-- Intrinsics: `lens.pinhole_intrinsics` (fx = W f / hA, fy = H f / vA, cx = W/2 - W ox / hA,
-  cy = H/2 + H oy / vA). RTX renders square pixels; if vA / hA differs from H / W the renderer's
-  image does not follow fy, so we warn (`NonSquarePixelWarning`).
+- Intrinsics: `lens.pinhole_intrinsics`, Isaac's square pixels from the horizontal aperture
+  (fx = fy = W f / hA, cx = W/2 - W ox / hA, cy = H/2 + W oy / hA); a vertical aperture whose
+  aspect differs from the image's is ignored, with a `NonSquarePixelWarning`.
+- Time: a stage is sampled where the episode needs it (`sample_camera(..., time_codes=...)`) and
+  USD evaluates every attribute there, so sparse keys on a parent's rotation give USD's arc.
 """
 
 from __future__ import annotations
@@ -170,17 +172,25 @@ def set_camera_intrinsics(
     focal_length: float = 24.0,
     time: Usd.TimeCode | float = DEFAULT_TIME,
 ) -> None:
-    """Author focalLength, apertures and offsets so that `camera_intrinsics` gives `intrinsics` back."""
+    """Author focalLength, apertures and offsets so that `camera_intrinsics` gives `intrinsics` back.
+
+    Square pixels: fy must equal fx (within 1e-3) and reads back as fx.
+    """
     fx, fy, cx, cy = (float(v) for v in intrinsics)
+    if abs(fx / fy - 1) > 1e-3:  # the LingBot examples' own fx, fy differ by 4e-4
+        raise CameraError(
+            f"{camera.GetPath()}: fx {fx:g} != fy {fy:g}; Isaac renders square pixels (fx = fy), so a USD "
+            "camera cannot have these intrinsics"
+        )
     h_ap = width * focal_length / fx
-    v_ap = height * focal_length / fy
+    v_ap = h_ap * height / width  # square pixels
     time = Usd.TimeCode(time)
     camera.GetProjectionAttr().Set(UsdGeom.Tokens.perspective)
     camera.GetFocalLengthAttr().Set(focal_length, time)
     camera.GetHorizontalApertureAttr().Set(h_ap, time)
     camera.GetVerticalApertureAttr().Set(v_ap, time)
     camera.GetHorizontalApertureOffsetAttr().Set((width / 2 - cx) * h_ap / width, time)
-    camera.GetVerticalApertureOffsetAttr().Set((cy - height / 2) * v_ap / height, time)
+    camera.GetVerticalApertureOffsetAttr().Set((cy - height / 2) * h_ap / width, time)
 
 
 def camera_time_codes(stage: Usd.Stage, prim: Usd.Prim) -> np.ndarray:

@@ -4,10 +4,18 @@ No pxr here, so HDF5 readers (which store the lens as numbers) share the formula
 `camera.py`. Focal length and apertures only enter as ratios, so their unit (tenths of a stage
 unit, i.e. millimetres on a centimetre stage) does not matter.
 
-    fx = W f / hA,   fy = H f / vA,   cx = W/2 - W ox / hA,   cy = H/2 + H oy / vA
+    fx = fy = W f / hA,   cx = W/2 - W ox / hA,   cy = H/2 + W oy / hA
+
+Square pixels from the horizontal aperture: Isaac Sim's RTX renderer fits the horizontal aperture
+to the image width and takes the vertical field of view from the image's aspect ratio; the
+vertical aperture does not change the picture (Isaac Lab 2.x's `Camera._update_intrinsic_matrices`
+sets f_y = f_x for this reason, and Isaac Lab 3.x spawns cameras with vA = hA H / W). So a
+36 x 24 mm aperture rendered at 832 x 480 has fx = fy = 832 f / 36; the vertical aperture only
+triggers a warning when its aspect differs from the image's (`NonSquarePixelWarning`).
 
 A positive horizontal offset moves the film window right (+X), so the optical axis lands left
-of the image centre; a positive vertical offset moves it up (+Y in USD, -y in the image).
+of the image centre; a positive vertical offset moves it up (+Y in USD, -y in the image). Offsets
+are in the same film units as the apertures, so both use the one pixel size W / hA.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ class LensError(CameraError):
 
 
 class NonSquarePixelWarning(UserWarning):
-    """The apertures' aspect ratio differs from the render resolution's."""
+    """The apertures' aspect ratio differs from the render resolution's (the vertical one is ignored)."""
 
 
 def pinhole_intrinsics(
@@ -63,17 +71,19 @@ def pinhole_intrinsics(
             raise LensError(f"{where}: {name} must be a positive number (got {first}...)")
     if not (np.all(np.isfinite(h_off)) and np.all(np.isfinite(v_off))):
         raise LensError(f"{where}: aperture offsets must be finite")
-    fx = width * f / h_ap
-    fy = height * f / v_ap
-    cx = width / 2 - width * h_off / h_ap
-    cy = height / 2 + height * v_off / v_ap
-    ratio = np.max(np.abs(fx / fy - 1))
-    if ratio > SQUARE_PIXEL_TOLERANCE:
+    pixels_per_unit = width / h_ap  # one pixel size for both axes: square pixels
+    fx = f * pixels_per_unit
+    fy = fx.copy()
+    cx = width / 2 - h_off * pixels_per_unit
+    cy = height / 2 + v_off * pixels_per_unit
+    mismatch = np.max(np.abs((v_ap / h_ap) / (height / width) - 1))
+    if mismatch > SQUARE_PIXEL_TOLERANCE:
         h0, v0 = float(np.ravel(h_ap)[0]), float(np.ravel(v_ap)[0])
         warnings.warn(
             f"{where}: apertures {h0:g} x {v0:g} have aspect {v0 / h0:.4f} but the image is {width}x{height} "
-            f"({height / width:.4f}): fx != fy (non-square pixels). RTX renders square pixels from the "
-            f"horizontal aperture; set the vertical aperture to {h0 * height / width:g}.",
+            f"({height / width:.4f}). Isaac Sim renders square pixels from the horizontal aperture, so the "
+            f"vertical aperture is ignored (the image sees {h0 * height / width:g} of it vertically); set "
+            f"the vertical aperture to {h0 * height / width:g} to make the stage say what is rendered.",
             NonSquarePixelWarning,
             stacklevel=2,
         )

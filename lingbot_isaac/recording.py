@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from lingbot_isaac.episode import EpisodeError, EpisodeMeta, write_episode
+from contracts.episode import EpisodeError, EpisodeMeta, write_episode
 from lingbot_isaac.resample import EPISODE_FPS, ResampleError, resample_trajectory
 
 

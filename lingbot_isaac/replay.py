@@ -8,15 +8,24 @@ camera poses (see `docs/isaac-sim.md`). Files are first exported to episode fold
 `rollout.mp4` plus `rollout.json`, its provenance record (model, checkpoint, every setting used,
 versions, timings, the job: `contracts.provenance`), in the episode folder.
 
+Datasets: `--demos all|0-99|3,7,10-19|successful` picks demos of an Isaac Lab file. Many episodes
+go through the server in a bounded window (never more in flight than the server takes; a `busy`
+answer means wait, not fail) under one progress bar. Rerunning the same command resumes: finished
+episodes (a `rollout.mp4`) are skipped, jobs still on the server (`rollout.pending.json`) are
+followed again, and the rest are submitted.
+
 Never imports torch: generation happens in the server (`lingbot-isaac serve`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,12 +33,12 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from bridge.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
+from contracts.episode import EpisodeError, read_episode
 from contracts.provenance import sidecar_path, with_job, write_record
-from lingbot_isaac.episode import EpisodeError, read_episode
+from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
 from lingbot_isaac.lens import CameraError
 from lingbot_isaac.recording import write_recording_episode
-from lingbot_isaac.sources import SourceOptions, TrajectorySource, open_source
+from lingbot_isaac.sources import SourceOptions, TrajectorySource, kind_of, open_source
 from lingbot_isaac.sources.isaaclab_hdf5 import QUAT_ORDERS
 
 if sys.version_info >= (3, 11):
@@ -41,6 +50,8 @@ ISAAC_CONFIG = Path(__file__).resolve().parent.parent / "config" / "isaac.toml"
 
 RESULT_VIDEO = "rollout.mp4"
 RESULT_INFO = "rollout.json"
+PENDING = "rollout.pending.json"  # {job, server}: submitted, no result yet (a rerun follows it again)
+BUSY_BACKOFF_S = (0.5, 8.0)  # first and longest wait after a `busy` answer
 
 
 class ReplayError(ValueError):
@@ -64,8 +75,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--server", default="tcp://127.0.0.1:5570", help="the generation server's endpoint")
     parser.add_argument("--out", type=Path, help="write result folders here instead of beside the sources")
-    parser.add_argument("--overwrite", action="store_true", help="replace existing results and exports")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace existing results and exports (default: resume, skip finished)"
+    )
     parser.add_argument("--export-only", action="store_true", help="write the episode folders, send nothing")
+    parser.add_argument(
+        "--demos",
+        default="all",
+        help="Isaac Lab HDF5: which demos: all, successful (attribute success), or indices like 0-99 or 3,7,10-19",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="most jobs in flight at once (default and cap: what the server takes from one client, "
+        "its per-client queue plus its workers)",
+    )
     source = parser.add_argument_group("files without a first frame or prompt (USD, HDF5)")
     source.add_argument("--image", type=Path, help="first frame (png/jpg); its size is the render resolution")
     source.add_argument("--prompt", help="text prompt (or --prompt-file)")
@@ -182,8 +207,22 @@ def _result_dir(source: TrajectorySource, out: Path | None, file_sources: int) -
     return (out or source.origin.parent) / name
 
 
-def export(source: TrajectorySource, target: Path, image, prompt: str | None, overwrite: bool) -> Path:
-    """Make `target` an episode folder for `source` (copy or export); return it."""
+def _exported_from(target: Path, source: TrajectorySource) -> bool:
+    """True if `target` is a valid episode folder exported from this very source."""
+    if not (target / "episode.json").is_file():
+        return False
+    try:
+        episode = read_episode(target)
+    except EpisodeError:
+        return False
+    return episode.meta is not None and episode.meta.source == source.recording.source
+
+
+def export(
+    source: TrajectorySource, target: Path, image, prompt: str | None, overwrite: bool, resume: bool = False
+) -> Path:
+    """Make `target` an episode folder for `source` (copy or export); return it. `resume`: an
+    earlier export of the same source is kept as it is."""
     if source.episode_dir is not None:
         if target.resolve() != source.episode_dir.resolve():
             if target.exists():
@@ -197,6 +236,8 @@ def export(source: TrajectorySource, target: Path, image, prompt: str | None, ov
         return target
     if prompt is None:
         raise ReplayError(f"{source.origin}: has no prompt; pass --prompt TEXT or --prompt-file FILE")
+    if resume and not overwrite and _exported_from(target, source):
+        return target  # exported by an earlier run of this replay: resume with it
     if target.exists() and not overwrite:
         raise ReplayError(f"{target} already exists; pass --overwrite to export again")
     return write_recording_episode(source.recording, target, prompt, image=image, overwrite=overwrite)
@@ -289,7 +330,188 @@ def write_result(folder: Path, video: bytes, info: dict[str, Any], client: str =
     return target
 
 
+def parse_demos(spec: str) -> str | set[int]:
+    """`--demos`: "all", "successful", or a set of indices from "0-99" / "3,7,10-19"."""
+    spec = spec.strip().lower()
+    if spec in ("all", "successful"):
+        return spec
+    indices: set[int] = set()
+    try:
+        for part in spec.split(","):
+            low, dash, high = part.strip().partition("-")
+            first, last = int(low), int(high if dash else low)
+            if first < 0 or last < first:
+                raise ValueError
+            indices.update(range(first, last + 1))
+    except ValueError:
+        raise ReplayError(
+            f"--demos {spec!r}: expected all, successful, or indices like 0-99 or 3,7,10-19"
+        ) from None
+    return indices
+
+
+def select_demos(sources: list[TrajectorySource], spec: str | set[int], path: Path) -> list[TrajectorySource]:
+    """The demos of one Isaac Lab file that `--demos` picks (`success` is the demo attribute
+    Isaac Lab's recorder writes)."""
+    if spec == "all":
+        return sources
+    if spec == "successful":
+        import h5py
+
+        with h5py.File(path, "r") as h5:
+            ok = {name: bool(h5["data"][name].attrs.get("success", False)) for name in h5["data"]}
+        return [source for source in sources if ok.get(source.name)]
+    return [source for source in sources if source.name.startswith("demo_") and int(source.name[5:]) in spec]
+
+
+def _atomic_json(path: Path, value: dict[str, Any]) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(value, indent=1) + "\n")
+    os.replace(partial, path)
+
+
+def window_of(health: dict[str, Any], asked: int | None) -> int:
+    """Jobs in flight at once: what the server takes from one client (its per-client queue plus
+    one running job per worker), or less if asked."""
+    queue = health.get("queue") or {}
+    workers = len(health.get("workers") or [None])
+    server = min(int(queue.get("max_queue_per_client", 16)) + workers, int(queue.get("max_queue", 32)) + workers)
+    if asked is not None and asked < 1:
+        raise ReplayError("--window must be >= 1")
+    return min(asked, server) if asked else server
+
+
+class Batch:
+    """Many episodes through one client: a bounded window, `busy` backs off, results land as they come."""
+
+    def __init__(self, client, server: str, window: int, job_timeout: float | None, bar, model: str | None) -> None:
+        self.client, self.server, self.window, self.job_timeout, self.bar = client, server, window, job_timeout, bar
+        self.model = model  # what the server runs (health); rollout.json has the worker's own record
+        self.in_flight: dict[str, tuple[Path, dict[str, Any], float]] = {}  # job -> (folder, settings, t0)
+        self.jobs: dict[str, Any] = {}
+        self.last_event: dict[str, float] = {}
+        self.wake = threading.Event()
+        self.done: list[Path] = []
+        self.failed: dict[Path, str] = {}
+        self.busy_answers = 0
+
+    def _on_event(self, event) -> None:  # on the client's I/O thread
+        self.last_event[event.job] = time.monotonic()
+        from bridge.client import JobError, Result
+
+        if isinstance(event, (Result, JobError)):
+            self.wake.set()
+
+    def _follow(self, job, folder: Path, settings: dict[str, Any]) -> None:
+        self.in_flight[job.id] = (folder, settings, time.monotonic())
+        self.jobs[job.id] = job
+        self.last_event[job.id] = time.monotonic()
+
+    def resume(self, folder: Path, settings: dict[str, Any]) -> bool:
+        """Follow the job an earlier run left on the server; False if the server no longer has it."""
+        from bridge.client import RequestFailed
+
+        try:
+            pending = json.loads((folder / PENDING).read_text())
+            job = self.client.watch(str(pending["job"]), on_event=self._on_event)
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        except RequestFailed as exc:
+            if exc.code != "not_found":
+                raise
+            (folder / PENDING).unlink(missing_ok=True)
+            return False
+        self._follow(job, folder, settings)
+        return True
+
+    def run(self, todo: list[tuple[Path, dict[str, Any]]]) -> None:
+        from bridge.client import EpisodePayload, RequestFailed
+
+        todo = list(todo)
+        backoff = 0.0
+        while todo or self.in_flight:
+            while todo and len(self.in_flight) < self.window and backoff == 0.0:
+                folder, settings = todo[0]
+                try:
+                    job = self.client.submit(EpisodePayload.from_dir(folder), settings or None, on_event=self._on_event)
+                except RequestFailed as exc:
+                    if exc.code != "busy":
+                        todo.pop(0)
+                        self._fail(folder, f"{exc.code}: {exc.message}")
+                        continue
+                    self.busy_answers += 1
+                    backoff = BUSY_BACKOFF_S[0]  # the server is full: wait for a job to end, then retry
+                    break
+                todo.pop(0)
+                _atomic_json(folder / PENDING, {"job": job.id, "server": self.server})
+                self._follow(job, folder, settings)
+            self._postfix()
+            self.wake.wait(backoff or 0.5)
+            self.wake.clear()
+            finished = self._collect()
+            if backoff:
+                backoff = 0.0 if finished else min(BUSY_BACKOFF_S[1], backoff * 2)
+                if finished == 0 and not self.in_flight:
+                    backoff = 0.0  # nothing of ours holds the queue: try again now-ish
+
+    def _collect(self) -> int:
+        from bridge.client import JobError
+
+        finished = 0
+        now = time.monotonic()
+        for job_id in list(self.in_flight):
+            job = self.jobs[job_id]
+            folder, settings, started = self.in_flight[job_id]
+            if not job.done():
+                if self.job_timeout and now - self.last_event.get(job_id, now) > self.job_timeout:
+                    self.client.cancel_async(job_id)
+                    del self.in_flight[job_id]
+                    (folder / PENDING).unlink(missing_ok=True)
+                    self._fail(folder, f"no progress from job {job_id} for {self.job_timeout} s; cancelled it")
+                    finished += 1
+                continue
+            del self.in_flight[job_id]
+            finished += 1
+            outcome = job.outcome
+            if isinstance(outcome, JobError):
+                if outcome.code in ("unreachable", "closed"):
+                    self._fail(folder, f"{outcome.code}: {outcome.message}")  # the job may go on: keep PENDING
+                    continue
+                (folder / PENDING).unlink(missing_ok=True)
+                self._fail(folder, f"{outcome.code}: {outcome.message}")
+                continue
+            info = {"id": job_id, "queue_position": job.queue_position, "server_seconds": outcome.seconds,
+                    "seconds": round(time.monotonic() - started, 3), "server": self.server,
+                    "episode": str(folder), "asked": settings, "provenance": outcome.provenance}  # fmt: skip
+            for line in (outcome.provenance or {}).get("adjustments", []):  # what the engine changed, once
+                print(f"{folder.name}: {line}", file=sys.stderr)
+            print(write_result(folder, outcome.video, info), flush=True)
+            (folder / PENDING).unlink(missing_ok=True)
+            self.done.append(folder)
+            self.bar.update(1)
+        return finished
+
+    def _fail(self, folder: Path, reason: str) -> None:
+        self.failed[folder] = reason
+        self.bar.update(1)
+        print(f"{folder.name}: failed: {reason}", file=sys.stderr, flush=True)
+
+    def _postfix(self) -> None:
+        with contextlib.suppress(AttributeError):
+            self.bar.set_postfix(in_flight=len(self.in_flight), failed=len(self.failed), refresh=False)
+
+
 def run(args: argparse.Namespace) -> int:
+    episodes, overrides = prepare(args)
+    if args.export_only:
+        for folder in episodes:
+            print(folder)
+        return 0
+    return replay_episodes(args, episodes, overrides)
+
+
+def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
+    """Read and validate every source, export the episode folders; (folders, setting overrides)."""
     image = _load_image(args.image)
     resolution = _parse_resolution(args.resolution)
     if image is not None:
@@ -300,6 +522,7 @@ def run(args: argparse.Namespace) -> int:
         resolution = image.shape[:2]
     prompt = _prompt(args)
     overrides = settings_overrides(args)
+    demos = parse_demos(args.demos)
     options = SourceOptions(
         camera=args.camera,
         resolution=resolution,
@@ -314,39 +537,83 @@ def run(args: argparse.Namespace) -> int:
     sources: list[tuple[TrajectorySource, int]] = []
     for path in args.sources:
         found = open_source(path, options)
-        sources += [(source, len(found)) for source in found]
-    plan = []
-    for source, siblings in sources:
-        target = _result_dir(source, args.out, siblings)
-        if not args.export_only and (target / RESULT_VIDEO).exists() and not args.overwrite:
-            raise ReplayError(
-                f"{target / RESULT_VIDEO} already exists; pass --overwrite to generate it again"
-            )
-        plan.append((source, target))
+        siblings = len(found)
+        if kind_of(path) == "isaaclab-hdf5":
+            found = select_demos(found, demos, path)
+        sources += [(source, siblings) for source in found]
+    if not sources:
+        raise ReplayError(f"--demos {args.demos}: no demo of {', '.join(map(str, args.sources))} matches")
+    plan = [(source, _result_dir(source, args.out, siblings)) for source, siblings in sources]
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-    episodes = [export(source, target, image, prompt, args.overwrite) for source, target in plan]
-    if args.export_only:
-        for folder in episodes:
-            print(folder)
-        return 0
+    resume = not args.export_only
+    episodes = [export(source, target, image, prompt, args.overwrite, resume) for source, target in plan]
+    return episodes, overrides
 
+
+def replay_episodes(args: argparse.Namespace, episodes: list[Path], overrides: dict[str, Any]) -> int:
+    """Send every unfinished episode through the server; 0 if all have a rollout in the end."""
     from bridge.client import Client, ServerUnavailable
     from bridge.reach import check_listening, explain_no_answer
 
+    finished = [f for f in episodes if (f / RESULT_VIDEO).is_file() and not args.overwrite]
+    todo = []
+    for folder in episodes:
+        if folder in finished:
+            continue
+        episode = read_episode(folder)
+        todo.append((folder, job_settings(episode.meta.generation if episode.meta else None, overrides)))
+    if finished:
+        print(f"{len(finished)} of {len(episodes)} episode(s) already have {RESULT_VIDEO}: skipped "
+              "(--overwrite generates them again)", file=sys.stderr)  # fmt: skip
+    if not todo:
+        return 0
     check_listening(args.server)  # a closed port is said at once, with how to start a server
     with Client(args.server, timeout=args.timeout) as client:
         try:
-            client.health()  # before any upload
+            health = client.health()  # before any upload
         except ServerUnavailable as exc:
             raise explain_no_answer(args.server, exc) from None
-        for index, folder in enumerate(episodes, 1):
-            episode = read_episode(folder)
-            settings = job_settings(episode.meta.generation if episode.meta else None, overrides)
-            label = f"[{index}/{len(episodes)}] {folder.name}"
-            video, info = generate(client, folder, settings, label, not args.no_progress, args.job_timeout)
-            info.update({"server": args.server, "episode": str(folder), "asked": settings})
-            for line in (info["provenance"] or {}).get("adjustments", []):
-                print(f"{label}: {line}", file=sys.stderr)
-            print(write_result(folder, video, info))
+        window = window_of(health, args.window)
+        bar = _dataset_bar(len(episodes), len(finished), not args.no_progress)
+        batch = Batch(client, args.server, window, args.job_timeout, bar, (health.get("model") or {}).get("model"))
+        try:
+            fresh = [(f, s) for f, s in todo if not ((f / PENDING).is_file() and batch.resume(f, s))]
+            batch.run(fresh)
+        except KeyboardInterrupt:
+            print(f"interrupted: {len(batch.in_flight)} job(s) go on on the server; run the same command "
+                  "again to collect them", file=sys.stderr)  # fmt: skip
+            raise
+        finally:
+            bar.close()
+    if batch.busy_answers:
+        print(f"the server was busy {batch.busy_answers} time(s): waited and sent again", file=sys.stderr)
+    if batch.failed:
+        print(f"{len(batch.failed)} of {len(episodes)} episode(s) failed (run again to retry them):",
+              file=sys.stderr)  # fmt: skip
+        for folder, reason in batch.failed.items():
+            print(f"  {folder}: {reason}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _dataset_bar(total: int, initial: int, enabled: bool):
+    """One bar over the dataset (episodes), or a stand-in with the same methods."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    if tqdm is None or not enabled:
+        return _NoBar()
+    return tqdm(total=total, initial=initial, unit="episode", desc="replay", file=sys.stderr)
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -39,7 +39,7 @@ class SessionSettings:
     compare: bool = True  # build the sim-vs-rollout report when sim frames exist
 
     def generation(self) -> dict[str, Any]:
-        from bridge.settings import GenerationSettings, load_settings
+        from contracts.settings import GenerationSettings, load_settings
 
         settings: dict[str, Any] = load_settings(preset=self.preset).to_dict() if self.preset else {}
         flags = {"frame_num": self.frame_num, "steps": self.steps, "seed": self.seed}
@@ -185,7 +185,7 @@ class Session:
 
     def _generate(self, episode: Path, client_factory: Callable[[], Any] | None) -> None:
         from bridge.client import Client, EpisodePayload, JobError, Progress
-        from lingbot_isaac.episode import read_episode
+        from contracts.episode import read_episode
         from lingbot_isaac.replay import job_settings, write_result
 
         try:
@@ -236,7 +236,7 @@ class Session:
 
     def _compare(self, episode: Path, rollout: Path) -> Path | None:
         """The comparison report, when sim frames exist and the comparison package is installed."""
-        from lingbot_isaac.episode import read_episode
+        from contracts.episode import read_episode
 
         if not self.settings.compare or read_episode(episode).sim_frames_path is None:
             return None

@@ -106,7 +106,7 @@ def record_and_generate(simulation_app, args: argparse.Namespace) -> int:
 
 def generate(episode: Path, args: argparse.Namespace) -> int:
     from bridge.client import Client
-    from lingbot_isaac.episode import read_episode
+    from contracts.episode import read_episode
     from lingbot_isaac.replay import generate as send
     from lingbot_isaac.replay import job_settings, settings_overrides, write_result
 

@@ -25,8 +25,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from contracts.episode import read_episode  # noqa: E402
+from contracts.model_frame import from_model_intrinsics  # noqa: E402
 from lingbot_isaac.camera import numpy_to_gf, opencv_to_usd_local_to_world  # noqa: E402
-from lingbot_isaac.episode import read_episode, source_intrinsics  # noqa: E402
 from lingbot_isaac.recording import write_recording_episode  # noqa: E402
 from lingbot_isaac.room_render import BOXES, ROOM_MAX, ROOM_MIN, look_at, render_room  # noqa: E402
 from lingbot_isaac.sources.usd_stage import read_usd_stage  # noqa: E402
@@ -111,7 +112,7 @@ def build(out: Path, sim_video: bool = True) -> Path:
 
             # Render from the poses exactly as stored (float32), then write the episode again with them.
             episode = read_episode(staging)
-            k = source_intrinsics(episode.intrinsics[0], HEIGHT, WIDTH)
+            k = from_model_intrinsics(episode.intrinsics[0], HEIGHT, WIDTH)
             frames = (render_room(pose.astype(np.float64), tuple(k), HEIGHT, WIDTH) for pose in episode.poses)
             video = write_mp4(Path(tmp) / "sim.mp4", frames, fps=episode.meta.fps)
             write_recording_episode(recording, staging, PROMPT, image=first, sim_frames=video, overwrite=True)

@@ -2,8 +2,8 @@
 
 An action is N camera-to-world 4x4 matrices (OpenCV axes: x right, y down, z forward; any unit)
 and intrinsics `fx, fy, cx, cy` in pixels of a 480x832 (h x w) frame, one row per pose or a single
-row; only row 0 is used. `load_action` / `validate_action` check all of it and raise
-`InputError` naming the file or field and the fix.
+row; only row 0 is used. `load_action` / `validate_action` check all of it with the one episode
+validator (`contracts.episode`) and raise `InputError` naming the file or field and the fix.
 
 `camera_conditioning` turns an action into what the DiT consumes, as the reference does:
 1. take the first F poses and resample them to the latent frame rate (indices
@@ -21,7 +21,6 @@ Needs no model; the result is float32 on the CPU (cast and move it where the DiT
 
 from __future__ import annotations
 
-import pickle
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,21 +30,12 @@ import torch
 from scipy.interpolate import interp1d
 from scipy.spatial.transform import Rotation, Slerp
 
+from contracts import episode
+from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH
 from worldgen.errors import InputError
 
-# The frame the intrinsics are expressed in (LingBot's training resolution).
-INTRINSICS_HEIGHT = 480
-INTRINSICS_WIDTH = 832
-MIN_POSES = 5  # 5 frames = 2 latent frames, the shortest video with any camera motion
 PATCH = 8  # VAE spatial stride: one latent pixel per 8x8 block of Plücker rays
 TEMPORAL_STRIDE = 4  # VAE temporal stride: frame counts are 4n+1
-ROTATION_TOLERANCE = 1e-3  # max |R^T R - I| accepted (float32 poses written by tools are ~1e-6)
-
-_POSES_FIX = "poses must be [N,4,4] float camera-to-world matrices (OpenCV axes: x right, y down, z forward)"
-_INTRINSICS_FIX = (
-    "intrinsics must be [N,4] (or [4]) float fx, fy, cx, cy in pixels of a 480x832 frame "
-    "(rescale x by 832/W and y by 480/H)"
-)
 
 
 @dataclass(frozen=True)
@@ -62,34 +52,16 @@ class CameraCondition:
 
 
 def load_action(action_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """Read and validate `poses.npy` and `intrinsics.npy` of an action folder.
+    """Read and validate `poses.npy` and `intrinsics.npy` of an action folder (`contracts.episode`'s
+    rules, at least GENERATE_MIN_POSES poses).
 
     Returns (poses [N,4,4] float32, intrinsics [N,4] or [1,4] float32).
     """
-    action_dir = Path(action_dir)
-    poses = _load_npy(action_dir / "poses.npy", "[N,4,4] camera-to-world matrices")
-    intrinsics = _load_npy(action_dir / "intrinsics.npy", "[N,4] fx, fy, cx, cy for a 480x832 frame")
-    return validate_action(
-        poses, intrinsics, source=str(action_dir), poses_name="poses.npy", intrinsics_name="intrinsics.npy"
-    )
-
-
-def _load_npy(path: Path, what: str) -> np.ndarray:
-    if not path.is_file():
-        raise InputError(
-            f"{path}: file not found; the action folder needs {path.name} with {what} (save it with numpy.save)"
-        )
     try:
-        array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, pickle.UnpicklingError) as error:
-        raise InputError(
-            f"{path}: not a readable .npy array ({error}); write {what} with "
-            "numpy.save(path, array.astype(numpy.float32))"
-        ) from error
-    if not isinstance(array, np.ndarray):  # an .npz archive renamed to .npy
-        array.close()
-        raise InputError(f"{path}: holds an .npz archive, not one array; write {what} with numpy.save")
-    return array
+        poses, intrinsics = episode.load_action(action_dir, min_poses=episode.GENERATE_MIN_POSES)
+    except episode.EpisodeError as exc:
+        raise InputError(str(exc)) from None
+    return poses.astype(np.float32), intrinsics.astype(np.float32)
 
 
 def validate_action(
@@ -100,74 +72,24 @@ def validate_action(
     poses_name: str = "poses",
     intrinsics_name: str = "intrinsics",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Check camera poses and intrinsics; return them as float32 (intrinsics as [N,4] or [1,4]).
+    """Check camera poses and intrinsics (`contracts.episode.check_action`, at least
+    GENERATE_MIN_POSES poses); return them as float32 copies (intrinsics as [N,4] or [1,4]).
 
-    Messages read "{source}: {poses_name} ..." so they name where the arrays came from.
-    Raises `InputError` on: poses not [N,4,4], fewer than 5, non-finite, last row not [0,0,0,1],
-    rotation not orthonormal and right-handed; intrinsics not [N,4] or [4], non-finite,
-    non-positive focal lengths, or a row count other than 1 or N.
+    Messages read "{source}: {poses_name} ..." so they name where the arrays came from; raises
+    `InputError`.
     """
-    where = f"{source}: {poses_name}"
-    poses = _as_float_array(poses, where, _POSES_FIX)
-    if poses.ndim != 3 or poses.shape[1:] != (4, 4):
-        raise InputError(f"{where} has shape {list(poses.shape)}; {_POSES_FIX}")
-    n = poses.shape[0]
-    if n < MIN_POSES:
-        raise InputError(
-            f"{where} has {n} poses; at least {MIN_POSES} are needed (a video of F frames uses F poses, F = 4n+1)"
+    try:
+        poses, intrinsics = episode.check_action(
+            poses,
+            intrinsics,
+            where=source,
+            min_poses=episode.GENERATE_MIN_POSES,
+            poses_name=poses_name,
+            intrinsics_name=intrinsics_name,
         )
-    bad = np.flatnonzero(~np.isfinite(poses).all(axis=(1, 2)))
-    if bad.size:
-        raise InputError(f"{where}: pose {bad[0]} has NaN or infinite values; {_POSES_FIX}")
-    bad = np.flatnonzero(np.abs(poses[:, 3, :] - np.array([0, 0, 0, 1], np.float32)).max(axis=1) > 1e-5)
-    if bad.size:
-        raise InputError(
-            f"{where}: pose {bad[0]} has last row {poses[bad[0], 3].tolist()}, expected [0, 0, 0, 1]; {_POSES_FIX}"
-        )
-    rotations = poses[:, :3, :3].astype(np.float64)
-    gram_error = np.abs(np.einsum("nji,njk->nik", rotations, rotations) - np.eye(3)).max(axis=(1, 2))
-    bad = np.flatnonzero(gram_error > ROTATION_TOLERANCE)
-    if bad.size:
-        raise InputError(
-            f"{where}: the rotation of pose {bad[0]} is not orthonormal "
-            f"(max |R^T R - I| = {gram_error[bad[0]]:.2g} > {ROTATION_TOLERANCE}); "
-            "the upper-left 3x3 must be a pure rotation (no scale or shear)"
-        )
-    bad = np.flatnonzero(np.linalg.det(rotations) < 0)
-    if bad.size:
-        raise InputError(
-            f"{where}: the rotation of pose {bad[0]} is a reflection (det < 0); "
-            "convert the poses to right-handed OpenCV axes (x right, y down, z forward)"
-        )
-
-    where = f"{source}: {intrinsics_name}"
-    intrinsics = _as_float_array(intrinsics, where, _INTRINSICS_FIX)
-    if intrinsics.shape == (4,):
-        intrinsics = intrinsics[None, :]
-    if intrinsics.ndim != 2 or intrinsics.shape[1] != 4:
-        raise InputError(f"{where} has shape {list(intrinsics.shape)}; {_INTRINSICS_FIX}")
-    if intrinsics.shape[0] not in (1, n):
-        raise InputError(
-            f"{where} has {intrinsics.shape[0]} rows but {poses_name} has {n} poses; "
-            "give one row per pose or a single row"
-        )
-    bad = np.flatnonzero(~np.isfinite(intrinsics).all(axis=1))
-    if bad.size:
-        raise InputError(f"{where}: row {bad[0]} has NaN or infinite values; {_INTRINSICS_FIX}")
-    bad = np.flatnonzero((intrinsics[:, :2] <= 0).any(axis=1))
-    if bad.size:
-        raise InputError(
-            f"{where}: row {bad[0]} has focal lengths fx, fy = "
-            f"{intrinsics[bad[0], :2].tolist()}; they must be > 0 (pixels of a 480x832 frame)"
-        )
-    return poses, intrinsics
-
-
-def _as_float_array(array: np.ndarray, where: str, fix: str) -> np.ndarray:
-    array = np.asarray(array)
-    if array.dtype.kind not in "fiu":
-        raise InputError(f"{where} has dtype {array.dtype}, not a number type; {fix}")
-    return np.array(array, dtype=np.float32)  # a copy: callers may keep mutating theirs
+    except episode.EpisodeError as exc:
+        raise InputError(str(exc)) from None
+    return poses.astype(np.float32), intrinsics.astype(np.float32)
 
 
 # --- frame counts -----------------------------------------------------------------------------------
@@ -255,8 +177,8 @@ def relative_poses(c2w: torch.Tensor) -> torch.Tensor:
 
 def scale_intrinsics(intrinsics: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """[k,4] fx, fy, cx, cy of the 480x832 frame -> the same for a (height, width) frame."""
-    scale_x = width / INTRINSICS_WIDTH
-    scale_y = height / INTRINSICS_HEIGHT
+    scale_x = width / MODEL_WIDTH
+    scale_y = height / MODEL_HEIGHT
     fx, fy, cx, cy = intrinsics.chunk(4, dim=-1)
     return torch.cat([fx * scale_x, fy * scale_y, cx * scale_x, cy * scale_y], dim=-1)
 

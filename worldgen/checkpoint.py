@@ -55,6 +55,12 @@ class CheckpointLayout:
         path = self.root / "vae_config.json"
         return path if path.exists() else None
 
+    @property
+    def expert_gib(self) -> float:
+        """One expert's size on disk in GiB (what it takes in memory, near enough, for the plan)."""
+        folder = next(iter(self.experts.values()))
+        return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**30
+
 
 def find_checkpoint(root: Path | str) -> CheckpointLayout:
     """Recognise a checkpoint folder; errors name what is missing and what was expected."""

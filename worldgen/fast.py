@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from bridge.settings import GenerationSettings
+from contracts.settings import GenerationSettings
 from worldgen.camera import (
     TEMPORAL_STRIDE,
     frames_for_poses,
@@ -37,8 +37,9 @@ from worldgen.camera import (
 from worldgen.dit import DiTConfig
 from worldgen.errors import InputError
 from worldgen.kv_cache import MODES, CacheSpec, KVCache, plan_cache
-from worldgen.memory import GiB, ModelSlot, activation_gib, vae_peak_gib, vae_tile_pixels
+from worldgen.memory import GiB, activation_gib, vae_peak_gib, vae_tile_pixels
 from worldgen.pipeline import Pipeline, Progress, _no_progress, condition_mask, prepare_image
+from worldgen.residency import ModelSlot
 from worldgen.scheduler import FlowUniPCScheduler
 from worldgen.vae import StreamingDecoder
 
@@ -168,8 +169,9 @@ class FastPipeline(Pipeline):
         pixels = lat_h * lat_w * 64
         chunk_tokens = options.chunk_frames * frame_tokens
         self._frame_pixels = pixels
-        self.plan.fit(chunk_tokens, pixels)
-        self.vae.resident = self.plan.keep_vae
+        self.residency.fit(chunk_tokens, pixels)
+        # the VAE decodes each chunk while the DiT is resident: the room below is made for it
+        self.plan.experts_beside_vae = True
         cfg = self.dit_config
         room = None
         if self.plan.usable_gib is not None:
@@ -250,7 +252,7 @@ class FastPipeline(Pipeline):
             raise InputError(f"latent frames {lat_f} are not whole chunks of {n}")
         chunks = lat_f // n
         frame_tokens = (lat_h // 2) * (lat_w // 2)
-        model = self.dit.get()
+        model = self.residency.use("fast")
         cache = self.new_cache(lat_f, frame_tokens, options)
         device, steps = self.device, len(schedule.timesteps)
         context = [context.to(device)]
@@ -281,7 +283,7 @@ class FastPipeline(Pipeline):
             yield x0
         del cache
         model = None
-        self.dit.release()
+        self.residency.phase_done("denoise")
 
     # -- all of it ---------------------------------------------------------------------------------
     def generate(
@@ -345,13 +347,13 @@ class FastPipeline(Pipeline):
             decoder = None
             for latent in self.rollout_chunks(noise, y, context, plucker, options, generator, progress=progress):
                 if decoder is None:
-                    decoder = StreamingDecoder(self.vae.get(), self.plan.vae_tile_pixels)
+                    decoder = StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels)
                 piece = decoder.push(latent[None].to(next(decoder.vae.parameters()).device))[0].cpu()
                 pieces.append(piece)
                 if on_chunk is not None:
                     on_chunk(len(pieces) - 1, num_chunks, piece)
             del decoder
-            self.vae.release()
+            self.residency.phase_done("decode")
         return torch.cat(pieces, dim=1)
 
 

@@ -15,12 +15,13 @@ import os
 import sys
 from pathlib import Path
 
-from bridge.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
+from contracts.episode import EpisodeError
 from contracts.provenance import sidecar_path, write_record
+from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
 from worldgen.errors import InputError
 from worldgen.quiet import VERBOSE_ENV
 
-USER_ERRORS = (InputError, SettingsError)
+USER_ERRORS = (InputError, SettingsError, EpisodeError)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -149,19 +150,17 @@ def run(args: argparse.Namespace) -> int:
     if args.action_path is not None and not args.action_path.is_dir():
         raise InputError(f"--action-path {args.action_path}: not a folder (poses.npy, intrinsics.npy, image.jpg, "
                          "prompt.txt)")
+    from contracts import episode  # the one reader and validator of action folders (numpy only)
     from worldgen.image_input import load_image
-    from worldgen.request import find_image, read_prompt
-
-    image = load_image(image_path := args.image or find_image(args.action_path))
-    prompt = args.prompt or (read_prompt(args.action_path) if args.action_path else None)
-    if not prompt:
-        raise InputError("no prompt: pass --prompt or put prompt.txt in --action-path")
-    from worldgen.camera import load_action
     from worldgen.request import resolve_request
 
+    image = load_image(image_path := args.image or episode.find_image(args.action_path))
+    prompt = args.prompt or (episode.read_prompt(args.action_path) if args.action_path else None)
+    if not prompt:
+        raise InputError("no prompt: pass --prompt or put prompt.txt in --action-path")
     poses = intrinsics = None
     if args.action_path is not None and not args.no_camera:
-        poses, intrinsics = load_action(args.action_path)
+        poses, intrinsics = episode.load_action(args.action_path, min_poses=episode.GENERATE_MIN_POSES)
     resolved = resolve_request(settings, (image.height, image.width), None if poses is None else len(poses))
     if not tiny:
         from worldgen.checkpoint import find_checkpoint

@@ -1,6 +1,9 @@
 """Image + prompt + camera -> video: the LingBot-World image-to-video path, phase by phase.
 
-Phases run in order and each holds on the device only what it needs (see `worldgen.memory`):
+Phases run in order and each holds on the device only what it needs. The memory plan
+(`worldgen.memory`) decides and the residency policy (`worldgen.residency`) loads, prefetches and
+frees: the pipeline only tells the policy which model it is about to run and which phase is done.
+
   text   umT5 (or a cache hit: no model at all) -> prompt and negative-prompt embeddings
   encode VAE: the resized image plus F-1 black frames -> the 20-channel condition y
   denoise the two DiT experts, switched at t = boundary*1000, classifier-free guidance
@@ -21,13 +24,15 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from bridge.settings import GenerationSettings
+from contracts.settings import GenerationSettings
 from worldgen.camera import camera_conditioning, frames_for_poses, validate_action
 from worldgen.dit import DiTConfig
 from worldgen.errors import InputError
 from worldgen.image_input import load_image
-from worldgen.memory import MemoryPlan, ModelSlot, PhaseMeter
+from worldgen.memory import MemoryPlan
+from worldgen.metering import PhaseMeter
 from worldgen.request import latent_size  # noqa: F401  (re-exported: the rule is defined there)
+from worldgen.residency import ModelSlot, ResidencyPolicy
 from worldgen.scheduler import FlowUniPCScheduler
 from worldgen.text_cache import TextCache
 from worldgen.tokenizer import PromptTokenizer
@@ -66,7 +71,8 @@ def default_negative_prompt() -> str:
 
 
 class Pipeline:
-    """The loaded (or loadable) models of one checkpoint plus the memory plan that places them."""
+    """The loaded (or loadable) models of one checkpoint; `residency` (default: a `ResidencyPolicy`
+    following `plan`) decides when each is in memory."""
 
     def __init__(
         self,
@@ -82,6 +88,7 @@ class Pipeline:
         text_cache: TextCache | None = None,
         is_random_weights: bool = False,
         text_dtype: torch.dtype | None = None,
+        residency: ResidencyPolicy | None = None,
     ):
         self.tokenizer = tokenizer
         self.text_encoder = text_encoder
@@ -91,7 +98,9 @@ class Pipeline:
         self.device = torch.device(device)
         self.text_len = text_len
         self.name = name
-        self.plan = plan or MemoryPlan.unlimited(self.device)
+        self.residency = residency or ResidencyPolicy(
+            plan or MemoryPlan.unlimited(self.device), text_encoder, vae, experts
+        )
         self.text_cache = text_cache
         self.is_random_weights = is_random_weights
         self.meter = PhaseMeter(self.device)
@@ -99,20 +108,24 @@ class Pipeline:
         self._frame_pixels = 0
         self.identity: dict[str, str] = {}  # set by load_pipeline: variant, checkpoint, layout, dtype ...
 
+    @property
+    def plan(self) -> MemoryPlan:
+        return self.residency.plan
+
     # -- text -------------------------------------------------------------------------------------
     @torch.no_grad()
     def encode_ids(self, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
         """Token ids [B, L] + mask -> per-prompt embeddings [len_i, dim] (float32, on the CPU)."""
         from worldgen.t5 import encode_prompts, encode_prompts_streamed
 
-        encoder = self.text_encoder.get()
+        encoder = self.residency.use("text_encoder")
         if self.plan.stream_text_encoder:
             contexts = encode_prompts_streamed(encoder, ids, mask, self.plan.text_encoder_device, self.text_dtype)
-            self.text_encoder.unload()  # its blocks were consumed on the way through the GPU
         else:
             device = next(encoder.parameters()).device
             contexts = encode_prompts(encoder, ids.to(device), mask.to(device))
-            self.text_encoder.release()
+        del encoder
+        self.residency.phase_done("text")
         return [c.float().cpu() for c in contexts]
 
     def encode_text(self, prompts: list[str]) -> list[torch.Tensor]:
@@ -138,13 +151,13 @@ class Pipeline:
         _, _, h, w = image_resized.shape
         from worldgen.vae import encode_tiled
 
-        vae = self.vae.get()
+        vae = self.residency.use("vae")
         device = next(vae.parameters()).device
         video = torch.zeros(1, 3, frames, h, w, device=device)
         video[0, :, :1] = image_resized.to(device)
         latent = self._vae_with_fallback(lambda tile, v=video: encode_tiled(vae, v, tile))[0].float().cpu()
         del video
-        self.vae.release()
+        self.residency.phase_done("encode")
         mask = condition_mask(frames, h // VAE_STRIDE[1], w // VAE_STRIDE[2])
         return torch.cat([mask, latent])
 
@@ -172,17 +185,12 @@ class Pipeline:
         low_scale, high_scale = settings.guide_scale
         total = len(scheduler.timesteps)
         progress("denoise", 0, total)
+        schedule = ["high" if t.item() >= boundary else "low" for t in scheduler.timesteps]
         model = None
         for i, t in enumerate(scheduler.timesteps):
-            which = "high" if t.item() >= boundary else "low"
-            model = None  # drop our reference so a swapped-out expert is really freed
-            self.plan.before_expert(which, self.experts)
-            model = self.experts[which].get()
-            if i == 0 and not self.plan.keep_both_experts:
-                # read the other expert from disk while this one computes: the swap then loads from RAM
-                later = {"high" if t.item() >= boundary else "low" for t in scheduler.timesteps[1:]} - {which}
-                for name in later:
-                    self.experts[name].prefetch()
+            which = schedule[i]
+            model = None  # drop our reference so an expert the policy frees is really freed
+            model = self.residency.use(which, upcoming=schedule[i + 1 :])
             scale = high_scale if which == "high" else low_scale
             timestep = t.reshape(1).to(device)
             x = latent[None]
@@ -203,8 +211,7 @@ class Pipeline:
             latent = scheduler.step(guided[None], t, latent[None])[0]
             progress("denoise", i + 1, total)
         model = None
-        for slot in self.experts.values():
-            slot.release()
+        self.residency.phase_done("denoise")
         return latent
 
     # -- decode -----------------------------------------------------------------------------------
@@ -212,17 +219,18 @@ class Pipeline:
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
         from worldgen.vae import decode_tiled
 
-        vae = self.vae.get()
+        vae = self.residency.use("vae")
         device = next(vae.parameters()).device
         latent = latent[None].to(device)
         video = self._vae_with_fallback(lambda tile: decode_tiled(vae, latent, tile))[0].float().cpu()
-        self.vae.release()
+        self.residency.phase_done("decode")
         return video
 
     def _vae_with_fallback(self, run: Callable[[int | None], torch.Tensor]) -> torch.Tensor:
         """Run a VAE pass with the plan's tile size; on running out of device memory, retry with tiles of
         half the area (the plan's estimate is linear; real peaks are lumpier), down to the smallest tile."""
-        from worldgen.memory import MIN_TILE_PIXELS, free_device_memory
+        from worldgen.cuda_memory import free_device_memory
+        from worldgen.memory import MIN_TILE_PIXELS
 
         tile = self.plan.vae_tile_pixels
         while True:
@@ -239,20 +247,6 @@ class Pipeline:
                 self.plan.notes += (f"the VAE ran out of memory: retried in tiles of {tile:,} pixels",)
 
     # -- all of it --------------------------------------------------------------------------------
-    def _fit_plan(self, tokens: int, pixels: int) -> None:
-        """Adapt the memory plan to this job's size and apply it to the models already loaded."""
-        if not self.plan.fit(tokens, pixels):
-            return
-        for slot in self.experts.values():
-            slot.resident = self.plan.keep_both_experts
-            if slot.loaded:
-                slot.module.set_ffn_chunk_tokens(self.plan.ffn_chunk_tokens)
-        self.vae.resident = self.plan.keep_vae
-        if not self.plan.keep_both_experts and sum(slot.loaded for slot in self.experts.values()) > 1:
-            self.experts["low"].unload()
-        if self.on_plan is not None:
-            self.on_plan(self.plan.describe())
-
     def generate(
         self,
         image: Image.Image | np.ndarray | str | Path,
@@ -304,14 +298,12 @@ class Pipeline:
         _, _, h, w = image_resized.shape
         lat_f, lat_h, lat_w = (frames - 1) // 4 + 1, h // 8, w // 8
         self._frame_pixels = h * w
-        self._fit_plan(tokens_for(frames, h, w), h * w)
+        if self.residency.fit(tokens_for(frames, h, w), h * w) and self.on_plan is not None:
+            self.on_plan(self.plan.describe())
         plucker = None
         if poses is not None:
             plucker = camera_conditioning(poses, intrinsics, frames, h, w).plucker
 
-        if not self.plan.experts_beside_vae:
-            for slot in self.experts.values():
-                slot.unload()
         with self.meter.phase("encode"):
             progress("encode", 0, 1)
             y = self.condition(image_resized, frames)
@@ -326,9 +318,6 @@ class Pipeline:
         with self.meter.phase("denoise"):
             latent = self.denoise(noise, y, context, negative_context, plucker, settings, progress)
 
-        if not self.plan.experts_beside_vae:
-            for slot in self.experts.values():
-                slot.unload()
         with self.meter.phase("decode"):
             progress("decode", 0, 1)
             video = self.decode(latent)
@@ -375,7 +364,8 @@ def load_pipeline(
     """
     from worldgen.attention import resolve_backend
     from worldgen.checkpoint import expert_files, find_checkpoint, find_fast_checkpoint, load_expert, load_t5, load_vae
-    from worldgen.memory import plan_for
+    from worldgen.cuda_memory import apply_memory_cap, gpu_total_gib
+    from worldgen.memory import plan_memory
     from worldgen.tensor_stream import prefetch_into_page_cache
 
     # fewer fragmentation OOMs near the budget; must be set before CUDA's allocator starts
@@ -390,7 +380,16 @@ def load_pipeline(
 
         ensure_tiny_fast(root)
     layout = find_fast_checkpoint(root) if model == "fast" else find_checkpoint(root)
-    plan = plan_for(layout, device, dtype, vram_budget_gb, ram_budget_gb, text_encoder_on_cpu)
+    plan = plan_memory(
+        device,
+        vram_budget_gb,
+        ram_budget_gb,
+        expert_gib=layout.expert_gib,
+        checkpoint_kind=layout.kind,
+        gpu_total_gib=gpu_total_gib(device) if vram_budget_gb is not None else None,
+        text_encoder_on_cpu=text_encoder_on_cpu,
+    )
+    apply_memory_cap(plan)  # the one side effect of the budget: the CUDA allocator's cap
     backend = resolve_backend(attention)
     dit_config = DiTConfig.from_json(next(iter(layout.experts.values())) / "config.json")
     text_len = dit_config.text_len
@@ -398,7 +397,6 @@ def load_pipeline(
         name: ModelSlot(
             "Fast DiT" if name == "fast" else f"{name}-noise expert",
             lambda f=folder: _prepared_expert(load_expert(f, device, dtype), plan, backend),
-            resident=plan.keep_both_experts,
             prefetch=lambda f=folder: prefetch_into_page_cache(expert_files(f)),
         )
         for name, folder in layout.experts.items()
@@ -417,9 +415,8 @@ def load_pipeline(
         text_encoder=ModelSlot(
             "umT5",
             lambda: load_t5(layout, t5_device, t5_dtype, plan.stream_text_encoder),
-            resident=plan.keep_text_encoder,
         ),
-        vae=ModelSlot("VAE", lambda: load_vae(layout, device), resident=plan.keep_vae),
+        vae=ModelSlot("VAE", lambda: load_vae(layout, device)),
         device=device,
         text_len=text_len,
         name=f"{'tiny (random weights)' if is_tiny else root.name}{', Fast' if model == 'fast' else ''}, "

@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from worldgen.memory import peak_rss_gib
+    from worldgen.metering import peak_rss_gib
     from worldgen.quantize import quantize_checkpoint
 
     source = args.source.expanduser()

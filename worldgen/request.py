@@ -12,34 +12,15 @@ of what was asked ("81 frames asked, 33 poses: generating 33"). The pipeline app
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from bridge.settings import GenerationSettings
+from contracts.settings import GenerationSettings
 from worldgen.errors import InputError
 
 VAE_STRIDE = (4, 8, 8)  # temporal, height, width
 PATCH = (1, 2, 2)  # the DiT's patch: latent sizes are multiples of 2
 MIN_FRAMES = 5  # 2 latent frames: the shortest video with any motion
-IMAGE_NAMES = ("image.jpg", "image.jpeg", "image.png")
-
-
-def find_image(folder: Path) -> Path:
-    for name in IMAGE_NAMES:
-        if (folder / name).exists():
-            return folder / name
-    raise InputError(f"{folder}: no first-frame image (looked for {', '.join(IMAGE_NAMES)})")
-
-
-def read_prompt(folder: Path) -> str:
-    path = folder / "prompt.txt"
-    if not path.exists():
-        raise InputError(f"{path}: missing; write the scene description there (or pass --prompt)")
-    prompt = path.read_text(encoding="utf-8").strip()
-    if not prompt:
-        raise InputError(f"{path}: is empty; write the scene description there (or pass --prompt)")
-    return prompt
 
 
 def frames_4n1(frame_num: int) -> int:

@@ -11,14 +11,30 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bridge.settings import GenerationSettings
+from contracts import episode
 from contracts.provenance import checkpoint_fingerprint, make_record, write_record
+from contracts.settings import GenerationSettings
 from worldgen.camera import load_action
 from worldgen.errors import InputError
 from worldgen.image_input import load_image
 from worldgen.pipeline import Pipeline, Progress
-from worldgen.request import IMAGE_NAMES, ResolvedRequest, find_image, read_prompt, resolve_request  # noqa: F401
+from worldgen.request import ResolvedRequest, resolve_request
 from worldgen.video_out import write_mp4
+
+
+def find_image(folder: Path) -> Path:
+    try:
+        return episode.find_image(folder)
+    except episode.EpisodeError as exc:
+        raise InputError(str(exc)) from None
+
+
+def read_prompt(folder: Path) -> str:
+    try:
+        return episode.read_prompt(folder)
+    except episode.EpisodeError as exc:
+        raise InputError(f"{exc} (or pass --prompt)") from None
+
 
 
 def _fingerprint(pipe: Pipeline) -> dict[str, Any]:

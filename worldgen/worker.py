@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from bridge import worker_protocol as wp
-from bridge.settings import GenerationSettings
 from contracts.provenance import sidecar_path
+from contracts.settings import GenerationSettings
 from worldgen.errors import CheckpointError, InputError
 
 log = logging.getLogger("worldgen.worker")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lingbot_isaac.episode import EpisodeError, is_episode_dir
+from contracts.episode import EpisodeError, is_episode_dir
 from lingbot_isaac.recording import CameraRecording
 
 HDF5_SUFFIXES = (".hdf5", ".h5", ".he5")

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from scipy.spatial.transform import Rotation
 
-from lingbot_isaac.episode import EpisodeError
+from contracts.episode import EpisodeError
 from lingbot_isaac.recording import CameraRecording
 
 # Camera-axes -> OpenCV-axes change of basis for each Isaac Lab orientation convention.

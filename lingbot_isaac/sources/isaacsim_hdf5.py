@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from scipy.spatial.transform import Rotation
 
-from lingbot_isaac.episode import EpisodeError
+from contracts.episode import EpisodeError
 from lingbot_isaac.lens import pinhole_intrinsics
 from lingbot_isaac.recording import CameraRecording
 

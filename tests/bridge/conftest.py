@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import select
 import signal
@@ -18,6 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image
+
+from contracts.episode import EpisodeMeta
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = Path(__file__).with_name("standin_worker.py")
@@ -44,7 +47,7 @@ def make_episode(
     np.save(folder / "poses.npy", poses)
     np.save(folder / "intrinsics.npy", np.tile(np.float32([[502.0, 502.0, 416.0, 240.0]]), (n, 1)))
     (folder / "prompt.txt").write_text(prompt, encoding="utf-8")
-    (folder / "episode.json").write_text('{"fps": 16}')
+    (folder / "episode.json").write_text(json.dumps(EpisodeMeta(source_resolution=(96, 160)).to_json(n)))
     return folder
 
 

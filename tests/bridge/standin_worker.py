@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bridge.settings import GenerationSettings
+from contracts.settings import GenerationSettings
 from worldgen.errors import CheckpointError, InputError
 from worldgen.worker import serve
 

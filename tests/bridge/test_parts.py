@@ -104,7 +104,6 @@ def accept(spool: Spool, rid: str = "r1"):
         rid=rid,
         prompt="forward",
         image=b"\x89PNG\r\n\x1a\nxx",
-        image_format="png",
         poses=np.tile(np.eye(4, dtype=np.float32), (5, 1, 1)),
         intrinsics=np.ones((5, 4), np.float32),
         settings={"steps": 4},
@@ -199,7 +198,7 @@ def test_config_mistakes_are_named(tmp_path, text, words):
     [
         ("bridge.client, bridge.server, bridge.serve_cli, bridge.submit_cli, bridge.keys", "torch"),
         ("worldgen.worker", "zmq"),
-        ("bridge, bridge.worker_protocol, bridge.settings", "zmq"),
+        ("bridge, bridge.worker_protocol, contracts.settings", "zmq"),
     ],
 )
 def test_import_boundaries(modules, forbidden):

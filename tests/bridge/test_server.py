@@ -31,7 +31,7 @@ from bridge.client import (
     Result,
     ServerUnavailable,
 )
-from bridge.settings import SettingsError, load_settings
+from contracts.settings import SettingsError, load_settings
 from tests.bridge.conftest import make_episode, pid_alive, standin_command, wait_for
 
 MAGIC = b"STANDIN-VIDEO\n"

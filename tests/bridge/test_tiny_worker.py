@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from bridge.client import Client, EpisodePayload, JobFailed, Progress, Result
-from bridge.settings import load_settings
+from contracts.settings import load_settings
 from tests.bridge.conftest import REPO, TINY, ServerPool, make_episode, pid_alive, wait_for
 
 SMALL = {"size": "48*80", "frame_num": 5, "steps": 2}

@@ -10,6 +10,7 @@ import numpy as np
 
 from comparison.trajectory import intrinsics_matrix
 from comparison.video_io import write_video
+from contracts.episode import EpisodeMeta
 from lingbot_isaac.room_render import look_at, render_room
 
 # fx, fy, cx, cy for a 480 x 832 frame (the LingBot convention); fx != fy on purpose.
@@ -45,7 +46,9 @@ def write_episode(folder: Path, poses: np.ndarray, sim_frames: np.ndarray | None
     np.save(folder / "poses.npy", poses.astype(np.float32))
     np.save(folder / "intrinsics.npy", np.tile(INTRINSICS_480x832, (len(poses), 1)).astype(np.float32))
     (folder / "prompt.txt").write_text("a textured room with boxes; the camera walks and pans right")
-    (folder / "episode.json").write_text(json.dumps({"fps": 16, "source": "room_render test scene"}))
+    resolution = sim_frames.shape[1:3] if sim_frames is not None else (480, 832)
+    meta = EpisodeMeta(source_resolution=tuple(resolution), fps=16, source="room_render test scene")
+    (folder / "episode.json").write_text(json.dumps(meta.to_json(len(poses))))
     if sim_frames is not None:
         cv2.imwrite(str(folder / "image.jpg"), cv2.cvtColor(sim_frames[0], cv2.COLOR_RGB2BGR))
         if frames_as == "mp4":

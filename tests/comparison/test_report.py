@@ -139,11 +139,11 @@ def test_bad_episodes_are_clear_errors(tmp_path, report_case, commanded_poses, r
     with pytest.raises(EpisodeError, match=r"poses\.npy: missing"):
         compare_episode(episode, rollout, tmp_path / "o2")
     np.save(episode / "poses.npy", commanded_poses[:3, :3])
-    with pytest.raises(EpisodeError, match=r"poses\.npy: shape \(3, 3, 4\)"):
+    with pytest.raises(EpisodeError, match=r"poses\.npy has shape \[3, 3, 4\]"):
         compare_episode(episode, rollout, tmp_path / "o3")
     np.save(episode / "poses.npy", commanded_poses[:3])
     np.save(episode / "intrinsics.npy", np.ones((3, 3)))
-    with pytest.raises(EpisodeError, match=r"intrinsics\.npy: shape \(3, 3\)"):
+    with pytest.raises(EpisodeError, match=r"intrinsics\.npy has shape \[3, 3\]"):
         compare_episode(episode, rollout, tmp_path / "o4")
     one = write_episode(tmp_path / "one", commanded_poses[:1], rendered[:1])
     with pytest.raises(EpisodeError, match="at least 2"):

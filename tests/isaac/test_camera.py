@@ -103,12 +103,20 @@ def test_non_uniform_scale_and_mirroring_are_refused():
 
 
 def gf_pixel(camera: UsdGeom.Camera, point_world: np.ndarray, width: int, height: int) -> np.ndarray:
-    """Where USD's own frustum puts a world point, in pixels (NDC -> pixel with y down)."""
+    """Where USD's own frustum, fitted to the image as Isaac renders it, puts a world point, in pixels.
+
+    Isaac's renderer fits the horizontal aperture to the image width and takes the vertical extent
+    from the image's aspect (what CameraUtil's MatchHorizontally conform does; usd-core lacks
+    CameraUtil, so the frustum's NDC y, film position and offset alike over the vertical aperture,
+    is rescaled to the conformed aperture in double precision). NDC -> pixel with y down.
+    """
     gf_camera = camera.GetCamera(Usd.TimeCode.Default())
     view = gf_camera.frustum.ComputeViewMatrix()
     projection = gf_camera.frustum.ComputeProjectionMatrix()
     ndc = (view * projection).Transform(Gf.Vec3d(*point_world))
-    return np.array([(ndc[0] + 1) / 2 * width, (1 - ndc[1]) / 2 * height])
+    conformed = gf_camera.horizontalAperture * height / width
+    ndc_y = ndc[1] * gf_camera.verticalAperture / conformed
+    return np.array([(ndc[0] + 1) / 2 * width, (1 - ndc_y) / 2 * height])
 
 
 def opencv_pixel(pose: np.ndarray, k: np.ndarray, point_world: np.ndarray) -> np.ndarray:
@@ -155,14 +163,26 @@ def test_intrinsics_with_offsets_match_usd_projection(width, height):
         )
 
 
-def test_non_square_pixels_warn():
-    stage = new_stage()
+def test_36x24_aperture_rendered_at_832x480_gets_isaacs_square_pixels():
+    stage = new_stage(meters_per_unit=0.01)
     camera = UsdGeom.Camera.Define(stage, "/Cam")
+    camera.AddTranslateOp().Set(Gf.Vec3d(10, 40, 120))
+    camera.AddRotateXYZOp().Set(Gf.Vec3f(75, 0, 20))
+    camera.GetFocalLengthAttr().Set(24.0)
     camera.GetHorizontalApertureAttr().Set(36.0)
-    camera.GetVerticalApertureAttr().Set(24.0)  # 3:2 film on a 16:9 render
-    with pytest.warns(NonSquarePixelWarning, match="verticalAperture|vertical aperture"):
-        k = camera_intrinsics(camera.GetPrim(), 1280, 720)
-    assert k[0] != pytest.approx(k[1])
+    camera.GetVerticalApertureAttr().Set(24.0)  # 3:2 film on a 832x480 (26:15) render
+    with pytest.warns(NonSquarePixelWarning, match="vertical aperture is ignored"):
+        k = camera_intrinsics(camera.GetPrim(), 832, 480)
+    np.testing.assert_allclose(k, [832 * 24 / 36, 832 * 24 / 36, 416, 240])
+    assert k[0] == k[1]  # fx = fy (the vertical aperture would have said 480 * 24 / 24 = 480: 13.5% off)
+    # The same K that Isaac Lab 2.x's Camera reports: f_x = W f / hA, f_y = f_x, c at the centre.
+    pose = camera_pose(camera.GetPrim())
+    local = UsdGeom.Xformable(camera).ComputeLocalToWorldTransform(Usd.TimeCode.Default())
+    for in_camera in ([30.0, 20.0, -200.0], [-50.0, -25.0, -150.0]):
+        world_cm = np.array(local.Transform(Gf.Vec3d(*in_camera)))
+        np.testing.assert_allclose(
+            opencv_pixel(pose, k, world_cm * 0.01), gf_pixel(camera, world_cm, 832, 480), atol=1e-6
+        )
 
 
 def test_non_pinhole_cameras_are_refused():

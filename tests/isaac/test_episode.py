@@ -8,15 +8,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lingbot_isaac.episode import (
+from contracts.episode import (
     EpisodeError,
     EpisodeMeta,
     is_episode_dir,
-    lingbot_intrinsics,
     read_episode,
-    source_intrinsics,
     write_episode,
 )
+from contracts.model_frame import from_model_intrinsics, to_model_intrinsics
 from lingbot_isaac.room_render import look_at
 
 
@@ -64,7 +63,7 @@ def test_write_then_read(tmp_path):
     np.testing.assert_allclose(episode.poses, poses, atol=1e-6)
     # intrinsics.npy is for a 480x832 frame: x by 832/1280, y by 480/720.
     np.testing.assert_allclose(episode.intrinsics[0], [900 * 0.65, 905 * 480 / 720, 416, 240], rtol=1e-6)
-    np.testing.assert_allclose(source_intrinsics(episode.intrinsics[0], 720, 1280), k, rtol=1e-6)
+    np.testing.assert_allclose(from_model_intrinsics(episode.intrinsics[0], 720, 1280), k, rtol=1e-6)
     assert episode.meta.source_intrinsics == k.tolist()
     assert episode.meta.source_resolution == (720, 1280)
     assert episode.meta.camera_prim == "/World/Cam" and episode.meta.meters_per_unit == 0.01
@@ -204,4 +203,4 @@ def _edit_json(directory, **changes):
 
 
 def test_lingbot_intrinsics_rescale():
-    np.testing.assert_allclose(lingbot_intrinsics([100, 100, 50, 50], 240, 416), [200, 200, 100, 100])
+    np.testing.assert_allclose(to_model_intrinsics([100, 100, 50, 50], 240, 416), [200, 200, 100, 100])

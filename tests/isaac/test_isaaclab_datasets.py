@@ -18,7 +18,7 @@ from scipy.spatial.transform import Rotation
 
 h5py = pytest.importorskip("h5py", reason="h5py is not installed")
 
-from lingbot_isaac.episode import EpisodeError, read_episode  # noqa: E402
+from contracts.episode import EpisodeError, read_episode  # noqa: E402
 from lingbot_isaac.recording import write_recording_episode  # noqa: E402
 from lingbot_isaac.room_render import look_at  # noqa: E402
 from lingbot_isaac.sources import SourceOptions, kind_of, open_source  # noqa: E402

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("pxr", reason="usd-core (pxr) is not installed")
 from pxr import Usd  # noqa: E402
 
+from contracts.episode import read_episode  # noqa: E402
 from lingbot_isaac.camera import camera_intrinsics, camera_pose  # noqa: E402
-from lingbot_isaac.episode import read_episode  # noqa: E402
 from lingbot_isaac.lens import CameraError  # noqa: E402
 from lingbot_isaac.recorder import Recorder, RecorderError  # noqa: E402
 from lingbot_isaac.room_render import render_room  # noqa: E402

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from contracts.episode import read_episode
 from lingbot_cli.main import main as cli
-from lingbot_isaac.episode import read_episode
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "sample_room"

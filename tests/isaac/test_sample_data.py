@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lingbot_isaac.episode import read_episode, source_intrinsics
+from contracts.episode import read_episode
+from contracts.model_frame import from_model_intrinsics
 from lingbot_isaac.room_render import render_room
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +60,7 @@ def test_sample_episode_is_valid_and_its_frames_follow_its_poses():
     assert sum(p.stat().st_size for p in SAMPLE.iterdir()) < 3_000_000  # keep data/ small
     frames = read_mp4(SAMPLE / "sim.mp4")
     assert frames.shape == (33, 480, 832, 3)
-    k = tuple(source_intrinsics(episode.intrinsics[0], 480, 832))
+    k = tuple(from_model_intrinsics(episode.intrinsics[0], 480, 832))
     luma = np.array([0.299, 0.587, 0.114])  # yuv420p halves chroma, so compare brightness
 
     def psnr(a, b):

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("pxr", reason="usd-core (pxr) is not installed")
 from pxr import Usd  # noqa: E402
 
-from lingbot_isaac.episode import read_episode  # noqa: E402
+from contracts.episode import read_episode  # noqa: E402
 from lingbot_isaac.recorder import RecorderError  # noqa: E402
 from lingbot_isaac.session import Session, SessionSettings, safe_name  # noqa: E402
 

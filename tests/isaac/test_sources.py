@@ -14,14 +14,17 @@ pytest.importorskip("pxr", reason="usd-core (pxr) is not installed")
 h5py = pytest.importorskip("h5py", reason="h5py is not installed")
 from pxr import Gf, Usd, UsdGeom  # noqa: E402
 
+from contracts.episode import EpisodeError, read_episode  # noqa: E402
+from contracts.model_frame import to_model_intrinsics  # noqa: E402
 from lingbot_isaac.camera import (  # noqa: E402
     CameraError,
     camera_pose,
+    gf_to_numpy,
     numpy_to_gf,
     opencv_to_usd_local_to_world,
     set_camera_intrinsics,
+    usd_to_opencv_c2w,
 )
-from lingbot_isaac.episode import EpisodeError, lingbot_intrinsics, read_episode  # noqa: E402
 from lingbot_isaac.lens import NonSquarePixelWarning  # noqa: E402
 from lingbot_isaac.recording import write_recording_episode  # noqa: E402
 from lingbot_isaac.room_render import look_at  # noqa: E402
@@ -59,7 +62,8 @@ def test_usd_stage_to_episode_round_trip(tmp_path):
     assert kind_of(tmp_path / "scene.usda") == "usd"
     recording = read_usd_stage(tmp_path / "scene.usda", (480, 832))
     assert recording.camera_prim == "/World/Rig/Cam"
-    assert len(recording.times) == 2  # time samples at 0 and 120 only: USD interpolates between them
+    # Keys at codes 0 and 120 only; sampled at the episode's own times (60 codes/s, 16 fps).
+    np.testing.assert_array_equal(recording.times, np.arange(33) / 16)
     image = np.zeros((480, 832, 3), np.uint8)
     out = write_recording_episode(recording, tmp_path / "ep", "A camera slides and turns.", image=image)
     episode = read_episode(out)
@@ -105,7 +109,10 @@ def test_stage_following_lingbot_example_00_exports_that_example(tmp_path, lingb
     np.testing.assert_allclose(episode.poses[:, :3, :3], poses[:, :3, :3], atol=2e-6)
     # Up to the unit scale: stage units are centimetres, episodes are in metres.
     np.testing.assert_allclose(episode.poses[:, :3, 3], poses[:, :3, 3] * 0.01, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(episode.intrinsics, intrinsics, rtol=1e-6)
+    # Isaac's square pixels: fx, cx, cy as the example's; fy = fx (the example's fy is 4e-4 off).
+    np.testing.assert_allclose(episode.intrinsics[:, [0, 2, 3]], intrinsics[:, [0, 2, 3]], rtol=1e-6)
+    np.testing.assert_array_equal(episode.intrinsics[:, 1], episode.intrinsics[:, 0])
+    np.testing.assert_allclose(episode.intrinsics[:, 1], intrinsics[:, 1], rtol=5e-4)
 
 
 @pytest.mark.filterwarnings("ignore::lingbot_isaac.lens.NonSquarePixelWarning")  # USD default apertures
@@ -202,7 +209,7 @@ def test_isaacsim_episode_recorder_session(tmp_path):
     episode = read_episode(out)
     assert episode.frame_count == 21  # 89/60 s -> 24 frames at 16 fps -> 21 = 4*5 + 1
     np.testing.assert_allclose(
-        episode.intrinsics[0], lingbot_intrinsics([fx, fx, 320, 180], 360, 640), rtol=1e-6
+        episode.intrinsics[0], to_model_intrinsics([fx, fx, 320, 180], 360, 640), rtol=1e-6
     )
     # Another image size: the apertures give intrinsics for it.
     bigger = open_source(tmp_path / "session.hdf5", SourceOptions(resolution=(720, 1280), meters_per_unit=1))[0].recording
@@ -299,3 +306,45 @@ def test_unknown_sources_are_named(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(EpisodeError, match="not an episode folder"):
         kind_of(tmp_path / "empty")
+
+
+def test_sparse_keys_on_a_parents_euler_angles_export_usds_own_arc(tmp_path):
+    """Keys only at the first and last time codes: every exported pose is USD's own evaluation."""
+    stage = Usd.Stage.CreateNew(str(tmp_path / "arc.usda"))
+    UsdGeom.SetStageMetersPerUnit(stage, 0.01)
+    stage.SetTimeCodesPerSecond(24)
+    stage.SetStartTimeCode(0)
+    stage.SetEndTimeCode(100)
+    arm = UsdGeom.Xform.Define(stage, "/World/Arm")
+    arm.AddTranslateOp().Set(Gf.Vec3d(0, 0, 100))
+    euler = arm.AddRotateXYZOp()
+    euler.Set(Gf.Vec3f(0, 0, 0), 0)
+    euler.Set(Gf.Vec3f(20, -10, 150), 100)  # USD interpolates the three angles: an arc
+    camera = UsdGeom.Camera.Define(stage, "/World/Arm/Cam")
+    camera.AddTranslateOp().Set(Gf.Vec3d(150, 0, 0))  # 1.5 m from the pivot
+    camera.AddRotateXYZOp().Set(Gf.Vec3f(80, 0, 90))
+    camera.GetFocalLengthAttr().Set(18.0)
+    camera.GetHorizontalApertureAttr().Set(20.955)
+    camera.GetVerticalApertureAttr().Set(20.955 * 480 / 832)
+    stage.GetRootLayer().Save()
+
+    recording = read_usd_stage(tmp_path / "arc.usda", (480, 832))
+    out = write_recording_episode(
+        recording, tmp_path / "ep", "A camera swings on an arm.", image=np.zeros((480, 832, 3), np.uint8)
+    )
+    episode = read_episode(out)
+    assert episode.frame_count == 65  # 100 codes at 24/s = 4.17 s -> 67 frames at 16 fps -> 65
+    prim = stage.GetPrimAtPath("/World/Arm/Cam")
+    chord_error = 0.0
+    first, last = (camera_pose(prim, Usd.TimeCode(c)) for c in (0, 100))
+    for k in range(episode.frame_count):
+        code = k * 24 / 16  # the episode's time k/16 s
+        gf_camera = UsdGeom.Camera(prim).GetCamera(Usd.TimeCode(code))
+        expected = usd_to_opencv_c2w(gf_to_numpy(gf_camera.transform), 0.01)
+        got = episode.poses[k].astype(np.float64)
+        assert np.abs(got[:3, 3] - expected[:3, 3]).max() < 1e-5  # metres
+        angle = Rotation.from_matrix(got[:3, :3].T @ expected[:3, :3]).magnitude()
+        assert np.degrees(angle) < 1e-4
+        chord = first[:3, 3] + (last[:3, 3] - first[:3, 3]) * code / 100
+        chord_error = max(chord_error, float(np.linalg.norm(chord - expected[:3, 3])))
+    assert chord_error > 0.3  # interpolating between the keyed poses would cut the arc by > 30 cm

@@ -99,7 +99,7 @@ def test_poses_wrong_shape(tmp_path, shape):
     folder = write_action(
         tmp_path / "a", poses=np.zeros(shape, np.float32), intrinsics=np.array([500, 500, 416, 240], np.float32)
     )
-    load_error(folder, "poses.npy", re.escape(str(list(shape))), r"\[N,4,4\]")
+    load_error(folder, "poses.npy", re.escape(str(list(shape))), r"\[N, 4, 4\]")
 
 
 def test_poses_not_finite(tmp_path):

@@ -17,8 +17,8 @@ from worldgen.checkpoint import FAST_DIR, find_fast_checkpoint, load_expert
 from worldgen.errors import CheckpointError, InputError
 from worldgen.fast import FastOptions, FastPipeline, fast_camera, fast_frames, fast_schedule, y_from_latent
 from worldgen.kv_cache import CacheSpec, KVCache, plan_cache
-from worldgen.memory import ModelSlot
 from worldgen.pipeline import prepare_image
+from worldgen.residency import ModelSlot
 
 DIT_TOL = 1e-5  # golden README: DiT outputs and KV caches
 LOOP_TOL = 5e-5  # loop x0 / latents
@@ -283,7 +283,7 @@ def test_streamed_decode_equals_whole_decode(tile_pixels):
 
 @pytest.mark.slow
 def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
-    from bridge.settings import GenerationSettings
+    from contracts.settings import GenerationSettings
     from worldgen.pipeline import load_pipeline
 
     pipe = load_pipeline("tiny", device="cpu", model="fast")

@@ -180,7 +180,7 @@ def test_default_settings_are_the_reference_and_fast40_is_a_named_preset():
     today's 40 / 5 stays reachable only by name."""
     from argparse import Namespace
 
-    from bridge.settings import GenerationSettings, load_settings
+    from contracts.settings import GenerationSettings, load_settings
     from worldgen.generate_cli import settings_from_args
 
     flags = dict(size=None, frame_num=None, steps=None, shift=None, seed=None, negative_prompt=None, guide_scale=None)

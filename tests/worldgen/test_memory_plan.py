@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from worldgen.cuda_memory import apply_memory_cap
 from worldgen.errors import InputError
-from worldgen.memory import CUDA_CONTEXT_GIB, REFERENCE_PIXELS, REFERENCE_TOKENS, MemoryPlan, vae_peak_gib
+from worldgen.memory import (
+    CUDA_CONTEXT_GIB,
+    REFERENCE_PIXELS,
+    REFERENCE_TOKENS,
+    MemoryPlan,
+    plan_memory,
+    vae_peak_gib,
+)
 from worldgen.pipeline import tokens_for
 
 NF4_EXPERT_GIB = 8.9  # one synthetic full-size NF4 expert folder
@@ -54,3 +62,39 @@ def test_no_budget_changes_nothing():
     p = MemoryPlan.unlimited("cpu")
     assert not p.fit(TOKENS_720P, PIXELS_720P)
     assert p.keep_both_experts and p.vae_tile_pixels is None
+
+
+def test_plan_memory_is_pure_it_plans_for_a_gpu_without_touching_cuda():
+    """The planner decides from numbers only: a 24 GiB plan for an 80 GiB "cuda" device is made on a
+    CPU-only torch, and nothing is capped until `apply_memory_cap` is called."""
+    p = plan_memory("cuda:0", 24, 64, expert_gib=NF4_EXPERT_GIB, checkpoint_kind="nf4", gpu_total_gib=80.0)
+    assert p.device == torch.device("cuda:0") and p.usable_gib == 24 - CUDA_CONTEXT_GIB
+    assert p.keep_both_experts and p.stream_text_encoder and not p.keep_text_encoder
+    assert p.ram_budget_gb == 64 and "480p" in p.notes[0] and "nf4" in p.notes[0]
+    assert p.job == f"{REFERENCE_TOKENS:,} tokens, {REFERENCE_PIXELS:,} pixels per frame"
+    q = plan_memory("cuda:0", 16, expert_gib=NF4_EXPERT_GIB, gpu_total_gib=80.0)
+    assert not q.keep_both_experts and q.ffn_chunk_tokens == 8192
+
+
+def test_plan_memory_without_a_budget_keeps_everything():
+    for device, budget in (("cpu", 16), ("cuda", None)):
+        p = plan_memory(device, budget, expert_gib=NF4_EXPERT_GIB)
+        assert p.usable_gib is None and p.vram_budget_gb is None
+        assert p.keep_both_experts and p.keep_vae and p.keep_text_encoder and not p.stream_text_encoder
+
+
+def test_plan_memory_text_encoder_on_cpu_streams_it():
+    p = plan_memory("cuda", None, text_encoder_on_cpu=True)
+    assert p.text_encoder_device == torch.device("cpu") and p.stream_text_encoder and not p.keep_text_encoder
+
+
+def test_plan_memory_refuses_what_cannot_fit_naming_the_fix():
+    with pytest.raises(InputError, match="more than this GPU has"):
+        plan_memory("cuda", 100, expert_gib=NF4_EXPERT_GIB, gpu_total_gib=80.0)
+    with pytest.raises(InputError, match="lingbot-isaac quantize"):
+        plan_memory("cuda", 24, expert_gib=34.0, checkpoint_kind="bf16", gpu_total_gib=80.0)
+
+
+def test_apply_memory_cap_without_a_budget_touches_nothing():
+    apply_memory_cap(plan_memory("cpu", 16))  # a CPU plan has no cap: would raise on a CPU-only torch otherwise
+    apply_memory_cap(MemoryPlan.unlimited("cuda"))

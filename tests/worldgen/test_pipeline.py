@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bridge.settings import GenerationSettings
+from contracts.settings import GenerationSettings
 from tests.worldgen.numerics import rel_l2
 from worldgen.checkpoint import load_expert
-from worldgen.memory import ModelSlot
 from worldgen.pipeline import Pipeline, prepare_image
+from worldgen.residency import ModelSlot
 from worldgen.t5 import T5Config, UMT5Encoder
 from worldgen.vae import VAEConfig, WanVAE
 

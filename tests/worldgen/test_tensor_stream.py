@@ -73,10 +73,10 @@ def test_prefetch_reads_in_the_background_and_ignores_missing_files(tmp_path):
 
 
 def test_model_slot_prefetches_only_what_is_not_loaded():
-    from worldgen.memory import ModelSlot
+    from worldgen.residency import ModelSlot
 
     calls = []
-    slot = ModelSlot("x", lambda: torch.nn.Linear(1, 1), resident=False, prefetch=lambda: calls.append(1))
+    slot = ModelSlot("x", lambda: torch.nn.Linear(1, 1), prefetch=lambda: calls.append(1))
     slot.prefetch()
     slot.get()
     slot.prefetch()

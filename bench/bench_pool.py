@@ -1,0 +1,121 @@
+"""Throughput of a worker pool: N jobs through one server with one worker, then with a pool.
+
+Usage:
+  CPU, tiny model (the acceptance figure of the scale-out issue: 2 workers <= 0.6x the time of 1):
+    python bench/bench_pool.py --jobs 8
+  Two GPUs with a real or synthetic checkpoint (bench/synthetic_checkpoint.py):
+    python bench/bench_pool.py --jobs 8 --ckpt /tmp/ckpt --devices cuda:0,cuda:1 --baseline-devices cuda:0 \
+        --size 480*832 --frame-num 81 --steps 40 --startup-timeout 1800
+
+Each configuration runs a real `lingbot-isaac serve` subprocess (its workers loaded and warm
+before the clock starts: `health` ok for every worker), one client submits all N jobs at once,
+and the time from the first submit to the last result is measured. Prints the figures and
+writes them as JSON (--out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bridge.client import Client, EpisodePayload, Result  # noqa: E402
+
+
+def start_server(workdir: Path, devices: list[str], args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    config = workdir / "server.toml"
+    device_list = ", ".join(f'"{d}"' for d in devices)
+    config.write_text(
+        "[server]\n"
+        'bind = "tcp://127.0.0.1:*"\n'
+        f'spool_dir = "{workdir / "spool"}"\n'
+        f"max_queue = {max(32, args.jobs)}\nmax_queue_per_client = {max(16, args.jobs)}\n"
+        "[worker]\n"
+        f'ckpt = "{args.ckpt}"\n'
+        f"devices = [{device_list}]\n"
+        f"startup_timeout_s = {args.startup_timeout}\n"
+    )
+    log = open(workdir / "server.log", "wb")  # noqa: SIM115 (the child keeps it)
+    proc = subprocess.Popen([sys.executable, "-m", "lingbot_cli", "serve", "--config", str(config)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=log, start_new_session=True)  # fmt: skip
+    line = proc.stdout.readline().decode()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise SystemExit(f"server did not start: {line!r}; see {workdir / 'server.log'}")
+    return proc, line.split()[-1]
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def measure(devices: list[str], args: argparse.Namespace, payload: EpisodePayload) -> dict:
+    settings = {"size": args.size, "frame_num": args.frame_num, "steps": args.steps}
+    with tempfile.TemporaryDirectory(prefix="bench-pool-") as tmp:
+        proc, endpoint = start_server(Path(tmp), devices, args)
+        try:
+            with Client(endpoint, timeout=30, give_up_s=args.startup_timeout + 3600) as client:
+                deadline = time.monotonic() + args.startup_timeout
+                while not client.health()["ok"]:  # every worker loaded: the clock starts warm
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"workers not ready after {args.startup_timeout} s")
+                    time.sleep(0.5)
+                started = time.monotonic()
+                jobs = [client.submit(payload, {**settings, "seed": i}) for i in range(args.jobs)]
+                outcomes = [job.wait() for job in jobs]
+                seconds = time.monotonic() - started
+        finally:
+            stop_server(proc)
+    failed = [o for o in outcomes if not isinstance(o, Result)]
+    if failed:
+        raise SystemExit(f"{len(failed)} job(s) failed: {failed[0]}")
+    per_job = sorted(o.seconds for o in outcomes)
+    return {"devices": devices, "jobs": args.jobs, "seconds": round(seconds, 2),
+            "jobs_per_minute": round(60 * args.jobs / seconds, 2), "job_seconds_median": per_job[len(per_job) // 2]}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=8, help="jobs submitted at once")
+    parser.add_argument("--devices", default="cpu,cpu", help="the pool's devices, comma-separated")
+    parser.add_argument("--baseline-devices", default="cpu", help="the baseline's devices (one worker)")
+    parser.add_argument("--ckpt", default="tiny", help="checkpoint folder or 'tiny'")
+    parser.add_argument("--episode", type=Path, default=REPO / "data" / "sample_room", help="episode folder sent N times")
+    parser.add_argument("--size", default="96*160", help="max area H*W of each job")
+    parser.add_argument("--frame-num", type=int, default=17, help="frames per job (4n+1)")
+    parser.add_argument("--steps", type=int, default=4, help="denoising steps per job")
+    parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds for the workers to load")
+    parser.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
+    args = parser.parse_args()
+    payload = EpisodePayload.from_dir(args.episode)
+    results = {}
+    for label, devices in (("baseline", args.baseline_devices), ("pool", args.devices)):
+        device_list = [d.strip() for d in devices.split(",") if d.strip()]
+        print(f"{label}: {len(device_list)} worker(s) on {device_list}, {args.jobs} jobs ...", flush=True)
+        results[label] = measure(device_list, args, payload)
+        print(f"  {results[label]['seconds']:.1f} s, {results[label]['jobs_per_minute']:.2f} jobs/min", flush=True)
+    ratio = results["pool"]["seconds"] / results["baseline"]["seconds"]
+    results.update(ratio=round(ratio, 3), cpu_count=os.cpu_count(), settings={
+        "ckpt": args.ckpt, "size": args.size, "frame_num": args.frame_num, "steps": args.steps})  # fmt: skip
+    print(f"pool / baseline time: {ratio:.2f} (the issue's CPU target: <= 0.60)")
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""The evaluation report over a whole dataset: every episode's comparison, summed up on one page.
+
+`compare_dataset(dataset_dir, out_dir)` finds every episode folder under `dataset_dir` that has a
+rollout (`rollout.mp4`, as `lingbot-isaac replay` writes it), compares each one
+(`comparison.report.compare_episode`, into `out_dir/episodes/NAME/`; an episode whose report is
+newer than its rollout is not compared again), and writes:
+- `dataset.json`: one row per episode with the numbers taken from its own `report.json`, the
+  episodes that could not be compared and why, and the totals;
+- `dataset.html`: one self-contained page (Jinja2 template `templates/dataset_report.html.j2`):
+  totals, distributions across episodes (histograms), and the table of every episode, worst first,
+  each linking to its own report.
+
+"Worst" is the largest median camera-rotation error from the first frame to frame k (the camera
+control the world model is asked to follow); episodes with no estimate at all come first, ties
+go to the lower PSNR.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from comparison.atomic import write_bytes_atomic
+from comparison.episode_input import EpisodeError
+from comparison.report import FRAME_RATE_NOTE, SCHEMA, TINY_NOTE, _jsonable, _stats, compare_episode
+from comparison.svg_plot import histogram
+from comparison.trajectory import EstimatorConfig
+from comparison.video_io import VideoError
+
+DATASET_SCHEMA = "lingbot-isaac/compare-dataset/1"
+ROLLOUT = "rollout.mp4"
+TEMPLATES = Path(__file__).with_name("templates")
+# (key in a row, label, unit, digits) of the numbers shown per episode and summed up
+METRICS = (
+    ("psnr_db", "PSNR mean", "dB", 2),
+    ("ssim", "SSIM mean", "", 4),
+    ("rotation_error_deg", "rotation error (0,k) median", "degrees", 2),
+    ("translation_error_deg", "translation-direction error (0,k) median", "degrees", 2),
+    ("rotation_error_consecutive_deg", "rotation error (k-1,k) median", "degrees", 2),
+)
+
+
+def find_episodes(dataset_dir: str | Path) -> list[tuple[Path, Path]]:
+    """(episode folder, rollout.mp4) of every episode under `dataset_dir` with a rollout, by path."""
+    root = Path(dataset_dir)
+    if not root.is_dir():
+        raise EpisodeError(f"--dataset {root}: not a folder")
+    found = [(video.parent, video) for video in root.rglob(ROLLOUT) if (video.parent / "poses.npy").is_file()]
+    return sorted(found, key=lambda pair: str(pair[0].relative_to(root)))
+
+
+def episode_row(report_json: Path, out_dir: Path) -> dict[str, Any]:
+    """One table row from an episode's report.json (the numbers as that report has them)."""
+    try:
+        report = json.loads(report_json.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise EpisodeError(f"{report_json}: not a readable report.json ({exc})") from exc
+    if report.get("schema") != SCHEMA:
+        raise EpisodeError(f"{report_json}: schema {report.get('schema')!r}, expected {SCHEMA!r}")
+    rollout = report["camera_fidelity"]["rollout"]["summary"]
+    control = (report["camera_fidelity"].get("sim_control") or {}).get("summary")
+    image = report["image_metrics"]["summary"]
+    first, consecutive = rollout["first_to_k"], rollout["consecutive"]
+    return {
+        "episode": report["episode"]["name"],
+        "path": report["episode"]["path"],
+        "report_html": os.path.relpath(report_json.with_name("report.html"), out_dir),
+        "report_json": os.path.relpath(report_json, out_dir),
+        "model": report["model"],
+        "tiny_model": report["tiny_model"],
+        "compared_frames": report["compared_frames"],
+        "psnr_db": image["psnr_db"]["mean"],
+        "ssim": image["ssim"]["mean"],
+        "rotation_error_deg": first["rotation_error_deg"]["median"],
+        "translation_error_deg": first["translation_error_deg"]["median"],
+        "rotation_error_consecutive_deg": consecutive["rotation_error_deg"]["median"],
+        "control_rotation_error_deg": control["first_to_k"]["rotation_error_deg"]["median"] if control else None,
+        "estimation_pairs": first["pairs"] + consecutive["pairs"],
+        "estimation_failures": first["failed"] + consecutive["failed"],
+    }
+
+
+def _worst_first(row: dict[str, Any]) -> tuple:
+    rotation, psnr = row["rotation_error_deg"], row["psnr_db"]
+    no_estimate = rotation is None
+    return (not no_estimate, -(rotation or 0.0), psnr if psnr is not None else math.inf, row["episode"])
+
+
+def write_dataset_report(
+    report_jsons: list[Path], out_dir: str | Path, not_compared: dict[str, str] | None = None,
+    title: str | None = None, provenance: dict[str, Any] | None = None,
+) -> Path:  # fmt: skip
+    """dataset.json + dataset.html over the episodes' report.json files; returns the HTML path."""
+    out_dir = Path(out_dir)
+    rows = sorted((episode_row(Path(p), out_dir) for p in report_jsons), key=_worst_first)
+    not_compared = dict(not_compared or {})
+    if not rows and not not_compared:
+        raise EpisodeError("no episodes to report on")
+    pairs = sum(r["estimation_pairs"] for r in rows)
+    failures = sum(r["estimation_failures"] for r in rows)
+    totals = {
+        "episodes": len(rows) + len(not_compared),
+        "compared": len(rows),
+        "not_compared": len(not_compared),
+        "compared_frames": sum(r["compared_frames"] for r in rows),
+        "estimation_pairs": pairs,
+        "estimation_failures": failures,
+        "estimation_failure_rate": failures / pairs if pairs else None,
+        "across_episodes": {key: _stats([r[key] for r in rows]) for key, *_ in METRICS},
+    }
+    tiny = any(r["tiny_model"] for r in rows)
+    dataset = _jsonable({
+        "schema": DATASET_SCHEMA,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "title": title,
+        "tiny_model": tiny,
+        "order": "worst first: largest median rotation error (0,k); no estimate first; ties by lower PSNR",
+        "totals": totals,
+        "episodes": rows,
+        "not_compared": not_compared,
+        "provenance": provenance,
+    })
+    write_bytes_atomic(out_dir / "dataset.json", json.dumps(dataset, indent=1).encode())
+    plots = [
+        histogram([r[key] for r in rows], f"{label} across episodes", unit or label, f"hist-{key}")
+        for key, label, unit, _ in METRICS
+    ]
+    html_text = _environment().get_template("dataset_report.html.j2").render(
+        dataset=dataset, metrics=METRICS, plots=plots, tiny_note=TINY_NOTE if tiny else None,
+        frame_rate_note=FRAME_RATE_NOTE,
+    )  # fmt: skip
+    html_path = out_dir / "dataset.html"
+    write_bytes_atomic(html_path, html_text.encode())
+    return html_path
+
+
+def _environment():
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined,
+        trim_blocks=True, lstrip_blocks=True,
+    )  # fmt: skip
+    env.filters["num"] = _number
+    return env
+
+
+def _number(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _unique_name(folder: Path, root: Path, taken: set[str]) -> str:
+    try:
+        relative = folder.relative_to(root) if folder != root else Path(folder.name)
+    except ValueError:
+        relative = Path(folder.name)
+    base = "__".join(relative.parts) or folder.name
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}-{n}", n + 1
+    taken.add(name)
+    return name
+
+
+def compare_dataset(
+    dataset_dir: str | Path | None,
+    out_dir: str | Path,
+    *,
+    episodes: list[Path] | None = None,
+    model: str | None = None,
+    tiny_model: bool | None = None,
+    estimator: EstimatorConfig | None = None,
+    progress: bool = True,
+    provenance: dict[str, Any] | None = None,
+) -> Path:
+    """Compare every episode of a dataset (resuming: up-to-date reports are kept) and write the
+    dataset report; returns dataset.html. An episode that cannot be compared is listed with why.
+
+    The episodes are those under `dataset_dir` with a rollout, or the given `episodes` folders
+    (a replay's; one without a rollout is listed as not compared)."""
+    out_dir = Path(out_dir)
+    not_compared: dict[str, str] = {}
+    if episodes is not None:
+        folders = [Path(f) for f in episodes]
+        root = Path(os.path.commonpath([f.resolve() for f in folders])) if folders else Path(".")
+        if len(folders) == 1:
+            root = folders[0].resolve().parent
+        found = []
+        for folder in folders:
+            if (folder / ROLLOUT).is_file():
+                found.append((folder.resolve(), folder.resolve() / ROLLOUT))
+            else:
+                not_compared[str(folder)] = f"no {ROLLOUT} (the replay of this episode did not finish)"
+        title = f"replay of {len(folders)} episode(s) under {root}"
+    else:
+        root = Path(dataset_dir)
+        found = find_episodes(root)
+        title = str(root)
+        if not found:
+            raise EpisodeError(f"--dataset {root}: no episode folder with a {ROLLOUT} under it "
+                               "(run `lingbot-isaac replay` first)")  # fmt: skip
+    reports: list[Path] = []
+    taken: set[str] = set()
+    bar = _bar(len(found), progress)
+    try:
+        for episode, rollout in found:
+            target = out_dir / "episodes" / _unique_name(episode, root, taken)
+            report_json = target / "report.json"
+            fresh = report_json.is_file() and report_json.stat().st_mtime >= rollout.stat().st_mtime
+            if not fresh:
+                try:
+                    compare_episode(episode, rollout, target, model=model, tiny_model=tiny_model, estimator=estimator)
+                except (EpisodeError, VideoError, ValueError) as exc:
+                    not_compared[str(episode)] = str(exc)
+                    bar.update(1)
+                    continue
+            reports.append(report_json)
+            bar.update(1)
+    finally:
+        bar.close()
+    return write_dataset_report(reports, out_dir, not_compared, title=title, provenance=provenance)
+
+
+def _bar(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="episode", desc="compare", file=sys.stderr, disable=not enabled)

@@ -1,0 +1,103 @@
+"""Engine options: how a worker loads its engine (checkpoint, devices, dtype, compute, attention,
+budget, text-encoder placement), as one dataclass that crosses every process boundary as data.
+
+The server reads them from `[worker]` of `config/server.toml` (`from_dict`), hands them to the
+worker process as ONE JSON argument (`to_json` / `from_json`), and the worker passes them to
+`worldgen.pipeline.load_pipeline` (`load_kwargs`). No hop rebuilds them as argv flags or TOML
+text, so one spelling and one "no budget" value (None) hold everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+DTYPES = ("bf16", "fp16", "fp32")  # the one vocabulary of compute dtypes (torch names are mapped in worldgen)
+COMPUTES = ("bf16", "fp8")  # how the (quantized) experts' matmuls run
+ATTENTIONS = ("auto", "sdpa", "flash", "sage")
+TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+class EngineOptionsError(ValueError):
+    """An engine option has a value the worker cannot use; the message names the option."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+    """How the worker's engine is loaded. `None` always means "the engine's choice"."""
+
+    ckpt: str = "tiny"  # "tiny" (random weights, CPU in seconds) or a checkpoint folder
+    devices: tuple[str, ...] = ("cpu",)  # "cpu", "cuda", "cuda:N"; more than one: one rollout over several GPUs
+    dtype: str | None = None  # bf16 | fp16 | fp32; None: bf16 on CUDA, fp32 on the CPU
+    compute: str | None = None  # bf16 | fp8; None: the engine's choice
+    attention: str = "auto"  # auto | sdpa | flash | sage
+    vram_budget_gb: float | None = None  # None: no budget (plan for the whole GPU)
+    t5_on_cpu: bool = False  # run umT5 on the CPU, streamed block by block (no GPU memory)
+
+    def __post_init__(self) -> None:
+        where = "engine options"
+        if not isinstance(self.ckpt, str) or not self.ckpt:
+            raise EngineOptionsError(f"{where}: ckpt must be 'tiny' or a checkpoint folder path (got {self.ckpt!r})")
+        devices = (self.devices,) if isinstance(self.devices, str) else self.devices
+        if not isinstance(devices, (list, tuple)) or not devices or not all(isinstance(d, str) for d in devices):
+            raise EngineOptionsError(f"{where}: devices must be a list of 'cpu', 'cuda' or 'cuda:N' (got {self.devices!r})")
+        for device in devices:
+            kind, _, index = device.partition(":")
+            if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
+                raise EngineOptionsError(f"{where}: device {device!r} must be 'cpu', 'cuda' or 'cuda:N'")
+        object.__setattr__(self, "devices", tuple(devices))
+        for name, allowed in (("dtype", DTYPES), ("compute", COMPUTES)):
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise EngineOptionsError(f"{where}: {name} must be one of {list(allowed)} or null (got {value!r})")
+        if self.attention not in ATTENTIONS:
+            raise EngineOptionsError(f"{where}: attention must be one of {list(ATTENTIONS)} (got {self.attention!r})")
+        budget = self.vram_budget_gb
+        if budget is not None:
+            if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
+                raise EngineOptionsError(
+                    f"{where}: vram_budget_gb must be a number of GiB > 0, or null for no budget (got {budget!r})"
+                )
+            object.__setattr__(self, "vram_budget_gb", float(budget))
+        if not isinstance(self.t5_on_cpu, bool):
+            raise EngineOptionsError(f"{where}: t5_on_cpu must be true or false (got {self.t5_on_cpu!r})")
+
+    @property
+    def device(self) -> str:
+        """The first (or only) device."""
+        return self.devices[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["devices"] = list(self.devices)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "engine options") -> EngineOptions:
+        """Strict: unknown keys are an error (a typo must not fall back to a default)."""
+        if not isinstance(data, dict):
+            raise EngineOptionsError(f"{where} must be an object (got {type(data).__name__})")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(str(k) for k in set(data) - known)
+        if unknown:
+            raise EngineOptionsError(f"{where}: unknown option(s) {unknown}; known: {sorted(known)}")
+        try:
+            return cls(**data)
+        except EngineOptionsError as exc:
+            raise EngineOptionsError(str(exc).replace("engine options", where, 1)) from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "engine options") -> EngineOptions:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise EngineOptionsError(f"{where}: not valid JSON ({exc})") from None
+        return cls.from_dict(data, where)
+
+    def replace(self, **changes: Any) -> EngineOptions:
+        return self.from_dict({**self.to_dict(), **changes})

@@ -1,0 +1,105 @@
+"""`lingbot-isaac compare --dataset DIR`: every episode's report, and one dataset report over them.
+
+The dataset: three episodes of the rendered room in nested folders: a rollout that follows the
+camera (good), one that pans the other way (bad: the worst, so listed first) and one episode whose
+rollout is not a video (listed as not compared, with the reason).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import cv2
+import numpy as np
+import pytest
+
+from comparison.video_io import write_video
+from lingbot_cli.main import main as cli
+from tests.comparison.scene import write_episode
+
+CHROMIUM = next((path for name in ("chromium", "chromium-browser", "google-chrome")
+                 if (path := shutil.which(name))), None)  # fmt: skip
+
+
+def _noisy(frames: np.ndarray, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.clip(frames.astype(np.float64) + rng.normal(0, 3, frames.shape), 0, 255).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory, commanded_poses, rendered, rendered_mirrored):
+    root = tmp_path_factory.mktemp("dataset")
+    good = write_episode(root / "run1" / "good", commanded_poses, rendered)
+    write_video(good / "rollout.mp4", _noisy(rendered, 1))
+    (good / "rollout.json").write_text(json.dumps({"model": "tiny", "settings": {"steps": 4}}))
+    bad = write_episode(root / "run1" / "bad", commanded_poses, rendered)
+    write_video(bad / "rollout.mp4", _noisy(rendered_mirrored, 2))
+    broken = write_episode(root / "run2" / "broken", commanded_poses, rendered)
+    (broken / "rollout.mp4").write_bytes(b"not a video")
+    write_episode(root / "run2" / "no_rollout", commanded_poses, rendered)  # not replayed yet: not listed
+    out = root / "report"
+    assert cli(["compare", "--dataset", str(root), "--out", str(out), "--no-progress"]) == 0
+    return {"root": root, "out": out, "html": out / "dataset.html",
+            "json": json.loads((out / "dataset.json").read_text())}  # fmt: skip
+
+
+def test_dataset_numbers_equal_the_episode_reports(dataset):
+    data, out = dataset["json"], dataset["out"]
+    assert data["schema"] == "lingbot-isaac/compare-dataset/1" and data["tiny_model"] is True
+    rows = data["episodes"]
+    assert [row["episode"] for row in rows] == ["bad", "good"]  # worst first
+    for row in rows:
+        report = json.loads((out / row["report_json"]).read_text())
+        assert (out / row["report_html"]).is_file()
+        rollout = report["camera_fidelity"]["rollout"]["summary"]
+        assert row["psnr_db"] == report["image_metrics"]["summary"]["psnr_db"]["mean"]
+        assert row["ssim"] == report["image_metrics"]["summary"]["ssim"]["mean"]
+        assert row["rotation_error_deg"] == rollout["first_to_k"]["rotation_error_deg"]["median"]
+        assert row["translation_error_deg"] == rollout["first_to_k"]["translation_error_deg"]["median"]
+        assert row["rotation_error_consecutive_deg"] == rollout["consecutive"]["rotation_error_deg"]["median"]
+        assert row["estimation_failures"] == rollout["first_to_k"]["failed"] + rollout["consecutive"]["failed"]
+        assert row["compared_frames"] == report["compared_frames"] == 17
+    good, bad = rows[1], rows[0]
+    assert good["rotation_error_deg"] < 2.0 < bad["rotation_error_deg"]
+    assert good["psnr_db"] > bad["psnr_db"]
+    totals = data["totals"]
+    assert totals["episodes"] == 3 and totals["compared"] == 2 and totals["not_compared"] == 1
+    assert totals["compared_frames"] == 34
+    assert totals["across_episodes"]["psnr_db"]["mean"] == pytest.approx((good["psnr_db"] + bad["psnr_db"]) / 2)
+    [(path, why)] = data["not_compared"].items()
+    assert path.endswith("broken") and why
+
+
+def test_rerun_keeps_up_to_date_reports(dataset):
+    out = dataset["out"]
+    report = out / "episodes" / "run1__good" / "report.json"
+    before = report.stat().st_mtime_ns
+    assert cli(["compare", "--dataset", str(dataset["root"]), "--out", str(out), "--no-progress"]) == 0
+    assert report.stat().st_mtime_ns == before
+    assert json.loads((out / "dataset.json").read_text())["episodes"] == dataset["json"]["episodes"]
+
+
+def test_dataset_and_episode_arguments_do_not_mix(dataset, capsys):
+    assert cli(["compare", "x", "y", "--dataset", str(dataset["root"])]) == 2
+    assert "--dataset compares every episode" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (scripts/install-chromium.sh)")
+def test_dataset_report_renders_in_chromium(dataset, tmp_path):
+    base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
+    url = dataset["html"].resolve().as_uri()
+    dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    assert "<title>lingbot-isaac dataset evaluation:" in dom
+    assert 'id="episodes"' in dom and dom.count('class="episode"') == 2
+    assert dom.index('href="episodes/run1__bad/report.html"') < dom.index('href="episodes/run1__good/report.html"')
+    assert dom.count('class="plot histogram"') == 5 and 'id="tiny-model-note"' in dom
+    assert 'id="not-compared"' in dom and "broken" in dom
+    png = tmp_path / "dataset.png"
+    subprocess.run([*base, f"--screenshot={png}", "--window-size=1280,1600", url], capture_output=True, timeout=120)
+    image = cv2.imread(str(png))
+    assert image is not None and image.shape[:2] == (1600, 1280)
+    assert image.std() > 20 and (image.min(axis=2) < 200).mean() > 0.05, "the page is drawn, not blank"

@@ -1,0 +1,206 @@
+"""Whole datasets through `lingbot-isaac replay`: demo selection, a bounded window that backs off on
+`busy`, resume after the client is killed, and the dataset report at the end.
+
+The datasets are Isaac Lab HDF5 files written by Isaac Lab 3's own `HDF5DatasetFileHandler` when
+`make test` installed its wheel (tests/isaac/isaaclab_real.py), else by the same layout written
+here with h5py (format_version 1, xyzw quaternions, `success` per demo).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.spatial.transform import Rotation
+
+from lingbot_cli.main import main as cli
+from lingbot_isaac.room_render import look_at
+from tests.bridge.conftest import REPO, TINY, ServerPool, standin_command, wait_for
+
+h5py = pytest.importorskip("h5py", reason="h5py is not installed")
+# Isaac Lab's math module compiles its helpers with torch.jit.script, which torch 2.13 deprecates.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+
+RATE = 30.0
+H, W = 96, 160
+K = np.array([[120.0, 0.0, 80.0], [0.0, 120.0, 48.0], [0.0, 0.0, 1.0]])
+PROMPT = "a wrist camera sweeps over a table"
+SMALL = ["--size", "48*80", "--frame-num", "5", "--steps", "2"]
+
+
+def demo_poses(index: int, steps: int) -> np.ndarray:
+    t = np.arange(steps) / RATE
+    eyes = np.stack([0.6 * np.cos(t + index), 0.6 * np.sin(t + index), 0.5 + 0.1 * t], axis=1)
+    targets = np.stack([0.1 * np.sin(3 * t), 0.05 * t, 0.0 * t], axis=1)
+    return np.stack([look_at(e, g) for e, g in zip(eyes, targets, strict=True)])
+
+
+def _isaaclab3():
+    from tests.isaac.isaaclab_real import ISAACLAB_ROOT
+
+    if not (ISAACLAB_ROOT / "3").is_dir():
+        return None
+    pytest.importorskip("torch")
+    from tests.isaac.isaaclab_real import isaaclab
+
+    return isaaclab("3")
+
+
+def write_lab_dataset(path: Path, demos: int, steps: int = 24, failed: tuple[int, ...] = ()) -> str:
+    """An Isaac Lab dataset of `demos` demos (camera pose terms + rgb); returns who wrote it."""
+    frames = np.random.default_rng(0).integers(0, 256, (steps, H, W, 3), dtype=np.uint8)
+    lab = _isaaclab3()
+    if lab is not None:
+        import torch
+
+        handler = lab.handler.HDF5DatasetFileHandler()
+        handler.create(str(path), env_name="Isaac-Stack-Cube-Franka-IK-Rel-Visuomotor-v0")
+        for index in range(demos):
+            poses = demo_poses(index, steps)
+            quat = Rotation.from_matrix(poses[:, :3, :3]).as_quat()  # x, y, z, w: Isaac Lab 3's order
+            episode = lab.episode_data.EpisodeData()
+            for step in range(steps):
+                episode.add("obs/wrist_cam_pos_w", torch.tensor(poses[step, :3, 3], dtype=torch.float32))
+                episode.add("obs/wrist_cam_quat_w_ros", torch.tensor(quat[step], dtype=torch.float32))
+                episode.add("obs/wrist_cam_intrinsic_matrices", torch.tensor(K, dtype=torch.float32))
+                episode.add("obs/wrist_cam", torch.from_numpy(frames[step]))
+                episode.add("actions", torch.zeros(7))
+            episode.success = index not in failed
+            episode.pre_export()
+            handler.write_episode(episode)
+        handler.flush()
+        handler.close()
+        return "isaaclab"
+    with h5py.File(path, "w") as h5:
+        h5.attrs["format_version"] = 1
+        data = h5.create_group("data")
+        data.attrs["env_args"] = json.dumps({"env_name": "Isaac-Stack-Cube-Franka-IK-Rel-Visuomotor-v0"})
+        for index in range(demos):
+            poses = demo_poses(index, steps)
+            demo = data.create_group(f"demo_{index}")
+            demo.attrs["num_samples"] = steps
+            demo.attrs["success"] = index not in failed
+            demo["actions"] = np.zeros((steps, 7), np.float32)
+            obs = demo.create_group("obs")
+            obs["wrist_cam_pos_w"] = poses[:, :3, 3].astype(np.float32)
+            obs["wrist_cam_quat_w_ros"] = Rotation.from_matrix(poses[:, :3, :3]).as_quat().astype(np.float32)
+            obs["wrist_cam_intrinsic_matrices"] = np.broadcast_to(K, (steps, 3, 3)).astype(np.float32)
+            obs["wrist_cam_rgb"] = frames
+    return "h5py"
+
+
+def replay_args(dataset: Path, out: Path, endpoint: str | None, *extra: str) -> list[str]:
+    args = ["replay", str(dataset), "--rate", str(RATE), "--prompt", PROMPT, "--out", str(out), *extra]
+    return [*args, "--server", endpoint] if endpoint else args
+
+
+def test_demo_selection(tmp_path, capsys):
+    write_lab_dataset(tmp_path / "lab.hdf5", demos=6, failed=(1, 4))
+    cases = {"all": 6, "successful": 4, "0-2": 3, "1,3-5": 4}
+    for spec, count in cases.items():
+        out = tmp_path / f"out-{spec}"
+        assert cli(replay_args(tmp_path / "lab.hdf5", out, None, "--export-only", "--demos", spec)) == 0
+        assert len(list(out.iterdir())) == count, spec
+    assert {p.name for p in (tmp_path / "out-successful").iterdir()} == {f"lab-demo_{i}" for i in (0, 2, 3, 5)}
+    capsys.readouterr()
+    assert cli(replay_args(tmp_path / "lab.hdf5", tmp_path / "x", None, "--export-only", "--demos", "9-")) == 2
+    assert "--demos '9-'" in capsys.readouterr().err
+    assert cli(replay_args(tmp_path / "lab.hdf5", tmp_path / "x", None, "--export-only", "--demos", "50-60")) == 2
+    assert "no demo" in capsys.readouterr().err
+
+
+def test_window_backs_off_on_busy_and_finishes_every_episode(tmp_path):
+    """A server that holds one waiting job per client: the batch gets `busy` and waits, never fails."""
+    write_lab_dataset(tmp_path / "lab.hdf5", demos=6)
+    pool = ServerPool(tmp_path / "servers")
+    try:
+        server = pool.start(worker=standin_command(step_s=0.02), max_queue_per_client=1)
+        from bridge.client import Client, EpisodePayload
+        from tests.bridge.conftest import make_episode
+
+        other = Client(server.endpoint, timeout=10)  # another user holds the one worker for ~2 s
+        hog = other.submit(EpisodePayload.from_dir(make_episode(tmp_path / "hog")), {"steps": 100})
+        out = tmp_path / "out"
+        done = subprocess.run(
+            [sys.executable, "-m", "lingbot_cli", *replay_args(tmp_path / "lab.hdf5", out, server.endpoint,
+                                                               "--window", "5", "--steps", "3")],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert sorted(p.parent.name for p in out.glob("*/rollout.mp4")) == [f"lab-demo_{i}" for i in range(6)]
+        assert not list(out.glob("*/rollout.pending.json"))
+        assert "per-client cap" not in done.stderr  # busy was waited out, not reported as a failure
+        assert "the server was busy" in done.stderr
+        assert hog.result(timeout=30) and other.close() is None
+        assert "replay: 100%" in done.stderr and "6/6" in done.stderr  # one bar over the dataset
+        jobs = {json.loads(p.read_text())["job"] for p in out.glob("*/rollout.json")}
+        assert len(jobs) == 6
+    finally:
+        pool.close()
+
+
+def _spool_names(server) -> list[str]:
+    return [json.loads((d / "job.json").read_text())["name"] for d in (server.workdir / "spool" / "jobs").iterdir()]
+
+
+@pytest.mark.slow
+def test_forty_demo_dataset_interrupted_resumed_and_reported(tmp_path):
+    """Acceptance: 40 demos through 2 tiny-model workers; the client is SIGKILLed half-way and rerun;
+    finished episodes are not redone, jobs left on the server are collected, and the dataset
+    report's numbers equal the per-episode reports'."""
+    writer = write_lab_dataset(tmp_path / "lab.hdf5", demos=40)
+    pool = ServerPool(tmp_path / "servers")
+    try:
+        server = pool.start(worker=TINY, worker_keys={"devices": ["cpu", "cpu"]})
+        from bridge.client import Client
+
+        with Client(server.endpoint, timeout=10) as client:
+            wait_for(lambda: client.health()["ok"], 180, interval=0.5, what="two tiny workers")
+        out = tmp_path / "out"
+        command = [sys.executable, "-m", "lingbot_cli", *replay_args(tmp_path / "lab.hdf5", out, server.endpoint,
+                                                                      *SMALL, "--window", "6")]  # fmt: skip
+        first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 start_new_session=True)  # fmt: skip
+        wait_for(lambda: len(list(out.glob("*/rollout.mp4"))) >= 10, 300, interval=0.2, what="10 rollouts")
+        os.killpg(first.pid, signal.SIGKILL)  # the client dies; the server and its jobs go on
+        first.wait(timeout=10)
+        first.stdout.close()
+        first.stderr.close()
+        finished = {p.parent.name: p.stat().st_mtime_ns for p in out.glob("*/rollout.mp4")}
+        pending = {p.parent.name for p in out.glob("*/rollout.pending.json")} - set(finished)
+        assert 10 <= len(finished) < 40 and pending, (len(finished), pending)
+        time.sleep(1.0)
+
+        second = subprocess.run([*command, "--report", str(tmp_path / "report")], cwd=REPO,
+                                capture_output=True, text=True, timeout=900)  # fmt: skip
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert f"{len(finished)} of 40 episode(s) already have rollout.mp4: skipped" in second.stderr
+        videos = {p.parent.name: p.stat().st_mtime_ns for p in out.glob("*/rollout.mp4")}
+        assert sorted(videos) == sorted(f"lab-demo_{i}" for i in range(40))
+        assert all(videos[name] == mtime for name, mtime in finished.items())  # not redone
+        names = _spool_names(server)
+        for name in [*finished, *pending]:  # finished: skipped; pending: followed again, not resubmitted
+            assert names.count(name) == 1, (name, names.count(name))
+        assert len(set(names)) == 40
+
+        dataset = json.loads((tmp_path / "report" / "dataset.json").read_text())
+        assert dataset["totals"]["episodes"] == 40 and dataset["totals"]["compared"] == 40
+        assert dataset["tiny_model"] is True
+        for row in dataset["episodes"]:
+            report = json.loads((tmp_path / "report" / row["report_json"]).read_text())
+            rollout = report["camera_fidelity"]["rollout"]["summary"]
+            assert row["rotation_error_deg"] == rollout["first_to_k"]["rotation_error_deg"]["median"]
+            assert row["translation_error_deg"] == rollout["first_to_k"]["translation_error_deg"]["median"]
+            assert row["estimation_failures"] == rollout["first_to_k"]["failed"] + rollout["consecutive"]["failed"]
+            assert row["psnr_db"] == report["image_metrics"]["summary"]["psnr_db"]["mean"]
+        assert (tmp_path / "report" / "dataset.html").is_file()
+    finally:
+        pool.close()
+    print(f"dataset written by {writer}")

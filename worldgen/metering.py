@@ -1,0 +1,90 @@
+"""What a run cost: this process's peak RSS (Linux /proc) and the GPU's peak VRAM, phase by phase.
+
+`PhaseMeter` measures; it decides nothing (the plan is `worldgen.memory`, the loading and freeing
+`worldgen.residency`). Printed at the end of every run and recorded by the benchmarks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+GiB = 2**30
+
+
+def _proc_status_kib(field: str) -> int | None:
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    match = re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def peak_rss_gib() -> float | None:
+    """This process's peak resident set (VmHWM) so far, or None off Linux."""
+    kib = _proc_status_kib("VmHWM")
+    return None if kib is None else kib / 2**20
+
+
+def _reset_peak_rss() -> bool:
+    try:  # Linux: writing 5 to clear_refs resets VmHWM (the peak RSS) of this process
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+@dataclasses.dataclass
+class PhaseRecord:
+    name: str
+    seconds: float
+    peak_rss_gib: float | None
+    peak_vram_gib: float | None
+
+
+class PhaseMeter:
+    """Peak RSS and VRAM per phase (`with meter.phase("denoise"): ...`)."""
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self.records: list[PhaseRecord] = []
+        self.rss_split: dict[str, tuple[float, float]] = {}  # phase -> (anonymous, file-backed) GiB at its end
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        can_reset = _reset_peak_rss()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            vram = None
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+                vram = torch.cuda.max_memory_reserved(self.device) / GiB
+            hwm = _proc_status_kib("VmHWM" if can_reset else "VmRSS")
+            rss = None if hwm is None else hwm / 2**20
+            anon, file = _proc_status_kib("RssAnon"), _proc_status_kib("RssFile")
+            if anon is not None and file is not None:
+                self.rss_split[name] = (anon / 2**20, file / 2**20)
+            self.records.append(PhaseRecord(name, time.perf_counter() - start, rss, vram))
+
+    def summary(self) -> str:
+        lines = ["measured per phase:  seconds   peak RSS   peak VRAM (reserved)"]
+        for r in self.records:
+            rss = "-" if r.peak_rss_gib is None else f"{r.peak_rss_gib:6.2f} GiB"
+            vram = "-" if r.peak_vram_gib is None else f"{r.peak_vram_gib:6.2f} GiB"
+            lines.append(f"  {r.name:<8} {r.seconds:9.1f}   {rss:>10}   {vram:>10}")
+        return "\n".join(lines)
+
+    def as_dict(self) -> list[dict]:
+        return [dataclasses.asdict(r) for r in self.records]
