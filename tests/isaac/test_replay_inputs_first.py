@@ -45,7 +45,7 @@ def test_replay_fails_on_bad_input_before_contacting_the_server(tmp_path, case):
         expected = "poses.npy"
     else:
         extra = ["--steps", "0"]
-        expected = "steps must be >= 1"
+        expected = "steps must be in [1, 1000] (got 0)"
     before = _cpu_seconds_of_children()
     result = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "lingbot_cli", "replay", str(episode), "--server",
