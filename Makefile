@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # only h5py, numpy and torch). 3.0.0 declares Python 3.12; its datasets code runs on 3.10+.
 ISAACLAB := $(VENV)/isaaclab
 
-.PHONY: demo test lint bench-help clean
+.PHONY: demo test lint bench-help clean extension-manifest
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ demo: $(STAMP)
 test: $(STAMP) $(ISAACLAB)/.installed
 	@command -v chromium >/dev/null 2>&1 || sh scripts/install-chromium.sh
 	$(BIN)/pytest -q
+
+# Kit's standard manifest place is config/extension.toml; extension.toml at the top is the one we edit.
+extension-manifest:
+	cp extension.toml config/extension.toml
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,7 +1,9 @@
 """Golden parity on CUDA in bf16 (and float32): every reference case through the public API.
 
-Usage: python bench/cuda_parity.py [--shared ../shared] [--dtype bfloat16]
+Usage: python bench/cuda_parity.py [--shared ../shared] [--dtype bfloat16] [--compute bf16,fp8] [--eager]
 Prints one line per case with the relative L2 error |a-b|/|b| against the CPU-float32 golden file.
+`--compute fp8` also runs the golden DiT cases through the FP8 GEMMs (every Linear of the tiny
+golden model, whatever its token count); `--eager` turns the fused elementwise CUDA kernels off (the old path).
 """
 
 from __future__ import annotations
@@ -40,7 +42,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parent.parent.parent / "shared")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--compute", default="bf16", help="comma-separated: bf16 (exact), fp8 (DiT cases only)")
+    parser.add_argument("--eager", action="store_true", help="no fused elementwise kernels (the old path)")
     args = parser.parse_args()
+    if args.eager:
+        from worldgen import fused
+
+        fused.enable(False)
+    computes = args.compute.split(",")
+    if "fp8" in computes:
+        from worldgen import fp8
+
+        fp8.MIN_ROWS = 0  # the golden model has 72 tokens: send every Linear through FP8
     g = args.shared / "golden"
     dev = torch.device("cuda")
     dtype = getattr(torch, args.dtype)
@@ -50,7 +63,8 @@ def main() -> None:
     nio = load_file(g / "dit/nf4_io.safetensors")
     for layout, ref in (("bf16_layout", io), ("nf4_layout", nio)):
         model = load_expert(g / "dit" / layout, dev, dtype)
-        for t in (900, 250):
+        for compute, t in ((c, t) for c in computes for t in (900, 250)):
+            model.set_compute(compute)
             with torch.no_grad():
                 out = model(
                     io["x"][None].to(dev),
@@ -59,7 +73,8 @@ def main() -> None:
                     io["y"][None].to(dev),
                     io["cam"].to(dev),
                 )
-            results[f"dit {layout} cam t{t}"] = rel(out[0], ref[f"out_cam_t{t}"])
+            tag = "" if compute == "bf16" else f" [{compute}]"
+            results[f"dit {layout} cam t{t}{tag}"] = rel(out[0], ref[f"out_cam_t{t}"])
         del model
 
     tio = load_file(g / "t5/io.safetensors")
@@ -126,17 +141,21 @@ def main() -> None:
         shift=spec["shift"],
         guide_scale=tuple(spec["guide_scale_low_high"]),
     )
-    video = pipe.generate(
-        ex / "00/image.jpg",
-        None,
-        np.load(ex / "00/poses.npy"),
-        np.load(ex / "00/intrinsics.npy"),
-        settings,
-        noise=pio["noise"],
-        context=context.to(dev),
-        negative_context=negative.to(dev),
-    )
-    results["pipeline end-to-end video"] = rel(video, pio["video"])
+    for compute in computes:
+        for slot in pipe.experts.values():
+            slot.get().set_compute(compute)
+        video = pipe.generate(
+            ex / "00/image.jpg",
+            None,
+            np.load(ex / "00/poses.npy"),
+            np.load(ex / "00/intrinsics.npy"),
+            settings,
+            noise=pio["noise"],
+            context=context.to(dev),
+            negative_context=negative.to(dev),
+        )
+        tag = "" if compute == "bf16" else f" [{compute}]"
+        results[f"pipeline end-to-end video{tag}"] = rel(video, pio["video"])
 
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__} compute dtype {dtype}")
     for name, err in results.items():

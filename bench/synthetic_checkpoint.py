@@ -5,7 +5,9 @@ what we can measure memory, speed and load throughput on without downloading the
 The tokenizer is our tiny character tokenizer (ids fit the real vocabulary).
 
 Usage: python bench/synthetic_checkpoint.py OUT_DIR [--layout nf4|bf16] [--device cuda] [--experts high,low]
-       [--no-shared]  (--experts high --no-shared: one expert only, e.g. to benchmark quantize)
+       [--no-shared] [--fast]  (--experts high --no-shared: one expert only, e.g. to benchmark quantize;
+       --fast: also the LingBot-World-Fast DiT, lingbot_world_fast[_bnb_nf4]/; --experts none --fast:
+       only it and the shared parts)
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from worldgen.checkpoint import INDEX_FILE, T5_FILE, VAE_FILE  # noqa: E402
+from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, INDEX_FILE, T5_FILE, VAE_FILE  # noqa: E402
 from worldgen.dit import DiTConfig, Linear, WanCameraDiT  # noqa: E402
 from worldgen.nf4 import quantize_weight  # noqa: E402
 from worldgen.t5 import UMT5_XXL, UMT5Encoder  # noqa: E402
@@ -40,14 +42,14 @@ def random_tensor(shape, name: str, device, gen) -> torch.Tensor:
     return (torch.randn(shape, device=device, generator=gen) * 0.02).to(torch.bfloat16)
 
 
-def write_expert(folder: Path, layout: str, device: torch.device, seed: int) -> None:
+def write_expert(folder: Path, layout: str, device: torch.device, seed: int, class_name: str = "WanModel") -> None:
     cfg = DiTConfig()
     with torch.device("meta"):
         model = WanCameraDiT(cfg)
     linears = {n for n, m in model.named_modules() if isinstance(m, Linear)}
     gen = torch.Generator(device).manual_seed(seed)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps({"_class_name": "WanModel", **dataclasses.asdict(cfg)}, indent=1))
+    (folder / "config.json").write_text(json.dumps({"_class_name": class_name, **dataclasses.asdict(cfg)}, indent=1))
     shapes = meta_shapes(model)
     if layout == "nf4":
         meta = {"quant": {"format": "bnb_nf4", "quant_type": "nf4", "double_quant": True,
@@ -87,6 +89,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--experts", default="high,low", help="which experts to write")
     parser.add_argument("--no-shared", action="store_true", help="skip umT5, VAE and tokenizer")
+    parser.add_argument("--fast", action="store_true", help="also write the LingBot-World-Fast DiT")
     args = parser.parse_args()
     device = torch.device(args.device)
     start = time.perf_counter()
@@ -96,6 +99,10 @@ def main() -> None:
             continue
         write_expert(args.out / f"{expert}_noise_model{suffix}", args.layout, device, seed)
         print(f"{expert} expert written ({time.perf_counter() - start:.0f} s)", flush=True)
+    if args.fast:
+        folder = FAST_NF4_DIR if args.layout == "nf4" else FAST_DIR
+        write_expert(args.out / folder, args.layout, device, 2, class_name="WanModelFast")
+        print(f"Fast DiT written ({time.perf_counter() - start:.0f} s)", flush=True)
     if args.no_shared:
         return
     with torch.device("meta"):

@@ -333,6 +333,9 @@ class Client:
         self.endpoint, self.timeout, self.retries = endpoint, float(timeout), int(retries)
         self.heartbeat_s, self.give_up_s, self.limits = heartbeat_s, give_up_s, limits or Limits()
         self.client_id = client_id or uuid.uuid4().hex
+        # The server knows this client by its connection's routing id (or its CurveZMQ key): a
+        # random one kept across reconnects, so a retried submit is still recognised as a retry.
+        self._routing_id = b"L" + uuid.uuid4().bytes
         if not protocol._ID_RE.match(self.client_id):
             raise ValueError("client_id must be 1-64 characters of [A-Za-z0-9._:@/+=-]")
         self._curve = self._load_curve(server_key, client_key)
@@ -532,6 +535,7 @@ class Client:
         socket.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         socket.setsockopt(zmq.HEARTBEAT_IVL, 2000)
         socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000)
+        socket.setsockopt(zmq.ROUTING_ID, self._routing_id)
         if self._curve is not None:
             secure_client_socket(socket, *self._curve)
         self._monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)

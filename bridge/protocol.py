@@ -49,7 +49,8 @@ ERROR_CODES = (
     "too_large",  # a frame, string, shape or count above the caps
     "bad_settings",  # generation settings the engine cannot use, or above the server's caps
     "bad_input",  # the episode cannot be generated (raised by the engine)
-    "busy",  # queue full: try again later
+    "busy",  # queue full, or this client's share of the queue or of the spool: try again later
+    "storage",  # the server cannot write its spool (disk full, read-only ...): try again later
     "not_found",  # unknown job id
     "cancelled",  # the job was cancelled
     "worker_crashed",  # the worker process died during the job (signal / OOM kill / exit)
@@ -418,6 +419,67 @@ def _check_array(
     if 0 in shape:
         raise ProtocolError(f"{type_}.{name}: empty array (shape {shape})")
     return np.frombuffer(view, dtype=DTYPES[dtype_name]).reshape(shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed requests: what the server's handlers get, built only from a fully validated Message
+
+
+@dataclasses.dataclass(frozen=True)
+class Submit:
+    rid: str
+    prompt: str
+    settings: dict[str, Any]  # overrides of the server's preset; checked by the server against its schema
+    image: bytes
+    image_format: str  # "jpeg" | "png", from the magic bytes
+    poses: np.ndarray  # [N, 4, 4], finite
+    intrinsics: np.ndarray  # [N, 4], finite, fx, fy > 0
+    want_frames: bool = False
+    name: str | None = None
+    client: str | None = None  # a label the client chose; never its identity (see docs/protocol.md)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRequest:
+    """`cancel`, `status` or `watch` of one job."""
+
+    type: str
+    rid: str
+    job: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Health:
+    rid: str
+
+
+Request = Submit | JobRequest | Health
+
+
+def parse_request(frames: Sequence[Any], limits: Limits = Limits()) -> Request:
+    """A client -> server message as a typed request; raises ProtocolError (with its code)."""
+    message = decode_request(frames, limits)
+    fields = message.fields
+    if message.type == "health":
+        return Health(fields["rid"])
+    if message.type != "submit":
+        return JobRequest(message.type, fields["rid"], fields["job"])
+    image = message.blobs["image"]
+    poses, intrinsics = message.arrays["poses"], message.arrays["intrinsics"]
+    fmt = image_format(image)
+    check_episode_arrays(poses, intrinsics)
+    return Submit(
+        rid=fields["rid"],
+        prompt=fields["prompt"],
+        settings=dict(fields.get("settings") or {}),
+        image=image,
+        image_format=fmt,
+        poses=poses,
+        intrinsics=intrinsics,
+        want_frames=bool(fields.get("want_frames", False)),
+        name=fields.get("name"),
+        client=fields.get("client"),
+    )
 
 
 def _pattern(spec: FrameSpec) -> str:

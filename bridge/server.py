@@ -6,14 +6,24 @@ stalls the worker. Every request gets exactly one reply (or an `error`); job eve
 `result`, `error`) go to every connection subscribed to the job: the one that submitted it and
 any that `watch` it later (a client that reconnected, or another process).
 
+Each job is one `bridge.jobs.Job` in `self.jobs` (its request, its state, its subscribers, its
+progress); `by_request` is only an index for de-duplicating retried submits. A job is "running"
+only once the worker has its `run` message; any spool write error requeues or fails the job it
+concerns, marks the spool not writable (health, `storage` answers) and is retried every loop
+turn, so the server recovers by itself when space returns.
+
+Identity: with CurveZMQ a client is its authenticated public key; without, its connection (the
+ROUTER routing id). A `client` field in a message is only a label. Fair queueing, quotas and
+submit de-duplication are per identity; a job's id is its access token (status, watch, cancel).
+
 Sends never block: a peer that is gone or not reading loses that message (ROUTER_MANDATORY
 + NOBLOCK), and the client's heartbeat (`watch`) fetches the job's state and result again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import math
 import os
 import signal
 import time
@@ -26,24 +36,47 @@ import numpy as np
 import zmq
 
 from bridge import protocol
+from bridge import worker_protocol as wp
 from bridge.fair_queue import FairQueue
-from bridge.protocol import Limits, Message, ProtocolError
+from bridge.jobs import Job
+from bridge.mp4 import IncompleteVideo, check_complete
+from bridge.protocol import Health, JobRequest, Limits, ProtocolError, Submit
 from bridge.security import check_bind_allowed, secure_server_socket
 from bridge.server_config import ServerConfig
-from bridge.spool import JobRecord, Spool
+from bridge.spool import Spool, describe_os_error
 from bridge.supervisor import Event
 from bridge.worker_pool import build_pool
+from contracts import atomic
 from contracts.provenance import read_record
-from contracts.settings import GenerationSettings, SettingsError, load_settings
+from contracts.settings import GenerationSettings, load_settings
 
 log = logging.getLogger("bridge.server")
 
 MAX_MESSAGES_PER_WAKEUP = 64  # then look at the worker again: neither side starves the other
 CLEANUP_EVERY_S = 60.0
+PROBE_EVERY_S = 2.0  # how often a writable spool is checked (a failing one: every loop turn)
+RESEND_RESULT_AFTER_S = 10.0  # a peer that asks again for a result it was sent gets it again after this
+MAX_STORAGE_REQUEUES = 5  # a job that hits spool errors this often in a row is failed
 
 
 class ListenError(RuntimeError):
     """The server cannot bind its endpoint (address in use, bad endpoint ...)."""
+
+
+class _Outcome:
+    """A finished job's `result` message, read once and shared (zero-copy) by every peer it goes to;
+    dropped when no send of it is still in flight."""
+
+    def __init__(self, frames: list) -> None:
+        self.frames = frames
+        self.in_flight: dict[bytes, zmq.MessageTracker] = {}
+        self.sent_at: dict[bytes, float] = {}
+
+    def busy(self) -> bool:
+        for peer, tracker in list(self.in_flight.items()):
+            if tracker.done:
+                del self.in_flight[peer]
+        return bool(self.in_flight)
 
 
 class Server:
@@ -62,16 +95,18 @@ class Server:
             self.close()
             raise
         self.queue = FairQueue()
-        self.jobs: dict[str, JobRecord] = {}
-        self.by_request: dict[tuple[str, str], str] = {}  # (client, rid) -> job: submit is idempotent
-        self.subscribers: dict[str, set[bytes]] = {}
-        self.live: dict[str, dict[str, Any]] = {}  # running job -> phase, step, total, eta
-        self.sent_positions: dict[str, int] = {}
+        self.jobs: dict[str, Job] = {}
+        self.by_request: dict[tuple[str, str], str] = {}  # (identity, rid) -> job id: submit is idempotent
         self.pending_health: dict[str, tuple[bytes, str, float]] = {}
+        self.outcomes: dict[str, _Outcome] = {}  # result messages being sent
+        self.sent_at: dict[tuple[bytes, str], float] = {}  # (peer, job) -> when its result last went out
         self.unavailable: str | None = None
+        self.storage_error: str | None = None
+        self._storage_requeues: dict[str, int] = {}
         self.started = time.time()
         self._stop = False
         self._next_cleanup = 0.0
+        self._next_probe = 0.0
         worker = config.worker
         env = dict(os.environ)
         # The worker imports worldgen from the same tree as this bridge, wherever we were started.
@@ -88,6 +123,7 @@ class Server:
         socket = self.socket
         socket.linger = 0
         socket.router_mandatory = 1  # sends to vanished peers fail fast instead of vanishing
+        socket.router_handover = 1  # a client that reconnects with its routing id takes it over
         socket.maxmsgsize = self.limits.max_request_frame_bytes  # ZeroMQ drops larger frames itself
         socket.rcvhwm = 256
         socket.sndhwm = 1024
@@ -109,28 +145,24 @@ class Server:
 
     def recover(self) -> None:
         resumed = failed = 0
-        for record in self.spool.load_all():
-            self.jobs[record.id] = record
-            self.by_request[(record.client, record.rid)] = record.id
-            if record.state == "running":
-                if record.attempts >= self.config.max_attempts:
-                    self._finish(
-                        record,
-                        "failed",
-                        {
-                            "code": "interrupted",
-                            "message": f"the server stopped during this job {record.attempts} times; not retried again",
-                        },
-                    )
+        for job in self.spool.load_all():
+            self.jobs[job.id] = job
+            self.by_request[(job.client, job.rid)] = job.id
+            if job.terminal:
+                self.spool.release_inputs(job)  # left by a server that stopped at the wrong moment
+                continue
+            if job.state == "running":
+                if job.attempts >= self.config.max_attempts:
+                    message = f"the server stopped during this job {job.attempts} times; not retried again"
+                    self._finish(job, "failed", {"code": "interrupted", "message": message})
                     failed += 1
                     continue
-                record.state = "queued"
-                self.spool.save_state(record)
-                self.queue.push(record.client, record.id, front=True)
-                resumed += 1
-            elif record.state == "queued":
-                self.queue.push(record.client, record.id)
-                resumed += 1
+                job.move("queued")
+                self._save(job)
+                self.queue.push(job.client, job.id, front=True)
+            else:
+                self.queue.push(job.client, job.id)
+            resumed += 1
         if resumed or failed:
             log.info("spool: %d job(s) resumed, %d failed as interrupted", resumed, failed)
         self._cleanup()
@@ -155,7 +187,7 @@ class Server:
             while not self._stop:
                 try:
                     self.step()
-                except Exception:  # a bug (or a full disk) must not take the server down
+                except Exception:  # a bug must not take the server down
                     log.exception("internal error in the event loop; going on")
                     time.sleep(0.1)
         finally:
@@ -168,7 +200,7 @@ class Server:
         worker_fds = self.supervisor.fds()
         for fd, wants_write in worker_fds:
             poller.register(fd, zmq.POLLOUT if wants_write else zmq.POLLIN)
-        wait = max_wait_s
+        wait = max_wait_s if not self.storage_error else min(max_wait_s, 0.2)
         deadline = self.supervisor.next_deadline()
         if deadline is not None:
             wait = min(wait, max(0.0, deadline - time.monotonic()))
@@ -178,8 +210,12 @@ class Server:
         if any(fd in ready for fd, _ in worker_fds):
             self._handle_worker_events(self.supervisor.on_io())
         self._handle_worker_events(self.supervisor.tick())
+        now = time.monotonic()
+        if now >= self._next_probe:
+            self._probe_storage()
         self._dispatch()
-        if time.monotonic() >= self._next_cleanup:
+        self._release_outcomes()
+        if now >= self._next_cleanup:
             self._cleanup()
 
     def close(self) -> None:
@@ -199,113 +235,186 @@ class Server:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            identity, body = frames[0].bytes, frames[1:]
+            peer, body = frames[0].bytes, frames[1:]
             rid = protocol.peek_rid(body[0].buffer, self.limits) if body else None
             try:
-                self._handle_request(identity, body)
+                self._handle_request(peer, body)
             except Exception as exc:  # a bug must cost one request, never the server
                 log.error("internal error on a request: %s\n%s", exc, traceback.format_exc())
-                self._send(identity, protocol.error_frames("internal", f"internal server error: {exc}", rid))
+                self._send(peer, protocol.error_frames("internal", f"internal server error: {exc}", rid))
+            # A new job starts before the next request is read (queue positions stay exact); its
+            # own errors are the job's, never an answer to the request that was just accepted.
+            try:
+                self._dispatch()
+            except Exception:
+                log.exception("internal error while dispatching; going on")
+
+    # ---------------------------------------------------------------------------------------
+    # Storage
+
+    def _save(self, job: Job) -> bool:
+        """Write a job's state.json; on failure the job is marked dirty (written again when the
+        spool recovers) and the spool is reported not writable."""
+        try:
+            self.spool.save_state(job)
+            return True
+        except OSError as exc:
+            job.dirty = True
+            self._storage_failed(exc, f"job {job.id} state")
+            return False
+
+    def _storage_failed(self, exc: OSError, what: str) -> None:
+        reason = describe_os_error(exc)
+        if self.storage_error != reason:
+            log.error("spool: cannot write %s: %s; new jobs are refused until it can be written", what, reason)
+        self.storage_error = reason
+        self._next_probe = 0.0  # check again at the next loop turn
+
+    def _probe_storage(self) -> None:
+        """Is the spool writable (and is there room) now? Clears or sets `storage_error`."""
+        now = time.monotonic()
+        self._next_probe = now + (0.2 if self.storage_error else PROBE_EVERY_S)
+        try:
+            self.spool.probe()
+            free = self.spool.free_bytes()
+        except OSError as exc:
+            self._storage_failed(exc, "its probe file")
+            return
+        if free < self.config.spool_min_free_bytes:
+            reason = (
+                f"the spool's disk is nearly full: {free >> 20} MiB free, below spool_min_free_bytes "
+                f"({self.config.spool_min_free_bytes >> 20} MiB)"
+            )
+            if self.storage_error != reason:
+                log.error("spool: %s", reason)
+            self.storage_error = reason
+            return
+        for job in self.jobs.values():  # state changes that could not be written before
+            if job.dirty:
+                try:
+                    self.spool.save_state(job)
+                except OSError as exc:
+                    self._storage_failed(exc, f"job {job.id} state")
+                    return
+                if job.terminal:
+                    self.spool.release_inputs(job)
+        if self.storage_error:
+            log.info("spool is writable again")
+        self.storage_error = None
+
+    def spool_usage(self) -> tuple[int, dict[str, int]]:
+        """Bytes the jobs hold in the spool: in all, and per client."""
+        per_client: dict[str, int] = {}
+        for job in self.jobs.values():
+            per_client[job.client] = per_client.get(job.client, 0) + job.spool_bytes
+        return sum(per_client.values()), per_client
 
     # ---------------------------------------------------------------------------------------
     # Requests
 
-    def _handle_request(self, identity: bytes, frames: list) -> None:
+    def _identity(self, peer: bytes, header: zmq.Frame) -> str:
+        """Who sent a message: the CurveZMQ key ZAP authenticated, else the connection."""
+        if self.config.security.curve:
+            try:
+                return "key:" + header.get("User-Id")
+            except (zmq.ZMQError, TypeError):  # pragma: no cover (ZAP always sets it under CURVE)
+                pass
+        return "peer:" + peer.hex()
+
+    def _handle_request(self, peer: bytes, frames: list) -> None:
         try:
-            message = protocol.decode_request([f.buffer for f in frames], self.limits)
+            request = protocol.parse_request([f.buffer for f in frames], self.limits)
         except ProtocolError as exc:
             rid = protocol.peek_rid(frames[0].buffer, self.limits) if frames else None
             log.info("refused a malformed request (%s): %s", exc.code, exc)
-            self._send(identity, protocol.error_frames(exc.code, str(exc), rid))
+            self._send(peer, protocol.error_frames(exc.code, str(exc), rid))
             return
-        handler = getattr(self, f"_on_{message.type}")
-        handler(identity, message)
+        if isinstance(request, Submit):
+            self._on_submit(peer, self._identity(peer, frames[0]), request)
+        elif isinstance(request, Health):
+            self._on_health(peer, request)
+        else:
+            getattr(self, f"_on_{request.type}")(peer, request)
 
-    def _on_submit(self, identity: bytes, message: Message) -> None:
-        rid = message.fields["rid"]
-        client = message.get("client") or f"conn-{identity.hex()}"
-        existing = self.by_request.get((client, rid))
-        if existing is not None and existing in self.jobs:  # a retry of a submit we already took
-            record = self.jobs[existing]
-            self._reply_accepted(identity, rid, record)
-            if record.state in protocol.TERMINAL_STATES:
-                self._send_outcome(record, [identity])
+    def _refuse(self, peer: bytes, rid: str, code: str, message: str) -> None:
+        self._send(peer, protocol.error_frames(code, message, rid))
+
+    def _on_submit(self, peer: bytes, client: str, request: Submit) -> None:
+        rid = request.rid
+        existing = self.jobs.get(self.by_request.get((client, rid), ""))
+        if existing is not None:  # a retry of a submit this client already made
+            self._reply_accepted(peer, rid, existing)
+            if existing.terminal:
+                self._send_outcome(existing, [peer])
             else:
-                self.subscribers.setdefault(existing, set()).add(identity)
+                existing.subscribers.add(peer)
             return
         try:
-            image = message.blobs["image"]
-            protocol.image_format(image)
-            poses, intrinsics = message.arrays["poses"], message.arrays["intrinsics"]
-            protocol.check_episode_arrays(poses, intrinsics)
-            settings = self._job_settings(message.get("settings") or {})
+            settings = self._job_settings(request.settings)
         except ProtocolError as exc:
-            self._send(identity, protocol.error_frames(exc.code, str(exc), rid))
+            self._refuse(peer, rid, exc.code, str(exc))
             return
         if self.unavailable:
-            self._send(identity, protocol.error_frames("unavailable", self.unavailable, rid))
+            self._refuse(peer, rid, "unavailable", self.unavailable)
             return
-        if len(self.queue) >= self.config.max_queue:
-            self._send(
-                identity,
-                protocol.error_frames(
-                    "busy", f"the queue is full ({len(self.queue)} jobs waiting); try again later", rid
-                ),
-            )
+        if self.storage_error:
+            self._refuse(peer, rid, "storage", f"the server cannot store jobs now: {self.storage_error}")
             return
-        if self.queue.count(client) >= self.config.max_queue_per_client:
-            self._send(
-                identity,
-                protocol.error_frames(
-                    "busy",
-                    f"you already have {self.queue.count(client)} jobs waiting (the per-client cap); "
-                    "wait for one to finish",
-                    rid,
-                ),
-            )
+        waiting, mine = len(self.queue), self.queue.count(client)
+        if waiting >= self.config.max_queue:
+            self._refuse(peer, rid, "busy", f"the queue is full ({waiting} jobs waiting); try again later")
+            return
+        if mine >= self.config.max_queue_per_client:
+            self._refuse(peer, rid, "busy", f"you already have {mine} jobs waiting (the per-client cap); "
+                         "wait for one to finish")  # fmt: skip
+            return
+        size = len(request.image) + request.poses.nbytes + request.intrinsics.nbytes + len(request.prompt) + 4096
+        used, per_client = self.spool_usage()
+        if used + size > self.config.spool_quota_bytes:
+            self._refuse(peer, rid, "busy", f"the spool quota is used up ({used >> 20} of "
+                         f"{self.config.spool_quota_bytes >> 20} MiB); try again when jobs have ended")  # fmt: skip
+            return
+        if per_client.get(client, 0) + size > self.config.spool_quota_per_client_bytes:
+            self._refuse(peer, rid, "busy", f"your share of the spool quota is used up "
+                         f"({per_client.get(client, 0) >> 20} of {self.config.spool_quota_per_client_bytes >> 20} "
+                         "MiB); wait for your jobs to end")  # fmt: skip
             return
         try:
-            record = self.spool.accept(
+            job = self.spool.accept(
                 client=client,
                 rid=rid,
-                prompt=message.fields["prompt"],
-                image=image,
-                poses=poses,
-                intrinsics=intrinsics,
+                prompt=request.prompt,
+                image=request.image,
+                poses=request.poses,
+                intrinsics=request.intrinsics,
                 settings=settings.to_dict(),
-                want_frames=bool(message.get("want_frames", False)),
-                name=message.get("name"),
+                want_frames=request.want_frames,
+                name=request.name,
             )
         except OSError as exc:
-            log.error("cannot spool a job: %s", exc)
-            self._send(identity, protocol.error_frames("internal", f"server cannot store the job: {exc}", rid))
+            self._storage_failed(exc, "a new job")
+            self._refuse(peer, rid, "storage", f"the server cannot store the job: {self.storage_error}")
             return
-        self.jobs[record.id] = record
-        self.by_request[(client, rid)] = record.id
-        self.subscribers[record.id] = {identity}
-        self.queue.push(client, record.id)
-        log.info("job %s accepted from %s (%d waiting)", record.id, client, len(self.queue))
-        self._reply_accepted(identity, rid, record)
-        self._dispatch()
+        self.jobs[job.id] = job
+        self.by_request[(client, rid)] = job.id
+        job.subscribers.add(peer)
+        self.queue.push(client, job.id)
+        log.info("job %s accepted from %s (%d waiting)", job.id, client, len(self.queue))
+        self._reply_accepted(peer, rid, job)  # the loop hands it to the worker after this turn
 
     def _job_settings(self, requested: dict[str, Any]) -> GenerationSettings:
-        try:
+        """The job's settings (the server's preset under the request's), or ProtocolError bad_settings."""
+        try:  # the one strict validator (contracts.settings): every field's type and range
             settings = GenerationSettings.from_dict({**self.base_settings.to_dict(), **requested})
-        except (SettingsError, TypeError, OverflowError) as exc:
-            raise ProtocolError(f"settings: {exc}", "bad_settings") from None
-        numbers = (settings.shift, settings.boundary, *settings.guide_scale)
-        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers):
-            raise ProtocolError("settings: shift, boundary and guide_scale must be finite numbers", "bad_settings")
+        except Exception as exc:  # whatever it refuses is the request's fault, never an internal error
+            raise ProtocolError(f"settings: {exc}"[:1000], "bad_settings") from None
         limits = self.limits
-        if settings.frame_num > limits.max_frame_num:
-            raise ProtocolError(
-                f"settings: frame_num {settings.frame_num} > the server's cap {limits.max_frame_num}",
-                "bad_settings",
-            )
-        if settings.steps > limits.max_steps:
-            raise ProtocolError(
-                f"settings: steps {settings.steps} > the server's cap {limits.max_steps}", "bad_settings"
-            )
+        for name, value, cap in (
+            ("frame_num", settings.frame_num, limits.max_frame_num),
+            ("steps", settings.steps, limits.max_steps),
+        ):
+            if value > cap:
+                raise ProtocolError(f"settings: {name} {value} > the server's cap {cap}", "bad_settings")
         if settings.max_area > limits.max_area:
             raise ProtocolError(
                 f"settings: size {settings.size} is above the server's cap of {limits.max_area} pixels",
@@ -313,82 +422,80 @@ class Server:
             )
         return settings
 
-    def _reply_accepted(self, identity: bytes, rid: str, record: JobRecord) -> None:
-        fields = {"rid": rid, "job": record.id, "queue_position": self._jobs_ahead(record.id)}
-        self._send(identity, protocol.encode("accepted", fields))
-        if record.state == "queued":
-            self.sent_positions[record.id] = fields["queue_position"]
+    def _reply_accepted(self, peer: bytes, rid: str, job: Job) -> None:
+        fields = {"rid": rid, "job": job.id, "queue_position": self._jobs_ahead(job.id)}
+        self._send(peer, protocol.encode("accepted", fields))
+        if job.state == "queued":
+            job.sent_position = fields["queue_position"]
 
-    def _on_cancel(self, identity: bytes, message: Message) -> None:
-        record = self._lookup(identity, message)
-        if record is None:
+    def _on_cancel(self, peer: bytes, request: JobRequest) -> None:
+        job = self._lookup(peer, request)
+        if job is None:
             return
-        if record.state == "queued":
-            self.queue.remove(record.id)
-            self._finish(record, "cancelled", {"code": "cancelled", "message": "cancelled while queued"})
+        if job.state == "queued":
+            self.queue.remove(job.id)
+            self._finish(job, "cancelled", {"code": "cancelled", "message": "cancelled while queued"})
             self._broadcast_positions()
-        elif record.state == "running":
-            self.supervisor.cancel_job(record.id)
-            self.live.setdefault(record.id, {})["cancelling"] = True
-        self._reply_status(identity, message.fields["rid"], record)
+        elif job.state == "running":
+            self.supervisor.cancel_job(job.id)
+            job.live.cancelling = True
+        self._reply_status(peer, request.rid, job)
 
-    def _on_status(self, identity: bytes, message: Message) -> None:
-        record = self._lookup(identity, message)
-        if record is not None:
-            self._reply_status(identity, message.fields["rid"], record)
+    def _on_status(self, peer: bytes, request: JobRequest) -> None:
+        job = self._lookup(peer, request)
+        if job is not None:
+            self._reply_status(peer, request.rid, job)
 
-    def _on_watch(self, identity: bytes, message: Message) -> None:
+    def _on_watch(self, peer: bytes, request: JobRequest) -> None:
         """Subscribe this connection to a job's events; a finished job's outcome is sent again."""
-        record = self._lookup(identity, message)
-        if record is None:
+        job = self._lookup(peer, request)
+        if job is None:
             return
-        self._reply_status(identity, message.fields["rid"], record)
-        if record.state in protocol.TERMINAL_STATES:
-            self._send_outcome(record, [identity])
+        self._reply_status(peer, request.rid, job)
+        if job.terminal:
+            self._send_outcome(job, [peer])
         else:
-            self.subscribers.setdefault(record.id, set()).add(identity)
+            job.subscribers.add(peer)
 
-    def _on_health(self, identity: bytes, message: Message) -> None:
-        rid = message.fields["rid"]
+    def _on_health(self, peer: bytes, request: Health) -> None:
+        self._probe_storage()  # the answer says whether the spool is writable now
         health_id = uuid.uuid4().hex
         if self.supervisor.request_health(health_id):
-            self.pending_health[health_id] = (identity, rid, time.monotonic())
+            self.pending_health[health_id] = (peer, request.rid, time.monotonic())
         else:
-            self._reply_health(identity, rid, None, None)
+            self._reply_health(peer, request.rid, None, None)
 
-    def _lookup(self, identity: bytes, message: Message) -> JobRecord | None:
-        record = self.jobs.get(message.fields["job"])
-        if record is None:
-            self._send(
-                identity,
-                protocol.error_frames(
-                    "not_found",
-                    f"no job {message.fields['job']!r} on this server (finished jobs are kept "
-                    f"{self.config.result_ttl_s / 3600:g} h)",
-                    message.fields["rid"],
-                    message.fields["job"],
-                ),
+    def _lookup(self, peer: bytes, request: JobRequest) -> Job | None:
+        job = self.jobs.get(request.job)
+        if job is None:
+            message = (
+                f"no job {request.job!r} on this server (finished jobs are kept "
+                f"{self.config.result_ttl_s / 3600:g} h)"
             )
-        return record
+            self._send(peer, protocol.error_frames("not_found", message, request.rid, request.job))
+        return job
 
-    def _reply_status(self, identity: bytes, rid: str, record: JobRecord) -> None:
-        fields: dict[str, Any] = {"rid": rid, "job": record.id, "state": record.state}
-        if record.state == "queued":
-            fields["queue_position"] = self._jobs_ahead(record.id)
-        live = self.live.get(record.id)
-        if record.state == "running" and live:
-            fields.update(
-                {k: live[k] for k in ("phase", "step", "total", "eta_s", "cancelling") if live.get(k) is not None}
-            )
-        if record.error:
-            fields["error"] = record.error
-        self._send(identity, protocol.encode("status", fields))
+    def _reply_status(self, peer: bytes, rid: str, job: Job) -> None:
+        fields: dict[str, Any] = {"rid": rid, "job": job.id, "state": job.state}
+        if job.state == "queued":
+            fields["queue_position"] = self._jobs_ahead(job.id)
+        live = job.live
+        if job.state == "running" and live is not None:
+            fields.update(phase=live.phase, step=live.step, total=live.total)
+            if live.eta_s is not None:
+                fields["eta_s"] = live.eta_s
+            if live.cancelling:
+                fields["cancelling"] = True
+        if job.error:
+            fields["error"] = job.error
+        self._send(peer, protocol.encode("status", fields))
 
     def _reply_health(
-        self, identity: bytes, rid: str, answers: list[dict | None] | None, asked_at: float | None
+        self, peer: bytes, rid: str, answers: list[dict | None] | None, asked_at: float | None
     ) -> None:
         """`workers`: every worker of the pool; `worker` (the first) and `gpu`/`memory` (its
-        report) stay for one-worker clients. ok: every worker answered and is idle or busy."""
+        report) stay for one-worker clients. ok: every worker answered and is idle or busy, and
+        the spool is writable."""
         supervisor = self.supervisor
         workers = supervisor.status()
         for index, worker in enumerate(workers):
@@ -398,10 +505,17 @@ class Server:
                 worker["reported"] = {k: v for k, v in answer.items() if k not in ("type", "id")}
             elif asked_at is not None:
                 worker["error"] = f"the worker did not answer within {supervisor.config.health_timeout_s:g} s"
-        ok = not self.unavailable and all(w.get("reported", {}).get("state") in ("idle", "busy") for w in workers)
+        workers_ok = all(w.get("reported", {}).get("state") in ("idle", "busy") for w in workers)
+        ok = workers_ok and not self.unavailable and not self.storage_error
         reported = workers[0].get("reported", {})
+        running = [self.jobs[j] for j in supervisor.jobs if j in self.jobs]
+        now = time.monotonic()
+        used, _ = self.spool_usage()
+        try:
+            free = self.spool.free_bytes()
+        except OSError:
+            free = None
         info = supervisor.info
-        running = supervisor.jobs
         fields = {
             "rid": rid,
             "ok": ok,
@@ -411,13 +525,25 @@ class Server:
             "memory": reported.get("memory"),
             "queue": {
                 "waiting": len(self.queue),
-                "running": running[0] if running else None,
-                "running_jobs": running,
+                "running": running[0].id if running else None,
+                "running_for_s": round(now - running[0].live.since, 2) if running and running[0].live else None,
+                "phase": running[0].live.phase if running and running[0].live else None,
+                "running_jobs": [j.id for j in running],
+                "running_for_s_by_job": {j.id: round(now - j.live.since, 2) for j in running if j.live},
                 "max_queue": self.config.max_queue,
                 "max_queue_per_client": self.config.max_queue_per_client,
             },
             "worker": workers[0],
             "workers": workers,
+            "spool": {
+                "dir": str(self.spool.root),
+                "writable": self.storage_error is None,
+                "error": self.storage_error,
+                "used_bytes": used,
+                "quota_bytes": self.config.spool_quota_bytes,
+                "quota_per_client_bytes": self.config.spool_quota_per_client_bytes,
+                "free_bytes": free,
+            },
             "server": {
                 "pid": os.getpid(),
                 "endpoint": self.endpoint,
@@ -426,37 +552,44 @@ class Server:
                 "unavailable": self.unavailable,
             },
         }
-        self._send(identity, protocol.encode("health", fields))
+        self._send(peer, protocol.encode("health", fields))
 
     # ---------------------------------------------------------------------------------------
     # The worker
 
     def _dispatch(self) -> None:
-        while self.supervisor.idle() and len(self.queue):
-            self._start_next()
-
-    def _start_next(self) -> None:
-        job_id = self.queue.pop()
-        record = self.jobs[job_id]
-        record.state, record.started = "running", time.time()
-        record.attempts += 1
-        record.error = None
-        self.spool.save_state(record)
-        self.sent_positions.pop(job_id, None)
-        self.live[job_id] = {"phase": "starting", "step": 0, "total": 0}
-        worker = self.supervisor.run_job(
-            job_id,
-            {
-                "episode_dir": str(record.episode_dir),
-                "output": str(record.result_path),
-                "settings": record.settings,
-                "want_frames": record.want_frames,
-                "frames_output": str(record.frames_path) if record.want_frames else None,
-            },
-        )
-        log.info("job %s started on worker %d (attempt %d)", job_id, worker, record.attempts)
-        self._publish(job_id, protocol.encode("progress", {"job": job_id, "phase": "starting", "step": 0, "total": 0}))
-        self._broadcast_positions()
+        """Hand queued jobs to an idle worker. A job moves to "running" only once its state is on
+        disk and the worker has its message; otherwise it is requeued or failed, never left."""
+        while self.supervisor.idle() and len(self.queue) and not self.storage_error:
+            job = self.jobs[self.queue.pop()]
+            try:
+                self._job_settings(job.settings)  # a job spooled by an older, laxer server
+            except ProtocolError as exc:
+                self._finish(job, "failed", {"code": "bad_settings", "message": f"not run: {exc}"})
+                continue
+            job.move("running")
+            if not self._save(job):
+                job.move("queued")
+                job.attempts -= 1  # not a real attempt
+                self.queue.push(job.client, job.id, front=True)
+                return
+            try:
+                worker = self.supervisor.run_job(
+                    job.id,
+                    {
+                        "episode_dir": str(job.episode_dir),
+                        "output": str(job.result_path),
+                        "settings": job.settings,
+                        "want_frames": job.want_frames,
+                        "frames_output": str(job.frames_path) if job.want_frames else None,
+                    },
+                )
+            except wp.WorkerProtocolError as exc:
+                self._finish(job, "failed", {"code": "bad_settings", "message": str(exc)})
+                continue
+            log.info("job %s started on worker %d (attempt %d)", job.id, worker, job.attempts)
+            self._publish(job, protocol.encode("progress", {"job": job.id, "phase": "starting", "step": 0, "total": 0}))
+            self._broadcast_positions()
 
     def _handle_worker_events(self, events: list[Event]) -> None:
         for event in events:
@@ -475,66 +608,98 @@ class Server:
         for job_id in self.queue.order():
             self.queue.remove(job_id)
             self._finish(self.jobs[job_id], "failed", {"code": "unavailable", "message": self.unavailable})
-        self.sent_positions.clear()
 
     def _worker_progress(self, event: Event) -> None:
-        data = event.data
-        live = self.live.setdefault(event.job, {})
-        now = time.monotonic()
-        phase, step, total = (
-            str(data.get("phase", ""))[:64],
-            _count(data.get("step")),
-            _count(data.get("total")),
-        )
+        job = self.jobs.get(event.job)
+        if job is None or job.live is None:
+            return
+        data, live, now = event.data, job.live, time.monotonic()
+        phase, step, total = str(data.get("phase", ""))[:64], _count(data.get("step")), _count(data.get("total"))
         if phase == "denoise":
             # ETA from the measured pace of the denoising steps (they dominate the job's time).
-            if live.get("phase") != "denoise":
-                live["denoise_t0"], live["denoise_step0"] = now, step
-            done = step - live["denoise_step0"]
+            if live.phase != "denoise" or live.denoise_t0 is None:
+                live.denoise_t0, live.denoise_step0 = now, step
+            done = step - live.denoise_step0
             if done > 0 and total >= step:
-                live["eta_s"] = round((now - live["denoise_t0"]) / done * (total - step), 2)
+                live.eta_s = round((now - live.denoise_t0) / done * (total - step), 2)
         else:
-            live["eta_s"] = None
-        live.update(phase=phase, step=step, total=total)
-        fields = {"job": event.job, "phase": phase, "step": step, "total": total}
-        if live.get("eta_s") is not None:
-            fields["eta_s"] = live["eta_s"]
-        self._publish(event.job, protocol.encode("progress", fields))
+            live.eta_s = None
+        live.phase, live.step, live.total = phase, step, total
+        fields = {"job": job.id, "phase": phase, "step": step, "total": total}
+        if live.eta_s is not None:
+            fields["eta_s"] = live.eta_s
+        self._publish(job, protocol.encode("progress", fields))
 
     def _worker_result(self, event: Event) -> None:
-        record = self.jobs[event.job]
-        if not record.result_path.is_file():
-            self._finish(
-                record,
-                "failed",
-                {"code": "internal", "message": "the worker reported a result, but result.mp4 is missing"},
-            )
+        job = self.jobs.get(event.job)
+        if job is None or job.state != "running":
             return
-        self._finish(record, "done", None)
+        frames = event.data.get("frames")
+        expected = _count(frames) if frames is not None else None
+        try:
+            size = check_complete(job.result_path, expected or None)
+            if job.want_frames and not job.frames_path.is_file():
+                raise IncompleteVideo("frames.npy is missing")
+            atomic.fsync_file(job.result_path)  # durable before "done" (whoever wrote it)
+            atomic.fsync_dir(job.dir)
+            if job.want_frames:
+                atomic.fsync_file(job.frames_path)
+                size += job.frames_path.stat().st_size
+        except (OSError, IncompleteVideo) as exc:
+            if self._storage_suspect(job, f"its result is incomplete ({exc})"):
+                return
+            self._finish(job, "failed", {"code": "worker_error", "message": f"the result is incomplete: {exc}"})
+            return
+        job.result_bytes, job.frames = size, expected
+        self._storage_requeues.pop(job.id, None)
+        self._finish(job, "done", None)
+
+    def _storage_suspect(self, job: Job, why: str) -> bool:
+        """A running job failed in a way a full or read-only spool explains: if the spool is not
+        writable now, requeue the job (it runs again when the spool recovers) and return True."""
+        self._probe_storage()
+        count = self._storage_requeues.get(job.id, 0) + 1
+        if not self.storage_error or count > MAX_STORAGE_REQUEUES:
+            return False
+        self._storage_requeues[job.id] = count
+        log.warning("job %s: %s; the spool is not writable (%s): requeued", job.id, why, self.storage_error)
+        for path in (job.result_path, job.frames_path):
+            with contextlib.suppress(OSError):  # a read-only spool keeps them; the next run replaces them
+                path.unlink(missing_ok=True)
+        job.move("queued")
+        job.attempts -= 1
+        self._save(job)
+        self.queue.push(job.client, job.id, front=True)
+        self._publish(job, protocol.encode("progress", {"job": job.id, "phase": "queued", "step": 0, "total": 0,
+                                                         "queue_position": self._jobs_ahead(job.id)}))  # fmt: skip
+        return True
 
     def _worker_error(self, event: Event) -> None:
-        record = self.jobs.get(event.job)
-        if record is None:
+        job = self.jobs.get(event.job)
+        if job is None or job.state != "running":
             return
         code = str(event.data.get("code", "worker_error"))
+        message = str(event.data.get("message", ""))[:2000]
+        if code in ("storage", "worker_error", "worker_crashed") and self._storage_suspect(job, f"{code}: {message}"):
+            return
         if code not in protocol.ERROR_CODES:
             code = "worker_error"
-        if code == "worker_crashed" and self._retry_crashed(record, str(event.data.get("message", ""))):
+        self._storage_requeues.pop(job.id, None)
+        if code == "worker_crashed" and self._retry_crashed(job, message):
             return
         state = "cancelled" if code == "cancelled" else "failed"
-        self._finish(record, state, {"code": code, "message": str(event.data.get("message", ""))[:2000]})
+        self._finish(job, state, {"code": code, "message": message})
 
-    def _retry_crashed(self, record: JobRecord, reason: str) -> bool:
+    def _retry_crashed(self, job: Job, reason: str) -> bool:
         """[worker] retry_crashed: put a job whose worker died back at the front of the queue
         (any worker may take it), until it has been started max_attempts times."""
-        if not self.config.worker.retry_crashed or record.attempts >= self.config.max_attempts:
+        if not self.config.worker.retry_crashed or job.attempts >= self.config.max_attempts:
             return False
         log.warning("job %s: its worker died (%s); running it again (attempt %d of %d)",
-                    record.id, reason, record.attempts + 1, self.config.max_attempts)  # fmt: skip
-        record.state = "queued"
-        self.spool.save_state(record)
-        self.live.pop(record.id, None)
-        self.queue.push(record.client, record.id, front=True)
+                    job.id, reason, job.attempts + 1, self.config.max_attempts)  # fmt: skip
+        job.move("queued")
+        self._save(job)
+        self.queue.push(job.client, job.id, front=True)
         self._broadcast_positions()
         return True
 
@@ -542,51 +707,74 @@ class Server:
         pending = self.pending_health.pop(str(event.data.get("id")), None)
         if pending is None:
             return
-        identity, rid, asked_at = pending
-        self._reply_health(identity, rid, event.data.get("workers"), asked_at)
+        peer, rid, asked_at = pending
+        self._reply_health(peer, rid, event.data.get("workers"), asked_at)
 
     # ---------------------------------------------------------------------------------------
     # Job outcomes and events
 
-    def _finish(self, record: JobRecord, state: str, error: dict[str, str] | None) -> None:
-        record.state, record.error, record.finished = state, error, time.time()
-        self.spool.save_state(record)
-        self.live.pop(record.id, None)
-        self.sent_positions.pop(record.id, None)
-        log.info("job %s %s%s", record.id, state, f": {error['code']}: {error['message']}" if error else "")
-        self._send_outcome(record, list(self.subscribers.pop(record.id, ())))
+    def _finish(self, job: Job, state: str, error: dict[str, str] | None) -> None:
+        job.move(state, error)
+        if self._save(job):
+            self.spool.release_inputs(job)  # the episode is never needed again
+        log.info("job %s %s%s", job.id, state, f": {error['code']}: {error['message']}" if error else "")
+        subscribers, job.subscribers = list(job.subscribers), set()
+        self._send_outcome(job, subscribers)
 
-    def _send_outcome(self, record: JobRecord, identities: list[bytes]) -> None:
-        if not identities:
+    def _send_outcome(self, job: Job, peers: list[bytes]) -> None:
+        if not peers:
             return
-        if record.state == "done":
-            try:
-                frames = self._result_frames(record)
-            except (OSError, ValueError) as exc:
-                frames = protocol.error_frames("internal", f"cannot read the result: {exc}", job=record.id)
-        else:
-            error = record.error or {"code": "internal", "message": "failed without a reason"}
-            frames = protocol.error_frames(error["code"], error["message"], job=record.id)
-        for identity in identities:
-            self._send(identity, frames)
+        if job.state != "done":
+            error = job.error or {"code": "worker_error", "message": "failed without a reason"}
+            frames = protocol.error_frames(error["code"], error["message"], job=job.id)
+            for peer in peers:
+                self._send(peer, frames)
+            return
+        outcome = self.outcomes.get(job.id)
+        now = time.monotonic()
+        for peer in peers:
+            if outcome is not None and peer in outcome.in_flight and not outcome.in_flight[peer].done:
+                continue  # the last copy is still on its way to this peer
+            if now - self.sent_at.get((peer, job.id), -1e9) < RESEND_RESULT_AFTER_S:
+                continue  # sent moments ago; a client that lost it asks again later
+            if outcome is None:
+                try:
+                    outcome = self.outcomes[job.id] = _Outcome(self._result_frames(job))
+                except (OSError, ValueError) as exc:
+                    log.error("job %s: cannot read its result: %s", job.id, exc)
+                    self._send(peer, protocol.error_frames("storage", f"cannot read the result now: {exc}", job=job.id))
+                    continue
+            tracker = self._send(peer, outcome.frames, track=True)
+            if tracker is not None:
+                outcome.in_flight[peer] = tracker
+                self.sent_at[(peer, job.id)] = now
 
-    def _result_frames(self, record: JobRecord) -> list:
-        video = record.result_path.read_bytes()
+    def _release_outcomes(self) -> None:
+        """Forget result messages no send still holds (their memory returns)."""
+        for job_id, outcome in list(self.outcomes.items()):
+            if not outcome.busy():
+                del self.outcomes[job_id]
+        if len(self.sent_at) > 4096:
+            cutoff = time.monotonic() - RESEND_RESULT_AFTER_S
+            self.sent_at = {k: t for k, t in self.sent_at.items() if t >= cutoff}
+
+    def _result_frames(self, job: Job) -> list:
+        video = job.result_path.read_bytes()
         arrays = {}
-        if record.want_frames and record.frames_path.is_file():
-            arrays["frames"] = np.load(record.frames_path, mmap_mode="r", allow_pickle=False)
-        seconds = (record.finished or 0) - (record.started or 0)
-        fields: dict[str, Any] = {"job": record.id, "seconds": round(seconds, 3)}
-        provenance, note = read_record(record.result_path)  # the worker's record beside result.mp4
+        if job.want_frames and job.frames_path.is_file():
+            arrays["frames"] = np.load(job.frames_path, allow_pickle=False)
+        seconds = (job.finished or 0) - (job.started or 0)
+        fields: dict[str, Any] = {"job": job.id, "seconds": round(seconds, 3)}
+        provenance, note = read_record(job.result_path)  # the worker's record beside result.mp4
         if provenance is not None:
             fields["provenance"] = provenance
         elif note:
-            log.warning("job %s: %s", record.id, note)
+            log.warning("job %s: %s", job.id, note)
         return protocol.encode("result", fields, arrays, {"video": video})
 
-    def _publish(self, job_id: str, frames: list) -> None:
-        for identity in list(self.subscribers.get(job_id, ())):
-            self._send(identity, frames)
+    def _publish(self, job: Job, frames: list) -> None:
+        for peer in list(job.subscribers):
+            self._send(peer, frames)
 
     def _jobs_ahead(self, job_id: str) -> int:
         running = len(self.supervisor.jobs)
@@ -595,32 +783,33 @@ class Server:
     def _broadcast_positions(self) -> None:
         running = len(self.supervisor.jobs)
         for job_id, position in self.queue.positions().items():
-            ahead = running + position
-            if self.sent_positions.get(job_id) != ahead:
-                self.sent_positions[job_id] = ahead
+            job, ahead = self.jobs[job_id], running + position
+            if job.sent_position != ahead:
+                job.sent_position = ahead
                 fields = {"job": job_id, "phase": "queued", "step": 0, "total": 0, "queue_position": ahead}
-                self._publish(job_id, protocol.encode("progress", fields))
+                self._publish(job, protocol.encode("progress", fields))
 
-    def _send(self, identity: bytes, frames: list) -> None:
+    def _send(self, peer: bytes, frames: list, track: bool = False) -> zmq.MessageTracker | None:
         try:
-            self.socket.send_multipart([identity, *frames], zmq.NOBLOCK, copy=False)
+            return self.socket.send_multipart([peer, *frames], zmq.NOBLOCK, copy=False, track=track)
         except zmq.Again:
-            log.debug("client %s is not reading; message dropped", identity.hex())
+            log.debug("client %s is not reading; message dropped", peer.hex())
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
-            for subscribers in self.subscribers.values():  # that connection is gone
-                subscribers.discard(identity)
+            for job in self.jobs.values():  # that connection is gone
+                job.subscribers.discard(peer)
+        return None
 
     def _cleanup(self) -> None:
         """Forget finished jobs older than result_ttl_s (and delete their folders)."""
         self._next_cleanup = time.monotonic() + CLEANUP_EVERY_S
         cutoff = time.time() - self.config.result_ttl_s
-        for record in list(self.jobs.values()):
-            if record.state in protocol.TERMINAL_STATES and (record.finished or 0) < cutoff:
-                self.spool.remove(record)
-                del self.jobs[record.id]
-                self.by_request.pop((record.client, record.rid), None)
+        for job in list(self.jobs.values()):
+            if job.terminal and (job.finished or 0) < cutoff and not job.dirty:
+                self.spool.remove(job)
+                del self.jobs[job.id]
+                self.by_request.pop((job.client, job.rid), None)
 
 
 def _count(value: Any) -> int:

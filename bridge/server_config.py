@@ -85,6 +85,9 @@ class ServerConfig:
     max_queue_per_client: int = 16
     max_attempts: int = 2  # a job interrupted by server restarts this often is failed, not resumed
     result_ttl_s: float = 24 * 3600.0  # finished jobs (and their mp4) are deleted after this
+    spool_quota_bytes: int = 8 << 30  # inputs of unfinished jobs + kept results, all clients
+    spool_quota_per_client_bytes: int = 2 << 30  # the same, for one client
+    spool_min_free_bytes: int = 256 << 20  # below this much free disk, submits get "storage"
     generation_preset: str = "tiny"  # [preset] of config/generation.toml under each job's settings
     generation_config: Path | None = None  # None: config/generation.toml
     limits: Limits = Limits()

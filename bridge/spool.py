@@ -11,15 +11,20 @@ queue from the folders.
     SPOOL/jobs/JOB/episode/         poses.npy, intrinsics.npy, image.jpg|png, prompt.txt
     SPOOL/jobs/JOB/result.mp4       written by the worker (temp file, fsync, rename) before it reports
     SPOOL/jobs/JOB/frames.npy       the decoded frames, when the client asked for them
+
+Every write error reaches the caller as an OSError: the server decides what it means for the job
+(requeue it, fail it) and reports the spool as not writable until `probe()` succeeds again.
+A job's inputs (`episode/`) are deleted as soon as it ends; its result stays for `result_ttl_s`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import errno
 import fcntl
 import json
 import logging
+import os
 import shutil
 import time
 import uuid
@@ -28,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from bridge.jobs import Job
 from contracts import atomic, episode
 
 log = logging.getLogger("bridge.spool")
@@ -35,46 +41,6 @@ log = logging.getLogger("bridge.spool")
 
 class SpoolError(RuntimeError):
     """The spool folder cannot be used (locked by another server, not writable ...)."""
-
-
-@dataclasses.dataclass
-class JobRecord:
-    """One job as the spool knows it (job.json + state.json)."""
-
-    id: str
-    dir: Path
-    client: str
-    rid: str
-    seq: int
-    created: float
-    settings: dict[str, Any]
-    want_frames: bool = False
-    name: str | None = None
-    state: str = "queued"
-    error: dict[str, str] | None = None
-    attempts: int = 0
-    started: float | None = None
-    finished: float | None = None
-
-    @property
-    def episode_dir(self) -> Path:
-        return self.dir / "episode"
-
-    @property
-    def result_path(self) -> Path:
-        return self.dir / "result.mp4"
-
-    @property
-    def frames_path(self) -> Path:
-        return self.dir / "frames.npy"
-
-    def job_json(self) -> dict[str, Any]:
-        keys = ("id", "client", "rid", "seq", "created", "settings", "want_frames", "name")
-        return {k: getattr(self, k) for k in keys}
-
-    def state_json(self) -> dict[str, Any]:
-        keys = ("state", "error", "attempts", "started", "finished")
-        return {k: getattr(self, k) for k in keys}
 
 
 class Spool:
@@ -88,7 +54,10 @@ class Spool:
         try:
             for d in (self.root, self.jobs_dir, self.incoming_dir):
                 d.mkdir(parents=True, exist_ok=True)
-            self._lock_file = open(self.root / "lock", "a+")  # noqa: SIM115 (held for the server's life)
+            (self.root / "lock").touch()
+            # Held for the server's life; read-only, so the spool's filesystem can be remounted
+            # read-only under a running server (it then reports the spool as not writable).
+            self._lock_file = open(self.root / "lock")  # noqa: SIM115
         except OSError as exc:
             raise SpoolError(f"cannot use spool folder {self.root}: {exc}") from None
         try:
@@ -120,11 +89,11 @@ class Spool:
         settings: dict[str, Any],
         want_frames: bool = False,
         name: str | None = None,
-    ) -> JobRecord:
-        """Write a job durably (fsynced, renamed into place) and return its record."""
+    ) -> Job:
+        """Write a job durably (fsynced, renamed into place) and return it."""
         job_id = uuid.uuid4().hex
         staging = self.incoming_dir / job_id
-        record = JobRecord(
+        record = Job(
             id=job_id,
             dir=self.jobs_dir / job_id,
             client=client,
@@ -134,6 +103,7 @@ class Spool:
             settings=settings,
             want_frames=want_frames,
             name=name,
+            input_bytes=input_bytes(image, poses, intrinsics, prompt),
         )
         self._next_seq += 1
         try:
@@ -147,17 +117,30 @@ class Spool:
             raise
         return record
 
-    def save_state(self, record: JobRecord) -> None:
+    def save_state(self, record: Job) -> None:
         atomic.write_json(record.dir / "state.json", record.state_json())
+        record.dirty = False
 
-    def load_all(self) -> list[JobRecord]:
+    def release_inputs(self, record: Job) -> None:
+        """Delete the episode of a job that ended (it is never needed again)."""
+        shutil.rmtree(record.episode_dir, ignore_errors=True)
+
+    def probe(self) -> None:
+        """Raise OSError unless a small file can be written, synced and replaced in the spool now."""
+        atomic.write_bytes(self.root / "probe", uuid.uuid4().hex.encode())
+
+    def free_bytes(self) -> int:
+        stat = os.statvfs(self.root)
+        return stat.f_bavail * stat.f_frsize
+
+    def load_all(self) -> list[Job]:
         """Every job in the spool, oldest first; unreadable folders are moved to `corrupt/`."""
         records = []
         for job_dir in sorted(self.jobs_dir.iterdir()):
             try:
                 job = json.loads((job_dir / "job.json").read_text())
                 state = json.loads((job_dir / "state.json").read_text())
-                record = JobRecord(dir=job_dir, **job, **state)
+                record = Job(dir=job_dir, **job, **state)
                 if record.id != job_dir.name:
                     raise ValueError(f"job.json id {record.id!r} does not match its folder")
             except (OSError, ValueError, TypeError) as exc:
@@ -171,5 +154,19 @@ class Spool:
             self._next_seq = max(r.seq for r in records) + 1
         return records
 
-    def remove(self, record: JobRecord) -> None:
+    def remove(self, record: Job) -> None:
         shutil.rmtree(record.dir, ignore_errors=True)
+
+
+def input_bytes(image: bytes, poses: np.ndarray, intrinsics: np.ndarray, prompt: str) -> int:
+    """What a job's inputs take in the spool (file contents; the few small json files aside)."""
+    return len(image) + poses.nbytes + intrinsics.nbytes + len(prompt.encode("utf-8")) + 4096
+
+
+def describe_os_error(exc: OSError) -> str:
+    """A spool write error in words an operator acts on."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"the spool's disk is full ({exc})"
+    if exc.errno == errno.EROFS:
+        return f"the spool is on a read-only filesystem ({exc})"
+    return f"the spool cannot be written ({exc})"

@@ -193,11 +193,18 @@ class Supervisor:
         worker.close()
 
     def run_job(self, job: str, message: dict[str, Any]) -> None:
+        """Hand a job to the idle worker. The message is encoded first: if it cannot be (a value
+        msgpack cannot carry), wp.WorkerProtocolError is raised and the worker stays idle."""
         if self.state != "idle" or self.worker is None:
             raise RuntimeError(f"run_job while the worker is {self.state}")
+        run = {"type": "run", "job": job, **message}
+        try:
+            wp.encode(run)  # a value msgpack cannot carry fails here, before anything changes
+        except (TypeError, ValueError, OverflowError) as exc:  # msgpack's own errors for such values
+            raise wp.WorkerProtocolError(f"the job cannot be sent to the worker: {exc}") from None
         self.state, self.job = "busy", job
         self._last_heard = time.monotonic()
-        self.worker.send({"type": "run", "job": job, **message})
+        self.worker.send(run)
 
     def cancel_job(self, job: str) -> None:
         if self.job != job or self.worker is None or self._cancel_deadline is not None:

@@ -14,7 +14,7 @@ Worker -> supervisor
     ready     {pid, model, device, load_s, ...}   the model is loaded; jobs may be sent
     fatal     {code, message}                     the worker cannot start (bad checkpoint ...)
     progress  {job, phase, step, total}
-    result    {job, output, frames_output|None, seconds}
+    result    {job, output, frames_output|None, seconds, frames}   frames: the count the mp4 must hold
     error     {job, code, message}                codes: ERROR_CODES below
     health    {id, state, job|None, ...}          `state` is "idle" or "busy"
 
@@ -41,6 +41,7 @@ ERROR_CODES = (
     "bad_input",  # worldgen.errors.InputError: the episode or settings cannot be generated
     "cancelled",  # a `cancel` arrived and the job stopped at its next step
     "out_of_memory",  # CUDA/host out of memory inside the job (the worker keeps running)
+    "storage",  # the job's files cannot be written (disk full, read-only): the server requeues it
     "worker_error",  # any other exception inside the job
 )
 PHASES = ("text", "encode", "denoise", "decode", "write")

@@ -64,6 +64,14 @@ FIELDS: tuple[Field, ...] = (
     Field("fps", "int", 16, "frame rate of the written video", low=1, high=240),
     Field("compute", "choice", None, "per-job compute of the experts: bf16 or fp8 (None: the engine's choice)",
           choices=(None, "bf16", "fp8")),
+    # model = fast only (LingBot-World-Fast; steps, guide_scale, boundary, negative_prompt do not apply)
+    Field("kv_cache", "choice", "auto", "fast: KV cache kind: auto (the first that fits the VRAM budget of "
+          "full = whole video in bf16 as the reference, fp8 = the same in FP8, rolling = an FP8 window with "
+          "an attention sink) or one of them forced", choices=("auto", "full", "fp8", "rolling")),
+    Field("attention_frames", "int", 0, "fast: latent frames a chunk attends to at most (0: every cached "
+          "frame); the reference's --max_attention_size, in frames", low=0, high=1024),
+    Field("sink_frames", "int", 1, "fast: latent frames a rolling KV cache never evicts (attention sink)",
+          low=0, high=1024),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 
@@ -133,6 +141,9 @@ class GenerationSettings:
     negative_prompt: str | None = FIELD_BY_NAME["negative_prompt"].default
     fps: int = FIELD_BY_NAME["fps"].default
     compute: str | None = FIELD_BY_NAME["compute"].default
+    kv_cache: str = FIELD_BY_NAME["kv_cache"].default
+    attention_frames: int = FIELD_BY_NAME["attention_frames"].default
+    sink_frames: int = FIELD_BY_NAME["sink_frames"].default
 
     def __post_init__(self) -> None:
         for spec in FIELDS:

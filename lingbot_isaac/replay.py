@@ -36,6 +36,7 @@ from PIL import Image
 from contracts.episode import EpisodeError, read_episode
 from contracts.provenance import sidecar_path, with_job, write_record
 from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
+from lingbot_isaac.first_frame import fit_photo, parse_intrinsics, with_photo
 from lingbot_isaac.lens import CameraError
 from lingbot_isaac.recording import write_recording_episode
 from lingbot_isaac.sources import SourceOptions, TrajectorySource, kind_of, open_source
@@ -79,6 +80,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--overwrite", action="store_true", help="replace existing results and exports (default: resume, skip finished)"
     )
     parser.add_argument("--export-only", action="store_true", help="write the episode folders, send nothing")
+    photo = parser.add_argument_group("a real photo as the first frame (sim-to-real)")
+    photo.add_argument(
+        "--first-frame",
+        type=Path,
+        metavar="PHOTO",
+        help="start every rollout from this photo (the real camera at the start pose) instead of the sim's "
+        "first frame; centre-cropped and resized to the episode's frame. An episode folder given as SOURCE "
+        "is left as it is: the result goes to <folder>-photo (or under --out)",
+    )
+    photo.add_argument(
+        "--photo-intrinsics",
+        metavar="FX,FY,CX,CY",
+        help="the photo's pinhole intrinsics in its own pixels (default: it shows the sim camera's view)",
+    )
     parser.add_argument(
         "--demos",
         default="all",
@@ -115,7 +130,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "or xyzw (3.x); default: [isaaclab] quat_order of config/isaac.toml",
     )
     gen = parser.add_argument_group("generation (default: the episode's settings, then the server's preset)")
-    gen.add_argument("--preset", help="send all settings of this [preset] of config/generation.toml")
+    gen.add_argument(
+        "--preset",
+        help="send all settings of this [preset] of config/generation.toml: default = the reference's own 70 "
+        "steps, shift 10 (exact); fast40 = 40 steps, shift 5 (approximate: 0.57x the time); tiny",
+    )
+    gen.add_argument(
+        "--compute",
+        choices=("bf16", "fp8"),
+        help="per job: bf16 = exact (the reference's numerics); fp8 = approximate (FP8 GEMMs: ~0.74x the time "
+        "of a forward on an H100, output a few %% different; the server's GPU needs FP8 tensor cores) "
+        "(default: the server's choice)",
+    )
     gen.add_argument("--frame-num", type=int, help="frames to generate (4n+1)")
     gen.add_argument("--steps", type=int, help="denoising steps")
     gen.add_argument("--seed", type=int, help="random seed of the initial noise")
@@ -184,6 +210,7 @@ def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "size": args.size,
         "shift": args.shift,
+        "compute": getattr(args, "compute", None),
     }
     settings.update({k: v for k, v in flags.items() if v is not None})
     if args.guide_scale:
@@ -218,11 +245,40 @@ def _exported_from(target: Path, source: TrajectorySource) -> bool:
     return episode.meta is not None and episode.meta.source == source.recording.source
 
 
+def _has_photo(target: Path, photo: Path) -> bool:
+    """True if `target` is a valid episode folder whose first frame is already this photo."""
+    try:
+        episode = read_episode(target)
+    except EpisodeError:
+        return False
+    return bool(episode.meta) and (episode.meta.extra.get("first_frame") or {}).get("path") == str(photo)
+
+
 def export(
-    source: TrajectorySource, target: Path, image, prompt: str | None, overwrite: bool, resume: bool = False
+    source: TrajectorySource,
+    target: Path,
+    image,
+    prompt: str | None,
+    overwrite: bool,
+    resume: bool = False,
+    photo: Path | None = None,
+    photo_intrinsics: tuple[float, float, float, float] | None = None,
 ) -> Path:
     """Make `target` an episode folder for `source` (copy or export); return it. `resume`: an
-    earlier export of the same source is kept as it is."""
+    earlier export of the same source is kept as it is. `photo`: the first frame instead of the
+    source's (`first_frame.fit_photo`)."""
+    if photo is not None and source.episode_dir is not None:
+        if resume and not overwrite and target.is_dir() and _has_photo(target, photo):
+            return target
+        if target.exists() and not overwrite:
+            raise ReplayError(f"{target} already exists; pass --overwrite to replace it")
+        return with_photo(source.episode_dir, photo, target, photo_intrinsics, overwrite=True)
+    if photo is not None:
+        recording = source.recording
+        image, k, info = fit_photo(photo, *recording.resolution, photo_intrinsics)
+        if k is not None:
+            recording.intrinsics = np.tile(k, (len(recording.times), 1))
+        recording.extra = {**recording.extra, "first_frame": info}
     if source.episode_dir is not None:
         if target.resolve() != source.episode_dir.resolve():
             if target.exists():
@@ -310,6 +366,22 @@ def generate(
     info["seconds"] = round(time.monotonic() - started, 3)
     info["provenance"] = job.provenance
     return video, info
+
+
+def first_frame_record(episode) -> dict[str, Any]:
+    """Which first frame a rollout starts from: the photo's record, or the episode's own image."""
+    recorded = (episode.meta.extra.get("first_frame") if episode.meta else None) or {}
+    return recorded or {"source": "episode", "path": str(episode.image_path)}
+
+
+def describe_first_frame(record: dict[str, Any]) -> str:
+    if record.get("source") == "photo":
+        x0, y0, cw, ch = record["crop"]
+        return (
+            f"photo {record['path']} ({record['photo_size'][0]}x{record['photo_size'][1]}, crop {cw}x{ch} at "
+            f"{x0},{y0} -> {record['size'][0]}x{record['size'][1]}; intrinsics: {record['intrinsics']})"
+        )
+    return f"the episode's own image ({record.get('path')})"
 
 
 def write_result(folder: Path, video: bytes, info: dict[str, Any], client: str = "replay") -> Path:
@@ -482,7 +554,9 @@ class Batch:
                 continue
             info = {"id": job_id, "queue_position": job.queue_position, "server_seconds": outcome.seconds,
                     "seconds": round(time.monotonic() - started, 3), "server": self.server,
-                    "episode": str(folder), "asked": settings, "provenance": outcome.provenance}  # fmt: skip
+                    "episode": str(folder), "asked": settings, "provenance": outcome.provenance,
+                    "first_frame": first_frame_record(read_episode(folder))}  # fmt: skip
+            print(f"{folder.name}: first frame: {describe_first_frame(info['first_frame'])}", file=sys.stderr)
             for line in (outcome.provenance or {}).get("adjustments", []):  # what the engine changed, once
                 print(f"{folder.name}: {line}", file=sys.stderr)
             print(write_result(folder, outcome.video, info), flush=True)
@@ -543,11 +617,26 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
         sources += [(source, siblings) for source in found]
     if not sources:
         raise ReplayError(f"--demos {args.demos}: no demo of {', '.join(map(str, args.sources))} matches")
-    plan = [(source, _result_dir(source, args.out, siblings)) for source, siblings in sources]
+    photo_k = parse_intrinsics(args.photo_intrinsics)
+    if photo_k is not None and args.first_frame is None:
+        raise ReplayError("--photo-intrinsics describes the --first-frame photo; give --first-frame PHOTO too")
+    if args.first_frame is not None and not args.first_frame.is_file():
+        raise ReplayError(f"--first-frame {args.first_frame}: no such file")
+    plan = []
+    for source, siblings in sources:
+        target = _result_dir(source, args.out, siblings)
+        if args.first_frame is not None and source.episode_dir is not None and target.resolve() == (
+            source.episode_dir.resolve()
+        ):
+            target = target.with_name(f"{target.name}-photo")  # never replace the user's own first frame
+        plan.append((source, target))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
     resume = not args.export_only
-    episodes = [export(source, target, image, prompt, args.overwrite, resume) for source, target in plan]
+    episodes = [
+        export(source, target, image, prompt, args.overwrite, resume, args.first_frame, photo_k)
+        for source, target in plan
+    ]
     return episodes, overrides
 
 

@@ -37,6 +37,8 @@ class SessionSettings:
     preset: str | None = None  # send all settings of this preset instead of the server's
     timeout: float = 10.0  # seconds per request to the server
     compare: bool = True  # build the sim-vs-rollout report when sim frames exist
+    first_frame: Path | None = None  # a real photo to start the rollout from (`first_frame.with_photo`)
+    photo_intrinsics: str | None = None  # "fx,fy,cx,cy" of that photo in its pixels (default: the sim camera's)
 
     def generation(self) -> dict[str, Any]:
         from contracts.settings import GenerationSettings, load_settings
@@ -186,9 +188,14 @@ class Session:
     def _generate(self, episode: Path, client_factory: Callable[[], Any] | None) -> None:
         from bridge.client import Client, EpisodePayload, JobError, Progress
         from contracts.episode import read_episode
-        from lingbot_isaac.replay import job_settings, write_result
+        from lingbot_isaac.first_frame import parse_intrinsics, with_photo
+        from lingbot_isaac.replay import first_frame_record, job_settings, write_result
 
         try:
+            if self.settings.first_frame is not None:
+                self._set(message=f"Fitting {self.settings.first_frame.name} as the first frame ...")
+                k = parse_intrinsics(self.settings.photo_intrinsics)
+                with_photo(episode, self.settings.first_frame, episode, k)  # in place, atomically
             meta = read_episode(episode).meta
             settings = job_settings(meta.generation if meta else None, self.settings.generation())
             if client_factory is None:
@@ -219,6 +226,7 @@ class Session:
                     "seconds": round(time.monotonic() - started, 3),
                     "episode": str(episode),
                     "provenance": job.provenance,
+                    "first_frame": first_frame_record(read_episode(episode)),
                 }
                 result = write_result(episode, video, info, client="extension")
             self._client = self._job_id = None

@@ -32,6 +32,8 @@ class LingBotWindow:
         self.height = ui.SimpleIntModel(settings.height)
         self.physics = ui.SimpleBoolModel(settings.sample_on == "physics")
         self.keep_frames = ui.SimpleBoolModel(settings.keep_sim_frames)
+        self.first_frame = ui.SimpleStringModel(str(settings.first_frame or ""))
+        self.photo_intrinsics = ui.SimpleStringModel(settings.photo_intrinsics or "")
         self.progress = ui.SimpleFloatModel(0.0)
         self.window = ui.Window(TITLE, width=460, height=520, visible=False)
         self._build()
@@ -54,6 +56,12 @@ class LingBotWindow:
                 ui.Label("Frames (4n+1)", width=100)
                 ui.IntField(self.frames, width=80)
                 ui.Spacer()
+            with ui.HStack(height=22):
+                ui.Label("First frame photo", width=100)  # optional: the real camera at the start pose
+                ui.StringField(self.first_frame)
+            with ui.HStack(height=22):
+                ui.Label("Photo fx,fy,cx,cy", width=100)  # optional: in the photo's pixels
+                ui.StringField(self.photo_intrinsics)
             with ui.HStack(height=26):
                 ui.Button("Record", clicked_fn=self.record)
                 ui.Button("Stop", clicked_fn=self.stop)
@@ -123,6 +131,9 @@ class LingBotWindow:
         settings.sample_on = "physics" if self.physics.as_bool else "render"
         settings.keep_sim_frames = self.keep_frames.as_bool
         settings.frame_num = self.frames.as_int or None
+        photo = self.first_frame.as_string.strip()
+        settings.first_frame = Path(photo).expanduser() if photo else None
+        settings.photo_intrinsics = self.photo_intrinsics.as_string.strip() or None
 
     def record(self) -> None:
         self._apply_settings()

@@ -38,6 +38,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--server", default="tcp://127.0.0.1:5570")
     parser.add_argument("--preset", help="send all settings of this [preset] of config/generation.toml")
     parser.add_argument("--frame-num", type=int)
+    parser.add_argument(
+        "--first-frame",
+        type=Path,
+        metavar="PHOTO",
+        help="start the rollout from this photo (the real camera at the start pose) instead of the render",
+    )
+    parser.add_argument(
+        "--photo-intrinsics", metavar="FX,FY,CX,CY", help="the photo's intrinsics in its pixels (default: the sim's)"
+    )
     parser.add_argument("--no-generate", action="store_true", help="only write the episode")
     parser.add_argument("--overwrite", action="store_true")
     return parser.parse_args(argv)
@@ -98,6 +107,11 @@ def record_and_generate(simulation_app, args: argparse.Namespace) -> int:
         )
     finally:
         capture.close()
+    if args.first_frame is not None:
+        from lingbot_isaac.first_frame import parse_intrinsics, with_photo
+
+        with_photo(episode, args.first_frame, episode, parse_intrinsics(args.photo_intrinsics))
+        print(f"first frame: {args.first_frame} (fitted to the episode's frame)")
     print(f"episode: {episode} ({recorder.sample_count} sim steps)")
     if args.no_generate:
         return 0
@@ -107,8 +121,8 @@ def record_and_generate(simulation_app, args: argparse.Namespace) -> int:
 def generate(episode: Path, args: argparse.Namespace) -> int:
     from bridge.client import Client
     from contracts.episode import read_episode
+    from lingbot_isaac.replay import first_frame_record, job_settings, settings_overrides, write_result
     from lingbot_isaac.replay import generate as send
-    from lingbot_isaac.replay import job_settings, settings_overrides, write_result
 
     overrides = settings_overrides(
         argparse.Namespace(
@@ -126,7 +140,8 @@ def generate(episode: Path, args: argparse.Namespace) -> int:
     with Client(args.server, timeout=30.0) as client:
         client.health()
         video, info = send(client, episode, settings, episode.name, progress=True, job_timeout=None)
-    info.update({"server": args.server, "episode": str(episode), "settings": settings})
+    first = first_frame_record(read_episode(episode))
+    info.update({"server": args.server, "episode": str(episode), "settings": settings, "first_frame": first})
     print(f"rollout: {write_result(episode, video, info)}")
     return 0
 

@@ -11,7 +11,10 @@ embedding and head in float32) with three memory changes that give the same numb
 - the feed-forward can run in token chunks (`ffn_chunk_tokens`) so its 13824-wide hidden
   activation never exists for the whole sequence at once.
 Linear layers are `Linear` (below) or `worldgen.nf4.NF4Linear`; both take the compute dtype
-from their weights and can be told to compute in float32 where the reference does.
+from their weights and can be told to compute in float32 where the reference does, or to run their
+GEMM in FP8 (`set_compute("fp8")`, an approximation: `worldgen.fp8`).
+The elementwise groups of a block (modulated norms, RMSNorm+RoPE, gated residuals) are the
+functions of `worldgen.fused`: the code below on the CPU, one fused kernel each on CUDA.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worldgen import fused
 from worldgen.attention import attention
 from worldgen.errors import CheckpointError
+from worldgen.fp8 import QuantizedRows, fp8_linear, quantize_input, wants_fp8
 
 if TYPE_CHECKING:
     from worldgen.kv_cache import KVCache, LayerKV
@@ -85,10 +90,17 @@ class DiTConfig:
 
 
 class Linear(nn.Linear):
-    """nn.Linear that casts its input to the weight dtype, or computes in `dtype` when given."""
+    """nn.Linear that casts its input to the weight dtype, or computes in `dtype` when given.
 
-    def forward(self, x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    `compute = "fp8"` (set by `WanCameraDiT.set_compute`) runs large bf16 calls as an FP8 GEMM.
+    """
+
+    compute = "bf16"
+
+    def forward(self, x: torch.Tensor | QuantizedRows, dtype: torch.dtype | None = None) -> torch.Tensor:
         dtype = dtype or self.weight.dtype
+        if isinstance(x, QuantizedRows) or wants_fp8(x, self.compute, dtype):
+            return fp8_linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.to(dtype)
         return F.linear(x.to(dtype), self.weight.to(dtype), bias)
 
@@ -100,9 +112,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return normed.to(x.dtype) * self.weight.to(x.dtype)
+        return fused.rms_norm_fused(x, self.weight, self.eps)
 
 
 class LayerNorm(nn.LayerNorm):
@@ -150,22 +160,13 @@ def rope_tables(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x [B, L, n, d] with adjacent (even, odd) pairs as complex numbers, rotated in float32 -> `dtype`.
+    """x [B, L, n, d] with adjacent (even, odd) pairs as complex numbers, rotated in float32 -> `dtype`."""
+    return fused.rope(x, cos, sin, dtype)
 
-    Written with `out=` products so only one float32 copy of x and one result exist at a time.
-    """
-    b, s, n, d = x.shape
-    pairs = x.float().view(b, s, n, d // 2, 2)
-    real, imag = pairs[..., 0], pairs[..., 1]
-    cos = cos.view(1, s, 1, d // 2)
-    sin = sin.view(1, s, 1, d // 2)
-    out = torch.empty_like(pairs)
-    torch.mul(real, cos, out=out[..., 0])
-    out[..., 0].addcmul_(imag, sin, value=-1.0)
-    torch.mul(real, sin, out=out[..., 1])
-    out[..., 1].addcmul_(imag, cos)
-    del pairs, real, imag
-    return out.view(b, s, n, d).to(dtype)
+
+def compute_dtype_of(linear: nn.Module) -> torch.dtype:
+    """The dtype a Linear (bf16/float32 `Linear` or `NF4Linear`) computes in."""
+    return getattr(linear, "compute_dtype", None) or linear.weight.dtype
 
 
 class SelfAttention(nn.Module):
@@ -184,9 +185,11 @@ class SelfAttention(nn.Module):
         the new (rotated) keys and values are written into it and the query attends to its window."""
         b, s, _ = x.shape
         shape = (b, s, self.num_heads, -1)
+        x = quantize_input(x, self.q)  # FP8 path: quantized once for q, k and v (else x as it is)
         v = self.v(x).view(shape)  # its dtype is the compute dtype (bf16 weights -> bf16)
-        q = apply_rope(self.norm_q(self.q(x)).view(shape), *rope, v.dtype)
-        k = apply_rope(self.norm_k(self.k(x)).view(shape), *rope, v.dtype)
+        # RMSNorm over the full width, then RoPE per head: one fused kernel each on CUDA
+        q = fused.rms_norm_rope(self.q(x), self.norm_q.weight, *rope, self.norm_q.eps, self.num_heads).to(v.dtype)
+        k = fused.rms_norm_rope(self.k(x), self.norm_k.weight, *rope, self.norm_k.eps, self.num_heads).to(v.dtype)
         if kv is not None:
             k, v = kv.update(k, v)
         return self.o(attention(q, k, v, self.attention_backend))
@@ -226,17 +229,24 @@ class Block(nn.Module):
         self.cam_shift_layer = Linear(dim, dim)
         self.ffn_chunk_tokens: int | None = None
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return compute_dtype_of(self.self_attn.o)
+
+    def _ffn(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        h = fused.modulated_layer_norm(x, shift, scale, None, None, self.norm2.eps, self.compute_dtype)
+        return fused.gated_residual(x, self.ffn[2](self.ffn[1](self.ffn[0](h))), gate)
+
     def feed_forward(
         self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor
     ) -> torch.Tensor:
         """x + ffn(norm2(x)*(1+scale)+shift)*gate, in token chunks when `ffn_chunk_tokens` is set."""
-        chunk = self.ffn_chunk_tokens or x.shape[1]
+        chunk = self.ffn_chunk_tokens
+        if not chunk or chunk >= x.shape[1]:
+            return self._ffn(x, shift, scale, gate)
         out = torch.empty_like(x)
         for start in range(0, x.shape[1], chunk):
-            xs = x[:, start : start + chunk]
-            h = self.norm2(xs) * (1 + scale) + shift
-            h = self.ffn[2](self.ffn[1](self.ffn[0](h)))
-            out[:, start : start + chunk] = xs + h * gate
+            out[:, start : start + chunk] = self._ffn(x[:, start : start + chunk], shift, scale, gate)
         return out
 
     def forward(
@@ -250,11 +260,18 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         # m0..m5: [B, 1, dim] float32 (one row per sample, broadcast over tokens)
         m = (self.modulation.float() + e0).unsqueeze(2).unbind(1)
-        x = x + self.self_attn(self.norm1(x) * (1 + m[1]) + m[0], rope, kv) * m[2]
+        dtype = self.compute_dtype
+        # norm1(x) * (1 + m1) + m0, rounded once to the compute dtype the Linears cast to anyway
+        h = fused.modulated_layer_norm(x, m[0], m[1], None, None, self.norm1.eps, dtype)
+        x = fused.gated_residual(x, self.self_attn(h, rope, kv), m[2])
         if cam is not None:
             h = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(cam))) + cam
-            x = (1 + self.cam_scale_layer(h)) * x + self.cam_shift_layer(h)
-        x = x + self.cross_attn(self.norm3(x), context, kv)
+            x = fused.camera_modulate(x, self.cam_scale_layer(h), self.cam_shift_layer(h))
+        if isinstance(self.norm3, LayerNorm):
+            h = fused.modulated_layer_norm(x, None, None, self.norm3.weight, self.norm3.bias, self.norm3.eps, dtype)
+        else:
+            h = x
+        x = fused.gated_residual(x, self.cross_attn(h, context, kv), None)
         return self.feed_forward(x, m[3], m[4], m[5])
 
 
@@ -299,6 +316,16 @@ class WanCameraDiT(nn.Module):
         for module in self.modules():
             if isinstance(module, SelfAttention):
                 module.attention_backend = backend
+
+    def set_compute(self, compute: str) -> None:
+        """'bf16' (exact: the reference's numerics) or 'fp8' (large Linears as FP8 GEMMs; see worldgen.fp8)."""
+        from worldgen.fp8 import COMPUTES
+
+        if compute not in COMPUTES:
+            raise ValueError(f"compute must be one of {COMPUTES}, got {compute!r}")
+        for module in self.modules():
+            if hasattr(module, "compute") and module is not self:
+                module.compute = compute
 
     def set_ffn_chunk_tokens(self, tokens: int | None) -> None:
         for block in self.blocks:

@@ -16,6 +16,7 @@ chunks (a warning says so); the camera path spans the poses of the 4n+1 frames a
 from __future__ import annotations
 
 import dataclasses
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,10 +35,20 @@ from worldgen.camera import (
     scale_intrinsics,
     validate_action,
 )
+from worldgen.cuda_memory import free_device_memory
 from worldgen.dit import DiTConfig
 from worldgen.errors import InputError
 from worldgen.kv_cache import MODES, CacheSpec, KVCache, plan_cache
-from worldgen.memory import GiB, activation_gib, vae_peak_gib, vae_tile_pixels
+from worldgen.memory import (
+    MIN_TILE_PIXELS,
+    REFERENCE_PIXELS,
+    VAE_PEAK_GIB,
+    VAE_WEIGHTS_GIB,
+    GiB,
+    activation_gib,
+    vae_peak_gib,
+    vae_tile_pixels,
+)
 from worldgen.pipeline import Pipeline, Progress, _no_progress, condition_mask, prepare_image
 from worldgen.residency import ModelSlot
 from worldgen.scheduler import FlowUniPCScheduler
@@ -47,8 +58,16 @@ TIMESTEP_INDICES = (0, 179, 358, 679)  # of the 1000-step schedule: 4 steps, as 
 NUM_TRAIN_TIMESTEPS = 1000
 
 ChunkCallback = Callable[[int, int, torch.Tensor], None]  # (chunk index, chunks, its frames [3, f, H, W])
-STREAM_VAE_GIB = 2.0  # VRAM kept for decoding each chunk beside the DiT and its cache (small tiles)
 LOOP_MARGIN_GIB = 0.5  # allocator fragmentation and small buffers during the loop
+# Decoding chunk by chunk beside the DiT and its cache. The decoder's causal caches (float32, every
+# tile's kept for the next chunk) are 3.4 GiB for a 464x832 frame (measured: 9,458 bytes per output
+# pixel) and do not shrink with tiles; tiles overlap, so they grow by about STREAM_TILE_OVERLAP. The
+# rest of the base plan's measured decode peak (VAE_PEAK_GIB) is activations, linear in tile area:
+# tiles are sized so those stay under STREAM_TILE_ACT_GIB. (An H100 run with a 2 GiB allowance for
+# all of it ran out of memory in the first chunk's decode: the caches had not been counted.)
+VAE_CACHE_BYTES_PER_PIXEL = 9_458
+STREAM_TILE_OVERLAP = 1.4
+STREAM_TILE_ACT_GIB = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +94,14 @@ class FastOptions:
             raise InputError(f"sink_frames must be >= 0 (got {self.sink_frames})")
         if self.kv_cache not in MODES:
             raise InputError(f"kv_cache must be one of {', '.join(MODES)} (got {self.kv_cache!r})")
+
+    @classmethod
+    def from_settings(cls, settings: GenerationSettings, frame_tokens: int) -> FastOptions:
+        """A job's settings (shift, kv_cache, attention_frames, sink_frames) for frames of `frame_tokens`."""
+        window = settings.attention_frames * frame_tokens or None
+        return cls(
+            shift=settings.shift, max_attention_tokens=window, sink_frames=settings.sink_frames, kv_cache=settings.kv_cache
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +188,9 @@ class FastPipeline(Pipeline):
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.cache_spec: CacheSpec | None = None  # this job's cache, chosen by `plan_job`
         self.cache_reason = ""
+        self.timings: dict[str, float] = {}  # seconds per part of the last `generate` (see _Clock)
+        self.encode_tile_pixels: int | None = None  # VAE tiles before the loop / during it (None: whole frames)
+        self.decode_tile_pixels: int | None = None
 
     # -- memory ------------------------------------------------------------------------------------
     def plan_job(self, latent_frames: int, lat_h: int, lat_w: int, options: FastOptions) -> CacheSpec:
@@ -174,12 +204,13 @@ class FastPipeline(Pipeline):
         self.plan.experts_beside_vae = True
         cfg = self.dit_config
         room = None
+        self.encode_tile_pixels = self.decode_tile_pixels = self.plan.vae_tile_pixels
         if self.plan.usable_gib is not None:
-            window = options.max_attention_tokens or latent_frames * frame_tokens
-            # what the loop needs beside the weights: one chunk's activations, the FP8 window
-            # dequantized for one layer, and the VAE decoding the previous chunk in small tiles
-            transient = activation_gib(chunk_tokens) + 2 * window * cfg.dim * 2 / GiB + LOOP_MARGIN_GIB
-            self.vae_room_gib = min(vae_peak_gib(pixels), STREAM_VAE_GIB)
+            # what the loop needs beside the weights and the cache: one chunk's activations, the text
+            # keys/values, and the VAE decoding each finished chunk (stream_decode_plan)
+            cross = 2 * cfg.num_layers * cfg.text_len * cfg.dim * torch.empty(0, dtype=self.dtype).element_size() / GiB
+            transient = activation_gib(chunk_tokens) + cross + LOOP_MARGIN_GIB
+            self.decode_tile_pixels, self.vae_room_gib = stream_decode_plan(pixels)
             room = (self.plan.usable_gib - self.plan.expert_gib - transient - self.vae_room_gib) * GiB
         try:
             spec, why = plan_cache(
@@ -198,9 +229,10 @@ class FastPipeline(Pipeline):
         except ValueError as exc:
             raise InputError(str(exc)) from None
         if room is not None:
-            self.plan.vae_tile_pixels = (
-                None if vae_peak_gib(pixels) <= self.vae_room_gib else vae_tile_pixels(self.vae_room_gib)
-            )
+            # encode runs before the cache exists (beside the DiT at most); decode beside both
+            encode_room = self.plan.usable_gib - self.plan.expert_gib - LOOP_MARGIN_GIB
+            self.encode_tile_pixels = None if vae_peak_gib(pixels) <= encode_room else vae_tile_pixels(encode_room)
+        self.plan.vae_tile_pixels = self.decode_tile_pixels
         self.cache_spec, self.cache_reason = spec, why
         if self.on_plan is not None:
             self.on_plan(self.describe_plan())
@@ -213,19 +245,22 @@ class FastPipeline(Pipeline):
             if line.startswith("  denoise"):
                 ffn = line.rsplit("; ", 1)[-1]
                 line = f"  denoise Fast DiT resident, chunk by chunk (4 steps + 1 cache refresh each); {ffn}"
+            elif line.startswith("  encode"):
+                tiles = self.encode_tile_pixels
+                line = line.split(",")[0] + (", whole frames" if tiles is None else f", spatial tiles of <= {tiles:,} pixels")
             elif line.startswith("  decode"):
-                line += "; chunk by chunk, each chunk as soon as it is made"
+                line = line.replace(" (experts freed first)", "") + "; chunk by chunk, each as soon as it is made"
             lines.append(line)
             if line.startswith("  denoise") and self.cache_spec is not None:
                 lines += [f"  kv cache {self.cache_spec.describe()}", f"           ({self.cache_reason})"]
         return "\n".join(lines)
 
-    def new_cache(self, latent_frames: int, frame_tokens: int, options: FastOptions) -> KVCache:
+    def new_cache(self, latent_frames: int, frame_tokens: int, options: FastOptions, dtype: torch.dtype) -> KVCache:
         cfg = self.dit_config
         spec = self.cache_spec
         if spec is None or spec.frame_tokens != frame_tokens:  # no plan for this size: the reference's cache
             spec = full_cache_spec(latent_frames, frame_tokens, options)
-        return KVCache(spec, cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dit.get().compute_dtype, self.device)
+        return KVCache(spec, cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype, self.device)
 
     # -- denoise -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -253,35 +288,38 @@ class FastPipeline(Pipeline):
         chunks = lat_f // n
         frame_tokens = (lat_h // 2) * (lat_w // 2)
         model = self.residency.use("fast")
-        cache = self.new_cache(lat_f, frame_tokens, options)
+        cache = self.new_cache(lat_f, frame_tokens, options, model.compute_dtype)
         device, steps = self.device, len(schedule.timesteps)
         context = [context.to(device)]
         total = chunks * (steps + 1)
         progress("denoise", 0, total)
-        for c in range(chunks):
-            frames = slice(c * n, (c + 1) * n)
-            y_c = y[:, frames].to(device)[None]
-            cam_c = None if plucker is None else plucker[:, :, frames].to(device)
-            start = c * n * frame_tokens
-            x_t = noise[:, frames].to(device, torch.float32)
-            for s, t in enumerate(schedule.timesteps):
-                timestep = torch.tensor([t], dtype=torch.int64, device=device)
-                flow = model(x_t[None], timestep, context, y_c, cam_c, cache=cache, current_start=start)[0]
-                x0 = (x_t.double() - schedule.sigmas_x0[s] * flow.double()).to(torch.float32)
-                del flow
-                if s + 1 < steps:
-                    if renoise_draws is not None:
-                        draw = renoise_draws[c, s].to(device, torch.float32)
-                    else:
-                        draw = torch.randn(x0.shape, generator=generator, dtype=torch.float32).to(device)
-                    x_t = renoise(x0, draw, schedule.sigmas_add_noise[s + 1])
-                progress("denoise", c * (steps + 1) + s + 1, total)
-            # refresh: the cache gets the clean chunk's keys/values (output discarded)
-            zero = torch.zeros(1, dtype=torch.int64, device=device)
-            model(x0[None], zero, context, y_c, cam_c, cache=cache, current_start=start)
-            progress("denoise", (c + 1) * (steps + 1), total)
-            yield x0
-        del cache
+        try:
+            for c in range(chunks):
+                frames = slice(c * n, (c + 1) * n)
+                y_c = y[:, frames].to(device)[None]
+                cam_c = None if plucker is None else plucker[:, :, frames].to(device)
+                start = c * n * frame_tokens
+                x_t = noise[:, frames].to(device, torch.float32)
+                for s, t in enumerate(schedule.timesteps):
+                    timestep = torch.tensor([t], dtype=torch.int64, device=device)
+                    flow = model(x_t[None], timestep, context, y_c, cam_c, cache=cache, current_start=start)[0]
+                    x0 = (x_t.double() - schedule.sigmas_x0[s] * flow.double()).to(torch.float32)
+                    del flow
+                    if s + 1 < steps:
+                        if renoise_draws is not None:
+                            draw = renoise_draws[c, s].to(device, torch.float32)
+                        else:
+                            draw = torch.randn(x0.shape, generator=generator, dtype=torch.float32).to(device)
+                        x_t = renoise(x0, draw, schedule.sigmas_add_noise[s + 1])
+                    progress("denoise", c * (steps + 1) + s + 1, total)
+                # refresh: the cache gets the clean chunk's keys/values (output discarded)
+                zero = torch.zeros(1, dtype=torch.int64, device=device)
+                model(x0[None], zero, context, y_c, cam_c, cache=cache, current_start=start)
+                progress("denoise", (c + 1) * (steps + 1), total)
+                yield x0
+        finally:  # also when the consumer stops early (a cancelled job)
+            cache.close()
+            free_device_memory(device)
         model = None
         self.residency.phase_done("denoise")
 
@@ -302,18 +340,19 @@ class FastPipeline(Pipeline):
     ) -> torch.Tensor:
         """-> video [3, F, H, W] float32 in [-1, 1] on the CPU (see `Pipeline.generate`).
 
-        `settings` gives size, frame_num and seed (steps, guidance, boundary and the negative prompt
-        do not apply); `options` the Fast knobs. `on_chunk(i, n, frames)` gets every chunk's decoded
+        `settings` gives size, frame_num, seed, shift and the Fast knobs (steps, guidance, boundary and
+        the negative prompt do not apply); `options`, when given, replaces those knobs. `on_chunk(i, n, frames)` gets every chunk's decoded
         frames [3, f, H, W] as soon as they exist (the first chunk has 9 frames, the others 12).
         """
-        settings = settings or GenerationSettings()
-        options = options or FastOptions()
+        settings = settings or GenerationSettings(model="fast")
         progress = progress or _no_progress
+        clock = _Clock(self.device)
         if (poses is None) != (intrinsics is None):
             raise InputError("camera control needs both poses.npy and intrinsics.npy (or neither)")
         if poses is not None:
             poses, intrinsics = validate_action(poses, intrinsics)
-        frames = fast_frames(settings.frame_num, None if poses is None else len(poses), options.chunk_frames)
+        chunk_frames = (options or FastOptions()).chunk_frames
+        frames = fast_frames(settings.frame_num, None if poses is None else len(poses), chunk_frames)
 
         with self.meter.phase("text"):
             progress("text", 0, 1)
@@ -322,17 +361,22 @@ class FastPipeline(Pipeline):
                     raise InputError("prompt is empty: describe the scene (prompt.txt or --prompt)")
                 (context,) = self.encode_text([prompt])
             progress("text", 1, 1)
+        clock.lap("text")
 
         image_resized = prepare_image(image, settings.max_area)
         _, _, h, w = image_resized.shape
         lat_h, lat_w = h // 8, w // 8
+        options = options or FastOptions.from_settings(settings, (lat_h // 2) * (lat_w // 2))
         self.plan_job(frames.latent_frames, lat_h, lat_w, options)
         plucker = None if poses is None else fast_camera(poses, intrinsics, frames, h, w)
 
         with self.meter.phase("encode"):
             progress("encode", 0, 1)
+            self.plan.vae_tile_pixels = self.encode_tile_pixels
             y = self.condition(image_resized, frames.frames)
+            self.plan.vae_tile_pixels = self.decode_tile_pixels
             progress("encode", 1, 1)
+        clock.lap("encode")
 
         generator = torch.Generator("cpu").manual_seed(settings.seed)
         shape = (16, frames.latent_frames, lat_h, lat_w)
@@ -341,20 +385,87 @@ class FastPipeline(Pipeline):
         elif tuple(noise.shape) != shape:
             raise InputError(f"noise has shape {tuple(noise.shape)}, expected {shape}")
 
-        pieces = []
+        pieces: list[torch.Tensor] = []
+        latents: list[torch.Tensor] = []
         num_chunks = frames.latent_frames // options.chunk_frames
-        with self.meter.phase("denoise"):  # the loop, each chunk decoded as soon as it is done
+
+        def emit(piece: torch.Tensor) -> None:
+            pieces.append(piece)
+            if len(pieces) == 1:
+                clock.mark("first_chunk")
+            if on_chunk is not None:
+                on_chunk(len(pieces) - 1, num_chunks, piece)
+
+        with self.meter.phase("loop"):  # the DiT chunk loop, each chunk decoded as soon as it is done
             decoder = None
+            streaming = True
             for latent in self.rollout_chunks(noise, y, context, plucker, options, generator, progress=progress):
-                if decoder is None:
-                    decoder = StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels)
-                piece = decoder.push(latent[None].to(next(decoder.vae.parameters()).device))[0].cpu()
-                pieces.append(piece)
-                if on_chunk is not None:
-                    on_chunk(len(pieces) - 1, num_chunks, piece)
+                clock.lap("dit")
+                latents.append(latent.cpu())
+                if streaming:
+                    try:
+                        decoder = decoder or StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels)
+                        piece = decoder.push(latent[None].to(next(decoder.vae.parameters()).device))[0].cpu()
+                    except torch.OutOfMemoryError:
+                        # the plan's estimate was short: finish the loop, then decode every chunk again
+                        # with the same tiles once the KV cache is gone (so the same video)
+                        streaming, decoder = False, None
+                        free_device_memory(self.device)
+                        self.plan.notes += ("decoding beside the KV cache ran out of memory: chunks decoded after the loop",)
+                    else:
+                        emit(piece)
+                clock.lap("decode")
+            if not streaming:
+                decoder, done = StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels), len(pieces)
+                device = next(decoder.vae.parameters()).device
+                for i, latent in enumerate(latents):
+                    piece = decoder.push(latent[None].to(device))[0].cpu()
+                    if i < done:
+                        pieces[i] = piece
+                    else:
+                        emit(piece)
+                clock.lap("decode")
             del decoder
             self.residency.phase_done("decode")
+        clock.mark("total")
+        self.timings = clock.seconds
         return torch.cat(pieces, dim=1)
+
+
+def stream_decode_plan(pixels: int) -> tuple[int | None, float]:
+    """(tile pixels or None for whole frames, GiB) for decoding chunks of `pixels`-pixel frames during
+    the loop: weights + every tile's causal caches + one tile's activations (see the constants)."""
+    caches = VAE_CACHE_BYTES_PER_PIXEL * pixels / GiB
+    act_per_pixel = (VAE_PEAK_GIB - VAE_WEIGHTS_GIB - VAE_CACHE_BYTES_PER_PIXEL * REFERENCE_PIXELS / GiB) / REFERENCE_PIXELS
+    whole = VAE_WEIGHTS_GIB + caches + act_per_pixel * pixels
+    if act_per_pixel * pixels <= STREAM_TILE_ACT_GIB:
+        return None, whole
+    tile = max(MIN_TILE_PIXELS, int(STREAM_TILE_ACT_GIB / act_per_pixel))
+    return tile, VAE_WEIGHTS_GIB + caches * STREAM_TILE_OVERLAP + act_per_pixel * tile
+
+
+class _Clock:
+    """Seconds per part of one rollout (`timings`): text, encode, dit (the chunk loop's forwards),
+    decode (the chunk decodes), first_chunk (start to the first decoded chunk), total. The device is
+    synchronised at each lap so GPU work is counted where it happens (a few syncs per chunk)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.start = self.last = self._now()
+        self.seconds: dict[str, float] = {}
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = self._now()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def mark(self, name: str) -> None:
+        self.seconds[name] = self._now() - self.start
 
 
 def full_cache_spec(latent_frames: int, frame_tokens: int, options: FastOptions) -> CacheSpec:

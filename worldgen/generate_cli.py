@@ -50,6 +50,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(approximate: 0.57x the time, a different schedule than the reference's default); tiny = the tiny "
         "model's (default: tiny for the tiny model, else default)",
     )
+    gen.add_argument(
+        "--model",
+        choices=("base", "fast"),
+        help="base = LingBot-World's two experts with guidance; fast = LingBot-World-Fast (causal, chunk by chunk, "
+        "4 steps, no guidance; its DiT in lingbot_world_fast/ inside --ckpt-dir) (default: base)",
+    )
+    gen.add_argument("--kv-cache", choices=("auto", "full", "fp8", "rolling"), help="fast: KV cache kind (default: "
+                     "auto = whole video in bf16, else in FP8, else a rolling FP8 window, whichever fits --vram-budget)")
+    gen.add_argument("--attention-frames", type=int, help="fast: latent frames a chunk attends to at most (0: all)")
+    gen.add_argument("--sink-frames", type=int, help="fast: frames a rolling KV cache never evicts (default: 1)")
     gen.add_argument("--size", help="max area as H*W, e.g. 480*832 or 720*1280; the aspect follows the image")
     gen.add_argument("--frame-num", type=int, help="frames, 4n+1 (rounded down), at most what the poses cover")
     gen.add_argument("--steps", type=int, help="denoising steps")
@@ -79,6 +89,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "SDPA; sage = SageAttention (INT8, not bit-faithful; only when asked)",
     )
     run.add_argument(
+        "--compute",
+        choices=("bf16", "fp8"),
+        default="bf16",
+        help="how the DiT's matmuls run. bf16 (default): exact, the reference's numerics (NF4 weights are "
+        "dequantized to bf16). fp8: approximate, each large Linear as an FP8 GEMM (per-token and per-channel "
+        "scales; weights stay NF4 in memory): ~0.74x the time of a forward on an H100 and a few %% "
+        "different output (docs/benchmarks.md); needs FP8 tensor cores (RTX 40xx, L40, H100), refused elsewhere",
+    )
+    run.add_argument(
+        "--gpus",
+        metavar="I,J",
+        help="run one rollout on two GPUs, e.g. 0,1: each step's conditional pass on the first, the "
+        "unconditional one on the second at the same time (exact: the same output as one GPU). Each GPU "
+        "holds its own copy of the experts under --vram-budget. Default: one device (--device)",
+    )
+    run.add_argument(
         "--t5-on-cpu",
         action="store_true",
         help="run the umT5 text encoder on the CPU, streamed from disk one block at a time (slower; no GPU "
@@ -99,7 +125,9 @@ def settings_from_args(args: argparse.Namespace, tiny: bool) -> GenerationSettin
     base = load_settings(preset=getattr(args, "preset", None) or ("tiny" if tiny else "default"))
     changes = {k: v for k, v in {
         "size": args.size, "frame_num": args.frame_num, "steps": args.steps, "shift": args.shift,
-        "seed": args.seed, "negative_prompt": args.negative_prompt,
+        "seed": args.seed, "negative_prompt": args.negative_prompt, "model": getattr(args, "model", None),
+        "kv_cache": getattr(args, "kv_cache", None), "attention_frames": getattr(args, "attention_frames", None),
+        "sink_frames": getattr(args, "sink_frames", None),
         "guide_scale": parse_guide_scale(args.guide_scale) if args.guide_scale else None,
     }.items() if v is not None}  # fmt: skip
     return base.replace(**changes)
@@ -180,6 +208,11 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     dtype = getattr(torch, args.dtype) if args.dtype else None
+    from worldgen.multi_gpu import devices_for_gpus
+
+    devices = devices_for_gpus(getattr(args, "gpus", None))
+    if devices and args.device:
+        raise InputError("give --device or --gpus, not both")
     pipe = load_pipeline(
         args.ckpt_dir,
         device=args.device,
@@ -188,8 +221,15 @@ def run(args: argparse.Namespace) -> int:
         ram_budget_gb=args.ram_budget,
         text_encoder_on_cpu=args.t5_on_cpu,
         attention=args.attention,
+        model=settings.model,
+        compute=getattr(args, "compute", None) or "bf16",
+        devices=devices,
     )
     load_s = time.perf_counter() - started
+    if pipe.compute == "fp8":
+        from worldgen.fp8 import attention_note
+
+        print(f"note: {attention_note()}", file=sys.stderr)
     if pipe.is_random_weights:
         print("note: the tiny model has random weights: its output is noise, not a prediction", file=sys.stderr)
     identity = pipe.identity

@@ -69,9 +69,12 @@ class LayerKV:
     def __init__(self, owner: KVCache, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
         self.owner = owner
         self.fp8 = owner.spec.storage == "fp8"
+        # slots are only ever read after being written (the window ends at the last write), so the
+        # FP8 store need not be zeroed; the compute-dtype one is, as the reference's
+        alloc = torch.empty if self.fp8 else torch.zeros
         store = torch.float8_e4m3fn if self.fp8 else dtype
-        self.k = torch.zeros(shape, dtype=store, device=device)
-        self.v = torch.zeros(shape, dtype=store, device=device)
+        self.k = alloc(shape, dtype=store, device=device)
+        self.v = alloc(shape, dtype=store, device=device)
         if self.fp8:
             self.k_scale = torch.zeros((*shape[:-1], 1), dtype=dtype, device=device)
             self.v_scale = torch.zeros((*shape[:-1], 1), dtype=dtype, device=device)
@@ -167,6 +170,15 @@ class KVCache:
         self.step = _Step(local_end - num_tokens, local_end, max(0, local_end - window), evict, kept, sink)
         self._pending = (current_end, local_end)
 
+    def close(self) -> None:
+        """Free every slot now (layers point back at the cache, so dropping it alone would wait for gc)."""
+        for layer in self.layers:
+            layer.owner = None
+            layer.k = layer.v = layer.cross = None
+            if layer.fp8:
+                layer.k_scale = layer.v_scale = None
+        self.layers = []
+
     def commit(self) -> None:
         """After all layers ran: the call's end becomes the cache's end."""
         self.global_end, self.local_end = self._pending
@@ -193,7 +205,8 @@ def plan_cache(
     """Choose one job's cache and say why. `room_bytes` is what the budget leaves for it (None: no
     budget). `auto` takes the first that fits of: the reference's cache (whole video, compute dtype),
     the same in FP8, a rolling FP8 window (sink + as many whole chunks as fit). `full`, `fp8` and
-    `rolling` force a kind (a rolling window still sized to the room). Raises ValueError when even
+    `rolling` force a kind (a rolling window still sized to the room). FP8 sizes include the window
+    dequantized for one layer during attention. Raises ValueError when even
     the smallest rolling window (sink + one chunk) does not fit."""
     if mode not in MODES:
         raise ValueError(f"KV-cache mode must be one of {MODES}, not {mode!r}")
@@ -201,8 +214,12 @@ def plan_cache(
     def make(frames: int, storage: str, rolling: bool, sink: int) -> CacheSpec:
         return CacheSpec(frames * frame_tokens, frame_tokens, storage, rolling, sink, max_attention_tokens)
 
+    elem = torch.empty(0, dtype=compute_dtype).element_size()
+
     def size(spec: CacheSpec) -> int:
-        return spec.bytes(num_layers, num_heads, head_dim, compute_dtype)
+        """The cache, plus for FP8 the window dequantized for one layer at a time (transient)."""
+        dequant = 2 * spec.capacity_tokens * num_heads * head_dim * elem if spec.storage == "fp8" else 0
+        return spec.bytes(num_layers, num_heads, head_dim, compute_dtype) + dequant
 
     # the reference: whole video; max_attention_tokens also flips its rolling gate (never rolls here)
     ref_rolling, ref_sink = max_attention_tokens is not None, sink_frames or 0

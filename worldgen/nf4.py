@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worldgen.errors import CheckpointError
+from worldgen.fp8 import QuantizedRows, fp8_linear, wants_fp8
 from worldgen.quiet import hide_known_harmless
 
 hide_known_harmless()  # before bitsandbytes logs its harmless CPU-kernel warning on import
@@ -39,6 +40,7 @@ class NF4Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.compute_dtype = compute_dtype
+        self.compute = "bf16"  # or "fp8": see worldgen.fp8
         self.quant_type = "nf4"
         self.blocksize = 64
         self.weight_dtype = torch.bfloat16
@@ -97,8 +99,10 @@ class NF4Linear(nn.Module):
     def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         return dequantize_4bit(self.weight, self.quant_state()).to(dtype or self.compute_dtype)
 
-    def forward(self, x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedRows, dtype: torch.dtype | None = None) -> torch.Tensor:
         dtype = dtype or self.compute_dtype
+        if isinstance(x, QuantizedRows) or wants_fp8(x, self.compute, dtype):  # NF4 -> bf16 -> FP8 per output channel, FP8 GEMM
+            return fp8_linear(x, self.dequantized_weight(torch.bfloat16), self.bias)
         bias = None if self.bias is None else self.bias.to(dtype)
         return F.linear(x.to(dtype), self.dequantized_weight(dtype), bias)
 

@@ -31,6 +31,7 @@ from worldgen.errors import InputError
 from worldgen.image_input import load_image
 from worldgen.memory import MemoryPlan
 from worldgen.metering import PhaseMeter
+from worldgen.multi_gpu import SecondDevice
 from worldgen.request import latent_size  # noqa: F401  (re-exported: the rule is defined there)
 from worldgen.residency import ModelSlot, ResidencyPolicy
 from worldgen.scheduler import FlowUniPCScheduler
@@ -89,6 +90,8 @@ class Pipeline:
         is_random_weights: bool = False,
         text_dtype: torch.dtype | None = None,
         residency: ResidencyPolicy | None = None,
+        compute: str = "bf16",
+        second_device: SecondDevice | None = None,
     ):
         self.tokenizer = tokenizer
         self.text_encoder = text_encoder
@@ -107,6 +110,8 @@ class Pipeline:
         self.on_plan: Callable[[str], None] | None = None  # told the plan whenever a job changes it
         self._frame_pixels = 0
         self.identity: dict[str, str] = {}  # set by load_pipeline: variant, checkpoint, layout, dtype ...
+        self.compute = compute  # the experts' compute unless a job's settings say otherwise (worldgen.fp8)
+        self.second_device = second_device  # the unconditional passes' GPU (worldgen.multi_gpu), or None
 
     @property
     def plan(self) -> MemoryPlan:
@@ -174,6 +179,7 @@ class Pipeline:
         progress: Progress = _no_progress,
     ) -> torch.Tensor:
         """Flow-matching UniPC with two experts and classifier-free guidance -> final latent (float32)."""
+        compute = self.job_compute(settings)
         scheduler = FlowUniPCScheduler()
         scheduler.set_timesteps(settings.steps, shift=settings.shift)
         device = self.device
@@ -181,6 +187,9 @@ class Pipeline:
         y = y.to(device)[None]
         context, negative_context = context.to(device), negative_context.to(device)
         cam = None if plucker is None else plucker.to(device)
+        second = self.second_device
+        if second is not None:
+            second.start_job(negative_context, y, cam)
         boundary = settings.boundary * 1000
         low_scale, high_scale = settings.guide_scale
         total = len(scheduler.timesteps)
@@ -191,10 +200,15 @@ class Pipeline:
             which = schedule[i]
             model = None  # drop our reference so an expert the policy frees is really freed
             model = self.residency.use(which, upcoming=schedule[i + 1 :])
+            model.set_compute(compute)
             scale = high_scale if which == "high" else low_scale
             timestep = t.reshape(1).to(device)
             x = latent[None]
-            if self.plan.batch_guidance:
+            if second is not None:  # the unconditional pass on the other GPU, at the same time
+                pending = second.submit(which, schedule[i + 1 :], x, timestep, compute)
+                cond = model(x, timestep, [context], y, cam)[0]
+                uncond = pending.result()
+            elif self.plan.batch_guidance:
                 both = model(
                     x.expand(2, -1, -1, -1, -1),
                     timestep.expand(2),
@@ -212,7 +226,21 @@ class Pipeline:
             progress("denoise", i + 1, total)
         model = None
         self.residency.phase_done("denoise")
+        if second is not None:
+            second.end_job()
         return latent
+
+    def job_compute(self, settings: GenerationSettings) -> str:
+        """The experts' compute for this job ('bf16' exact, 'fp8' approximate), refused where unsupported."""
+        from worldgen.fp8 import COMPUTES, check_supported
+
+        compute = getattr(settings, "compute", None) or self.compute
+        if compute not in COMPUTES:
+            raise InputError(f"compute {compute!r} is unknown: use one of {', '.join(COMPUTES)}")
+        if compute == "fp8":
+            for device in [self.device] + ([self.second_device.device] if self.second_device else []):
+                check_supported(device)
+        return compute
 
     # -- decode -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -268,6 +296,7 @@ class Pipeline:
         """
         settings = settings or GenerationSettings()
         progress = progress or _no_progress
+        self.job_compute(settings)  # an unusable compute (fp8 without FP8 tensor cores) is refused before any work
         if (poses is None) != (intrinsics is None):
             raise InputError("camera control needs both poses.npy and intrinsics.npy (or neither)")
         frames = settings.frame_num
@@ -298,6 +327,8 @@ class Pipeline:
         _, _, h, w = image_resized.shape
         lat_f, lat_h, lat_w = (frames - 1) // 4 + 1, h // 8, w // 8
         self._frame_pixels = h * w
+        if self.second_device is not None:
+            self.second_device.fit(tokens_for(frames, h, w), h * w)
         if self.residency.fit(tokens_for(frames, h, w), h * w) and self.on_plan is not None:
             self.on_plan(self.plan.describe())
         plucker = None
@@ -354,13 +385,18 @@ def load_pipeline(
     text_encoder_on_cpu: bool = False,
     attention: str = "auto",
     model: str = "base",
+    compute: str | None = "bf16",
+    devices: list[str] | tuple[str, ...] | None = None,
 ) -> Pipeline:
     """Recognise the checkpoint, make the memory plan and return a pipeline whose models load lazily.
 
     `dtype` is the DiT/T5 compute dtype: bfloat16 on CUDA, float32 on the CPU by default. The VAE
     runs in float32 as in the reference. `attention` picks the DiT's attention kernel
     (`worldgen.attention`: auto, sdpa, flash, sage). `model`: "base" (the two experts) or "fast"
-    (LingBot-World-Fast, a `worldgen.fast.FastPipeline`).
+    (LingBot-World-Fast, a `worldgen.fast.FastPipeline`). `compute`: "bf16" (exact) or "fp8"
+    (approximate, Ada/Hopper only: `worldgen.fp8`), a job's settings may override it. `devices`:
+    one device (as `device`) or two, the second running each step's unconditional pass
+    (`worldgen.multi_gpu`; `devices_for_gpus` turns `--gpus 0,1` into them).
     """
     from worldgen.attention import resolve_backend
     from worldgen.checkpoint import expert_files, find_checkpoint, find_fast_checkpoint, load_expert, load_t5, load_vae
@@ -370,7 +406,19 @@ def load_pipeline(
 
     # fewer fragmentation OOMs near the budget; must be set before CUDA's allocator starts
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    if devices:
+        if len(devices) > 2:
+            raise InputError(f"devices {list(devices)}: a rollout uses one or two devices")
+        device = devices[0]
     device = torch.device(device) if device is not None else default_device()
+    from worldgen.fp8 import COMPUTES, check_supported
+
+    compute = compute or "bf16"  # None: the engine's choice, the exact path
+    if compute not in COMPUTES:
+        raise InputError(f"compute {compute!r} is unknown: use one of {', '.join(COMPUTES)}")
+    if compute == "fp8":
+        for name in devices or [device]:
+            check_supported(name)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     if model not in MODELS:
         raise InputError(f"model {model!r} is unknown: use one of {', '.join(MODELS)}")
@@ -396,7 +444,7 @@ def load_pipeline(
     experts = {
         name: ModelSlot(
             "Fast DiT" if name == "fast" else f"{name}-noise expert",
-            lambda f=folder: _prepared_expert(load_expert(f, device, dtype), plan, backend),
+            lambda f=folder: _prepared_expert(load_expert(f, device, dtype), plan, backend, compute),
             prefetch=lambda f=folder: prefetch_into_page_cache(expert_files(f)),
         )
         for name, folder in layout.experts.items()
@@ -405,6 +453,30 @@ def load_pipeline(
     t5_dtype = dtype if t5_device.type == "cuda" else torch.float32
     kind = Pipeline
     extra = {"experts": experts}
+    if devices and len(devices) == 2:
+        if model == "fast":
+            raise InputError("--gpus with two GPUs: the Fast model has no guidance passes to split; use one GPU")
+        from worldgen.multi_gpu import SecondDevice
+
+        other = torch.device(devices[1])
+        plan2 = plan_memory(
+            other,
+            vram_budget_gb,
+            ram_budget_gb,
+            expert_gib=layout.expert_gib,
+            checkpoint_kind=layout.kind,
+            gpu_total_gib=gpu_total_gib(other) if vram_budget_gb is not None else None,
+            text_encoder_on_cpu=True,  # the second GPU holds experts only
+        )
+        apply_memory_cap(plan2)
+        experts2 = {
+            name: ModelSlot(
+                f"{name}-noise expert on {other}",
+                lambda f=folder, p=plan2: _prepared_expert(load_expert(f, other, dtype), p, backend, compute),
+            )
+            for name, folder in layout.experts.items()
+        }
+        extra["second_device"] = SecondDevice(other, ResidencyPolicy(plan2, experts=experts2))
     if model == "fast":
         from worldgen.fast import FastPipeline
 
@@ -427,6 +499,7 @@ def load_pipeline(
         else None,
         is_random_weights=is_tiny,
         text_dtype=t5_dtype,
+        compute=compute,
     )
     # what the provenance record of each rollout says about the model (worldgen.rollout.rollout_record)
     pipe.identity = {
@@ -441,7 +514,10 @@ def load_pipeline(
     return pipe
 
 
-def _prepared_expert(model: torch.nn.Module, plan: MemoryPlan, attention_backend: str) -> torch.nn.Module:
+def _prepared_expert(
+    model: torch.nn.Module, plan: MemoryPlan, attention_backend: str, compute: str = "bf16"
+) -> torch.nn.Module:
     model.set_ffn_chunk_tokens(plan.ffn_chunk_tokens)
     model.set_attention_backend(attention_backend)
+    model.set_compute(compute)
     return model

@@ -19,6 +19,7 @@ Engine-agnostic core (`serve(load_engine)`): the real engine is `PipelineEngine`
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import queue
@@ -36,6 +37,8 @@ from contracts.settings import GenerationSettings
 from worldgen.errors import CheckpointError, InputError
 
 log = logging.getLogger("worldgen.worker")
+
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -95,6 +98,19 @@ class PipelineEngine:
         from worldgen.rollout import generate_episode
 
         return Path(generate_episode(self.pipe, episode_dir, settings, output, progress=progress))
+
+    def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int:
+        """Frames `generate` writes for this episode: the request cut to what the poses cover."""
+        import warnings
+
+        import numpy as np
+
+        from worldgen.camera import frames_for_poses
+
+        poses = np.load(episode_dir / "poses.npy", mmap_mode="r", allow_pickle=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return frames_for_poses(settings.frame_num, len(poses))
 
     def probe(self) -> dict[str, Any]:
         """Touch the device: a reply means the CUDA context (or CPU torch) still works."""
@@ -278,6 +294,7 @@ class Worker:
                     "output": str(output),
                     "frames_output": frames_output,
                     "seconds": round(time.monotonic() - started, 3),
+                    "frames": self.expected_frames(Path(message["episode_dir"]), settings),
                 }
             )
         except JobCancelled as exc:
@@ -285,6 +302,11 @@ class Worker:
             self.send({"type": "error", "job": job, "code": "cancelled", "message": str(exc)})
         except InputError as exc:  # includes settings the engine refuses (SettingsError is a ValueError)
             self.send({"type": "error", "job": job, "code": "bad_input", "message": str(exc)})
+        except OSError as exc:
+            # Disk full or read-only: not the job's fault; the server requeues it until space returns.
+            code = "storage" if exc.errno in STORAGE_ERRNOS else "worker_error"
+            log.error("job %s: cannot write its files: %s", job, exc)
+            self.send({"type": "error", "job": job, "code": code, "message": f"{type(exc).__name__}: {exc}"})
         except Exception as exc:
             log.error("job %s failed:\n%s", job, traceback.format_exc())
             out_of_memory = isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
@@ -297,9 +319,24 @@ class Worker:
             except Exception:
                 log.error("cleanup after the failure failed:\n%s", traceback.format_exc())
         finally:
-            partial.unlink(missing_ok=True)
-            sidecar_path(partial).unlink(missing_ok=True)
+            try:  # a read-only or vanished spool must not take the worker down with it
+                partial.unlink(missing_ok=True)
+                sidecar_path(partial).unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("cannot remove %s: %s", partial, exc)
             self.job, self.state, self.progress = None, "idle", {}
+
+    def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int | None:
+        """The frame count the engine's mp4 must hold (the server checks it in the file); None if
+        the engine cannot say (the server then checks that the mp4 is complete only)."""
+        count = getattr(self.engine, "expected_frames", None)
+        if count is None:
+            return None
+        try:
+            return int(count(episode_dir, settings))
+        except Exception as exc:
+            log.warning("cannot tell the expected frame count: %s", exc)
+            return None
 
     @staticmethod
     def write_frames(video: Path, target: Path) -> None:

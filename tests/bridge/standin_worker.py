@@ -7,6 +7,11 @@ writes a small file that records what it was asked to do (so tests can check tha
 and settings went through the server and the spool unchanged). The acceptance tests that need
 real generation use `python -m worldgen.worker --ckpt tiny` instead.
 
+The file is a real (if unplayable) mp4 container: `ftyp`, a `moov` whose sample table holds the
+frame count the engine would write, and an `mdat` holding the record, so the server's check of
+every result (bridge.mp4) runs on it. `--truncate` leaves out the `moov` (a write cut short by a
+full disk); `--result-mb N` pads the `mdat` to N MiB.
+
 Prompts containing "[bad-input]" raise worldgen's InputError; "[explode]" raises RuntimeError.
 `--fail-load` makes loading fail with worldgen's CheckpointError, as a missing checkpoint would.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import struct
 import sys
 import time
 from pathlib import Path
@@ -29,9 +35,27 @@ from worldgen.worker import serve
 MAGIC = b"STANDIN-VIDEO\n"
 
 
+def box(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", 8 + len(body)) + kind + body
+
+
+def mp4_bytes(frames: int, payload: bytes, truncate: bool = False) -> bytes:
+    """ftyp + moov (one track whose stsz counts `frames` samples) + mdat(payload)."""
+    stsz = box(b"stsz", struct.pack(">III", 0, 1, frames))  # version+flags, one size for all, count
+    moov = box(b"moov", box(b"trak", box(b"mdia", box(b"minf", box(b"stbl", stsz)))))
+    ftyp = box(b"ftyp", b"isom\0\0\0\0isom")
+    mdat = box(b"mdat", payload)
+    return ftyp + mdat if truncate else ftyp + moov + mdat
+
+
 class StandinEngine:
-    def __init__(self, step_s: float) -> None:
-        self.step_s = step_s
+    def __init__(self, step_s: float, truncate: bool = False, result_mb: float = 0.0) -> None:
+        self.step_s, self.truncate, self.result_bytes = step_s, truncate, int(result_mb * (1 << 20))
+
+    def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int:
+        """The stand-in's own rule (no torch import): one frame per pose, at most frame_num."""
+        poses = np.load(episode_dir / "poses.npy", mmap_mode="r", allow_pickle=False)
+        return min(settings.frame_num, len(poses))
 
     def describe(self) -> dict:
         return {"model": "standin", "device": "cpu", "dtype": "none"}
@@ -69,7 +93,9 @@ class StandinEngine:
             "image_sha256": hashlib.sha256(image.read_bytes()).hexdigest(),
             "settings": settings.to_dict(),
         }
-        output.write_bytes(MAGIC + json.dumps(record).encode())
+        frames = self.expected_frames(episode_dir, settings)
+        padding = b"\0" * max(0, self.result_bytes)
+        output.write_bytes(mp4_bytes(frames, padding + MAGIC + json.dumps(record).encode(), self.truncate))
         return output
 
 
@@ -77,12 +103,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--step-s", type=float, default=0.05)
     parser.add_argument("--fail-load", action="store_true")
+    parser.add_argument("--truncate", action="store_true", help="write mp4s without their moov atom")
+    parser.add_argument("--result-mb", type=float, default=0.0, help="pad each result to this size")
     args = parser.parse_args()
 
     def load() -> StandinEngine:
         if args.fail_load:
             raise CheckpointError("/nowhere: not a checkpoint folder (stand-in)")
-        return StandinEngine(args.step_s)
+        return StandinEngine(args.step_s, args.truncate, args.result_mb)
 
     return serve(load)
 

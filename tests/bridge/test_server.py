@@ -38,8 +38,9 @@ MAGIC = b"STANDIN-VIDEO\n"
 
 
 def record_of(video: bytes) -> dict:
-    assert video.startswith(MAGIC), video[:40]
-    return json.loads(video[len(MAGIC) :])
+    """What the stand-in engine was asked to do: the record at the end of its mp4's mdat."""
+    assert video[4:8] == b"ftyp" and MAGIC in video, video[:40]
+    return json.loads(video[video.rindex(MAGIC) + len(MAGIC) :])
 
 
 class RawDealer:
@@ -208,7 +209,9 @@ def test_requests_the_server_refuses(servers, client_factory, episode):
 
 def test_submit_is_idempotent_per_request_id(servers, episode):
     """A client that lost the `accepted` reply sends the same submit again: still one job, and a
-    retry after the job ended gets its result."""
+    retry after the job ended gets its result. Retries are recognised per connection (identity),
+    never by the `client` field: another connection sending the same fields gets its own job,
+    while anyone holding the job id can watch it."""
     server = servers(worker=standin_command(step_s=0.1))
     payload = EpisodePayload.from_dir(episode)
     frames = protocol.encode(
@@ -217,17 +220,19 @@ def test_submit_is_idempotent_per_request_id(servers, episode):
         {"poses": payload.poses, "intrinsics": payload.intrinsics},
         {"image": payload.image},
     )
-    first, second, late = RawDealer(server.endpoint), RawDealer(server.endpoint), RawDealer(server.endpoint)
+    first, other, watcher = RawDealer(server.endpoint), RawDealer(server.endpoint), RawDealer(server.endpoint)
     try:
-        a, b = first.ask(frames), second.ask(frames)
+        a, b = first.ask(frames), first.ask(frames)
         assert a.type == b.type == "accepted" and a.fields["job"] == b.fields["job"]
         while (event := first.read()).type != "result":  # progress events, then the result
             assert event.type == "progress"
-        again = late.ask(frames)
+        again = first.ask(frames)
         assert again.type == "accepted" and again.fields["job"] == a.fields["job"]
-        assert late.read().blobs["video"] == event.blobs["video"]
+        assert other.ask(frames).fields["job"] != a.fields["job"]  # not a retry: a job of its own
+        assert watcher.ask(protocol.encode("watch", {"rid": "w", "job": a.fields["job"]})).type == "status"
+        assert watcher.read().blobs["video"] == event.blobs["video"]
     finally:
-        for dealer in (first, second, late):
+        for dealer in (first, other, watcher):
             dealer.close()
 
 
@@ -395,7 +400,7 @@ def test_a_worker_that_cannot_start_makes_the_server_answer_unavailable(servers,
         return None
 
     error = wait_for(refused, 20, interval=0.2, what="submits to be refused")
-    assert error.code == "unavailable" and "checkpoint" in error.message and "/nowhere" in error.message
+    assert error.code == "unavailable" and "checkpoint" in error.message and "/nowhere" in error.message, error.message
     health = client.health()
     assert health["ok"] is False and "/nowhere" in health["server"]["unavailable"]
 

@@ -113,6 +113,18 @@ def test_tiny_engine_input_errors_come_back_as_bad_input(client, tmp_path):
     assert client.health()["worker"]["restarts"] == 0
 
 
+def test_fp8_compute_per_job_is_refused_on_a_cpu_worker(client, tiny_episode):
+    """A job's `compute` reaches the engine: fp8 on a machine without FP8 tensor cores is the user's
+    to fix (bad_input, with what to use instead), and the worker carries on."""
+    job = client.submit(EpisodePayload.from_dir(tiny_episode), {**SMALL, "compute": "fp8"})
+    with pytest.raises(JobFailed) as info:
+        job.result(timeout=60)
+    assert info.value.code == "bad_input" and "FP8 tensor cores" in info.value.message
+    assert "--compute bf16" in info.value.message
+    assert client.submit(EpisodePayload.from_dir(tiny_episode), {**SMALL, "compute": "bf16"}).result(timeout=60)
+    assert client.health()["worker"]["restarts"] == 0
+
+
 def test_tiny_cancel_queued_and_running_jobs(client, tiny_episode):
     payload = EpisodePayload.from_dir(tiny_episode)
     running = client.submit(payload, {**SMALL, "steps": 30})

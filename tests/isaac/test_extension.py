@@ -87,3 +87,15 @@ def test_extension_toml_declares_the_entry_module():
         assert name in dependencies
     requirements = " ".join(manifest["python"]["pipapi"]["requirements"])
     assert "pyzmq" in requirements and "msgpack" in requirements and "torch" not in requirements
+
+
+def test_kit_finds_the_manifest_in_its_standard_place_too():
+    # Kit's own layout is <extension folder>/config/extension.toml; the top-level extension.toml is
+    # the one home of the content and config/extension.toml is a committed copy (no symlink step).
+    top, standard = REPO / "extension.toml", REPO / "config" / "extension.toml"
+    assert standard.is_file() and not standard.is_symlink()
+    assert standard.read_bytes() == top.read_bytes(), "run `make extension-manifest` after editing extension.toml"
+    manifest = tomllib.loads(standard.read_text())
+    assert [m["name"] for m in manifest["python"]["module"]] == ["lingbot_isaac.extension"]
+    # Paths in the manifest are relative to the extension folder (the repository root), not config/.
+    assert (REPO / manifest["package"]["readme"]).is_file()

@@ -54,7 +54,7 @@ def test_export_only_episode_folder_and_usd_stage(tmp_path, capsys):
     [
         ([], "no prompt"),
         (["--prompt", "p", "--resolution", "832x"], "--resolution must look like"),
-        (["--prompt", "p", "--steps", "0"], "steps must be >= 1"),
+        (["--prompt", "p", "--steps", "0"], "steps must be in [1, 1000]"),  # contracts.settings names the range
         (["--prompt", "p", "--camera", "/Nope"], "not found"),
     ],
 )
@@ -85,6 +85,11 @@ def test_settings_precedence():
         Namespace(preset="tiny", frame_num=None, steps=None, seed=1, size=None, shift=None, guide_scale=None)
     )
     assert whole["size"] == "96*160" and whole["seed"] == 1
+    fast = settings_overrides(
+        Namespace(preset="fast40", frame_num=None, steps=None, seed=None, size=None, shift=None, guide_scale=None,
+                  compute="fp8")  # fmt: skip
+    )
+    assert (fast["steps"], fast["shift"], fast["compute"]) == (40, 5.0, "fp8")  # per job, on the wire
 
 
 def _have(module: str) -> bool:

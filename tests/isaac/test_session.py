@@ -88,3 +88,24 @@ def test_generate_against_a_local_tiny_server(tmp_path, server):  # noqa: F811
 
         assert_tiny_rollout_is_traceable(status.result, status.report, client="extension")
     assert np.load(episode / "poses.npy").shape[0] == 33  # the episode itself is untouched
+
+
+@needs_server
+def test_first_frame_photo_from_the_window_is_fitted_into_the_episode_before_sending(tmp_path):
+    from PIL import Image
+
+    from lingbot_isaac.first_frame import fit_photo
+
+    episode = shutil.copytree(SAMPLE, tmp_path / "ep")
+    photo = np.random.default_rng(3).integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    Image.fromarray(photo).save(tmp_path / "photo.png")
+    nobody = f"tcp://127.0.0.1:{_free_port()}"
+    settings = SessionSettings(output_dir=tmp_path, server=nobody, timeout=1.0, first_frame=tmp_path / "photo.png")
+    session = Session(settings)
+    session.generate(episode)
+    session.wait(timeout=30)  # no server: fails after the photo went in
+    written = read_episode(episode)
+    assert written.meta.extra["first_frame"]["path"] == str(tmp_path / "photo.png")
+    fitted, _, _ = fit_photo(tmp_path / "photo.png", 480, 832)
+    assert np.abs(written.image().astype(float) - fitted).mean() < 6  # the photo (as JPEG), not the render
+    assert written.sim_frames_path is not None

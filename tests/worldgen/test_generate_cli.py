@@ -190,3 +190,46 @@ def test_default_settings_are_the_reference_and_fast40_is_a_named_preset():
     assert default == load_settings() == GenerationSettings()  # the TOML and the built-in defaults agree
     fast = settings_from_args(Namespace(preset="fast40", **{**flags, "seed": 3}), tiny=False)
     assert (fast.steps, fast.shift, fast.seed) == (40, 5.0, 3)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--gpus", "0,1"], "no CUDA GPU"), (["--compute", "fp8"], "FP8 tensor cores")],
+)
+def test_gpu_only_paths_refuse_clearly_on_a_cpu_machine(lingbot_examples, tmp_path, cache, flags, message):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = tmp_path / "out.mp4"
+    result = run_cli("generate", "--action-path", str(lingbot_examples / "00"), "-o", str(out), "--quiet", *flags,
+                     env_cache=cache)  # fmt: skip
+    assert result.returncode != 0
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_tiny_generate_with_the_fast_model(lingbot_examples, tmp_path, cache):
+    out = tmp_path / "fast.mp4"
+    result = run_cli(
+        "generate", "--model", "fast", "--action-path", str(lingbot_examples / "00"), "--frame-num", "25",
+        "-o", str(out), "--quiet", env_cache=cache,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "[bf16, Fast]" in result.stderr and "kv cache" in result.stderr
+    assert "generating 21 frames" in result.stderr  # 25 frames = 7 latent frames: rounded to whole chunks
+    meta, frames = read_frames(out)
+    assert len(frames) == 21 and meta["size"] == (160, 80)
+
+
+def test_fast_model_without_its_folder_is_a_clear_error(tmp_path, cache, lingbot_examples):
+    from worldgen.tiny import ensure_tiny_checkpoint
+
+    root = tmp_path / "base"
+    shutil.copytree(ensure_tiny_checkpoint("bf16"), root, ignore=shutil.ignore_patterns("lingbot_world_fast*"))
+    result = run_cli(
+        "generate", "--model", "fast", "--ckpt-dir", str(root), "--action-path", str(lingbot_examples / "00"),
+        "-o", str(tmp_path / "x.mp4"), env_cache=cache,
+    )  # fmt: skip
+    assert result.returncode != 0 and "lingbot_world_fast/" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "x.mp4").exists()

@@ -1,0 +1,223 @@
+"""LingBot-World-Fast on one GPU: golden parity in bf16, then whole rollouts under a VRAM budget.
+
+Usage:
+  python bench/bench_fast.py --ckpt /tmp/fast-synth --build-synthetic --action-path EXAMPLE_DIR \\
+      --vram-budget 24 --size 480*832 --frames 81,81,161 [--golden GOLDEN_FAST_DIR] [--json OUT.json]
+
+--build-synthetic writes a full-size synthetic checkpoint first (bench/synthetic_checkpoint.py: the
+Fast DiT in NF4 with real shapes and key names, umT5-XXL, Wan2.1 VAE; random weights) unless CKPT
+already holds one. --golden runs every golden/fast case on this device in bf16 and prints its
+relative L2 error against the CPU float32 reference. Each --frames entry is one whole rollout
+(text, encode, the chunk loop with each chunk decoded as soon as it is made) in one pipeline, so
+a repeated entry shows the warm (models resident) figures. Per rollout it prints: the plan's KV
+cache, seconds to the first decoded chunk and to the whole video, the DiT loop's seconds (forwards
+only) and the decode's, peak VRAM (allocated and reserved) and peak RSS. Targets (issue 16):
+DiT loop <= 17 s, whole rollout <= 25 s, first chunk <= 4 s at 480x832, 81 frames, 24 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bridge.settings import GenerationSettings  # noqa: E402
+from worldgen.camera import load_action  # noqa: E402
+from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, load_expert  # noqa: E402
+from worldgen.cuda_memory import free_device_memory  # noqa: E402
+from worldgen.fast import FastOptions, FastPipeline  # noqa: E402
+from worldgen.kv_cache import CacheSpec, KVCache  # noqa: E402
+from worldgen.metering import peak_rss_gib  # noqa: E402
+from worldgen.pipeline import load_pipeline  # noqa: E402
+from worldgen.residency import ModelSlot  # noqa: E402
+from worldgen.rollout import find_image, read_prompt  # noqa: E402
+
+GiB = 2**30
+TARGETS = {"dit": 17.0, "total": 25.0, "first_chunk": 4.0}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float().cpu(), b.float().cpu()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def golden_parity(root: Path, device: torch.device, dtype: torch.dtype) -> dict[str, float]:
+    """Every golden/fast case with the DiT in `dtype` on `device` -> relative L2 errors."""
+    dit = load_expert(root / "lingbot-world-base-cam" / FAST_DIR, device, dtype)
+    io = {k: v.to(device) for k, v in load_file(root / "dit_chunks" / "io.safetensors").items()}
+    errors = {}
+
+    def call(cache, c, x="x", t=None):
+        f = slice(3 * c, 3 * c + 3)
+        t = io["t_a"] if t is None else t
+        out = dit(io[x][:, f][None], t, [io["context"]], io["y"][:, f][None], io["cam"][:, :, f], cache, 30 * c)
+        return out[0]
+
+    def cache(spec):
+        return KVCache(spec, dit.cfg.num_layers, dit.cfg.num_heads, dit.cfg.head_dim, dtype, device)
+
+    def stacked(c, which):
+        return torch.stack([getattr(layer, which)[0] for layer in c.layers])
+
+    c = cache(CacheSpec(60, 10))
+    errors["a_out_chunk0"] = rel(call(c, 0), io["a_out_chunk0"])
+    errors["a_out_chunk1"] = rel(call(c, 1, t=io["t_b"]), io["a_out_chunk1"])
+    errors["a_cache_k_final"] = rel(stacked(c, "k"), io["a_cache_k_final"])
+    errors["a_cache_v_final"] = rel(stacked(c, "v"), io["a_cache_v_final"])
+    c = cache(CacheSpec(60, 10, max_attention_tokens=40))
+    call(c, 0)
+    errors["a_out_chunk1_window"] = rel(call(c, 1, t=io["t_b"]), io["a_out_chunk1_window"])
+    c = cache(CacheSpec(60, 10, rolling=True, sink_frames=1))
+    zero = torch.zeros(1, dtype=torch.int64, device=device)
+    for k in range(3):
+        errors[f"d_out_chunk{k}_noisy"] = rel(call(c, k), io[f"d_out_chunk{k}_noisy"])
+        errors[f"d_out_chunk{k}_t0"] = rel(call(c, k, "x_clean", zero), io[f"d_out_chunk{k}_t0"])
+    errors["d_cache_k_final"] = rel(stacked(c, "k"), io["d_cache_k_final"])
+    errors["d_cache_v_final"] = rel(stacked(c, "v"), io["d_cache_v_final"])
+
+    loop = load_file(root / "loop" / "io.safetensors")
+    pipe = FastPipeline(
+        dit=ModelSlot("fast", lambda: dit), dit_config=dit.cfg, dtype=dtype, tokenizer=None, text_encoder=None,
+        vae=None, device=device, text_len=dit.cfg.text_len, name="golden",
+    )  # fmt: skip
+    for name, options, key in (
+        ("loop_latent_final", FastOptions(), "latent_final"),
+        ("loop_window_latent_final", FastOptions(max_attention_tokens=40, sink_frames=1), "window_latent_final"),
+    ):
+        chunks = pipe.rollout_chunks(
+            loop["noise"], loop["y"], loop["context"], loop["plucker"], options, renoise_draws=loop["renoise"]
+        )
+        errors[name] = rel(torch.cat([x.cpu() for x in chunks], dim=1), loop[key])
+    return errors
+
+
+def ensure_synthetic(ckpt: Path) -> None:
+    if (ckpt / FAST_NF4_DIR / "model.safetensors").exists():
+        return
+    start = time.perf_counter()
+    script = Path(__file__).with_name("synthetic_checkpoint.py")
+    subprocess.run(
+        [sys.executable, str(script), str(ckpt), "--layout", "nf4", "--experts", "none", "--fast"], check=True
+    )
+    print(f"synthetic Fast checkpoint built in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def rollout(pipe: FastPipeline, args, image, prompt, poses, intrinsics, frames: int) -> dict:
+    settings = GenerationSettings(size=args.size, frame_num=frames, seed=42)
+    if pipe.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(pipe.device)
+    first_records = len(pipe.meter.records)
+    chunks = []
+    start = time.perf_counter()
+    video = pipe.generate(
+        image, prompt, poses, intrinsics, settings,
+        on_chunk=lambda i, n, f: chunks.append((i, n, time.perf_counter() - start, tuple(f.shape))),
+    )  # fmt: skip
+    wall = time.perf_counter() - start
+    records = pipe.meter.records[first_records:]
+    result = {
+        "frames_asked": frames,
+        "frames": int(video.shape[1]),
+        "size": f"{video.shape[2]}x{video.shape[3]}",
+        "kv_cache": pipe.cache_spec.describe() if pipe.cache_spec else None,
+        "kv_cache_why": pipe.cache_reason,
+        "seconds": {k: round(v, 2) for k, v in pipe.timings.items()},
+        "wall_seconds": round(wall, 2),
+        "first_chunk_callback_seconds": round(chunks[0][2], 2),
+        "chunks": len(chunks),
+        "peak_rss_gib": round(max((r.peak_rss_gib or 0) for r in records), 2),
+        "finite": bool(torch.isfinite(video).all()),
+        "loads": {name: round(slot.load_seconds, 2) for name, slot in (("dit", pipe.dit), ("vae", pipe.vae))},
+    }
+    if pipe.device.type == "cuda":
+        result["peak_vram_allocated_gib"] = round(torch.cuda.max_memory_allocated(pipe.device) / GiB, 2)
+        result["peak_vram_reserved_gib"] = round(torch.cuda.max_memory_reserved(pipe.device) / GiB, 2)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ckpt", default="tiny", help="checkpoint folder (base folder with the Fast DiT), or tiny")
+    parser.add_argument("--build-synthetic", action="store_true", help="write a full-size synthetic one at --ckpt")
+    parser.add_argument("--action-path", type=Path, required=True, help="poses.npy, intrinsics.npy, image, prompt")
+    parser.add_argument("--vram-budget", type=float, help="GiB, as `generate --vram-budget`")
+    parser.add_argument("--size", default="480*832", help="max area H*W")
+    parser.add_argument("--frames", default="81,161", help="comma-separated frame counts, one rollout each")
+    parser.add_argument("--golden", type=Path, help="golden/fast folder: parity in bf16 on this device first")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", type=Path, help="write all results here (rewritten after each step)")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    results: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+
+    def save() -> None:
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+
+    if args.golden:
+        try:
+            errors = golden_parity(args.golden, device, dtype)
+        except Exception:  # report and go on to the rollouts: one run of the device is precious
+            traceback.print_exc()
+            errors = {}
+        results["golden_parity"] = {"dtype": str(dtype), "rel_l2": errors}
+        for name, err in errors.items():
+            print(f"golden {name:<28} rel L2 {err:.2e} ({dtype})", flush=True)
+        save()
+        free_device_memory(device)
+    if args.build_synthetic:
+        ensure_synthetic(Path(args.ckpt))
+    poses, intrinsics = load_action(args.action_path)
+    image, prompt = find_image(args.action_path), read_prompt(args.action_path)
+    start = time.perf_counter()
+    # no prompt cache: every rollout pays for umT5, as a new prompt would
+    pipe = load_pipeline(args.ckpt, device=device, vram_budget_gb=args.vram_budget, model="fast", use_text_cache=False)
+    results["pipeline_seconds"] = round(time.perf_counter() - start, 2)
+    plans = []
+    pipe.on_plan = plans.append
+    results["rollouts"] = []
+    for frames in [int(f) for f in args.frames.split(",")]:
+        try:
+            result = rollout(pipe, args, image, prompt, poses, intrinsics, frames)
+        except Exception as exc:
+            traceback.print_exc()
+            results["rollouts"].append({"frames_asked": frames, "error": repr(exc)[:2000]})
+            save()
+            free_device_memory(device)
+            continue
+        result["plan"] = plans[-1] if plans else pipe.describe_plan()
+        results["rollouts"].append(result)
+        save()
+        print(result["plan"], flush=True)
+        s = result["seconds"]
+        print(
+            f"rollout {frames} frames -> {result['frames']} at {result['size']}: first chunk {s['first_chunk']:.2f} s, "
+            f"whole video {s['total']:.2f} s (text {s['text']:.2f}, encode {s['encode']:.2f}, DiT loop {s['dit']:.2f}, "
+            f"decode {s['decode']:.2f}); peak VRAM {result.get('peak_vram_reserved_gib', '-')} GiB reserved "
+            f"({result.get('peak_vram_allocated_gib', '-')} allocated), peak RSS {result['peak_rss_gib']} GiB; "
+            f"DiT load {result['loads']['dit']:.1f} s (cumulative)",
+            flush=True,
+        )
+        if result["frames"] <= 81:
+            for key, limit in TARGETS.items():
+                verdict = "met" if s[key] <= limit else f"MISSED by {s[key] - limit:.2f} s"
+                print(f"  target {key} <= {limit:g} s: {verdict}", flush=True)
+    rss = peak_rss_gib()
+    results["process_peak_rss_gib"] = None if rss is None else round(rss, 2)
+    save()
+    print(np.round(rss or 0, 2), "GiB peak RSS for the whole process")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The FP8 compute path (`--compute fp8`): each large Linear as one FP8 GEMM on FP8 tensor cores.
+
+Weights stay as they are at rest and in VRAM (NF4, or bf16 for the original release). On each
+call a Linear's weight is dequantized to bf16 as on the exact path, then quantized to float8 e4m3
+with one scale per output channel; its input is quantized with one scale per token (computed on
+the fly from that token's largest magnitude: "dynamic" scaling, nothing calibrated), and
+`torch._scaled_mm` multiplies the two on the FP8 tensor cores (twice the bf16 rate on Hopper and
+Ada), accumulating in float32 and writing bf16. Both quantizations are one fused Triton kernel
+each (`torch.compile`).
+
+This is an approximation of the reference, not the reference: e4m3 keeps 3 mantissa bits, so
+each GEMM's output moves by ~2-3% relative (docs/benchmarks.md has the measured distance of a full
+forward and of the golden cases). Only Linears over many tokens (`MIN_ROWS`) take this path; the
+time/text embeddings, the head and anything the reference computes in float32 stay exact.
+
+Hardware: FP8 tensor cores exist on compute capability 8.9 (Ada: RTX 4090, L40) and 9.0+ (Hopper).
+Ampere (RTX 3090, A100: 8.0/8.6) has none; there `--compute fp8` is refused and the only
+lower-precision option left is INT8 attention (`--attention sage`, SageAttention).
+
+Attention stays bf16 (SDPA): no FP8 attention kernel (FlashAttention-3 FP8) ships with PyTorch,
+and `attention_note()` says so when fp8 is asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+
+import torch
+
+from worldgen.errors import InputError
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3fn value
+MIN_ROWS = 256  # fewer rows than this: the bf16 GEMM is as fast and exact
+FAST_ACCUM = True  # Hopper's fast FP8 accumulation (partial sums promoted to float32 less often)
+COMPUTES = ("bf16", "fp8")
+
+
+def unsupported_reason(device: torch.device | str) -> str | None:
+    """None when `device` can run the FP8 path, else why not (one sentence, with what to use instead)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return (
+            f"--compute fp8 needs an NVIDIA GPU with FP8 tensor cores (Ada RTX 40xx / L40, Hopper H100); "
+            f"this job runs on {device.type}: use --compute bf16"
+        )
+    if not hasattr(torch, "_scaled_mm"):
+        return f"--compute fp8: this PyTorch ({torch.__version__}) has no torch._scaled_mm; use --compute bf16"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        name = torch.cuda.get_device_name(device)
+        return (
+            f"--compute fp8: {name} (compute capability {major}.{minor}) has no FP8 tensor cores; they start "
+            f"with Ada (8.9). On Ampere use --compute bf16; the only lower-precision option there is INT8 "
+            f"attention (--attention sage, approximate)"
+        )
+    return None
+
+
+def check_supported(device: torch.device | str) -> None:
+    reason = unsupported_reason(device)
+    if reason:
+        raise InputError(reason)
+
+
+def attention_note() -> str:
+    return (
+        "--compute fp8: attention stays bf16 (PyTorch SDPA): no FP8 attention kernel is installed "
+        "(FlashAttention-3's FP8 mode is not packaged for this PyTorch); only the Linear layers run in FP8"
+    )
+
+
+def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] -> (float8 [M, K], float32 [M, 1] scales) with x ~= q * scale, row by row."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+@functools.cache
+def _compiled_quantize():
+    # dynamic: one kernel for every Linear's shape (activations and weights alike)
+    return torch.compile(_quantize_rows, dynamic=True, fullgraph=True)
+
+
+try:  # Triton ships with CUDA builds of PyTorch; CPU-only installs have none and never need it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, n_cols, x_stride, q_stride, fp8_max, BLOCK: tl.constexpr):
+        # one program per row, the whole row in registers: x is read once (the compiled reduction
+        # reads it twice: once for the maximum, once to scale)
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / fp8_max
+        q = tl.minimum(tl.maximum(x / scale, -fp8_max), fp8_max)
+        tl.store(q_ptr + row * q_stride + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(s_ptr + row, scale)
+
+
+def _triton_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, cols = x.shape
+    q = torch.empty((rows, cols), device=x.device, dtype=FP8)
+    scale = torch.empty((rows, 1), device=x.device, dtype=torch.float32)
+    block = triton.next_power_of_2(cols)
+    warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
+    _quantize_rows_kernel[(rows,)](x, q, scale, cols, x.stride(0), q.stride(0), FP8_MAX, BLOCK=block, num_warps=warps)
+    return q, scale
+
+
+KERNEL = "triton"  # "triton" (hand-written, one read) or "compile" (torch.compile'd); eager on the CPU
+_failed: set[str] = set()
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] -> (float8, per-row float32 scales): one fused kernel on CUDA, eager elsewhere."""
+    # one input type for the kernels (a Parameter or a float32 tensor would each recompile)
+    x = x.detach().to(torch.bfloat16).contiguous() if x.is_cuda else x
+    kernels = []
+    if x.is_cuda:
+        if KERNEL == "triton" and triton is not None and x.shape[-1] <= 32768:
+            kernels.append(("triton", _triton_quantize_rows))
+        kernels.append(("compile", lambda t: _compiled_quantize()(t)))
+    for name, kernel in kernels:
+        if name in _failed:
+            continue
+        try:
+            return kernel(x)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (no Triton / compiler: the next kernel, said once)
+            _failed.add(name)
+            warnings.warn(f"the {name} FP8 quantization kernel failed ({exc}); trying the next one", stacklevel=2)
+    return _quantize_rows(x)
+
+
+@dataclasses.dataclass
+class QuantizedRows:
+    """An activation already quantized (`quantize_input`), for several Linears that share an input."""
+
+    data: torch.Tensor  # float8 [M, K]
+    scale: torch.Tensor  # float32 [M, 1]
+    lead: tuple[int, ...]  # the leading shape of the original [..., K]
+
+
+def quantize_input(x: torch.Tensor, linear: torch.nn.Module) -> torch.Tensor | QuantizedRows:
+    """x quantized once when `linear` (and the Linears sharing x) would take the FP8 path, else x."""
+    dtype = getattr(linear, "compute_dtype", None) or linear.weight.dtype
+    if not wants_fp8(x, getattr(linear, "compute", "bf16"), dtype):
+        return x
+    data, scale = quantize_rows(x.reshape(-1, x.shape[-1]))
+    return QuantizedRows(data, scale, tuple(x.shape[:-1]))
+
+
+def fp8_linear(x: torch.Tensor | QuantizedRows, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """y = x @ weight.T + bias with both operands in FP8 (per-token x scales, per-channel weight
+    scales), float32 accumulation, bf16 out. x [..., K] (any float dtype, or already quantized),
+    weight [N, K]."""
+    if isinstance(x, QuantizedRows):
+        lead, xq, x_scale = x.lead, x.data, x.scale
+    else:
+        lead = x.shape[:-1]
+        xq, x_scale = quantize_rows(x.reshape(-1, x.shape[-1]))
+    wq, w_scale = quantize_rows(weight)
+    out = torch._scaled_mm(
+        xq,
+        wq.t(),  # column-major [K, N], as the FP8 GEMM wants its second operand
+        scale_a=x_scale,
+        scale_b=w_scale.view(1, -1),
+        bias=None if bias is None else bias.to(torch.bfloat16),
+        out_dtype=torch.bfloat16,
+        use_fast_accum=FAST_ACCUM,
+    )
+    return out.view(*lead, weight.shape[0])
+
+
+def wants_fp8(x: torch.Tensor, compute: str, dtype: torch.dtype) -> bool:
+    """Whether this call takes the FP8 GEMM: fp8 asked, a CUDA bf16 call, enough rows to matter."""
+    return compute == "fp8" and dtype == torch.bfloat16 and x.is_cuda and x.numel() // x.shape[-1] >= MIN_ROWS

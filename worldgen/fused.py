@@ -1,0 +1,161 @@
+"""The DiT's elementwise work (norms, modulation, RoPE, gated residuals), eager or fused on CUDA.
+
+At 480x832x81 one block moves its float32 residual stream (32,760 x 5,120 = 671 MB) through about
+thirty separate elementwise kernels (LayerNorm, `* (1 + scale)`, `+ shift`, the cast to bf16 that
+each Linear repeats, RMSNorm's five passes, RoPE's six, the gated residuals): tens of GB of memory
+traffic per block, about a quarter of the forward. Each function here is one of those groups, written
+once in plain PyTorch (the reference's order of operations and roundings, so the CPU golden tests
+see exactly the old code) and, on CUDA when `enable(True)`, compiled by `torch.compile` into one
+Triton kernel per group. Inductor is told to emulate eager's bf16 roundings
+(`emulate_precision_casts`), so the fused kernels round where the eager code does: the same
+numerics class, only the order of float32 summation inside a reduction may differ.
+
+Only these small pure functions are compiled (not the blocks), so bitsandbytes' kernels, the
+attention kernels and the chunked feed-forward stay outside any graph, and a compile failure
+(no C compiler, no Triton) falls back to the eager function with a warning instead of failing a job.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+_enabled = True  # on by default: it only ever applies to CUDA tensors
+_failed: set[str] = set()
+
+
+def enable(on: bool) -> None:
+    """Fuse on CUDA (the default) or not (process-wide: the kernels are shared by every model)."""
+    global _enabled
+    _enabled = bool(on)
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+def modulated_layer_norm(
+    x: torch.Tensor,
+    shift: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """LayerNorm(x) in float32 [* (1 + scale) + shift] -> out_dtype (what the next Linear casts to)."""
+    h = F.layer_norm(
+        x.float(),
+        x.shape[-1:],
+        None if weight is None else weight.float(),
+        None if bias is None else bias.float(),
+        eps,
+    )
+    if scale is not None:
+        h = h * (1 + scale) + shift
+    return h.to(out_dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in float32, rounded to x's dtype, times the weight in x's dtype (the reference's order)."""
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return normed.to(x.dtype) * weight.to(x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x [B, L, n, d] with adjacent (even, odd) pairs as complex numbers, rotated in float32 -> dtype.
+
+    Written with `out=` products so only one float32 copy of x and one result exist at a time
+    (eager); the fused kernel never materialises either.
+    """
+    b, s, n, d = x.shape
+    pairs = x.float().view(b, s, n, d // 2, 2)
+    real, imag = pairs[..., 0], pairs[..., 1]
+    cos = cos.view(1, s, 1, d // 2)
+    sin = sin.view(1, s, 1, d // 2)
+    out = torch.empty_like(pairs)
+    torch.mul(real, cos, out=out[..., 0])
+    out[..., 0].addcmul_(imag, sin, value=-1.0)
+    torch.mul(real, sin, out=out[..., 1])
+    out[..., 1].addcmul_(imag, cos)
+    del pairs, real, imag
+    return out.view(b, s, n, d).to(dtype)
+
+
+def _rope_functional(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`rope` without `out=` (what gets compiled: the same products and sums, one kernel)."""
+    b, s, n, d = x.shape
+    pairs = x.float().view(b, s, n, d // 2, 2)
+    real, imag = pairs[..., 0], pairs[..., 1]
+    cos = cos.view(1, s, 1, d // 2)
+    sin = sin.view(1, s, 1, d // 2)
+    out = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
+    return out.view(b, s, n, d).to(dtype)
+
+
+def rms_norm_rope(
+    x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, num_heads: int
+) -> torch.Tensor:
+    """The q/k path of self-attention: RMSNorm over the full width, then RoPE per head -> x's dtype."""
+    b, s, _ = x.shape
+    return rope(rms_norm(x, weight, eps).view(b, s, num_heads, -1), cos, sin, x.dtype)
+
+
+def _rms_norm_rope_functional(
+    x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, num_heads: int
+) -> torch.Tensor:
+    b, s, _ = x.shape
+    return _rope_functional(rms_norm(x, weight, eps).view(b, s, num_heads, -1), cos, sin, x.dtype)
+
+
+def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    """x + y * gate (float32 residual stream; y in the compute dtype, gate float32)."""
+    return x + y * gate if gate is not None else x + y
+
+
+def camera_modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """(1 + scale) * x + shift, with `1 + scale` in scale's dtype first, as the reference computes it."""
+    return (1 + scale) * x + shift
+
+
+@functools.cache
+def _compiled(fn: Callable) -> Callable:
+    import torch._inductor.config as inductor_config
+
+    # keep eager's bf16 roundings inside fused kernels (otherwise inductor skips down/up casts)
+    inductor_config.emulate_precision_casts = True
+    # dynamic=None: specialised to the first shape, generalised (no more recompiles) when another comes
+    return torch.compile(fn, fullgraph=True)
+
+
+def _dispatch(fn: Callable, traced: Callable | None = None) -> Callable:
+    """`fn` eager; on CUDA when enabled, `traced` (default `fn`: the same code) compiled."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        first = args[0]
+        if not (_enabled and first.is_cuda and fn.__name__ not in _failed):
+            return fn(*args, **kwargs)
+        try:
+            return _compiled(traced or fn)(*args, **kwargs)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (no compiler / Triton: run eager, say so once)
+            _failed.add(fn.__name__)
+            warnings.warn(f"fused kernel {fn.__name__} failed to compile ({exc}); using eager PyTorch", stacklevel=2)
+            return fn(*args, **kwargs)
+
+    run.eager = fn
+    return run
+
+
+modulated_layer_norm = _dispatch(modulated_layer_norm)
+rms_norm_rope = _dispatch(rms_norm_rope, _rms_norm_rope_functional)
+rms_norm_fused = _dispatch(rms_norm)
+gated_residual = _dispatch(gated_residual)
+camera_modulate = _dispatch(camera_modulate)
