@@ -198,12 +198,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {line}", file=sys.stderr)
 
     import time
-    import warnings
 
     import torch
 
     from worldgen.pipeline import load_pipeline
-    from worldgen.rollout import rollout_record
+    from worldgen.rollout import generate_noting, rollout_record
     from worldgen.video_out import write_mp4
 
     started = time.perf_counter()
@@ -238,14 +237,15 @@ def run(args: argparse.Namespace) -> int:
     pipe.on_plan = lambda text: say(f"re-planned for this job's size:\n{text}", file=sys.stderr)
     bars = ProgressBars(not args.quiet)
     try:
-        with warnings.catch_warnings():  # said above, once, as a note
-            warnings.filterwarnings("ignore", message=r"frame_num \d+ is not 4n\+1", category=UserWarning)
-            video = pipe.generate(image, prompt, poses, intrinsics, settings, progress=bars)
+        video, notes = generate_noting(pipe, image, prompt, poses, intrinsics, settings, progress=bars)
     finally:
         bars.close()
+    for line in notes:  # what the engine changed on the way, one line each
+        print(f"note: {line}", file=sys.stderr)
     with pipe.meter.phase("write"):
         record = rollout_record(
             pipe, settings, resolved, producer="generate", phases=pipe.meter.records,
+            video_shape=tuple(video.shape[1:]), notes=notes,
             inputs={"image": str(image_path), "image_size": [image.width, image.height],
                     "poses": None if poses is None else len(poses), "prompt": prompt,
                     "action_path": None if args.action_path is None else str(args.action_path)},

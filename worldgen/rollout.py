@@ -7,7 +7,9 @@ it from the pipeline that made the video, whichever path ran it.
 
 from __future__ import annotations
 
+import re
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,26 @@ def _device_name(pipe: Pipeline) -> str:
     return platform.processor() or platform.machine()
 
 
+# Warnings of the engine that `resolve_request` already turned into an adjustment line.
+_SAID = re.compile(r"frame_num \d+ is not 4n\+1")
+
+
+def generate_noting(pipe: Pipeline, *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:
+    """`pipe.generate(...)`, with the engine's UserWarnings (a Fast video cut to whole chunks, a prompt
+    truncated ...) caught as plain sentences for the user and the record, not raw warnings."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        video = pipe.generate(*args, **kwargs)
+    notes = []
+    for warning in caught:
+        text = str(warning.message)
+        if issubclass(warning.category, UserWarning) and not _SAID.search(text) and text not in notes:
+            notes.append(text)
+        elif not issubclass(warning.category, UserWarning):
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return video, notes
+
+
 def rollout_record(
     pipe: Pipeline,
     settings: GenerationSettings,
@@ -62,14 +84,18 @@ def rollout_record(
     *,
     producer: str,
     phases: list[Any],
+    video_shape: tuple[int, int, int],
+    notes: list[str] = (),
     inputs: dict[str, Any] | None = None,
     timings: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The provenance record of a rollout `pipe` just made with `settings` (as asked) and `resolved`."""
+    """The provenance record of a rollout `pipe` just made with `settings` (as asked): `resolved` is what
+    was planned, `video_shape` (frames, height, width) what came out, `notes` what the engine changed."""
     import torch
 
     identity = pipe.identity
-    used = {**settings.to_dict(), "frame_num": resolved.frames}
+    frames, height, width = video_shape
+    used = {**settings.to_dict(), "frame_num": frames}
     phase_seconds = {f"{record.name}_s": round(record.seconds, 3) for record in phases}
     peaks = {
         "peak_rss_gib": max((r.peak_rss_gib or 0.0 for r in phases), default=None),
@@ -97,8 +123,8 @@ def rollout_record(
         },
         settings=used,
         requested=settings.to_dict(),
-        adjustments=resolved.adjustments,
-        output={"frames": resolved.frames, "height": resolved.height, "width": resolved.width, "fps": settings.fps},
+        adjustments=[*resolved.adjustments, *notes],
+        output={"frames": frames, "height": height, "width": width, "fps": settings.fps},
         inputs=inputs,
         timings={**(timings or {}), **phase_seconds, **{k: round(v, 3) for k, v in peaks.items() if v is not None}},
         memory_plan=pipe.plan.describe(),
@@ -126,7 +152,7 @@ def generate_episode(
     prompt = prompt or read_prompt(folder)
     resolved = resolve_request(settings, (image.height, image.width), len(poses))
     first_phase, started = len(pipe.meter.records), time.perf_counter()
-    video = pipe.generate(image, prompt, poses, intrinsics, settings, progress=progress)
+    video, notes = generate_noting(pipe, image, prompt, poses, intrinsics, settings, progress=progress)
     if progress:
         progress("write", 0, 1)
     path = Path(output_path)
@@ -136,6 +162,8 @@ def generate_episode(
         resolved,
         producer=producer,
         phases=pipe.meter.records[first_phase:],
+        video_shape=tuple(video.shape[1:]),
+        notes=notes,
         inputs={"episode": folder.name, "image": image_path.name, "image_size": [image.width, image.height],
                 "poses": len(poses), "prompt": prompt},
         timings={"generate_s": round(time.perf_counter() - started, 3)},

@@ -213,11 +213,15 @@ def test_tiny_generate_with_the_fast_model(lingbot_examples, tmp_path, cache):
     out = tmp_path / "fast.mp4"
     result = run_cli(
         "generate", "--model", "fast", "--action-path", str(lingbot_examples / "00"), "--frame-num", "25",
-        "-o", str(out), "--quiet", env_cache=cache,
+        "-o", str(out), "--quiet", "--verbose", env_cache=cache,  # --verbose: the plan, with its kv cache
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "[bf16, Fast]" in result.stderr and "kv cache" in result.stderr
-    assert "generating 21 frames" in result.stderr  # 25 frames = 7 latent frames: rounded to whole chunks
+    assert "Fast, bf16 checkpoint layout" in result.stderr and "kv cache" in result.stderr
+    # 25 frames = 7 latent frames: rounded to whole chunks, said in one line (no raw UserWarning)
+    assert "generating 21 frames" in result.stderr and "UserWarning" not in result.stderr
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["model"]["variant"] == "fast" and record["settings"]["frame_num"] == 21
+    assert any("generating 21 frames" in line for line in record["adjustments"])
     meta, frames = read_frames(out)
     assert len(frames) == 21 and meta["size"] == (160, 80)
 
