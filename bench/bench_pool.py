@@ -31,7 +31,9 @@ sys.path.insert(0, str(REPO))
 from bridge.client import Client, EpisodePayload, Result  # noqa: E402
 
 
-def start_server(workdir: Path, devices: list[str], args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+def start_server(
+    workdir: Path, devices: list[str], args: argparse.Namespace, threads: int | None
+) -> tuple[subprocess.Popen, str]:
     config = workdir / "server.toml"
     device_list = ", ".join(f'"{d}"' for d in devices)
     config.write_text(
@@ -45,8 +47,11 @@ def start_server(workdir: Path, devices: list[str], args: argparse.Namespace) ->
         f"startup_timeout_s = {args.startup_timeout}\n"
     )
     log = open(workdir / "server.log", "wb")  # noqa: SIM115 (the child keeps it)
+    env = dict(os.environ)
+    if threads:  # the workers inherit it (a CPU pool of several sets its own share per worker)
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     proc = subprocess.Popen([sys.executable, "-m", "lingbot_cli", "serve", "--config", str(config)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=log, start_new_session=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=log, start_new_session=True, env=env)  # fmt: skip
     line = proc.stdout.readline().decode()
     if not line.startswith("listening on "):
         proc.kill()
@@ -63,10 +68,11 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def measure(devices: list[str], args: argparse.Namespace, payload: EpisodePayload) -> dict:
+def measure(devices: list[str], args: argparse.Namespace, payload: EpisodePayload, threads: int | None) -> dict:
     settings = {"size": args.size, "frame_num": args.frame_num, "steps": args.steps}
     with tempfile.TemporaryDirectory(prefix="bench-pool-") as tmp:
-        proc, endpoint = start_server(Path(tmp), devices, args)
+        load_before = os.getloadavg()[0]
+        proc, endpoint = start_server(Path(tmp), devices, args, threads)
         try:
             with Client(endpoint, timeout=30, give_up_s=args.startup_timeout + 3600) as client:
                 deadline = time.monotonic() + args.startup_timeout
@@ -84,7 +90,8 @@ def measure(devices: list[str], args: argparse.Namespace, payload: EpisodePayloa
     if failed:
         raise SystemExit(f"{len(failed)} job(s) failed: {failed[0]}")
     per_job = sorted(o.seconds for o in outcomes)
-    return {"devices": devices, "jobs": args.jobs, "seconds": round(seconds, 2),
+    return {"devices": devices, "jobs": args.jobs, "seconds": round(seconds, 2), "threads": threads,
+            "load_average_before": round(load_before, 2), "load_average_after": round(os.getloadavg()[0], 2),
             "jobs_per_minute": round(60 * args.jobs / seconds, 2), "job_seconds_median": per_job[len(per_job) // 2]}  # fmt: skip
 
 
@@ -98,15 +105,18 @@ def main() -> int:
     parser.add_argument("--size", default="96*160", help="max area H*W of each job")
     parser.add_argument("--frame-num", type=int, default=17, help="frames per job (4n+1)")
     parser.add_argument("--steps", type=int, default=4, help="denoising steps per job")
+    parser.add_argument("--baseline-threads", type=int, default=None,
+                        help="OMP_NUM_THREADS of the baseline worker (default: torch's own choice, all cores)")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds for the workers to load")
     parser.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
     args = parser.parse_args()
     payload = EpisodePayload.from_dir(args.episode)
     results = {}
-    for label, devices in (("baseline", args.baseline_devices), ("pool", args.devices)):
+    for label, devices, threads in (("baseline", args.baseline_devices, args.baseline_threads),
+                                    ("pool", args.devices, None)):  # fmt: skip
         device_list = [d.strip() for d in devices.split(",") if d.strip()]
         print(f"{label}: {len(device_list)} worker(s) on {device_list}, {args.jobs} jobs ...", flush=True)
-        results[label] = measure(device_list, args, payload)
+        results[label] = measure(device_list, args, payload, threads)
         print(f"  {results[label]['seconds']:.1f} s, {results[label]['jobs_per_minute']:.2f} jobs/min", flush=True)
     ratio = results["pool"]["seconds"] / results["baseline"]["seconds"]
     results.update(ratio=round(ratio, 3), cpu_count=os.cpu_count(), settings={

@@ -141,25 +141,44 @@ def main() -> None:
         shift=spec["shift"],
         guide_scale=tuple(spec["guide_scale_low_high"]),
     )
-    for compute in computes:
-        for slot in pipe.experts.values():
-            slot.get().set_compute(compute)
-        video = pipe.generate(
+
+    def golden_rollout(compute: str) -> torch.Tensor:
+        return pipe.generate(
             ex / "00/image.jpg",
             None,
             np.load(ex / "00/poses.npy"),
             np.load(ex / "00/intrinsics.npy"),
-            settings,
+            settings.replace(compute=compute),  # per job, as a job's settings carry it
             noise=pio["noise"],
             context=context.to(dev),
             negative_context=negative.to(dev),
         )
+
+    for compute in computes:
+        video = golden_rollout(compute)
         tag = "" if compute == "bf16" else f" [{compute}]"
         results[f"pipeline end-to-end video{tag}"] = rel(video, pio["video"])
+    # the two-device path (--gpus), both "devices" on this GPU: the same output as one device
+    one_device = golden_rollout("bf16")
+    pipe.second_device = second_device(g, dev, dtype)
+    results["pipeline, two devices vs one (rel-L2 between them)"] = rel(golden_rollout("bf16"), one_device)
+    pipe.second_device = None
 
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__} compute dtype {dtype}")
     for name, err in results.items():
         print(f"  {name:<45} rel-L2 {err:.3e}")
+
+
+def second_device(g: Path, dev: torch.device, dtype: torch.dtype):
+    """A `worldgen.multi_gpu.SecondDevice` with its own copies of the golden experts on `dev`."""
+    from worldgen.memory import MemoryPlan
+    from worldgen.multi_gpu import SecondDevice
+    from worldgen.residency import ResidencyPolicy
+
+    copies = {
+        e: ModelSlot(e, lambda e=e: load_expert(g / "pipeline" / f"{e}_noise_model", dev, dtype)) for e in ("high", "low")
+    }
+    return SecondDevice(dev, ResidencyPolicy(MemoryPlan.unlimited(dev), experts=copies))
 
 
 if __name__ == "__main__":

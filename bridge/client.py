@@ -106,6 +106,18 @@ class Progress:
 
 
 @dataclasses.dataclass(frozen=True)
+class Chunk:
+    """One finished part of the video (model = fast, asked for with want_chunks): chunks arrive in
+    order, all before the Result, and their frames together are the result's frames."""
+
+    job: str
+    index: int
+    total: int
+    frames: int  # video frames in this chunk
+    video: bytes  # an mp4 of just this chunk's frames
+
+
+@dataclasses.dataclass(frozen=True)
 class Result:
     job: str
     video: bytes  # the mp4
@@ -121,7 +133,7 @@ class JobError:
     message: str
 
 
-Event = Progress | Result | JobError
+Event = Progress | Chunk | Result | JobError
 EventCallback = Callable[[Event], None]
 
 
@@ -275,7 +287,7 @@ class Job:
                 self.latest = event
                 if event.queue_position is not None:
                     self.queue_position = event.queue_position
-            else:
+            elif not isinstance(event, Chunk):
                 self.outcome = event
             self._history.append(event)
             self._cond.notify_all()
@@ -354,6 +366,8 @@ class Client:
         self._reconnects = 0
         self._next_reconnect = 0.0
         self._closed = threading.Event()
+        self._refused: str | None = None  # the server refused our handshake (kept: it will again)
+        self._failed_handshakes = 0
         self._connect()
         self._thread = threading.Thread(target=self._io_loop, name="bridge-client-io", daemon=True)
         self._thread.start()
@@ -366,12 +380,16 @@ class Client:
         settings: GenerationSettings | dict[str, Any] | None = None,
         *,
         want_frames: bool = False,
+        want_chunks: bool = False,
         on_event: EventCallback | None = None,
         timeout: float | None = None,
     ) -> Job:
         """Send an episode; returns once the server has it on disk (its queue position known).
-        Raises RequestFailed (busy, bad_input, bad_settings ...) or ServerUnavailable."""
-        future = self.submit_async(payload, settings, want_frames=want_frames, on_event=on_event, timeout=timeout)
+        Raises RequestFailed (busy, bad_input, bad_settings ...) or ServerUnavailable.
+        `want_chunks`: get each finished chunk as a Chunk event (model = fast)."""
+        future = self.submit_async(
+            payload, settings, want_frames=want_frames, want_chunks=want_chunks, on_event=on_event, timeout=timeout
+        )
         return self._wait(future, timeout)
 
     def submit_async(
@@ -380,6 +398,7 @@ class Client:
         settings: GenerationSettings | dict[str, Any] | None = None,
         *,
         want_frames: bool = False,
+        want_chunks: bool = False,
         on_event: EventCallback | None = None,
         timeout: float | None = None,
     ) -> concurrent.futures.Future:
@@ -393,6 +412,8 @@ class Client:
             "settings": settings_dict(settings),
             "want_frames": bool(want_frames),
         }
+        if want_chunks:  # sent only when asked: older servers ignore it, older clients never see a chunk
+            fields["want_chunks"] = True
         if payload.name:
             fields["name"] = payload.name[:200]
         frames = protocol.encode(
@@ -538,7 +559,12 @@ class Client:
         socket.setsockopt(zmq.ROUTING_ID, self._routing_id)
         if self._curve is not None:
             secure_client_socket(socket, *self._curve)
-        self._monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        self._monitor = socket.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | zmq.EVENT_HANDSHAKE_SUCCEEDED
+        )
         socket.connect(self.endpoint)
         self._socket = socket
 
@@ -577,6 +603,9 @@ class Client:
             if command[0] == "close":
                 return True
             request: _Request = command[1]
+            if self._refused is not None:  # the handshake failed before this request was made
+                _settle(request.future, error=Unauthorized(self._refused))
+                continue
             self._pending[request.rid] = request
             self._send(request)
 
@@ -600,6 +629,7 @@ class Client:
                 return
             self._last_contact = time.monotonic()
             self._reconnects = 0
+            self._refused = None
             try:
                 message = protocol.decode_reply([f.buffer for f in frames], self.limits)
             except ProtocolError as exc:
@@ -628,6 +658,9 @@ class Client:
         elif message.type == "progress" and job is not None:
             f = message.fields
             job._deliver(Progress(job_id, f["phase"], f["step"], f["total"], f.get("eta_s"), f.get("queue_position")))
+        elif message.type == "chunk" and job is not None:
+            f = message.fields
+            job._deliver(Chunk(job_id, f["index"], f["total"], f["frame_count"], message.blobs["video"]))
         elif message.type == "result" and job is not None:
             frames = message.arrays.get("frames")
             self._jobs.pop(job_id, None)
@@ -659,10 +692,22 @@ class Client:
                 event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            reason = _AUTH_EVENTS.get(event["event"])
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._failed_handshakes = 0
+                continue
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                # A CURVE server drops a plain client mid-handshake (often with no detail): twice
+                # in a row, with no success between, is a refusal, not a network hiccup.
+                self._failed_handshakes += 1
+                if self._failed_handshakes < 2:
+                    continue
+                kind = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            reason = _AUTH_EVENTS.get(kind)
             if reason is None:
                 continue
             log.error("%s (%s)", reason, self.endpoint)
+            self._refused = reason
             for request in self._pending.values():
                 _settle(request.future, error=Unauthorized(reason))
             self._pending.clear()

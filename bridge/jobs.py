@@ -70,6 +70,7 @@ class Job:
     frames: int | None = None  # frames the worker said it wrote (verified in the mp4)
     # memory only
     subscribers: set[bytes] = dataclasses.field(default_factory=set, repr=False)
+    chunk_peers: set[bytes] = dataclasses.field(default_factory=set, repr=False)  # subscribers that asked for chunks
     live: Live | None = dataclasses.field(default=None, repr=False)
     sent_position: int | None = dataclasses.field(default=None, repr=False)
     dirty: bool = dataclasses.field(default=False, repr=False)  # state.json not yet written

@@ -31,6 +31,7 @@ from contracts.episode import EpisodeError
 
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
+CHUNK_VERSION = 1  # the `chunk` message's own version (an opt-in addition within protocol 1)
 DEFAULT_PORT = 5570
 
 # Wire dtypes: names, always little-endian. Anything else is refused.
@@ -86,6 +87,7 @@ class Limits:
     max_prompt_bytes: int = 16 * 1024
     max_text_bytes: int = 4096  # error messages, names, phases
     max_video_bytes: int = 1024 * MIB  # a result mp4 (client side)
+    max_chunk_bytes: int = 64 * MIB  # one streamed chunk's mp4 (model = fast; 12 frames)
     max_result_frames_bytes: int = 2048 * MIB  # optional decoded frames of a result (client side)
     # Generation settings: a request may not ask for more work than this.
     max_frame_num: int = 161
@@ -178,6 +180,7 @@ REQUESTS: dict[str, dict[str, tuple[str, bool]]] = {
         "prompt": (PROMPT, True),
         "settings": (MAP, False),
         "want_frames": (BOOL, False),
+        "want_chunks": (BOOL, False),  # stream each finished chunk (model = fast) as a `chunk` message
         "name": (TEXT, False),
     },
     "cancel": {"rid": (ID, True), "job": (ID, True)},
@@ -194,6 +197,13 @@ REPLIES: dict[str, dict[str, tuple[str, bool]]] = {
         "total": (COUNT, True),
         "eta_s": (NUMBER, False),
         "queue_position": (COUNT, False),
+    },
+    "chunk": {  # one finished part of the video, in order, before the result (asked for by want_chunks)
+        "job": (ID, True),
+        "chunk_v": (COUNT, True),
+        "index": (COUNT, True),
+        "total": (COUNT, True),
+        "frame_count": (COUNT, True),  # video frames in this chunk ("frames" is the header's frame list)
     },
     "result": {"job": (ID, True), "rid": (ID, False), "seconds": (NUMBER, False), "provenance": (MAP, False)},
     "error": {"code": (TEXT, True), "message": (TEXT, True), "rid": (ID, False), "job": (ID, False)},
@@ -230,6 +240,7 @@ FRAMES: dict[str, dict[str, FrameSpec]] = {
         "poses": FrameSpec("array", True, ("float32", "float64"), (None, 4, 4), "max_poses"),
         "intrinsics": FrameSpec("array", True, ("float32", "float64"), (None, 4), "max_poses"),
     },
+    "chunk": {"video": FrameSpec("blob", True, max_bytes="max_chunk_bytes")},
     "result": {
         "video": FrameSpec("blob", True, max_bytes="max_video_bytes"),
         "frames": FrameSpec("array", False, ("uint8",), (None, None, None, 3), max_bytes="max_result_frames_bytes"),
@@ -435,6 +446,7 @@ class Submit:
     poses: np.ndarray  # [N, 4, 4], finite
     intrinsics: np.ndarray  # [N, 4], finite, fx, fy > 0
     want_frames: bool = False
+    want_chunks: bool = False
     name: str | None = None
     client: str | None = None  # a label the client chose; never its identity (see docs/protocol.md)
 
@@ -477,6 +489,7 @@ def parse_request(frames: Sequence[Any], limits: Limits = Limits()) -> Request:
         poses=poses,
         intrinsics=intrinsics,
         want_frames=bool(fields.get("want_frames", False)),
+        want_chunks=bool(fields.get("want_chunks", False)),
         name=fields.get("name"),
         client=fields.get("client"),
     )

@@ -219,6 +219,11 @@ def connect(worker: WorkerConfig) -> None:
     require_ray()
     if ray.is_initialized():
         return
+    if worker.ray_address.startswith("ray://"):
+        # Ray Client: the actors run on the cluster's machines, which need lingbot-isaac installed
+        # themselves (this checkout's path means nothing there).
+        ray.init(address=worker.ray_address, namespace=NAMESPACE)
+        return
     pythonpath = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     ray.init(
         address=worker.ray_address or None,

@@ -123,7 +123,6 @@ class Server:
         socket = self.socket
         socket.linger = 0
         socket.router_mandatory = 1  # sends to vanished peers fail fast instead of vanishing
-        socket.router_handover = 1  # a client that reconnects with its routing id takes it over
         socket.maxmsgsize = self.limits.max_request_frame_bytes  # ZeroMQ drops larger frames itself
         socket.rcvhwm = 256
         socket.sndhwm = 1024
@@ -398,6 +397,8 @@ class Server:
         self.jobs[job.id] = job
         self.by_request[(client, rid)] = job.id
         job.subscribers.add(peer)
+        if request.want_chunks:
+            job.chunk_peers.add(peer)
         self.queue.push(client, job.id)
         log.info("job %s accepted from %s (%d waiting)", job.id, client, len(self.queue))
         self._reply_accepted(peer, rid, job)  # the loop hands it to the worker after this turn
@@ -503,6 +504,8 @@ class Server:
             if answer is not None:
                 worker["answer_s"] = round(time.monotonic() - asked_at, 4)
                 worker["reported"] = {k: v for k, v in answer.items() if k not in ("type", "id")}
+            elif worker["state"] in ("restarting", "stopped"):
+                worker["error"] = f"the worker is {worker['state']}"
             elif asked_at is not None:
                 worker["error"] = f"the worker did not answer within {supervisor.config.health_timeout_s:g} s"
         workers_ok = all(w.get("reported", {}).get("state") in ("idle", "busy") for w in workers)
@@ -582,6 +585,7 @@ class Server:
                         "settings": job.settings,
                         "want_frames": job.want_frames,
                         "frames_output": str(job.frames_path) if job.want_frames else None,
+                        "want_chunks": bool(job.chunk_peers),
                     },
                 )
             except wp.WorkerProtocolError as exc:
@@ -629,6 +633,33 @@ class Server:
         if live.eta_s is not None:
             fields["eta_s"] = live.eta_s
         self._publish(job, protocol.encode("progress", fields))
+
+    def _worker_chunk(self, event: Event) -> None:
+        """A finished chunk (model = fast): its mp4, written by the worker in the job's folder, goes to
+        the subscribers that asked for chunks, then is deleted (the result holds every frame)."""
+        job = self.jobs.get(event.job)
+        if job is None or job.state != "running":
+            return
+        data = event.data
+        path = Path(str(data.get("path", "")))
+        if path.parent != job.dir or not path.name.endswith(".mp4"):
+            log.warning("job %s: chunk path %s is outside the job's folder; ignored", job.id, path)
+            return
+        try:
+            size = path.stat().st_size
+            video = path.read_bytes() if size <= self.limits.max_chunk_bytes else None
+            path.unlink()
+        except OSError as exc:
+            log.warning("job %s: chunk %s unreadable (%s); not streamed", job.id, path.name, exc)
+            return
+        if video is None:
+            log.warning("job %s: chunk %s is %d bytes, above max_chunk_bytes; not streamed", job.id, path.name, size)
+            return
+        fields = {"job": job.id, "chunk_v": protocol.CHUNK_VERSION, "index": _count(data.get("index")),
+                  "total": _count(data.get("total")), "frame_count": _count(data.get("frames"))}  # fmt: skip
+        message = protocol.encode("chunk", fields, blobs={"video": video})
+        for peer in list(job.chunk_peers & job.subscribers):
+            self._send(peer, message)
 
     def _worker_result(self, event: Event) -> None:
         job = self.jobs.get(event.job)

@@ -1,6 +1,7 @@
 """Send one episode folder to a generation server, show its progress, write the rollout mp4.
 
     lingbot-isaac submit EPISODE_DIR [--server tcp://127.0.0.1:5570] [--out rollout.mp4]
+    lingbot-isaac submit EPISODE_DIR --model fast --follow     # OUT grows chunk by chunk
 
 The smallest command-line client of `bridge.client` (the `replay` command does more: USD and
 HDF5 trajectories, many episodes). Ctrl-C cancels the job on the server before exiting.
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from bridge.client import (
     DEFAULT_ENDPOINT,
+    Chunk,
     Client,
     EpisodePayload,
     JobError,
@@ -44,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frame-num", type=int, help="frames to generate, 4n+1")
     parser.add_argument("--size", help="max area as H*W, e.g. 480*832")
     parser.add_argument("--seed", type=int, help="random seed of the initial noise (default: the server's preset)")
+    parser.add_argument("--model", choices=("base", "fast"), help="base or fast (LingBot-World-Fast) (default: the "
+                        "server's preset)")
+    parser.add_argument("--follow", action="store_true", help="model fast: write OUT as it grows, after each "
+                        "finished chunk (always a playable mp4 of every frame so far; the result replaces it)")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for each request to the server")
     parser.add_argument("--wait", type=float, default=None, help="give up waiting for the job after this many s")
     parser.add_argument("--server-key", type=Path, help="CurveZMQ: the server's public key file (server.key)")
@@ -53,12 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     payload = EpisodePayload.from_dir(args.episode)
     settings = {k: v for k, v in (("steps", args.steps), ("frame_num", args.frame_num), ("size", args.size),
-                                   ("seed", args.seed)) if v is not None}  # fmt: skip
+                                   ("seed", args.seed), ("model", args.model)) if v is not None}  # fmt: skip
     out = args.out or args.episode / "rollout.mp4"
+    growing = GrowingVideo(out) if args.follow else None
     check_listening(args.server)  # a closed port is said at once, with how to start a server
     with Client(args.server, timeout=args.timeout, server_key=args.server_key, client_key=args.client_key) as client:
         try:
-            job = client.submit(payload, settings)
+            job = client.submit(payload, settings, want_chunks=args.follow)
         except ServerUnavailable as exc:
             raise explain_no_answer(args.server, exc) from None
         print(f"job {job.id} accepted ({job.queue_position} ahead)", file=sys.stderr, flush=True)
@@ -68,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
                     print(describe(event), file=sys.stderr, flush=True)
                 elif isinstance(event, JobError):
                     raise JobFailed(event.code, event.message)
+                elif isinstance(event, Chunk) and growing is not None:
+                    growing.add(event)
+                    print(f"chunk {event.index + 1}/{event.total}: {out} has {growing.frames} frames",
+                          file=sys.stderr, flush=True)  # fmt: skip
                 elif isinstance(event, Result):
                     record = with_job(event.provenance, {"client": "submit", "id": job.id, "server": args.server,
                                                          "server_seconds": event.seconds})
@@ -99,3 +110,42 @@ def write_atomic(path: Path, data: bytes) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+class GrowingVideo:
+    """`submit --follow`: after each chunk, `path` is rewritten (atomically) as one mp4 of every frame
+    received so far, so a player can open it at any time; the final result replaces it."""
+
+    def __init__(self, path: Path, fps: int = 16) -> None:
+        self.path, self.fps = path, fps
+        self.chunks: list[bytes] = []  # each chunk's frames as raw RGB24
+        self.size: tuple[int, int] | None = None
+        self.frames = 0
+
+    def add(self, chunk: Chunk) -> None:
+        import imageio_ffmpeg
+
+        with tempfile.TemporaryDirectory() as tmp:
+            source = Path(tmp) / "chunk.mp4"
+            source.write_bytes(chunk.video)
+            reader = imageio_ffmpeg.read_frames(str(source))
+            meta = next(reader)
+            self.size, self.fps = meta["size"], round(meta.get("fps") or self.fps)
+            frames = list(reader)
+        self.chunks.extend(frames)
+        self.frames = len(self.chunks)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".mp4")
+        os.close(fd)
+        try:
+            writer = imageio_ffmpeg.write_frames(tmp, self.size, fps=self.fps, codec="libx264", quality=8,
+                                                 macro_block_size=1, ffmpeg_log_level="error")  # fmt: skip
+            writer.send(None)
+            for frame in self.chunks:
+                writer.send(frame)
+            writer.close()
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)

@@ -45,7 +45,7 @@ class SupervisorConfig:
 
 @dataclasses.dataclass
 class Event:
-    """What happened, for the server. kind: ready | progress | result | error | health | unavailable."""
+    """What happened, for the server. kind: ready | progress | chunk | result | error | health | unavailable."""
 
     kind: str
     job: str | None = None
@@ -326,8 +326,8 @@ class Supervisor:
         if job is None or job != self.job:
             log.warning("worker sent %s for job %r, but its job is %r; ignored", kind, job, self.job)
             return []
-        if kind == "progress":
-            return [Event("progress", job, message)]
+        if kind in ("progress", "chunk"):  # chunk: a finished part of the video (model = fast)
+            return [Event(kind, job, message)]
         if kind in ("result", "error"):
             self.state, self.job, self._cancel_deadline = "idle", None, None
             return [Event(kind, job, message)]

@@ -5,7 +5,7 @@ must never import zmq. Each message is a 4-byte big-endian length followed by on
 a "type" key; the worker reads them on stdin and writes them on stdout, and logs on stderr.
 
 Supervisor -> worker
-    run       {job, episode_dir, output, settings, want_frames, frames_output}
+    run       {job, episode_dir, output, settings, want_frames, frames_output, want_chunks}
     cancel    {job}                   stop that job at the next progress call (denoising step)
     health    {id}                    answered by a `health` message with the same id
     shutdown  {}                      finish nothing, exit 0
@@ -14,6 +14,7 @@ Worker -> supervisor
     ready     {pid, model, device, load_s, ...}   the model is loaded; jobs may be sent
     fatal     {code, message}                     the worker cannot start (bad checkpoint ...)
     progress  {job, phase, step, total}
+    chunk     {job, index, total, path, frames}  model fast, want_chunks: a finished chunk's mp4 in the job folder
     result    {job, output, frames_output|None, seconds, frames}   frames: the count the mp4 must hold
     error     {job, code, message}                codes: ERROR_CODES below
     health    {id, state, job|None, ...}          `state` is "idle" or "busy"
@@ -34,7 +35,7 @@ MAX_MESSAGE_BYTES = 1 << 20
 LENGTH = struct.Struct(">I")
 
 TO_WORKER = ("run", "cancel", "health", "shutdown")
-FROM_WORKER = ("ready", "fatal", "progress", "result", "error", "health")
+FROM_WORKER = ("ready", "fatal", "progress", "chunk", "result", "error", "health")
 
 # Error codes a worker reports for a job (the server passes them on to the client).
 ERROR_CODES = (

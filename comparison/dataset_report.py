@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from comparison.atomic import write_bytes_atomic
 from comparison.episode_input import EpisodeError
 from comparison.report import FRAME_RATE_NOTE, SCHEMA, TINY_NOTE, _jsonable, _stats, compare_episode
 from comparison.svg_plot import histogram
 from comparison.trajectory import EstimatorConfig
 from comparison.video_io import VideoError
+from contracts import atomic
 
 DATASET_SCHEMA = "lingbot-isaac/compare-dataset/1"
 ROLLOUT = "rollout.mp4"
@@ -125,9 +125,9 @@ def write_dataset_report(
         "not_compared": not_compared,
         "provenance": provenance,
     })
-    write_bytes_atomic(out_dir / "dataset.json", json.dumps(dataset, indent=1).encode())
+    atomic.write_json(out_dir / "dataset.json", dataset, indent=1)
     plots = [
-        histogram([r[key] for r in rows], f"{label} across episodes", unit or label, f"hist-{key}")
+        histogram([r[key] for r in rows], label, f"{unit or label}, one value per episode", f"hist-{key}")
         for key, label, unit, _ in METRICS
     ]
     html_text = _environment().get_template("dataset_report.html.j2").render(
@@ -135,7 +135,7 @@ def write_dataset_report(
         frame_rate_note=FRAME_RATE_NOTE,
     )  # fmt: skip
     html_path = out_dir / "dataset.html"
-    write_bytes_atomic(html_path, html_text.encode())
+    atomic.write_text(html_path, html_text)
     return html_path
 
 

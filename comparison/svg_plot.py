@@ -149,7 +149,7 @@ def histogram(values: list[float | None], title: str, x_label: str, element_id: 
     counts = [0] * bins
     for v in finite:
         counts[min(bins - 1, int((v - low) / step))] += 1
-    y_ticks = _nice_ticks(0, max(counts), 4)
+    y_ticks = _nice_ticks(0, max(counts), min(4, max(counts)))  # counts: whole-number ticks
     y_hi = y_ticks[-1]
     for tick in y_ticks:
         y = top + plot_h - tick / y_hi * plot_h

@@ -52,16 +52,37 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     if args.ckpt_dir:
-        from worldgen.checkpoint import find_checkpoint
-        from worldgen.errors import CheckpointError
-
-        try:
-            layout = find_checkpoint(args.ckpt_dir)
-            print(
-                f"  ckpt     {layout.root}: {layout.kind} layout, experts {sorted(layout.experts)}, "
-                f"tokenizer in {layout.tokenizer_dir.relative_to(layout.root)}"
-            )
-        except CheckpointError as exc:
-            failed = True
-            print(f"  ckpt     PROBLEM: {exc}")
+        failed |= check_checkpoint(Path(args.ckpt_dir))
     return 1 if failed else 0
+
+
+def check_checkpoint(root: Path) -> bool:
+    """Print what the checkpoint folder serves (base experts, the Fast DiT); True if it serves nothing."""
+    from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, find_checkpoint, find_fast_checkpoint
+    from worldgen.errors import CheckpointError
+
+    base_ok = fast_ok = False
+    try:
+        layout = find_checkpoint(root)
+        base_ok = True
+        print(
+            f"  ckpt     {layout.root}: {layout.kind} layout, experts {sorted(layout.experts)}, "
+            f"tokenizer in {layout.tokenizer_dir.relative_to(layout.root)}"
+        )
+    except CheckpointError as exc:
+        base_problem = str(exc)
+    fast_present = any((root / d).is_dir() for d in (FAST_DIR, FAST_NF4_DIR)) or root.name in (FAST_DIR, FAST_NF4_DIR)
+    if fast_present:
+        try:
+            fast = find_fast_checkpoint(root)
+            fast_ok = True
+            print(f"  fast     {fast.experts['fast']}: LingBot-World-Fast, {fast.kind} (--model fast)")
+        except CheckpointError as exc:
+            print(f"  fast     PROBLEM: {exc}")
+    else:
+        print(f"  fast     not installed (optional): put the LingBot-World-Fast weights in {root / FAST_DIR}/ "
+              "for --model fast")  # fmt: skip
+    if not base_ok:
+        print(f"  ckpt     {'note' if fast_ok else 'PROBLEM'}: {base_problem}"
+              + (" (only --model fast can run)" if fast_ok else ""))  # fmt: skip
+    return not base_ok and not fast_ok or (fast_present and not fast_ok)

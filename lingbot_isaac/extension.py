@@ -53,7 +53,7 @@ class LingBotWorldExtension(_ExtensionBase):
         kit_adapter.remove_menu(self._menu)
         self._window.destroy()
         self._window = None
-        self._session.cancel()
+        self._session.shutdown(timeout=1.0)  # bounded: Kit's shutdown never waits on the server
 
     # -- recording glue -----------------------------------------------------------------------
 

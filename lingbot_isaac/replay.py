@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from contracts import atomic
 from contracts.episode import EpisodeError, read_episode
 from contracts.provenance import sidecar_path, with_job, write_record
 from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
@@ -72,7 +73,8 @@ USER_ERRORS = (ReplayError, EpisodeError, CameraError, SettingsError, *_bridge_e
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "sources", nargs="+", type=Path, metavar="SOURCE", help="episode folder, USD or HDF5 file"
+        "sources", nargs="+", type=Path, metavar="SOURCE",
+        help="episode folder (or its episode.json: `DIR/**/episode.json` replays a whole tree), USD or HDF5 file"
     )
     parser.add_argument("--server", default="tcp://127.0.0.1:5570", help="the generation server's endpoint")
     parser.add_argument("--out", type=Path, help="write result folders here instead of beside the sources")
@@ -138,8 +140,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument(
         "--compute",
         choices=("bf16", "fp8"),
-        help="per job: bf16 = exact (the reference's numerics); fp8 = approximate (FP8 GEMMs: ~0.74x the time "
-        "of a forward on an H100, output a few %% different; the server's GPU needs FP8 tensor cores) "
+        help="per job: bf16 = exact (the reference's numerics); fp8 = approximate (FP8 GEMMs: 0.84x the time "
+        "of an exact forward on an H100, output ~5%% different per forward; the server's GPU needs FP8 tensor cores) "
         "(default: the server's choice)",
     )
     gen.add_argument("--frame-num", type=int, help="frames to generate (4n+1)")
@@ -149,7 +151,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--guide-scale", help="one value or low,high")
     gen.add_argument("--shift", type=float, help="noise schedule shift")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for each request to the server")
-    parser.add_argument("--job-timeout", type=float, default=None, help="seconds to wait for each rollout")
+    parser.add_argument(
+        "--job-timeout",
+        type=float,
+        default=None,
+        help="cancel a job (and count it failed) after this many seconds without any progress from it",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -436,12 +443,6 @@ def select_demos(sources: list[TrajectorySource], spec: str | set[int], path: Pa
     return [source for source in sources if source.name.startswith("demo_") and int(source.name[5:]) in spec]
 
 
-def _atomic_json(path: Path, value: dict[str, Any]) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(value, indent=1) + "\n")
-    os.replace(partial, path)
-
-
 def window_of(health: dict[str, Any], asked: int | None) -> int:
     """Jobs in flight at once: what the server takes from one client (its per-client queue plus
     one running job per worker), or less if asked."""
@@ -515,7 +516,7 @@ class Batch:
                     backoff = BUSY_BACKOFF_S[0]  # the server is full: wait for a job to end, then retry
                     break
                 todo.pop(0)
-                _atomic_json(folder / PENDING, {"job": job.id, "server": self.server})
+                atomic.write_json(folder / PENDING, {"job": job.id, "server": self.server})
                 self._follow(job, folder, settings)
             self._postfix()
             self.wake.wait(backoff or 0.5)
@@ -610,6 +611,8 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
     # Read and validate every source before sending anything.
     sources: list[tuple[TrajectorySource, int]] = []
     for path in args.sources:
+        if path.name == "episode.json" and path.is_file():  # `replay DIR/**/episode.json`
+            path = path.parent
         found = open_source(path, options)
         siblings = len(found)
         if kind_of(path) == "isaaclab-hdf5":
@@ -630,6 +633,14 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
         ):
             target = target.with_name(f"{target.name}-photo")  # never replace the user's own first frame
         plan.append((source, target))
+    targets: dict[Path, TrajectorySource] = {}
+    for source, target in plan:
+        other = targets.setdefault(target.resolve(), source)
+        if other is not source:
+            raise ReplayError(
+                f"{other.origin} and {source.origin} would both write {target}; give them different "
+                "names or replay them with different --out folders"
+            )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
     resume = not args.export_only

@@ -8,6 +8,7 @@ through the status object, never through a callback into the UI.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -72,6 +73,7 @@ class Session:
         self._client = None
         self._job_id: str | None = None
         self._cancelled = threading.Event()
+        self._run = 0  # bumps on generate() and cancel(): a worker thread of an older run stays silent
 
     # -- status (any thread) ----------------------------------------------------------------------
 
@@ -79,8 +81,11 @@ class Session:
         with self._lock:
             return self._status
 
-    def _set(self, **changes: Any) -> None:
+    def _set(self, run: int | None = None, **changes: Any) -> None:
+        """Change the status; from a worker thread (`run` given) only while its run is current."""
         with self._lock:
+            if run is not None and run != self._run:
+                return  # cancelled meanwhile: the UI has moved on
             self._status = replace(self._status, serial=self._status.serial + 1, **changes)
 
     @property
@@ -156,7 +161,10 @@ class Session:
             raise RecorderError("no episode yet: record one (Record, play, Stop) or pick a folder")
         if self.busy:
             raise RecorderError(f"busy ({self.status().state}); wait for it to finish or cancel")
-        self._cancelled.clear()
+        with self._lock:
+            self._run += 1
+            run = self._run
+        self._cancelled = threading.Event()  # each run has its own: an abandoned thread keeps its own set
         self._set(
             state="generating",
             message=f"Connecting to {self.settings.server} ...",
@@ -167,7 +175,10 @@ class Session:
             report=None,
         )
         self._worker = threading.Thread(
-            target=self._generate, args=(Path(episode), client_factory), name="lingbot-generate", daemon=True
+            target=self._generate,
+            args=(Path(episode), client_factory, run, self._cancelled),
+            name="lingbot-generate",
+            daemon=True,
         )
         self._worker.start()
 
@@ -177,19 +188,37 @@ class Session:
         return self.status()
 
     def cancel(self) -> None:
+        """Stop the current generation. Never blocks (Kit's UI thread calls it): the session is
+        free at once; the worker thread asks the server to cancel the job (bounded by the
+        request timeout, even if the server is gone) and closes its connection by itself."""
+        with self._lock:
+            generating = self._status.state == "generating"
+            self._run += 1
         self._cancelled.set()
-        client, job = self._client, self._job_id
-        if client is not None and job is not None:
-            try:
-                client.cancel(job, timeout=self.settings.timeout)
-            except Exception as exc:  # the job ends anyway when the server answers
-                self._set(message=f"Cancel not confirmed: {exc}")
+        if generating:
+            self._set(state="failed", message="Cancelled.", error="cancelled", progress=0.0)
 
-    def _generate(self, episode: Path, client_factory: Callable[[], Any] | None) -> None:
-        from bridge.client import Client, EpisodePayload, JobError, Progress
+    def shutdown(self, timeout: float = 1.0) -> None:
+        """For the extension's on_shutdown: cancel, then wait at most `timeout` s for the worker
+        thread (a daemon thread: it cannot keep Kit from exiting either way)."""
+        self.cancel()
+        worker = self._worker
+        if worker is not None:
+            worker.join(max(0.0, timeout))
+
+    def _generate(
+        self, episode: Path, client_factory: Callable[[], Any] | None, run: int, cancelled: threading.Event
+    ) -> None:
+        from bridge.client import Client, EpisodePayload, JobError, Progress, ServerUnavailable
         from contracts.episode import read_episode
         from lingbot_isaac.first_frame import parse_intrinsics, with_photo
         from lingbot_isaac.replay import first_frame_record, job_settings, write_result
+
+        timeout = self.settings.timeout
+
+        def on_event(event: Any) -> None:  # on the client's I/O thread; _set is thread-safe
+            if isinstance(event, Progress):
+                self._set(run, message=_describe(event), progress=event.step / max(event.total, 1))
 
         try:
             if self.settings.first_frame is not None:
@@ -202,22 +231,40 @@ class Session:
                 from bridge.reach import check_listening
 
                 check_listening(self.settings.server)  # "no server: start one with ..." at once
-            factory = client_factory or (lambda: Client(self.settings.server, timeout=self.settings.timeout))
+            factory = client_factory or (lambda: Client(self.settings.server, timeout=timeout))
             with factory() as client:
                 self._client = client
                 health = client.health()
                 started = time.monotonic()
-                job = client.submit(EpisodePayload.from_dir(episode), settings or None)
+                job = client.submit(EpisodePayload.from_dir(episode), settings or None, on_event=on_event)
                 self._job_id = job.id
                 self._set(
+                    run,
                     message=f"Queued as {job.id[:8]} (position {job.queue_position}) on "
-                    f"{health.get('model', 'the server')}"
+                    f"{health.get('model', 'the server')}",
                 )
-                for event in job.events():
-                    if isinstance(event, Progress):
-                        self._set(message=_describe(event), progress=event.step / max(event.total, 1))
-                    elif isinstance(event, JobError):
+                quiet_since = time.monotonic()
+                last = job.latest
+                while True:
+                    if cancelled.is_set():
+                        # bounded: a dead server costs this thread `timeout`, never the UI; if it
+                        # fails, the job still ends on the server when it hears of it
+                        with contextlib.suppress(Exception):
+                            client.cancel(job.id, timeout=timeout)
+                        return
+                    try:
+                        outcome = job.wait(timeout=0.1)
                         break
+                    except TimeoutError:
+                        pass
+                    if job.latest is not last:
+                        last, quiet_since = job.latest, time.monotonic()
+                    elif time.monotonic() - quiet_since > max(timeout, 5.0):
+                        # Nothing for a while: is the server still there? (raises ServerUnavailable)
+                        client.health(timeout=timeout)
+                        quiet_since = time.monotonic()
+                if isinstance(outcome, JobError):
+                    job.result(timeout=0)  # raises JobFailed with the server's reason
                 video = job.result(timeout=0)
                 info = {
                     "id": job.id,
@@ -230,19 +277,20 @@ class Session:
                 }
                 result = write_result(episode, video, info, client="extension")
             self._client = self._job_id = None
-            report = self._compare(episode, result)
+            report = self._compare(episode, result, run)
             self._set(
-                state="done", message=f"Rollout written: {result}", progress=1.0, result=result, report=report
+                run, state="done", message=f"Rollout written: {result}", progress=1.0, result=result, report=report
             )
         except Exception as exc:
             self._client = self._job_id = None
-            state = "failed"
-            message = "Cancelled." if self._cancelled.is_set() else f"Generation failed: {exc}"
-            self._set(
-                state=state, message=message, error="".join(traceback.format_exception_only(exc)).strip()
-            )
+            if isinstance(exc, ServerUnavailable):
+                message = f"Generation failed: the server at {self.settings.server} stopped answering ({exc})"
+            else:
+                message = "Cancelled." if cancelled.is_set() else f"Generation failed: {exc}"
+            self._set(run, state="failed", message=message,
+                      error="".join(traceback.format_exception_only(exc)).strip())  # fmt: skip
 
-    def _compare(self, episode: Path, rollout: Path) -> Path | None:
+    def _compare(self, episode: Path, rollout: Path, run: int | None = None) -> Path | None:
         """The comparison report, when sim frames exist and the comparison package is installed."""
         from contracts.episode import read_episode
 
@@ -252,11 +300,11 @@ class Session:
             from comparison.report import compare_episode
         except ImportError:
             return None
-        self._set(message="Comparing the sim frames with the rollout ...")
+        self._set(run, message="Comparing the sim frames with the rollout ...")
         try:
             return Path(compare_episode(episode, rollout, episode / "comparison"))
         except Exception as exc:  # the rollout is still good; say why there is no report
-            self._set(message=f"Rollout written; comparison failed: {exc}")
+            self._set(run, message=f"Rollout written; comparison failed: {exc}")
             return None
 
 

@@ -204,3 +204,20 @@ def test_forty_demo_dataset_interrupted_resumed_and_reported(tmp_path):
     finally:
         pool.close()
     print(f"dataset written by {writer}")
+
+
+def test_episode_json_paths_pick_episode_folders_and_clashing_names_are_refused(tmp_path, capsys):
+    import shutil
+
+    sample = REPO / "data" / "sample_room"
+    for folder in ("a/run1/ep", "a/run2/ep2", "b/ep"):
+        shutil.copytree(sample, tmp_path / folder)
+    sources = sorted(str(p) for p in tmp_path.glob("a/**/episode.json"))  # what the shell makes of a/**/episode.json
+    assert len(sources) == 2
+    assert cli(["replay", *sources, "--export-only", "--out", str(tmp_path / "out")]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ep", "ep2"]
+    capsys.readouterr()
+    clash = [str(tmp_path / "a/run1/ep/episode.json"), str(tmp_path / "b/ep/episode.json")]
+    assert cli(["replay", *clash, "--export-only", "--out", str(tmp_path / "out2")]) == 2
+    assert "would both write" in capsys.readouterr().err
+    assert not (tmp_path / "out2").exists()

@@ -22,13 +22,23 @@ from pathlib import Path
 
 import torch
 
-from worldgen.checkpoint import EXPERTS, INDEX_FILE, T5_FILE, VAE_FILE, expert_kind, stream_bf16_expert
+from worldgen.checkpoint import (
+    EXPERTS,
+    FAST_DIR,
+    FAST_NF4_DIR,
+    INDEX_FILE,
+    T5_FILE,
+    VAE_FILE,
+    expert_kind,
+    stream_bf16_expert,
+)
 from worldgen.dit import DiTConfig, Linear, WanCameraDiT
 from worldgen.errors import CheckpointError, InputError
 from worldgen.nf4 import QUANT_SUFFIXES, quantize_weight
 from worldgen.safetensors_writer import SafetensorsWriter, header_bound
 from worldgen.tensor_stream import StagingBuffer, read_safetensors_header
 
+FAST = "fast"  # the LingBot-World-Fast DiT (lingbot_world_fast/ -> lingbot_world_fast_bnb_nf4/)
 BLOCKSIZE = 64
 QUANTIZATION_META = {
     "quant": {
@@ -152,6 +162,10 @@ def _source_layout(source: Path) -> tuple[dict[str, Path], Path]:
     if not source.is_dir():
         raise InputError(f"{source}: no such folder (pass the original bf16 release, e.g. lingbot-world-base-cam/)")
     experts = {name: source / f"{name}_noise_model" for name in EXPERTS}
+    if (source / FAST_DIR).is_dir():  # LingBot-World-Fast: quantized too; the experts may be absent
+        if not any(folder.is_dir() for folder in experts.values()):
+            experts = {}  # a base folder holding only the Fast DiT (and the shared parts)
+        experts[FAST] = source / FAST_DIR
     for name, folder in experts.items():
         if not folder.is_dir():
             nf4 = source / f"{name}_noise_model_bnb_nf4"
@@ -181,13 +195,13 @@ def quantize_checkpoint(
 ) -> list[str]:
     """The whole release -> the NF4 layout in `target`; returns one line per thing done."""
     experts, tokenizer = _source_layout(source)
-    outputs = {name: target / f"{name}_noise_model_bnb_nf4" for name in EXPERTS}
+    outputs = {name: target / (FAST_NF4_DIR if name == FAST else f"{name}_noise_model_bnb_nf4") for name in experts}
     existing = [p.name for p in outputs.values() if p.exists()]
     if existing and not force:
         raise InputError(f"{target}: {', '.join(existing)} already exist; pass --force to replace them")
     target.mkdir(parents=True, exist_ok=True)
     report = []
-    for name in EXPERTS:
+    for name in experts:
         stats = quantize_expert(experts[name], outputs[name], device, show_progress)
         report.append(
             f"{outputs[name].name}/model.safetensors: {stats['quantized_layers']} NF4 layers, "

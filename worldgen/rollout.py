@@ -140,9 +140,12 @@ def generate_episode(
     progress: Progress | None = None,
     prompt: str | None = None,
     producer: str = "worker",
+    on_chunk=None,
 ) -> Path:
     """Generate the rollout of an action/episode folder; write the mp4 and its provenance record
-    beside it (each atomically: the record first, so a video never exists without one)."""
+    beside it (each atomically: the record first, so a video never exists without one).
+
+    `on_chunk(i, n, frames [3, f, H, W])` sees each finished chunk (Fast pipelines only)."""
     folder = Path(episode_dir)
     if not folder.is_dir():
         raise InputError(f"{folder}: not a folder (expected poses.npy, intrinsics.npy, image.jpg, prompt.txt)")
@@ -151,8 +154,9 @@ def generate_episode(
     image = load_image(image_path)
     prompt = prompt or read_prompt(folder)
     resolved = resolve_request(settings, (image.height, image.width), len(poses))
+    extra = {} if on_chunk is None else {"on_chunk": on_chunk}
     first_phase, started = len(pipe.meter.records), time.perf_counter()
-    video, notes = generate_noting(pipe, image, prompt, poses, intrinsics, settings, progress=progress)
+    video, notes = generate_noting(pipe, image, prompt, poses, intrinsics, settings, progress=progress, **extra)
     if progress:
         progress("write", 0, 1)
     path = Path(output_path)

@@ -47,10 +47,20 @@ class JobCancelled(Exception):
     """Raised inside the progress callback to stop a job the supervisor cancelled."""
 
 
+ChunkFn = Callable[[int, int, Path, int], None]  # (index, chunks, the chunk's mp4, its frames)
+
+
 class Engine(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
-    def generate(self, episode_dir: Path, settings: GenerationSettings, output: Path, progress: ProgressFn) -> Path: ...
+    def generate(
+        self,
+        episode_dir: Path,
+        settings: GenerationSettings,
+        output: Path,
+        progress: ProgressFn,
+        on_chunk: ChunkFn | None = None,
+    ) -> Path: ...
 
     def probe(self) -> dict[str, Any]: ...
 
@@ -72,35 +82,87 @@ class PipelineEngine:
     ) -> None:
         import torch
 
-        from worldgen.pipeline import load_pipeline
 
         self.torch = torch
         self.ckpt, self.device, self.dtype = ckpt, device, dtype
         torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(dtype or "")
-        source = ckpt if ckpt == "tiny" else Path(ckpt)
-        self.pipe = load_pipeline(
+        self.budgets = (vram_budget_gb, ram_budget_gb)
+        self.torch_dtype = torch_dtype
+        # models load lazily (on a job's first use); this checks the checkpoint now. A folder with
+        # only the Fast DiT (no experts) serves model = fast alone.
+        try:
+            self.model, self.pipe = "base", self._load("base")
+        except CheckpointError:
+            try:
+                self.model, self.pipe = "fast", self._load("fast")
+            except CheckpointError:
+                pass
+            else:
+                return
+            raise
+
+    def _load(self, model: str):
+        from worldgen.pipeline import load_pipeline
+
+        source = self.ckpt if str(self.ckpt).startswith("tiny") else Path(self.ckpt)
+        return load_pipeline(
             source,
-            device=device,
-            dtype=torch_dtype,
-            vram_budget_gb=vram_budget_gb,
-            ram_budget_gb=ram_budget_gb,
+            device=self.device,
+            dtype=self.torch_dtype,
+            vram_budget_gb=self.budgets[0],
+            ram_budget_gb=self.budgets[1],
+            model=model,
         )
+
+    def _pipeline_for(self, model: str):
+        """The pipeline of a job's model: one is resident at a time (a switch frees the other's models
+        first, so both never need memory together); a missing Fast folder is the job's bad input."""
+        if model != self.model:
+            old, self.pipe, self.model = self.pipe, None, None
+            if old is not None:
+                _unload_all(old)
+                del old
+                if self.device.startswith("cuda"):
+                    self.torch.cuda.empty_cache()
+            self.pipe, self.model = self._load(model), model
+        return self.pipe
 
     def describe(self) -> dict[str, Any]:
         return {
             "model": self.ckpt,
+            "engine": self.model,  # the model resident now: base or fast (chosen per job by settings.model)
             "device": self.device,
             "dtype": self.dtype or "auto",
             "torch": self.torch.__version__,
         }
 
-    def generate(self, episode_dir: Path, settings: GenerationSettings, output: Path, progress: ProgressFn) -> Path:
+    def generate(
+        self,
+        episode_dir: Path,
+        settings: GenerationSettings,
+        output: Path,
+        progress: ProgressFn,
+        on_chunk: ChunkFn | None = None,
+    ) -> Path:
         from worldgen.rollout import generate_episode
 
-        return Path(generate_episode(self.pipe, episode_dir, settings, output, progress=progress))
+        pipe = self._pipeline_for(settings.model)
+        chunk_fn = None
+        if on_chunk is not None and settings.model == "fast":
+            from worldgen.video_out import write_mp4
 
-    def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int:
-        """Frames `generate` writes for this episode: the request cut to what the poses cover."""
+            def chunk_fn(index: int, total: int, frames) -> None:
+                path = output.with_name(f"{output.stem}.chunk{index:03d}.mp4")
+                write_mp4(frames, path, fps=settings.fps)
+                on_chunk(index, total, path, int(frames.shape[1]))
+
+        return Path(generate_episode(pipe, episode_dir, settings, output, progress=progress, on_chunk=chunk_fn))
+
+    def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int | None:
+        """Frames `generate` writes for this episode (base model: the request cut to what the poses
+        cover, as the pipeline does); None where the engine does not promise a count (fast)."""
+        if getattr(settings, "model", "base") != "base":
+            return None
         import warnings
 
         import numpy as np
@@ -134,6 +196,12 @@ class PipelineEngine:
     def after_failure(self) -> None:
         if self.device.startswith("cuda"):
             self.torch.cuda.empty_cache()
+
+
+def _unload_all(pipe) -> None:
+    for slot in (pipe.text_encoder, pipe.vae, *pipe.experts.values()):
+        if slot is not None:
+            slot.unload()
 
 
 def memory_info() -> dict[str, Any]:
@@ -275,9 +343,18 @@ class Worker:
             self.progress = {"phase": phase, "step": int(step), "total": int(total)}
             self.send({"type": "progress", "job": job, **self.progress})
 
+        def on_chunk(index: int, total: int, path: Path, frames: int) -> None:
+            # a finished, decoded part of the video (model = fast): the server streams it to the client
+            self.send({"type": "chunk", "job": job, "index": index, "total": total, "path": str(path), "frames": frames})
+            progress("chunk", index + 1, total)
+
         try:
             settings = GenerationSettings.from_dict(message["settings"])
-            written = self.engine.generate(Path(message["episode_dir"]), settings, partial, progress)
+            generate_args = (Path(message["episode_dir"]), settings, partial, progress)
+            if message.get("want_chunks"):
+                written = self.engine.generate(*generate_args, on_chunk=on_chunk)
+            else:
+                written = self.engine.generate(*generate_args)
             if self.cancel.is_set():
                 raise JobCancelled("cancelled after the last step")
             record = sidecar_path(written)

@@ -100,3 +100,89 @@ def big_junk(draw):
 
 
 server_frames = st.one_of(frame_lists.filter(len), wrong_versions(), oversized_shapes(), big_junk())
+
+
+# ---------------------------------------------------------------------------------------------
+# A fast deterministic generator for long campaigns against a live server (10,000 messages in a
+# minute: hypothesis' own overhead per example would dominate there).
+
+SETTING_NAMES = ["size", "frame_num", "steps", "shift", "guide_scale", "boundary", "seed", "negative_prompt",
+                 "fps", "model", "compute", "bogus"]  # fmt: skip
+
+
+def _junk(rng, depth: int = 0):
+    kind = rng.randrange(14 if depth < 2 else 11)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.random() < 0.5
+    if kind == 2:
+        return rng.choice([0, 1, -1, 2**31, 2**53 + 1, 2**63 - 1, -(2**63), 2**64 - 1, 10**18])
+    if kind == 3:
+        return rng.choice([0.0, -0.0, 1e30, -1e30, 1e-300, float("nan"), float("inf"), float("-inf"), 0.5])
+    if kind == 4:
+        return rng.uniform(-1e6, 1e6)
+    if kind == 5:
+        return rng.choice(["", "480*832", "0*0", "99999999*99999999", "-16*16", "16x16", "a*b", "\x00", "é" * 40])
+    if kind == 6:
+        return "".join(chr(rng.randrange(1, 0x2FF)) for _ in range(rng.randrange(0, 30)))
+    if kind == 7:
+        return rng.randrange(-1000, 1000)
+    if kind == 8:
+        return rng.choice(["base", "fast", "bf16", "fp8", "tiny"])
+    if kind == 9:
+        return [rng.uniform(-10, 10) for _ in range(rng.randrange(0, 4))]
+    if kind == 10:
+        return rng.randbytes(rng.randrange(0, 8)).hex()
+    if kind == 11:
+        return [_junk(rng, depth + 1) for _ in range(rng.randrange(0, 4))]
+    if kind == 12:
+        return {str(_junk(rng, depth + 1))[:8]: _junk(rng, depth + 1) for _ in range(rng.randrange(0, 4))}
+    return {"low": 1.0, "high": 2.0}
+
+
+def _pack(header) -> bytes:
+    try:
+        return msgpack.packb(header, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError):
+        return msgpack.packb({"v": 1, "type": "health"})  # no rid: an error without one
+
+
+def adversarial_messages(count: int, seed: int = 0):
+    """`count` adversarial messages (lists of frames), mostly almost-valid so they reach deep."""
+    import random
+
+    rng = random.Random(seed)
+    valid = submit_frames()
+    for i in range(count):
+        kind = rng.randrange(10)
+        rid = f"f{i}"
+        if kind <= 3:  # a valid submit whose settings are junk
+            settings = {rng.choice(SETTING_NAMES): _junk(rng) for _ in range(rng.randrange(1, 4))}
+            if rng.random() < 0.2:
+                settings = _junk(rng)
+            header = {**header_of(valid), "rid": rid, "settings": settings}
+            yield [_pack(header), *valid[1:]]
+        elif kind == 4:  # junk in a known field of a known type
+            header = {**header_of(valid), "rid": rid}
+            header[rng.choice(FIELD_NAMES + ["rid", "client"])] = _junk(rng)
+            yield [_pack(header), *valid[1:]]
+        elif kind == 5:  # junk frame descriptors
+            header = {**header_of(valid), "rid": rid}
+            frames = [dict(d) for d in header["frames"]]
+            frames[rng.randrange(len(frames))][rng.choice(["name", "kind", "dtype", "shape", "size"])] = _junk(rng)
+            header["frames"] = frames
+            data = list(valid[1:])
+            if rng.random() < 0.3:
+                data = [rng.randbytes(rng.randrange(0, 300)) for _ in range(rng.randrange(0, 5))]
+            yield [_pack(header), *data]
+        elif kind == 6:  # other request types with junk
+            type_ = rng.choice(["status", "watch", "cancel", "health", "submit", "result", "nope", ""])
+            header = {"v": 1, "type": type_, "rid": rid, "job": rng.choice([_junk(rng), "0" * 32, "a" * 64])}
+            yield [_pack(header)]
+        elif kind == 7:  # wrong versions
+            yield [_pack({"v": _junk(rng), "type": "health", "rid": rid})]
+        elif kind == 8:  # raw bytes
+            yield [rng.randbytes(rng.randrange(1, 200)) for _ in range(rng.randrange(1, 6))]
+        else:  # random msgpack values as headers
+            yield [_pack(_junk(rng)), *[rng.randbytes(rng.randrange(0, 64)) for _ in range(rng.randrange(0, 3))]]

@@ -138,3 +138,39 @@ def test_two_tiny_model_actors_and_an_actor_killed_mid_job(servers, tmp_path, ra
         failed = {k: v for k, v in results.items() if not isinstance(v, Result)}
         assert list(failed) == [victim["job"]] and failed[victim["job"]].code == "worker_crashed"
         assert all(r.video[4:8] == b"ftyp" for r in results.values() if isinstance(r, Result))
+
+
+@pytest.fixture
+def ray_client_address(ray_cluster):
+    """A Ray Client server in front of the test cluster: what `ray_address = "ray://..."` joins."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "ray.util.client.server", f"--address={ray_cluster}", "--host=127.0.0.1",
+         f"--port={port}", "--mode=proxy"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    yield f"ray://127.0.0.1:{port}"
+    os.killpg(proxy.pid, signal.SIGKILL)
+    proxy.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_ray_client_address_places_the_actors_through_ray_client(servers, episode, ray_client_address):
+    server = servers(worker=standin_command(step_s=0.05), worker_keys=ray_keys(ray_client_address))
+    with Client(server.endpoint, timeout=10, heartbeat_s=0.5) as client:
+        health = healthy(client, timeout=180)
+        assert len({w["actor"] for w in health["workers"]}) == 2
+        payload = EpisodePayload.from_dir(episode)
+        jobs = [client.submit(payload, {"steps": 16, "seed": i}) for i in range(4)]
+        busy = wait_for(lambda: len((h := client.health())["queue"]["running_jobs"]) == 2 and h, 60,
+                        what="both actors busy")  # fmt: skip
+        lost = busy["workers"][0]
+        ray.kill(ray.get_actor(lost["actor"], namespace="lingbot-isaac"), no_restart=True)
+        results = outcomes(jobs, timeout=180)
+        failed = {job_id: o for job_id, o in results.items() if not isinstance(o, Result)}
+        assert list(failed) == [lost["job"]] and failed[lost["job"]].code == "worker_crashed"
+        assert sum(isinstance(o, Result) for o in results.values()) == 3

@@ -282,6 +282,43 @@ def test_per_client_spool_quota(servers, episode):
 
 
 # ---------------------------------------------------------------------------------------------
+# 4. Isaac's UI thread: the real Session against a real server that dies
+
+
+def test_session_cancel_never_blocks_and_a_dead_server_frees_it(servers, episode, tmp_path):
+    from lingbot_isaac.session import Session, SessionSettings
+
+    server = servers(worker=standin_command(step_s=0.2))
+    session = Session(SessionSettings(server=server.endpoint, output_dir=tmp_path, timeout=3.0, steps=50,
+                                      compare=False))  # fmt: skip
+    session.generate(episode)
+    wait_for(lambda: session.status().message.startswith("Denoise"), 30, what="denoising")
+    server.kill_group()
+    started = time.monotonic()
+    session.cancel()  # what the Cancel button runs on Kit's UI thread
+    assert time.monotonic() - started < 0.1
+    assert not session.busy and session.status().message == "Cancelled."
+    session.generate(episode)  # not refused as busy; with no server it fails by itself
+    assert session.wait(timeout=30).state == "failed"
+    started = time.monotonic()
+    session.shutdown(timeout=1.0)  # what on_shutdown runs
+    assert time.monotonic() - started < 1.5
+
+
+def test_session_notices_a_server_that_died_mid_job(servers, episode, tmp_path):
+    from lingbot_isaac.session import Session, SessionSettings
+
+    server = servers(worker=standin_command(step_s=0.2))
+    session = Session(SessionSettings(server=server.endpoint, output_dir=tmp_path, timeout=1.0, steps=50,
+                                      compare=False))  # fmt: skip
+    session.generate(episode)
+    wait_for(lambda: session.status().message.startswith("Denoise"), 30, what="denoising")
+    server.kill_group()
+    status = wait_for(lambda: not session.busy and session.status(), 20, what="the session to be free")
+    assert status.state == "failed" and "stopped answering" in status.message, status.message
+
+
+# ---------------------------------------------------------------------------------------------
 # 5. watch on a finished job
 
 
@@ -311,6 +348,7 @@ def test_watching_a_finished_job_does_not_multiply_memory(servers, episode):
             time.sleep(0.05)
         time.sleep(1.0)
         grown = rss_mb(pid) - baseline
+        print(f"server RSS grew {grown:.1f} MiB for 40 watches of a {video_mb} MiB result")  # docs/benchmarks.md
         assert grown < 3 * video_mb, f"server RSS grew {grown:.0f} MiB for 40 watches of a {video_mb} MiB result"
     finally:
         for socket in peers:
@@ -365,6 +403,44 @@ def test_another_peer_reusing_client_and_rid_never_gets_the_victims_job(servers,
         thief.close()
 
 
+def test_under_curve_the_identity_is_the_key_not_the_connection(servers, episode, tmp_path):
+    """Two connections with one allowed key are one client: a submit retried on the second
+    connection is the same job; a second key is another client with its own rids."""
+    from bridge.security import allow_client, load_public, load_secret, write_keypair
+    from tests.bridge.test_security import make_keys
+
+    keys = make_keys(tmp_path)
+    allow = keys / "clients"
+    allow_client(write_keypair(keys, "other")[0], allow)
+    security = {"server_secret_key": str(keys / "server.key_secret"), "client_keys_dir": str(allow)}
+    server = servers(worker=standin_command(step_s=0.1), security=security)
+    payload = EpisodePayload.from_dir(episode)
+    server_public = load_public(keys / "server.key")[0]
+
+    def dealer(name: str) -> RawDealer:
+        raw = RawDealer.__new__(RawDealer)
+        raw.context = zmq.Context()
+        raw.socket = raw.context.socket(zmq.DEALER)
+        raw.socket.linger = 0
+        public, secret = load_secret(keys / f"{name}.key_secret")
+        raw.socket.curve_serverkey, raw.socket.curve_publickey, raw.socket.curve_secretkey = server_public, public, secret
+        raw.socket.connect(server.endpoint)
+        return raw
+
+    first, second, other = dealer("known"), dealer("known"), dealer("other")
+    try:
+        frames = submit_frames(payload, "same-rid", {"steps": 30}, client="label-a")
+        a = reply_to(first, frames)
+        b = reply_to(second, submit_frames(payload, "same-rid", {"steps": 30}, client="label-b"))
+        c = reply_to(other, frames)
+        assert a.type == b.type == c.type == "accepted"
+        assert a.fields["job"] == b.fields["job"]  # the same key: a retry, whatever `client` says
+        assert c.fields["job"] != a.fields["job"]  # another key: another client
+    finally:
+        for raw in (first, second, other):
+            raw.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # 7. Health
 
@@ -406,6 +482,7 @@ def test_ten_thousand_adversarial_messages(servers, episode):
     socket.connect(server.endpoint)
     codes: dict[str, int] = {}
     accepted = []
+    began = time.monotonic()
     try:
         for i, frames in enumerate(adversarial_messages(10_000, seed=12)):
             socket.send_multipart(frames)
@@ -423,6 +500,7 @@ def test_ten_thousand_adversarial_messages(servers, episode):
     finally:
         socket.close(linger=0)
         context.term()
+    print(f"{sum(codes.values())} answers in {time.monotonic() - began:.1f} s: {dict(sorted(codes.items()))}")
     assert sum(codes.values()) >= 10_000
     assert codes.get("internal", 0) == 0, codes
     with Client(server.endpoint, timeout=10) as client:

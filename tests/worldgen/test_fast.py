@@ -302,3 +302,47 @@ def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
         example / "image.jpg", "a room", np.load(example / "poses.npy"), np.load(example / "intrinsics.npy"), settings
     )
     assert torch.equal(again, video)  # seeded: a non-streamed run is the same video
+
+
+def test_doctor_reports_the_fast_folder(tmp_path, fast_root):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    root = _base_folder(tmp_path, fast_root)
+
+    def doctor():
+        return subprocess.run([sys.executable, "-m", "lingbot_cli", "doctor", "--ckpt-dir", str(root)], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    result = doctor()
+    assert "fast     not installed (optional)" in result.stdout and result.returncode in (0, 1)
+    base_rc = result.returncode  # whatever the other checks say about this machine
+    shutil.copytree(fast_root / "lingbot-world-base-cam" / FAST_DIR, root / FAST_DIR)
+    result = doctor()
+    assert "LingBot-World-Fast, bf16 (--model fast)" in result.stdout and result.returncode == base_rc
+    (root / FAST_DIR / "diffusion_pytorch_model-00001-of-00002.safetensors").unlink()
+    result = doctor()
+    assert "fast     PROBLEM" in result.stdout and "download is partial" in result.stdout and result.returncode == 1
+
+
+def test_quantize_converts_the_fast_folder_to_nf4(tmp_path, fast_root):
+    from worldgen.quantize import quantize_checkpoint
+
+    root = _base_folder(tmp_path, fast_root)
+    shutil.copytree(fast_root / "lingbot-world-base-cam" / FAST_DIR, root / FAST_DIR)
+    report = quantize_checkpoint(root, tmp_path / "nf4", torch.device("cpu"), show_progress=False)
+    assert any(line.startswith("lingbot_world_fast_bnb_nf4/model.safetensors") for line in report)
+    layout = find_fast_checkpoint(tmp_path / "nf4")
+    assert layout.kind == "nf4" and layout.experts["fast"].name == "lingbot_world_fast_bnb_nf4"
+    nf4 = load_expert(layout.experts["fast"], "cpu", torch.float32)
+    bf16 = load_expert(root / FAST_DIR, "cpu", torch.float32)
+    io = load_file(fast_root / "dit_chunks" / "io.safetensors")
+    outs = [_call(m, io, _cache(CacheSpec(60, 10)), 0) for m in (nf4, bf16)]
+    # NF4 rounding of a dim-32 model compounds to ~0.3 here; another model's output is ~1.4 away
+    assert 0 < rel_l2(*outs) < 0.5
+    q = nf4.blocks[0].self_attn.q
+    weight = bf16.blocks[0].self_attn.q.weight
+    # NF4 (blocksize 64, double quant) of a 32x32 Gaussian is ~0.15 off; these weights are heavier-tailed
+    assert rel_l2(q(torch.eye(32)).T - q.bias[:, None], weight) < 0.3

@@ -1,0 +1,88 @@
+"""LingBot-World-Fast through the bridge on the tiny preset: chunks streamed to the client in order
+before the result, a cancel between chunks, a client that did not ask for chunks, and `submit
+--follow` writing a growing mp4. A real server with its real worker (`worldgen.worker`, the tiny
+model, CPU) over loopback sockets."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import imageio_ffmpeg
+import pytest
+
+from bridge.client import Chunk, Client, EpisodePayload, JobError, Progress, Result
+from tests.bridge.conftest import REPO, TINY, ServerPool, make_episode, wait_for
+
+# 33 poses, frame_num 33: 9 latent frames = 3 chunks of 3 (9, 12 and 12 video frames)
+FAST = {"model": "fast", "size": "48*80", "frame_num": 33}
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    pool = ServerPool(tmp_path_factory.mktemp("fast"))
+    started = pool.start(worker=TINY)
+    with Client(started.endpoint, timeout=10) as client:
+        wait_for(lambda: client.health()["ok"], 120, interval=0.5, what="the tiny model to load")
+    yield started
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def episode(tmp_path_factory) -> Path:
+    return make_episode(tmp_path_factory.mktemp("episode") / "ep", n=33)
+
+
+def count_frames(data: bytes, tmp_path: Path, name: str) -> int:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return imageio_ffmpeg.count_frames_and_secs(str(path))[0]
+
+
+def test_every_chunk_arrives_in_order_before_the_result(server, episode, tmp_path):
+    with Client(server.endpoint, timeout=10) as client:
+        job = client.submit(EpisodePayload.from_dir(episode), FAST, want_chunks=True)
+        events = list(job.events(timeout=180))
+    chunks = [e for e in events if isinstance(e, Chunk)]
+    assert [(c.index, c.total) for c in chunks] == [(0, 3), (1, 3), (2, 3)]
+    assert isinstance(events[-1], Result) and all(events.index(c) < len(events) - 1 for c in chunks)
+    assert [c.frames for c in chunks] == [9, 12, 12]
+    assert [count_frames(c.video, tmp_path, f"c{c.index}.mp4") for c in chunks] == [9, 12, 12]
+    assert count_frames(events[-1].video, tmp_path, "result.mp4") == 33
+    chunk_progress = [(e.step, e.total) for e in events if isinstance(e, Progress) and e.phase == "chunk"]
+    assert chunk_progress == [(1, 3), (2, 3), (3, 3)]  # what replay and the Isaac window show
+
+
+def test_a_cancel_between_chunks_stops_within_one_chunk(server, episode):
+    with Client(server.endpoint, timeout=10) as client:
+        first = threading.Event()
+        job = client.submit(
+            EpisodePayload.from_dir(episode), FAST, want_chunks=True,
+            on_event=lambda e: first.set() if isinstance(e, Chunk) else None,
+        )  # fmt: skip
+        assert first.wait(180)
+        client.cancel(job.id)
+        events = list(job.events(timeout=120))
+    assert isinstance(events[-1], JobError) and events[-1].code == "cancelled"
+    assert [c.index for c in events if isinstance(c, Chunk)] in ([0], [0, 1])  # at most the chunk under way
+
+
+def test_a_client_that_did_not_ask_gets_no_chunks(server, episode):
+    with Client(server.endpoint, timeout=10) as client:
+        events = list(client.submit(EpisodePayload.from_dir(episode), FAST).events(timeout=180))
+    assert isinstance(events[-1], Result) and not any(isinstance(e, Chunk) for e in events)
+
+
+def test_submit_follow_writes_a_growing_mp4(server, episode, tmp_path):
+    out = tmp_path / "rollout.mp4"
+    command = [sys.executable, "-m", "lingbot_cli", "submit", str(episode), "--server", server.endpoint,
+               "--model", "fast", "--size", "48*80", "--frame-num", "33", "--follow", "--out", str(out)]  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    for frames, index in ((9, 1), (21, 2), (33, 3)):
+        assert f"chunk {index}/3: {out} has {frames} frames" in result.stderr
+    assert imageio_ffmpeg.count_frames_and_secs(str(out))[0] == 33
