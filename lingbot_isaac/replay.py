@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", default="tcp://127.0.0.1:5570", help="the generation server's endpoint")
     parser.add_argument("--out", type=Path, help="write result folders here instead of beside the sources")
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace existing results and exports (default: resume, skip finished)"
+        "--overwrite", action="store_true", help="replace existing results and exports (without it a rerun resumes: finished episodes are skipped)"
     )
     parser.add_argument("--export-only", action="store_true", help="write the episode folders, send nothing")
     photo = parser.add_argument_group("a real photo as the first frame (sim-to-real)")
@@ -105,8 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--window",
         type=int,
         default=None,
-        help="most jobs in flight at once (default and cap: what the server takes from one client, "
-        "its per-client queue plus its workers)",
+        help="most jobs in flight at once; None: what the server takes from one client (its per-client "
+        "queue plus its workers), which is also the cap",
     )
     source = parser.add_argument_group("files without a first frame or prompt (USD, HDF5)")
     source.add_argument("--image", type=Path, help="first frame (png/jpg); its size is the render resolution")
