@@ -49,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--t5-on-cpu", action="store_true", default=None, help="run umT5 on the CPU, streamed (no GPU memory)")
     parser.add_argument("--backend", choices=("local", "ray"), help="where workers run (overrides [worker] backend)")
     parser.add_argument("--ray-address", help="backend ray: auto, HOST:PORT or ray://HOST:10001 (overrides [worker] ray_address)")
-    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="how much the server logs to stderr")
 
 
 def run(args: argparse.Namespace) -> int:

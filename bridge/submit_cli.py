@@ -27,9 +27,11 @@ from bridge.client import (
     Unauthorized,
     submit_and_follow,
 )
+from bridge.reach import check_listening, explain_no_answer
 from bridge.security import SecurityError
 from contracts import atomic
 from contracts.episode import ROLLOUT_VIDEO
+from contracts.provenance import with_job, write_record
 from contracts.settings import SettingsError
 
 USER_ERRORS = (PayloadError, SettingsError, RequestFailed, JobFailed, ServerUnavailable, Unauthorized,
@@ -43,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, help="denoising steps (default: the server's preset)")
     parser.add_argument("--frame-num", type=int, help="frames to generate, 4n+1")
     parser.add_argument("--size", help="max area as H*W, e.g. 480*832")
-    parser.add_argument("--seed", type=int, help="random seed (default: the server's preset)")
+    parser.add_argument("--seed", type=int, help="random seed of the initial noise (default: the server's preset)")
     parser.add_argument("--model", choices=("base", "fast"), help="base or fast (LingBot-World-Fast) (default: the "
                         "server's preset)")
     parser.add_argument("--follow", action="store_true", help="model fast: write OUT as it grows, after each "
@@ -65,18 +67,26 @@ def run(args: argparse.Namespace) -> int:
         growing.add(event)
         print(f"chunk {event.index + 1}/{event.total}: {out} has {growing.frames} frames", file=sys.stderr, flush=True)
 
+    check_listening(args.server)  # a closed port is said at once, with how to start a server
     with Client(args.server, timeout=args.timeout, server_key=args.server_key, client_key=args.client_key) as client:
-        _, result = submit_and_follow(
-            client,
-            payload,
-            settings,
-            on_progress=lambda event: print(describe(event), file=sys.stderr, flush=True),
-            on_submitted=lambda job: print(
-                f"job {job.id} accepted ({job.queue_position} ahead)", file=sys.stderr, flush=True
-            ),
-            timeout=args.wait,
-            on_chunk=chunk if growing is not None else None,
-        )
+        try:
+            job, result = submit_and_follow(
+                client,
+                payload,
+                settings,
+                on_progress=lambda event: print(describe(event), file=sys.stderr, flush=True),
+                on_submitted=lambda job: print(
+                    f"job {job.id} accepted ({job.queue_position} ahead)", file=sys.stderr, flush=True
+                ),
+                timeout=args.wait,
+                on_chunk=chunk if growing is not None else None,
+            )
+        except ServerUnavailable as exc:
+            raise explain_no_answer(args.server, exc) from None
+    job_info = {"client": "submit", "id": job.id, "server": args.server, "server_seconds": result.seconds}
+    record = with_job(result.provenance, job_info)
+    if record is not None:  # the record first: a video never sits without its record
+        write_record(out, record)
     atomic.write_bytes(out, result.video)
     print(out)
     return 0

@@ -17,6 +17,7 @@ import json
 import os
 import pickle
 import shutil
+import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -389,12 +390,22 @@ def _image_size(path: Path) -> tuple[int, int]:
 # --- writing ---------------------------------------------------------------------------------------
 
 
-def write_rollout(folder: str | os.PathLike, video: bytes, info: dict[str, Any]) -> Path:
-    """`rollout.mp4` and `rollout.json` (job, server, settings, timings) beside an episode, each
-    written atomically and durably; returns the mp4's path."""
-    folder = Path(folder)
-    target = atomic.write_bytes(folder / ROLLOUT_VIDEO, video)
-    atomic.write_json(folder / ROLLOUT_INFO, info, indent=1)
+def write_rollout(folder: str | os.PathLike, video: bytes, info: dict[str, Any], client: str = "replay") -> Path:
+    """`rollout.mp4` beside an episode, with its provenance record `rollout.json` (the worker's
+    record plus this job: `info`, whose "provenance" is the worker's record), each written
+    atomically and durably, the record first; returns the mp4's path."""
+    from contracts.provenance import sidecar_path, with_job, write_record
+
+    target = Path(folder) / ROLLOUT_VIDEO
+    job = {key: value for key, value in info.items() if key != "provenance"}
+    record = with_job(info.get("provenance"), {"client": client, **job})
+    if record is not None:
+        write_record(target, record)
+    else:
+        sidecar_path(target).unlink(missing_ok=True)  # a stale record would describe another video
+        print(f"warning: the server sent no provenance record for {target}: its report cannot say "
+              "what made it (an older server?)", file=sys.stderr)  # fmt: skip
+    atomic.write_bytes(target, video)
     return target
 
 

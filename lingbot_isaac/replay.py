@@ -5,7 +5,8 @@ camera, an Isaac Sim 6 episode-recorder session (.hdf5) or an Isaac Lab dataset 
 camera poses (see `docs/isaac-sim.md`). Files are first exported to episode folders beside them
 (`<stem>/` for a stage, `<stem>-<episode>/` for each episode of an HDF5 file); `--image` and
 `--prompt` give the first frame and the text where the file has none. Each result is
-`rollout.mp4` plus `rollout.json` (settings, job, timings) in the episode folder.
+`rollout.mp4` plus `rollout.json`, its provenance record (model, checkpoint, every setting used,
+versions, timings, the job: `contracts.provenance`), in the episode folder.
 
 Datasets: `--demos all|0-99|3,7,10-19|successful` picks demos of an Isaac Lab file. Many episodes
 go through the server in a bounded window (never more in flight than the server takes; a `busy`
@@ -141,10 +142,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     gen.add_argument("--frame-num", type=int, help="frames to generate (4n+1)")
     gen.add_argument("--steps", type=int, help="denoising steps")
-    gen.add_argument("--seed", type=int)
+    gen.add_argument("--seed", type=int, help="random seed of the initial noise")
     gen.add_argument("--size", help="max area as H*W, e.g. 480*832")
     gen.add_argument("--guide-scale", help="one value or low,high")
-    gen.add_argument("--shift", type=float)
+    gen.add_argument("--shift", type=float, help="noise schedule shift")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for each request to the server")
     parser.add_argument(
         "--job-timeout",
@@ -348,8 +349,9 @@ def generate(
         raise ReplayError(f"{label}: no progress for {job_timeout} s; cancelled the job") from None
     finally:
         bar.close()
-    info = {"job": job.id, "queue_position": job.queue_position, "server_seconds": result.seconds}
+    info = {"id": job.id, "queue_position": job.queue_position, "server_seconds": result.seconds}
     info["seconds"] = round(time.monotonic() - started, 3)
+    info["provenance"] = job.provenance
     return result.video, info
 
 
@@ -403,7 +405,7 @@ class Batch:
 
     def __init__(self, client, server: str, window: int, job_timeout: float | None, bar, model: str | None) -> None:
         self.client, self.server, self.window, self.job_timeout, self.bar = client, server, window, job_timeout, bar
-        self.model = model  # what the server runs (health), for rollout.json
+        self.model = model  # what the server runs (health); rollout.json has the worker's own record
         self.in_flight: dict[str, tuple[Path, dict[str, Any], float]] = {}  # job -> (folder, settings, t0)
         self.jobs: dict[str, Any] = {}
         self.last_event: dict[str, float] = {}
@@ -497,11 +499,13 @@ class Batch:
                 (folder / PENDING).unlink(missing_ok=True)
                 self._fail(folder, f"{outcome.code}: {outcome.message}")
                 continue
-            info = {"job": job_id, "queue_position": job.queue_position, "server_seconds": outcome.seconds,
+            info = {"id": job_id, "queue_position": job.queue_position, "server_seconds": outcome.seconds,
                     "seconds": round(time.monotonic() - started, 3), "server": self.server,
-                    "episode": str(folder), "settings": settings, "model": self.model,
+                    "episode": str(folder), "asked": settings, "provenance": outcome.provenance,
                     "first_frame": first_frame_record(read_episode(folder))}  # fmt: skip
             print(f"{folder.name}: first frame: {describe_first_frame(info['first_frame'])}", file=sys.stderr)
+            for line in (outcome.provenance or {}).get("adjustments", []):  # what the engine changed, once
+                print(f"{folder.name}: {line}", file=sys.stderr)
             print(write_rollout(folder, outcome.video, info), flush=True)
             (folder / PENDING).unlink(missing_ok=True)
             self.done.append(folder)
@@ -595,7 +599,8 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
 
 def replay_episodes(args: argparse.Namespace, episodes: list[Path], overrides: dict[str, Any]) -> int:
     """Send every unfinished episode through the server; 0 if all have a rollout in the end."""
-    from bridge.client import Client
+    from bridge.client import Client, ServerUnavailable
+    from bridge.reach import check_listening, explain_no_answer
 
     finished = [f for f in episodes if (f / ROLLOUT_VIDEO).is_file() and not args.overwrite]
     todo = []
@@ -609,8 +614,12 @@ def replay_episodes(args: argparse.Namespace, episodes: list[Path], overrides: d
               "(--overwrite generates them again)", file=sys.stderr)  # fmt: skip
     if not todo:
         return 0
+    check_listening(args.server)  # a closed port is said at once, with how to start a server
     with Client(args.server, timeout=args.timeout) as client:
-        health = client.health()  # ServerUnavailable here says the server is not running, before any upload
+        try:
+            health = client.health()  # before any upload
+        except ServerUnavailable as exc:
+            raise explain_no_answer(args.server, exc) from None
         window = window_of(health, args.window)
         bar = _dataset_bar(len(episodes), len(finished), not args.no_progress)
         batch = Batch(client, args.server, window, args.job_timeout, bar, (health.get("model") or {}).get("model"))

@@ -34,6 +34,7 @@ from worldgen.image_input import load_image
 from worldgen.memory import MemoryPlan
 from worldgen.metering import PhaseMeter
 from worldgen.multi_gpu import SecondDevice
+from worldgen.request import latent_size  # noqa: F401  (re-exported: the rule is defined there)
 from worldgen.residency import ModelSlot, ResidencyPolicy
 from worldgen.scheduler import FlowUniPCScheduler
 from worldgen.text_cache import TextCache
@@ -47,17 +48,6 @@ NEGATIVE_PROMPT_FILE = Path(__file__).with_name("negative_prompt.txt")
 
 def _no_progress(phase: str, step: int, total: int) -> None:
     pass
-
-
-def latent_size(image_hw: tuple[int, int], max_area: int) -> tuple[int, int]:
-    """(lat_h, lat_w) for an image of (h0, w0) and a pixel budget, as the reference computes it."""
-    h0, w0 = image_hw
-    aspect = h0 / w0
-    lat_h = round(np.sqrt(max_area * aspect) // VAE_STRIDE[1] // PATCH[1] * PATCH[1])
-    lat_w = round(np.sqrt(max_area / aspect) // VAE_STRIDE[2] // PATCH[2] * PATCH[2])
-    if lat_h < PATCH[1] or lat_w < PATCH[2]:
-        raise InputError(f"size: max_area {max_area} is too small for a {w0}x{h0} image; use at least 16*16")
-    return lat_h, lat_w
 
 
 def prepare_image(image: Image.Image | np.ndarray | str | Path, max_area: int) -> torch.Tensor:
@@ -121,6 +111,7 @@ class Pipeline:
         self.on_plan: Callable[[str], None] | None = None  # told the plan whenever a job changes it
         self.engine: dict[str, Any] = {}  # what load_pipeline applied (dtype, compute, attention, ...)
         self._frame_pixels = 0
+        self.identity: dict[str, str] = {}  # set by load_pipeline: variant, checkpoint, layout, dtype ...
         self.compute = compute  # the experts' compute unless a job's settings say otherwise (worldgen.fp8)
         self.second_device = second_device  # the unconditional passes' GPU (worldgen.multi_gpu), or None
 
@@ -503,7 +494,8 @@ def load_pipeline(
         vae=ModelSlot("VAE", lambda: load_vae(layout, device)),
         device=device,
         text_len=text_len,
-        name=f"{'tiny (random weights)' if is_tiny else root.name} [{layout.kind}{', Fast' if model == 'fast' else ''}]",
+        name=f"{'tiny (random weights)' if is_tiny else root.name}{', Fast' if model == 'fast' else ''}, "
+        f"{layout.kind} checkpoint layout",
         plan=plan,
         text_cache=TextCache(layout.t5, text_cache_dir, variant=f"{t5_device.type}-{t5_dtype}")
         if use_text_cache
@@ -522,6 +514,16 @@ def load_pipeline(
         "text_encoder_device": str(t5_device),
         "text_encoder_streamed": plan.stream_text_encoder,  # --t5-on-cpu: block by block from its file
         "vram_budget_gb": vram_budget_gb,  # as asked (the plan applies it on CUDA only)
+    }
+    # what the provenance record of each rollout says about the model (worldgen.rollout.rollout_record)
+    pipe.identity = {
+        "variant": model,
+        "weights": "tiny" if is_tiny else "real",
+        "checkpoint": str(root),
+        "layout": layout.kind,
+        "dtype": str(dtype).removeprefix("torch."),
+        "text_encoder": "cpu, streamed" if text_encoder_on_cpu else str(t5_device),
+        "attention": backend,
     }
     return pipe
 

@@ -35,6 +35,7 @@ from bridge import worker_protocol as wp
 from contracts import atomic
 from contracts.engine_options import EngineOptions, EngineOptionsError
 from contracts.episode import EpisodeError
+from contracts.provenance import sidecar_path
 from contracts.settings import GenerationSettings, SettingsError
 from worldgen.errors import CheckpointError, InputError
 
@@ -360,6 +361,9 @@ class Worker:
                 written = self.engine.generate(*generate_args)
             if self.cancel.is_set():
                 raise JobCancelled("cancelled after the last step")
+            record = sidecar_path(written)
+            if record.is_file():  # the provenance record goes first: a result never exists without it
+                atomic.commit(record, sidecar_path(output))
             atomic.commit(written, output)  # fsynced and renamed: durable before it is reported
             frames_output = message.get("frames_output")
             if message.get("want_frames") and frames_output:
@@ -395,6 +399,7 @@ class Worker:
         finally:
             try:  # a read-only or vanished spool must not take the worker down with it
                 partial.unlink(missing_ok=True)
+                sidecar_path(partial).unlink(missing_ok=True)
             except OSError as exc:
                 log.warning("cannot remove %s: %s", partial, exc)
             self.job, self.state, self.progress = None, "idle", {}
