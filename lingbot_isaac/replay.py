@@ -395,9 +395,11 @@ def write_result(folder: Path, video: bytes, info: dict[str, Any], client: str =
     """rollout.mp4 and its provenance record rollout.json (the worker's record plus this job: `info`
     from `generate`), each written to a temp file and renamed into place, the record first."""
     target = folder / RESULT_VIDEO
-    job = {key: value for key, value in info.items() if key != "provenance"}
+    job = {key: value for key, value in info.items() if key not in ("provenance", "first_frame")}
     record = with_job(info.get("provenance"), {"client": client, **job})
     if record is not None:
+        if info.get("first_frame"):  # which first frame the rollout started from (photo or the episode's)
+            record = {**record, "inputs": {**(record.get("inputs") or {}), "first_frame": info["first_frame"]}}
         write_record(target, record)
     else:
         sidecar_path(target).unlink(missing_ok=True)  # a stale record would describe another video
