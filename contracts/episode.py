@@ -397,9 +397,11 @@ def write_rollout(folder: str | os.PathLike, video: bytes, info: dict[str, Any],
     from contracts.provenance import sidecar_path, with_job, write_record
 
     target = Path(folder) / ROLLOUT_VIDEO
-    job = {key: value for key, value in info.items() if key != "provenance"}
+    job = {key: value for key, value in info.items() if key not in ("provenance", "first_frame")}
     record = with_job(info.get("provenance"), {"client": client, **job})
     if record is not None:
+        if info.get("first_frame"):  # which first frame the rollout started from (photo or the episode's)
+            record = {**record, "inputs": {**(record.get("inputs") or {}), "first_frame": info["first_frame"]}}
         write_record(target, record)
     else:
         sidecar_path(target).unlink(missing_ok=True)  # a stale record would describe another video
