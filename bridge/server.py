@@ -147,6 +147,13 @@ class Server:
         for job in self.spool.load_all():
             self.jobs[job.id] = job
             self.by_request[(job.client, job.rid)] = job.id
+            if job.state == "done" and not job.result_path.is_file():
+                # never "done" without its result (it is fsynced before "done" is saved, so only a
+                # deleted file gets here; the inputs are gone): say so instead of serving nothing
+                log.warning("job %s: done, but its result.mp4 is missing; marking it failed", job.id)
+                lost = "the result.mp4 of this job is missing from the spool; submit it again"
+                job.state, job.error = "failed", {"code": "internal", "message": lost}
+                self._save(job)
             if job.terminal:
                 self.spool.release_inputs(job)  # left by a server that stopped at the wrong moment
                 continue
