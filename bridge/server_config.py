@@ -32,7 +32,7 @@ class ConfigError(ValueError):
 
 # Keys of [worker] that are engine options (contracts.engine_options.EngineOptions); `device` is the
 # engine's one device (a pool's workers each get one entry of `devices` instead).
-ENGINE_KEYS = ("ckpt", "model", "device", "dtype", "compute", "attention", "vram_budget_gb", "t5_on_cpu")
+ENGINE_KEYS = ("ckpt", "model", "device", "gpus", "dtype", "compute", "attention", "vram_budget_gb", "t5_on_cpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +56,10 @@ class WorkerConfig:
         return self.devices or (self.engine.device,)
 
     def options_for(self, device: str) -> EngineOptions:
-        """The engine options of the pool's worker on `device`."""
+        """The engine options of the pool's worker on `device` (no pool: the engine's own, which may
+        name two GPUs for one rollout: `gpus`)."""
+        if not self.devices and device == self.engine.device:
+            return self.engine
         return self.engine.replace(devices=[device])
 
     def argv(self) -> tuple[str, ...]:
@@ -138,6 +141,18 @@ def _worker_config(values: Any, where: str) -> WorkerConfig:
     engine = {key: values[key] for key in ENGINE_KEYS if key in values}
     if "device" in engine:
         engine["devices"] = [engine.pop("device")]
+    if engine.get("gpus"):  # one rollout over two GPUs (worldgen.multi_gpu): "0,1" -> cuda:0, cuda:1
+        if values.get("devices"):
+            raise ConfigError(f"{where}: gpus (one worker, two GPUs per rollout) and devices (a pool of workers) "
+                              "exclude each other; give one of them")  # fmt: skip
+        try:
+            gpus = [int(g) for g in str(engine["gpus"]).split(",") if g.strip()]
+        except ValueError:
+            raise ConfigError(f"{where}: gpus must look like \"0,1\" (got {engine['gpus']!r})") from None
+        if len(gpus) != 2 or len(set(gpus)) != 2 or min(gpus) < 0:
+            raise ConfigError(f"{where}: gpus must name two different GPUs, e.g. \"0,1\" (got {engine['gpus']!r})")
+        engine["devices"] = [f"cuda:{g}" for g in gpus]
+    engine.pop("gpus", None)
     try:
         options = EngineOptions.from_dict(engine, where)
     except EngineOptionsError as exc:

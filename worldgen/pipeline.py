@@ -410,8 +410,11 @@ def load_pipeline(
     # fewer fragmentation OOMs near the budget; must be set before CUDA's allocator starts
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     if devices:
+        from worldgen.multi_gpu import check_devices
+
         if len(devices) > 2:
             raise InputError(f"devices {list(devices)}: a rollout uses one or two devices")
+        check_devices(devices)
         device = devices[0]
     device = torch.device(device) if device is not None else default_device()
     from worldgen.fp8 import COMPUTES, check_supported

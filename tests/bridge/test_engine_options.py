@@ -71,3 +71,16 @@ def test_bad_engine_options_in_server_toml_name_the_key(tmp_path, toml, words):
     with pytest.raises(ConfigError) as info:
         load_server_config(path)
     assert words in str(info.value) and f"{path} [worker]" in str(info.value)
+
+
+def test_gpus_key_gives_one_engine_two_gpus(tmp_path):
+    """`gpus = "0,1"` (or `serve --gpus 0,1`): one worker whose rollouts use two GPUs (worldgen.multi_gpu);
+    it replaces `device` and excludes a pool."""
+    config = load_server_config(None, {"worker.device": "cpu", "worker.gpus": "0,1"})
+    assert config.worker.engine.devices == ("cuda:0", "cuda:1") and config.worker.pool_devices() == ("cuda:0",)
+    assert config.worker.options_for("cuda:0").devices == ("cuda:0", "cuda:1")  # what the one worker is sent
+    for bad in ("0", "0,0", "a,b", "0,1,2"):
+        with pytest.raises(ConfigError, match="gpus"):
+            load_server_config(None, {"worker.gpus": bad})
+    with pytest.raises(ConfigError, match="exclude each other"):
+        load_server_config(None, {"worker.gpus": "0,1", "worker.devices": ["cuda:0", "cuda:1"]})
