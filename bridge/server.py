@@ -367,6 +367,7 @@ class Server:
                          "wait for one to finish")  # fmt: skip
             return
         size = len(request.image) + request.poses.nbytes + request.intrinsics.nbytes + len(request.prompt) + 4096
+        self._make_room(size, client)
         used, per_client = self.spool_usage()
         if used + size > self.config.spool_quota_bytes:
             self._refuse(peer, rid, "busy", f"the spool quota is used up ({used >> 20} of "
@@ -401,6 +402,27 @@ class Server:
         self.queue.push(client, job.id)
         log.info("job %s accepted from %s (%d waiting)", job.id, client, len(self.queue))
         self._reply_accepted(peer, rid, job)  # the loop hands it to the worker after this turn
+
+    def _make_room(self, size: int, client: str, keep: str | None = None) -> None:
+        """Kept results are a cache: before a quota refuses new work, the oldest finished jobs'
+        results are deleted (those of this client first for its own quota). Inputs of unfinished
+        jobs are never touched."""
+        used, per_client = self.spool_usage()
+        finished = sorted((j for j in self.jobs.values()
+                           if j.terminal and j.result_bytes and not j.dirty and j.id != keep),
+                          key=lambda j: j.finished or 0)  # fmt: skip
+        for job in finished:
+            over_all = used + size > self.config.spool_quota_bytes
+            over_mine = job.client == client and per_client.get(client, 0) + size > self.config.spool_quota_per_client_bytes
+            if not (over_all or over_mine):
+                continue
+            log.info("spool quota: deleting the result of job %s (finished %.0f s ago)", job.id,
+                     time.time() - (job.finished or 0))  # fmt: skip
+            used -= job.result_bytes
+            per_client[job.client] = per_client.get(job.client, 0) - job.result_bytes
+            self.spool.remove(job)
+            del self.jobs[job.id]
+            self.by_request.pop((job.client, job.rid), None)
 
     def _job_settings(self, requested: dict[str, Any]) -> GenerationSettings:
         """The job's settings (the server's preset under the request's), or ProtocolError bad_settings."""
@@ -685,6 +707,7 @@ class Server:
         job.result_bytes, job.frames = size, expected
         self._storage_requeues.pop(job.id, None)
         self._finish(job, "done", None)
+        self._make_room(0, job.client, keep=job.id)  # a result larger than its inputs: stay under the quota
 
     def _storage_suspect(self, job: Job, why: str) -> bool:
         """A running job failed in a way a full or read-only spool explains: if the spool is not

@@ -205,3 +205,47 @@ def test_import_boundaries(modules, forbidden):
     code = f"import sys, {modules}; sys.exit({forbidden!r} in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, f"importing {modules} imports {forbidden} {done.stderr}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The job state machine and the result check
+
+
+def test_job_moves_only_along_the_state_machine(tmp_path):
+    from bridge.jobs import BadMove, Job
+
+    job = Job(id="j", dir=tmp_path, client="peer:01", rid="r", seq=0, created=0.0, settings={})
+    with pytest.raises(BadMove):
+        job.move("done")  # never done without having run
+    job.move("running")
+    assert job.attempts == 1 and job.live is not None
+    job.move("queued")  # requeued (the spool could not record it, or a restart)
+    assert job.live is None
+    job.move("running")
+    job.move("done")
+    assert job.terminal and job.finished is not None
+    for state in ("running", "queued", "failed"):
+        with pytest.raises(BadMove):
+            job.move(state)
+
+
+def test_mp4_check_refuses_cut_files_and_wrong_frame_counts(tmp_path):
+    from bridge.mp4 import IncompleteVideo, check_complete
+    from tests.bridge.standin_worker import mp4_bytes
+
+    path = tmp_path / "result.mp4"
+    whole = mp4_bytes(17, b"x" * 1000)
+    path.write_bytes(whole)
+    assert check_complete(path, 17) == len(whole)
+    for data, words in [
+        (mp4_bytes(17, b"x" * 1000, truncate=True), "no moov"),
+        (whole[:-10], "claims"),
+        (b"", "empty"),
+        (b"\x00" * 64, "no ftyp"),
+    ]:
+        path.write_bytes(data)
+        with pytest.raises(IncompleteVideo, match=words):
+            check_complete(path, 17)
+    path.write_bytes(whole)
+    with pytest.raises(IncompleteVideo, match="17 frames, 21 were expected"):
+        check_complete(path, 21)

@@ -265,6 +265,26 @@ def test_spool_quota_and_cancelled_jobs_release_their_inputs(servers, episode):
         dealer.close()
 
 
+def test_kept_results_make_room_for_new_jobs_oldest_first(servers, episode):
+    """A long replay must not hit the quota with results it already has: the oldest kept
+    results are deleted to make room; the spool stays under its quota."""
+    server = servers(worker=[*standin_command(step_s=0.01), "--result-mb", "1"], spool_quota_bytes=3 << 20)
+    payload = EpisodePayload.from_dir(episode)
+    with Client(server.endpoint, timeout=10) as client:
+        jobs = [client.submit(payload, {"steps": 1}) for _ in range(1)]
+        jobs[0].result(timeout=20)
+        for _ in range(5):
+            job = client.submit(payload, {"steps": 1})
+            assert len(job.result(timeout=20)) > 1 << 20
+            jobs.append(job)
+        spool = client.health()["spool"]
+        assert spool["used_bytes"] <= spool["quota_bytes"]
+        with pytest.raises(RequestFailed) as info:
+            client.status(jobs[0].id)
+        assert info.value.code == "not_found"  # the oldest result went first
+        assert client.status(jobs[-1].id)["state"] == "done"
+
+
 def test_per_client_spool_quota(servers, episode):
     server = servers(worker=standin_command(step_s=0.2), spool_quota_bytes=64 << 20,
                      spool_quota_per_client_bytes=2 << 20, limits={"max_image_bytes": 2 << 20})  # fmt: skip
@@ -387,10 +407,10 @@ def test_another_peer_reusing_client_and_rid_never_gets_the_victims_job(servers,
     thief_payload = EpisodePayload.from_dir(make_episode(tmp_path / "thief", prompt="thief", seed=5))
     victim, thief = RawDealer(server.endpoint), RawDealer(server.endpoint)
     try:
-        mine = victim.ask(submit_frames(victim_payload, "same", client="c", prompt="victim"))
-        again = victim.ask(submit_frames(victim_payload, "same", client="c", prompt="victim"))
+        mine = reply_to(victim, submit_frames(victim_payload, "same", client="c", prompt="victim"))
+        again = reply_to(victim, submit_frames(victim_payload, "same", client="c", prompt="victim"))
         assert mine.type == again.type == "accepted" and mine.fields["job"] == again.fields["job"]  # a retry
-        theirs = thief.ask(submit_frames(thief_payload, "same", client="c", prompt="thief"))
+        theirs = reply_to(thief, submit_frames(thief_payload, "same", client="c", prompt="thief"))
         assert theirs.type == "accepted" and theirs.fields["job"] != mine.fields["job"]
         while (event := thief.read(15)).type != "result":
             assert event.fields.get("job") == theirs.fields["job"]
