@@ -123,6 +123,7 @@ class Result:
     video: bytes  # the mp4
     frames: np.ndarray | None = None  # uint8 [F, H, W, 3], if asked for (read-only)
     seconds: float | None = None
+    provenance: dict[str, Any] | None = None  # what made the video (contracts.provenance), from the worker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,6 +266,11 @@ class Job:
     @property
     def frames(self) -> np.ndarray | None:
         return self.outcome.frames if isinstance(self.outcome, Result) else None
+
+    @property
+    def provenance(self) -> dict[str, Any] | None:
+        """The provenance record of the result (None before it, or from a worker that wrote none)."""
+        return self.outcome.provenance if isinstance(self.outcome, Result) else None
 
     def cancel(self, timeout: float | None = None) -> dict[str, Any]:
         return self._client.cancel(self.id, timeout=timeout)
@@ -658,7 +664,8 @@ class Client:
         elif message.type == "result" and job is not None:
             frames = message.arrays.get("frames")
             self._jobs.pop(job_id, None)
-            job._deliver(Result(job_id, message.blobs["video"], frames, message.get("seconds")))
+            provenance = message.get("provenance")
+            job._deliver(Result(job_id, message.blobs["video"], frames, message.get("seconds"), provenance))
         elif message.type == "error" and job is not None:
             self._end_job(job_id, message.fields["code"], message.fields["message"])
 

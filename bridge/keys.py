@@ -21,15 +21,16 @@ USER_ERRORS = (SecurityError,)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="role", required=True)
-    server = sub.add_parser("server", help="the server's key pair")
+    sub = parser.add_subparsers(dest="role", required=True, help="what to make")
+    kind = {"formatter_class": parser.formatter_class}  # the same help layout: defaults said once
+    server = sub.add_parser("server", help="the server's key pair", **kind)
     server.add_argument("--dir", type=Path, default=Path("keys"), help="folder for the key files")
     server.add_argument("--name", default="server", help="file name stem")
-    client = sub.add_parser("client", help="a client's key pair")
+    client = sub.add_parser("client", help="a client's key pair", **kind)
     client.add_argument("name", help="file name stem, e.g. the machine's name")
     client.add_argument("--dir", type=Path, default=Path("keys"), help="folder for the key files")
     client.add_argument("--allow-dir", type=Path, help="also put its public key in this server allowlist folder")
-    allow = sub.add_parser("allow", help="add a client's public key file to a server allowlist folder")
+    allow = sub.add_parser("allow", help="add a client's public key file to a server allowlist folder", **kind)
     allow.add_argument("public_key", type=Path, help="the client's NAME.key file")
     allow.add_argument("--allow-dir", type=Path, required=True, help="the server's client_keys_dir")
 

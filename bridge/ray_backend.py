@@ -79,9 +79,6 @@ class WorkerActor:
     def pid(self) -> int:
         return self.proc.pid
 
-    def node(self) -> str:
-        return ray.get_runtime_context().get_node_id()
-
     def send(self, message: dict[str, Any]) -> None:
         with self.write_lock, contextlib.suppress(OSError):
             wp.write_message(self.proc.stdin, message)
@@ -120,7 +117,6 @@ class RayWorkerHandle:
         self.actor = actor_class.options(name=self.name, namespace=NAMESPACE, **options).remote(
             list(argv), env, own_python
         )
-        self.outbox = b""
         self.eof = False
         self.eof_at: float | None = None
         self.exit_reason: str | None = None

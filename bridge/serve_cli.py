@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--backend", choices=("local", "ray"), help="where workers run (overrides [worker] backend)")
     parser.add_argument("--ray-address", help="backend ray: auto, HOST:PORT or ray://HOST:10001 (overrides [worker] ray_address)")
-    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="how much the server logs to stderr")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -47,6 +47,7 @@ from bridge.spool import Spool, describe_os_error
 from bridge.supervisor import Event
 from bridge.worker_pool import build_pool
 from contracts import atomic
+from contracts.provenance import read_record
 from contracts.settings import GenerationSettings, load_settings
 
 log = logging.getLogger("bridge.server")
@@ -819,7 +820,13 @@ class Server:
         if job.want_frames and job.frames_path.is_file():
             arrays["frames"] = np.load(job.frames_path, allow_pickle=False)
         seconds = (job.finished or 0) - (job.started or 0)
-        return protocol.encode("result", {"job": job.id, "seconds": round(seconds, 3)}, arrays, {"video": video})
+        fields: dict[str, Any] = {"job": job.id, "seconds": round(seconds, 3)}
+        provenance, note = read_record(job.result_path)  # the worker's record beside result.mp4
+        if provenance is not None:
+            fields["provenance"] = provenance
+        elif note:
+            log.warning("job %s: %s", job.id, note)
+        return protocol.encode("result", fields, arrays, {"video": video})
 
     def _publish(self, job: Job, frames: list) -> None:
         for peer in list(job.subscribers):

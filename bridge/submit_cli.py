@@ -29,7 +29,9 @@ from bridge.client import (
     ServerUnavailable,
     Unauthorized,
 )
+from bridge.reach import check_listening, explain_no_answer
 from bridge.security import SecurityError
+from contracts.provenance import with_job, write_record
 from contracts.settings import SettingsError
 
 USER_ERRORS = (PayloadError, SettingsError, RequestFailed, JobFailed, ServerUnavailable, Unauthorized,
@@ -43,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, help="denoising steps (default: the server's preset)")
     parser.add_argument("--frame-num", type=int, help="frames to generate, 4n+1")
     parser.add_argument("--size", help="max area as H*W, e.g. 480*832")
-    parser.add_argument("--seed", type=int, help="random seed (default: the server's preset)")
+    parser.add_argument("--seed", type=int, help="random seed of the initial noise (default: the server's preset)")
     parser.add_argument("--model", choices=("base", "fast"), help="base or fast (LingBot-World-Fast) (default: the "
                         "server's preset)")
     parser.add_argument("--follow", action="store_true", help="model fast: write OUT as it grows, after each "
@@ -60,8 +62,12 @@ def run(args: argparse.Namespace) -> int:
                                    ("seed", args.seed), ("model", args.model)) if v is not None}  # fmt: skip
     out = args.out or args.episode / "rollout.mp4"
     growing = GrowingVideo(out) if args.follow else None
+    check_listening(args.server)  # a closed port is said at once, with how to start a server
     with Client(args.server, timeout=args.timeout, server_key=args.server_key, client_key=args.client_key) as client:
-        job = client.submit(payload, settings, want_chunks=args.follow)
+        try:
+            job = client.submit(payload, settings, want_chunks=args.follow)
+        except ServerUnavailable as exc:
+            raise explain_no_answer(args.server, exc) from None
         print(f"job {job.id} accepted ({job.queue_position} ahead)", file=sys.stderr, flush=True)
         try:
             for event in job.events(timeout=args.wait):
@@ -74,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
                     print(f"chunk {event.index + 1}/{event.total}: {out} has {growing.frames} frames",
                           file=sys.stderr, flush=True)  # fmt: skip
                 elif isinstance(event, Result):
+                    record = with_job(event.provenance, {"client": "submit", "id": job.id, "server": args.server,
+                                                         "server_seconds": event.seconds})
+                    if record is not None:  # the record first: a video never sits without its record
+                        write_record(out, record)
                     write_atomic(out, event.video)
         except KeyboardInterrupt:
             client.cancel(job.id)

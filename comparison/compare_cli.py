@@ -44,11 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("out/compare"), help="output folder")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--model", default=None,
-                        help="what generated the rollout, shown in the report (e.g. tiny)")
+                        help="what generated the rollout, for a rollout without its provenance record "
+                        "(rollout.json beside it); default: the record's model")
     parser.add_argument("--tiny", action="store_true",
-                        help="the rollout comes from the tiny random-weights model (implied by --model tiny)")
+                        help="the rollout comes from the tiny random-weights model (implied by --model tiny and by "
+                        "a provenance record of random weights)")
     parser.add_argument("--settings", type=Path, default=None,
-                        help="JSON file with the generation settings, shown and saved in the report")
+                        help="JSON file with the generation settings, for a rollout without its provenance record; "
+                        "default: the record's settings")
     parser.add_argument("--ransac-threshold-px", type=float, default=defaults.ransac_threshold_px,
                         help="essential-matrix RANSAC threshold (pixels)")
     parser.add_argument("--ratio", type=float, default=defaults.ratio, help="Lowe's ratio-test threshold")
@@ -103,20 +106,21 @@ def run(args: argparse.Namespace) -> int:
     tiny = args.tiny or args.model == "tiny"
     estimator = EstimatorConfig(max_features=args.max_features, ratio=args.ratio,
                                 ransac_threshold_px=args.ransac_threshold_px)
-    reports = []
+    reports, noise = [], tiny
     for (episode, rollout), name in zip(pairs, _unique_names(pairs), strict=True):
         out_dir = args.out if len(pairs) == 1 else args.out / name
         print(f"comparing {episode} with {rollout} ...", file=sys.stderr, flush=True)
         html_path = compare_episode(episode, rollout, out_dir, model=args.model, tiny_model=tiny,
                                     settings=settings, estimator=estimator)
         reports.append(html_path)
+        noise |= bool(json.loads(html_path.with_name("report.json").read_text())["tiny_model"])
         print(f"report: {html_path}")
         print(f"json:   {html_path.with_name('report.json')}")
         print(f"video:  {html_path.with_name('side_by_side.mp4')}")
     if len(reports) > 1:
         summary = write_summary([path.with_name("report.json") for path in reports], args.out)
         print(f"summary: {summary}")
-    if tiny:
+    if noise:  # the rollout's provenance record says random weights, or --tiny / --model tiny
         print(f"note: {TINY_NOTE}")
     return 0
 

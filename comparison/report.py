@@ -3,23 +3,26 @@
 `compare_episode(episode_dir, rollout_mp4, out_dir)` writes into `out_dir`:
 - `side_by_side.mp4`: sim | world model | difference, H.264, 16 fps;
 - `report.json`: every number (per-frame PSNR/SSIM, every camera pair of the rollout and of the
-  sim control, settings, timings);
-- `report.html`: one self-contained page (inline CSS and SVG plots, base64 thumbnails and, below
-  `EMBED_VIDEO_LIMIT`, the video itself as a data URI; no external URL);
+  sim control), the rollout's provenance record, settings, timings;
+- `report.html`: the page, rendered from the Jinja2 templates in `comparison/templates/`: inline
+  CSS, SVG plots and small JPEG thumbnails; the videos are referenced by relative paths (the
+  side-by-side beside the page), so the page stays small and works when its folder is moved;
 - `thumbnail.jpg`: the first side-by-side frame, small, for the summary page;
 and returns the HTML path. `write_summary(report_jsons, out_dir)` writes `summary.html` and
-`summary.json` across episodes.
+`summary.json` across episodes. `render_provenance_html(record)` is the block that opens every
+report (what made the rollout, `contracts.provenance`), for other reports to reuse.
 
 Frame mapping: rollout frame i is compared with sim frame i and pose i; both run at 16 fps
 (LingBot's output rate, and the rate episodes are resampled to). Only the common frames are
-compared. For PSNR/SSIM the rollout is resized to the sim resolution; the camera estimator sees each
-video at its own resolution with the intrinsics rescaled to it.
+compared. Common frame: both videos are compared at one size, the smaller of the two, each scaled
+over its whole field of view (as the pipeline scales the first image: it never crops), with the
+intrinsics scaled to that size for both; the report says what was done (`common_frame`).
 """
 
 from __future__ import annotations
 
 import base64
-import html
+import functools
 import json
 import math
 import os
@@ -29,6 +32,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from comparison.atomic import write_bytes_atomic
 from comparison.episode_input import EpisodeError, read_episode_input
@@ -37,20 +41,19 @@ from comparison.side_by_side import DIFF_GAIN, compose_video
 from comparison.svg_plot import Series, line_plot
 from comparison.trajectory import EstimatorConfig, PairResult, TrajectoryResult, evaluate_trajectory
 from comparison.video_io import DEFAULT_FPS, read_video, write_video
+from contracts.provenance import TINY_NOTE, is_random_weights, model_label, read_record, summary_rows
 
-SCHEMA = "lingbot-isaac/compare-report/1"
+SCHEMA = "lingbot-isaac/compare-report/2"
 SUMMARY_SCHEMA = "lingbot-isaac/compare-summary/1"
-EMBED_VIDEO_LIMIT = 40 * 2**20  # bytes; a larger side-by-side video is linked, not embedded
 THUMBNAIL_COUNT = 8
 THUMBNAIL_WIDTH = 208
-TINY_NOTE = (
-    "tiny-model output is noise: the 'tiny' preset has random weights, so its video shows nothing "
-    "of the scene and its numbers only prove that the pipeline runs end to end."
-)
+POSTER_WIDTH = 624
 FRAME_RATE_NOTE = (
     "Rollout frame i is compared with sim frame i and commanded pose i; both run at 16 fps. "
     "Only the frames common to the rollout, the sim frames and the poses are compared."
 )
+__all__ = ["SCHEMA", "SUMMARY_SCHEMA", "TINY_NOTE", "common_frame", "compare_episode", "render_provenance_html",
+           "template_environment", "write_summary"]
 
 
 # ---------------------------------------------------------------- small helpers
@@ -99,31 +102,77 @@ def _stats(values: list[float | None]) -> dict:
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
+    """A number for the page (the template escapes it): None as a dash, inf as the symbol."""
     if value is None:
         return "—"
     if isinstance(value, float):
         if math.isinf(value):
             return "∞"
         return f"{value:.{digits}f}"
-    return html.escape(str(value))
+    return str(value)
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=1, ensure_ascii=False)
+
+
+@functools.cache
+def template_environment() -> Environment:
+    """The Jinja2 environment of the reports (autoescaping, strict: a missing value is an error)."""
+    env = Environment(loader=PackageLoader("comparison", "templates"), autoescape=True,
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(num=_fmt, pretty=_pretty)
+    env.globals.update(tiny_note=TINY_NOTE, provenance_rows=summary_rows)
+    return env
+
+
+def render_provenance_html(record: dict | None, note: str | None = None) -> str:
+    """The "what made this rollout" block that opens every report, as HTML (for the dataset report too).
+    Put `tiny_banner()` of `provenance.html.j2` above it when `is_random_weights(record)`."""
+    module = template_environment().get_template("provenance.html.j2").module
+    return str(module.provenance(record, note))
+
+
+def common_frame(sim_hw: tuple[int, int] | None, rollout_hw: tuple[int, int]) -> dict[str, Any]:
+    """The one frame both videos are compared in, and a sentence saying how each got there.
+
+    The smaller of the two sizes, so each video is at most shrunk. Both are scaled over their whole
+    field of view, never cropped: the pipeline scaled the sim's first frame that way to the model's
+    size (the aspect follows the image, rounded to multiples of 16, so 832x480 becomes 832x464), and
+    the intrinsics (480x832 convention) are scaled to the common size for both videos, so K matches
+    the pixels of each."""
+    rh, rw = rollout_hw
+    if sim_hw is None:
+        return {"size_hw": [rh, rw], "sim_hw": None, "rollout_hw": [rh, rw], "method": "as generated",
+                "description": f"No sim frames: the rollout is analysed at its own {rw}x{rh}."}
+    sh, sw = sim_hw
+    h, w = (rh, rw) if rh * rw <= sh * sw else (sh, sw)
+
+    def how(name: str, hw: tuple[int, int]) -> str:
+        if tuple(hw) == (h, w):
+            return f"the {name} ({hw[1]}x{hw[0]}) as it is"
+        sy, sx = h / hw[0], w / hw[1]
+        return f"the {name} ({hw[1]}x{hw[0]}) scaled by {sx:.4g} horizontally and {sy:.4g} vertically"
+
+    text = f"Compared in a common {w}x{h} frame: {how('sim', (sh, sw))}, {how('rollout', (rh, rw))}"
+    text += "; whole frames are scaled (the field of view is kept, nothing is cropped, as the pipeline scaled the " \
+            "first frame), and the intrinsics are scaled to this frame for both videos."
+    aspect = (rh / rw) / (sh / sw) - 1.0
+    if abs(aspect) > 1e-6:
+        text += (f" The two aspects differ by {abs(aspect):.1%}: the model's size follows the image's aspect "
+                 "rounded to multiples of 16 (the reference's rounding), so pixels of the rollout are not square "
+                 "in the sim's terms; PSNR/SSIM and the camera estimator see both videos in the same geometry.")
+    return {"size_hw": [h, w], "sim_hw": [sh, sw], "rollout_hw": [rh, rw], "method": "scale both, keep K consistent",
+            "sim_scale_yx": [h / sh, w / sw], "rollout_scale_yx": [h / rh, w / rw], "description": text}
+
+
+def _to_frame(frames: np.ndarray, hw: list[int]) -> np.ndarray:
+    if tuple(frames.shape[1:3]) == tuple(hw):
+        return frames
+    return np.stack([resize_to(frame, hw[0], hw[1]) for frame in frames])
 
 
 # ---------------------------------------------------------------- one episode
-
-
-def _read_rollout_info(rollout_mp4: Path) -> tuple[dict | None, str | None]:
-    """The rollout's sidecar JSON (same name, .json) and a note when it cannot be used."""
-    path = rollout_mp4.with_suffix(".json")
-    if not path.is_file():
-        return None, None
-    try:
-        info = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return None, f"{path.name} beside the rollout is not readable JSON ({exc}); ignored."
-    if not isinstance(info, dict):
-        return None, f"{path.name} beside the rollout is not a JSON object; ignored."
-    return info, None
-
 
 
 def compare_episode(
@@ -139,25 +188,26 @@ def compare_episode(
 ) -> Path:
     """Compare an episode's sim frames and poses with a rollout video; returns the HTML report path.
 
-    `model` names the generator (e.g. "tiny" or a checkpoint folder) for the header; `tiny_model`
-    (default: model == "tiny") adds the "tiny-model output is noise" note; `settings` (generation
-    settings) and `timings` (generation timings, seconds) are shown and saved as given. Where they
-    are not given, they come from the rollout's sidecar (`rollout.json` beside `rollout.mp4`, as
-    `lingbot-isaac replay` writes it) when there is one.
+    What made the rollout comes from its provenance record (`rollout.json` beside `rollout.mp4`,
+    `contracts.provenance`): the model, every setting, versions, and the "tiny-model output is noise"
+    banner for random weights. `model`, `tiny_model` (default: model == "tiny"), `settings` and
+    `timings` describe a rollout without a record and win over the record where given; the banner is
+    shown whenever the record or `tiny_model` says random weights.
     """
     started = time.perf_counter()
     clock: dict[str, float] = {}
     out_dir = Path(out_dir)
     episode = read_episode_input(episode_dir)
     rollout, rollout_fps = read_video(rollout_mp4)
-    rollout_info, info_note = _read_rollout_info(Path(rollout_mp4))
+    record, record_note = read_record(rollout_mp4)
     clock["read_inputs_s"] = time.perf_counter() - started
-    if rollout_info:
-        model = model if model is not None else rollout_info.get("model")
-        settings = settings if settings is not None else rollout_info.get("settings")
+    if record:
+        model = model if model is not None else model_label(record)
+        settings = settings if settings is not None else record["settings"]
         if timings is None:
-            timings = {key: rollout_info[key] for key in ("seconds", "server_seconds") if key in rollout_info}
-    tiny_model = (model == "tiny") if tiny_model is None else tiny_model
+            timings = {**record["timings"], **{f"job_{k}": v for k, v in (record.get("job") or {}).items()
+                                               if k in ("seconds", "server_seconds")}}
+    tiny_model = is_random_weights(record) or (model == "tiny" if tiny_model is None else tiny_model)
     estimator = estimator or EstimatorConfig()
 
     sim = episode.sim_frames
@@ -167,33 +217,29 @@ def compare_episode(
             f"only {count} common frame(s) between the rollout ({len(rollout)}), the poses "
             f"({len(episode.poses)}) and the sim frames; at least 2 are needed"
         )
-    model_frames = rollout[:count]
-    notes = [FRAME_RATE_NOTE] + ([info_note] if info_note else [])
+    notes = [FRAME_RATE_NOTE] + ([record_note] if record_note else [])
+    if record is None and record_note is None:
+        notes.append("No provenance record (rollout.json) beside the rollout: what made it is unknown.")
     if abs(rollout_fps - DEFAULT_FPS) > 0.01:
         notes.append(f"The rollout video says {rollout_fps:g} fps, not 16: frames are still matched "
                      "by index.")
     if len(rollout) != len(episode.poses):
         notes.append(f"The rollout has {len(rollout)} frames and the episode {len(episode.poses)} poses.")
+    frame = common_frame(None if sim is None else sim.shape[1:3], rollout.shape[1:3])
+    notes.append(frame["description"])
+    model_frames = _to_frame(rollout[:count], frame["size_hw"])
+    sim = None if sim is None else _to_frame(sim[:count], frame["size_hw"])
 
-    # Image metrics on the common frames, rollout resized to the sim resolution.
+    # Image metrics on the common frames, in the common frame.
     tick = time.perf_counter()
     per_frame: list[dict] = []
     if sim is not None:
-        sim = sim[:count]
-        sim_h, sim_w = sim.shape[1:3]
-        resized = np.stack([resize_to(frame, sim_h, sim_w) for frame in model_frames])
-        if resized.shape[1:3] != model_frames.shape[1:3]:
-            notes.append(
-                f"For PSNR/SSIM the rollout ({model_frames.shape[2]}x{model_frames.shape[1]}) is resized "
-                f"to the sim resolution ({sim_w}x{sim_h})."
-            )
         for k in range(count):
-            value = psnr(sim[k], resized[k])
+            value = psnr(sim[k], model_frames[k])
             # identical frames: PSNR is +inf, which JSON cannot hold: null plus "identical": true
             per_frame.append({"frame": k, "psnr_db": value if math.isfinite(value) else None,
-                              "identical": not math.isfinite(value), "ssim": ssim(sim[k], resized[k])})
+                              "identical": not math.isfinite(value), "ssim": ssim(sim[k], model_frames[k])})
     else:
-        resized = model_frames
         notes.append("The episode has no sim frames (sim.mp4 or frames/): only camera fidelity is reported.")
     clock["image_metrics_s"] = time.perf_counter() - tick
 
@@ -207,10 +253,9 @@ def compare_episode(
         clock["trajectory_sim_control_s"] = time.perf_counter() - tick
 
     tick = time.perf_counter()
-    composed = compose_video(sim, resized)
+    composed = compose_video(sim, model_frames)
     video_path = write_video(out_dir / "side_by_side.mp4", composed, fps=DEFAULT_FPS)
-    thumbnail_path = out_dir / "thumbnail.jpg"
-    write_bytes_atomic(thumbnail_path, _jpeg_bytes(composed[0], width=min(624, composed.shape[2])))
+    write_bytes_atomic(out_dir / "thumbnail.jpg", _jpeg_bytes(composed[0], width=min(POSTER_WIDTH, composed.shape[2])))
     clock["side_by_side_video_s"] = time.perf_counter() - tick
 
     image_summary = {
@@ -229,26 +274,27 @@ def compare_episode(
             "poses": len(episode.poses),
             "sim_source": episode.sim_source,
             "sim_frames": None if episode.sim_frames is None else len(episode.sim_frames),
-            "sim_size_hw": None if sim is None else list(sim.shape[1:3]),
+            "sim_size_hw": None if episode.sim_frames is None else list(episode.sim_frames.shape[1:3]),
         },
         "rollout": {
             "path": str(Path(rollout_mp4).resolve()),
             "frames": len(rollout),
             "size_hw": list(rollout.shape[1:3]),
             "fps": rollout_fps,
-            "info": rollout_info,
         },
+        "provenance": record,
         "model": model,
         "tiny_model": tiny_model,
         "notes": ([TINY_NOTE] if tiny_model else []) + notes,
         "compared_frames": count,
         "frame_mapping": "rollout frame i <-> sim frame i <-> pose i, both at 16 fps",
+        "common_frame": frame,
         "image_metrics": {
             "available": sim is not None,
             "method": {
                 "psnr": "RGB, peak 255",
                 "ssim": f"Gaussian window {SSIM_WINDOW}x{SSIM_WINDOW}, sigma {SSIM_SIGMA}, mean over RGB",
-                "rollout_resized_to_sim": sim is not None,
+                "frame": frame["method"],
             },
             "summary": image_summary,
             "per_frame": per_frame,
@@ -260,7 +306,7 @@ def compare_episode(
         "settings": {"generation": settings, "difference_gain": DIFF_GAIN},
         "timings": {"generation": timings, "comparison": clock},
         "outputs": {
-            "html": "report.html", "json": "report.json", "side_by_side_mp4": "side_by_side.mp4",
+            "html": "report.html", "json": "report.json", "side_by_side_mp4": video_path.name,
             "thumbnail": "thumbnail.jpg",
         },
     }
@@ -271,46 +317,23 @@ def compare_episode(
         thumbnails.append((
             k,
             None if sim is None else _data_uri(_jpeg_bytes(sim[k], THUMBNAIL_WIDTH), "image/jpeg"),
-            _data_uri(_jpeg_bytes(resized[k], THUMBNAIL_WIDTH), "image/jpeg"),
+            _data_uri(_jpeg_bytes(model_frames[k], THUMBNAIL_WIDTH), "image/jpeg"),
         ))
-    poster = _data_uri(_jpeg_bytes(composed[0]), "image/jpeg")
-    video_bytes = video_path.stat().st_size
-    video_src = (_data_uri(video_path.read_bytes(), "video/mp4") if video_bytes <= EMBED_VIDEO_LIMIT
-                 else video_path.name)
-    report["video_embedded"] = video_bytes <= EMBED_VIDEO_LIMIT
+    poster = _data_uri((out_dir / "thumbnail.jpg").read_bytes(), "image/jpeg")
     clock["report_assets_s"] = time.perf_counter() - tick
     clock["total_s"] = time.perf_counter() - started
 
     report = _jsonable(report)
     write_bytes_atomic(out_dir / "report.json", json.dumps(report, indent=1).encode())
     html_path = out_dir / "report.html"
-    write_bytes_atomic(html_path, render_episode_html(report, trajectory_model, trajectory_control,
-                                                 poster, video_src, thumbnails).encode())
+    rollout_href = Path(os.path.relpath(Path(rollout_mp4).resolve(), out_dir.resolve())).as_posix()
+    page = render_episode_html(report, trajectory_model, trajectory_control, poster, thumbnails, rollout_href,
+                               record_note)
+    write_bytes_atomic(html_path, page.encode())
     return html_path
 
 
 # ---------------------------------------------------------------- HTML
-
-_CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px; color: #222;
-       max-width: 1400px; }
-h1 { font-size: 22px; margin: 0 0 4px 0; } h2 { font-size: 17px; margin: 28px 0 8px 0; }
-.sub { color: #555; font-size: 13px; }
-.warn { background: #fff3cd; border: 1px solid #e0b400; padding: 10px 14px; margin: 12px 0;
-        font-weight: bold; }
-.notes { font-size: 13px; color: #333; } .notes li { margin: 2px 0; }
-table { border-collapse: collapse; font-size: 13px; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
-th { background: #f1f1f1; } td.l, th.l { text-align: left; }
-td.failed { color: #b00020; }
-video { max-width: 100%; background: #000; }
-.plots { display: flex; flex-wrap: wrap; gap: 12px; }
-.plot { border: 1px solid #ddd; }
-.thumbs { display: flex; flex-wrap: wrap; gap: 10px; }
-.thumbs figure { margin: 0; font-size: 12px; text-align: center; }
-.thumbs img { display: block; width: 208px; margin-bottom: 2px; }
-pre { background: #f6f6f6; padding: 8px; font-size: 12px; overflow-x: auto; }
-"""
 
 
 def _pair_series(pairs: list[PairResult], key: str, label: str, color: str, dashed: bool = False) -> Series:
@@ -334,147 +357,55 @@ def _camera_plots(model: TrajectoryResult, control: TrajectoryResult | None) -> 
     return plots
 
 
-def _camera_summary_rows(report: dict) -> str:
-    rows = []
-    fidelity = report["camera_fidelity"]
-    for source, label in (("rollout", "world model"), ("sim_control", "sim (control)")):
-        result = fidelity.get(source)
-        if not result:
-            continue
-        for kind in ("consecutive", "first_to_k"):
-            s = result["summary"][kind]
-            rot, trans = s["rotation_error_deg"], s["translation_error_deg"]
-            rows.append(
-                f"<tr><td class='l'>{label}</td><td class='l'>{kind.replace('_', '-')}</td>"
-                f"<td>{s['pairs']}</td><td>{s['failed']}</td>"
-                f"<td>{_fmt(rot['median'])}</td><td>{_fmt(rot['mean'])}</td><td>{_fmt(rot['p90'])}</td>"
-                f"<td>{_fmt(trans['median'])}</td><td>{_fmt(trans['mean'])}</td>"
-                f"<td>{s['translation_undefined']}</td></tr>"
-            )
-    return "".join(rows)
-
-
-def _cell(pair: PairResult | None, key: str) -> str:
+def _cell(pair: PairResult | None, key: str) -> dict | None:
     if pair is None:
-        return "<td></td>"
-    if pair.status != "ok":
-        return f"<td class='failed' title='{html.escape(pair.reason or '')}'>failed</td>"
-    return f"<td>{_fmt(getattr(pair, key))}</td>"
+        return None
+    return {"failed": pair.status != "ok", "reason": pair.reason or "", "value": getattr(pair, key)}
 
 
-def render_episode_html(report: dict, model: TrajectoryResult, control: TrajectoryResult | None,
-                        poster: str, video_src: str, thumbnails: list[tuple[int, str | None, str]]) -> str:
-    """The self-contained HTML page of one episode's report."""
-    episode, rollout = report["episode"], report["rollout"]
-    name = episode["name"]
-    image = report["image_metrics"]
-    out = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>lingbot-isaac comparison: {html.escape(name)}</title>",
-        f"<style>{_CSS}</style></head><body>",
-        f"<h1>Sim vs world model: {html.escape(name)}</h1>",
-        f"<div class='sub'>model: <b>{_fmt(report['model'] or 'unknown')}</b> · episode: "
-        f"{html.escape(episode['path'])} · rollout: {html.escape(rollout['path'])} · "
-        f"{report['created']}</div>",
-    ]
-    if report["tiny_model"]:
-        out.append(f"<div class='warn' id='tiny-model-note'>{html.escape(TINY_NOTE)}</div>")
-    if episode["prompt"]:
-        out.append(f"<p class='sub'>prompt: {html.escape(episode['prompt'])}</p>")
-    out.append("<ul class='notes' id='notes'>")
-    out += [f"<li>{html.escape(note)}</li>" for note in report["notes"] if note != TINY_NOTE]
+def render_episode_html(report: dict, model: TrajectoryResult, control: TrajectoryResult | None, poster: str,
+                        thumbnails: list[tuple[int, str | None, str]], rollout_href: str,
+                        provenance_note: str | None = None) -> str:
+    """The HTML page of one episode's report (templates/episode.html.j2)."""
+    from markupsafe import Markup
+
+    episode, image = report["episode"], report["image_metrics"]
     sim_desc = "none"
     if episode["sim_source"] is not None:
         sim_h, sim_w = episode["sim_size_hw"]
         sim_desc = f"{episode['sim_frames']} frames {sim_w}x{sim_h} ({episode['sim_source']})"
-    out.append(f"<li>Compared frames: {report['compared_frames']} · rollout: {rollout['frames']} frames "
-               f"{rollout['size_hw'][1]}x{rollout['size_hw'][0]} at {rollout['fps']:g} fps · "
-               f"sim: {sim_desc} · poses: {episode['poses']}</li></ul>")
-
-    out.append("<h2>Side by side: sim | world model | difference</h2>")
-    out.append(f"<video id='side-by-side' controls loop muted playsinline preload='auto' poster='{poster}' "
-               f"width='1260'><source src='{html.escape(video_src)}' type='video/mp4'></video>")
-    out.append("<div class='sub'>The difference panel is the mean absolute RGB difference x"
-               f"{report['settings']['difference_gain']:g}, inferno colour map (black = equal). "
-               "File: side_by_side.mp4 beside this page.</div>")
-
-    out.append("<h2>Summary</h2><table id='summary'>")
-    out.append("<tr><th class='l'>image metric</th><th>mean</th><th>median</th><th>min</th><th>max</th></tr>")
-    if image["available"]:
-        for key, label in (("psnr_db", "PSNR (dB)"), ("ssim", "SSIM")):
-            s = image["summary"][key]
-            digits = 2 if key == "psnr_db" else 4
-            if key == "psnr_db" and s["identical_frames"]:
-                label += f" ({s['identical_frames']} identical frames: ∞, left out)"
-            out.append(f"<tr><td class='l'>{label}</td><td>{_fmt(s['mean'], digits)}</td>"
-                       f"<td>{_fmt(s['median'], digits)}</td><td>{_fmt(s['min'], digits)}</td>"
-                       f"<td>{_fmt(s['max'], digits)}</td></tr>")
-    else:
-        out.append("<tr><td class='l' colspan='5'>no sim frames in the episode</td></tr>")
-    out.append("</table><p></p><table id='camera-summary'>")
-    out.append("<tr><th class='l'>frames</th><th class='l'>pairs</th><th>pairs</th><th>failed</th>"
-               "<th>rot. err. median (°)</th><th>mean</th><th>p90</th><th>transl. dir. err. median (°)</th>"
-               "<th>mean</th><th>transl. undefined</th></tr>")
-    out.append(_camera_summary_rows(report) + "</table>")
-    out.append("<div class='sub'>Camera fidelity: relative motion estimated from the frames "
-               f"({model.feature} features, ratio test, essential matrix by RANSAC with the known "
-               "intrinsics, cheirality check) against the commanded poses. The same estimator on the "
-               "sim frames is the control: it shows how well the estimator itself does. Translation "
-               "direction is undefined (—) where the commanded translation is about zero.</div>")
-
-    out.append("<h2>Over time</h2><div class='plots'>")
+    plots = []
     if image["available"]:
         frames = [row["frame"] for row in image["per_frame"]]
-        out.append(line_plot([Series("PSNR", frames, [row["psnr_db"] for row in image["per_frame"]])],
-                             "PSNR, sim vs world model", "frame", "dB", "plot-psnr"))
-        out.append(line_plot([Series("SSIM", frames, [row["ssim"] for row in image["per_frame"]], "#2ca02c")],
-                             "SSIM, sim vs world model", "frame", "SSIM", "plot-ssim"))
-    out += _camera_plots(model, control)
-    out.append("</div><div class='sub'>Crosses on the x axis mark pairs where estimation failed.</div>")
-
-    out.append("<h2>Thumbnails</h2><div class='thumbs' id='thumbnails'>")
-    for k, sim_uri, model_uri in thumbnails:
-        sim_img = f"<img alt='sim frame {k}' src='{sim_uri}'>" if sim_uri else ""
-        out.append(f"<figure>{sim_img}<img alt='world model frame {k}' src='{model_uri}'>"
-                   f"<figcaption>frame {k}{' (sim above)' if sim_uri else ''}</figcaption></figure>")
-    out.append("</div>")
-
-    out.append("<h2>Per frame</h2><details open><summary>table</summary><table id='per-frame'>")
-    out.append("<tr><th>frame</th><th>PSNR</th><th>SSIM</th><th>rot. err. (k-1,k)</th><th>control</th>"
-               "<th>transl. err. (k-1,k)</th><th>control</th><th>rot. err. (0,k)</th><th>control</th>"
-               "<th>transl. err. (0,k)</th><th>control</th></tr>")
+        plots.append(line_plot([Series("PSNR", frames, [row["psnr_db"] for row in image["per_frame"]])],
+                               "PSNR, sim vs world model", "frame", "dB", "plot-psnr"))
+        plots.append(line_plot([Series("SSIM", frames, [row["ssim"] for row in image["per_frame"]], "#2ca02c")],
+                               "SSIM, sim vs world model", "frame", "SSIM", "plot-ssim"))
+    plots += _camera_plots(model, control)
+    camera_rows = []
+    for source, label in (("rollout", "world model"), ("sim_control", "sim (control)")):
+        result = report["camera_fidelity"].get(source)
+        for kind in ("consecutive", "first_to_k") if result else ():
+            camera_rows.append({"label": label, "kind": kind.replace("_", "-"), "s": result["summary"][kind]})
     by_frame = {row["frame"]: row for row in image["per_frame"]}
-    consecutive = {p.j: p for p in model.consecutive}
-    first = {p.j: p for p in model.first_to_k}
-    consecutive_c = {p.j: p for p in control.consecutive} if control else {}
-    first_c = {p.j: p for p in control.first_to_k} if control else {}
+    pairs = [{p.j: p for p in model.consecutive}, {p.j: p for p in model.first_to_k}]
+    controls = [{p.j: p for p in control.consecutive}, {p.j: p for p in control.first_to_k}] if control else [{}, {}]
+    frame_rows = []
     for k in range(report["compared_frames"]):
         row = by_frame.get(k, {})
-        out.append(
-            f"<tr><td>{k}</td><td>{'∞' if row.get('identical') else _fmt(row.get('psnr_db'))}</td>"
-            f"<td>{_fmt(row.get('ssim'), 4)}</td>"
-            + _cell(consecutive.get(k), "rotation_error_deg")
-            + _cell(consecutive_c.get(k), "rotation_error_deg")
-            + _cell(consecutive.get(k), "translation_error_deg")
-            + _cell(consecutive_c.get(k), "translation_error_deg")
-            + _cell(first.get(k), "rotation_error_deg") + _cell(first_c.get(k), "rotation_error_deg")
-            + _cell(first.get(k), "translation_error_deg") + _cell(first_c.get(k), "translation_error_deg")
-            + "</tr>"
-        )
-    out.append("</table></details>")
-
-    out.append("<h2>Settings</h2><div id='settings'>")
-    out.append(f"<p class='sub'>model: {_fmt(report['model'] or 'unknown')}</p>")
-    out.append("<b>generation</b><pre>" + html.escape(json.dumps(report["settings"]["generation"], indent=1))
-               + "</pre>")
-    out.append("<b>camera estimator</b><pre>" + html.escape(json.dumps(
-        {"feature": model.feature, **report["camera_fidelity"]["rollout"]["config"]}, indent=1)) + "</pre>")
-    out.append("<b>episode.json</b><pre>" + html.escape(json.dumps(episode["meta"], indent=1))
-               + "</pre></div>")
-    out.append("<h2>Timings (seconds)</h2><div id='timings'><pre>"
-               + html.escape(json.dumps(report["timings"], indent=1)) + "</pre></div>")
-    out.append("<p class='sub'>Every number on this page is in report.json beside it.</p></body></html>")
-    return "\n".join(out)
+        cells = []
+        for ours, theirs in zip(pairs, controls, strict=True):
+            for key in ("rotation_error_deg", "translation_error_deg"):
+                cells += [_cell(ours.get(k), key), _cell(theirs.get(k), key)]
+        frame_rows.append({"k": k, "identical": row.get("identical"), "psnr": row.get("psnr_db"),
+                           "ssim": row.get("ssim"), "cells": cells})
+    return template_environment().get_template("episode.html.j2").render(
+        report=report, episode=episode, rollout=report["rollout"], image=image, frame=report["common_frame"],
+        sim_desc=sim_desc, poster=poster, rollout_href=rollout_href, provenance_note=provenance_note,
+        camera_rows=camera_rows, plots=[Markup(plot) for plot in plots], thumbnails=thumbnails,
+        frame_rows=frame_rows, feature=model.feature,
+        estimator={"feature": model.feature, **report["camera_fidelity"]["rollout"]["config"]},
+    )
 
 
 # ---------------------------------------------------------------- across episodes
@@ -486,16 +417,18 @@ def _summary_row(report_json: Path, out_dir: Path) -> dict:
     except (OSError, json.JSONDecodeError) as exc:
         raise EpisodeError(f"{report_json}: not a readable report.json ({exc})") from exc
     if report.get("schema") != SCHEMA:
-        raise EpisodeError(f"{report_json}: schema {report.get('schema')!r}, expected {SCHEMA!r}")
+        raise EpisodeError(f"{report_json}: schema {report.get('schema')!r}, expected {SCHEMA!r} "
+                           "(run `lingbot-isaac compare` again to remake it)")
     fidelity = report["camera_fidelity"]
     control = fidelity.get("sim_control") or {}
     image = report["image_metrics"]["summary"]
     return {
         "episode": report["episode"]["name"],
-        "report_html": os.path.relpath(report_json.parent / "report.html", out_dir),
-        "report_json": os.path.relpath(report_json, out_dir),
+        "report_html": Path(os.path.relpath(report_json.parent / "report.html", out_dir)).as_posix(),
+        "report_json": Path(os.path.relpath(report_json, out_dir)).as_posix(),
         "model": report["model"],
         "tiny_model": report["tiny_model"],
+        "provenance": report.get("provenance"),
         "compared_frames": report["compared_frames"],
         "psnr_db_mean": image["psnr_db"]["mean"],
         "ssim_mean": image["ssim"]["mean"],
@@ -510,63 +443,33 @@ def _summary_row(report_json: Path, out_dir: Path) -> dict:
 
 def write_summary(report_jsons: list[str | Path], out_dir: str | Path) -> Path:
     """Write summary.html and summary.json over several episodes' report.json; returns the HTML path."""
+    from markupsafe import Markup
+
     out_dir = Path(out_dir)
     if not report_jsons:
         raise EpisodeError("no report.json files to summarize")
     rows = [_summary_row(Path(path), out_dir) for path in report_jsons]
     any_tiny = any(row["tiny_model"] for row in rows)
-
-    def med(summary: dict | None, kind: str, key: str) -> float | None:
-        return None if not summary else summary[kind][key]["median"]
-
-    out = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        "<title>lingbot-isaac comparison summary</title>", f"<style>{_CSS}</style></head><body>",
-        f"<h1>Sim vs world model: {len(rows)} episodes</h1>",
-    ]
-    if any_tiny:
-        out.append(f"<div class='warn' id='tiny-model-note'>{html.escape(TINY_NOTE)}</div>")
-    out.append(f"<ul class='notes'><li>{html.escape(FRAME_RATE_NOTE)}</li></ul>")
-    out.append("<table id='summary'><tr><th class='l'>episode</th><th class='l'>model</th><th>frames</th>"
-               "<th>PSNR mean</th><th>SSIM mean</th><th>rot. err. (0,k) median</th><th>control</th>"
-               "<th>transl. err. (0,k) median</th><th>control</th><th>rot. err. (k-1,k) median</th>"
-               "<th>control</th><th>failed pairs</th><th class='l'>thumbnail</th></tr>")
+    page_rows = []
     for row in rows:
         thumb = row.pop("thumbnail")
-        thumb_html = (f"<img style='width:312px' alt='{html.escape(row['episode'])}' "
-                      f"src='{_data_uri(thumb.read_bytes(), 'image/jpeg')}'>" if thumb.is_file() else "")
-        rollout, control = row["rollout"], row["sim_control"]
-        failed = rollout["consecutive"]["failed"] + rollout["first_to_k"]["failed"]
-        out.append(
-            f"<tr><td class='l'><a href='{html.escape(row['report_html'])}'>"
-            f"{html.escape(row['episode'])}</a></td>"
-            f"<td class='l'>{_fmt(row['model'] or 'unknown')}</td><td>{row['compared_frames']}</td>"
-            f"<td>{_fmt(row['psnr_db_mean'])}</td><td>{_fmt(row['ssim_mean'], 4)}</td>"
-            f"<td>{_fmt(med(rollout, 'first_to_k', 'rotation_error_deg'))}</td>"
-            f"<td>{_fmt(med(control, 'first_to_k', 'rotation_error_deg'))}</td>"
-            f"<td>{_fmt(med(rollout, 'first_to_k', 'translation_error_deg'))}</td>"
-            f"<td>{_fmt(med(control, 'first_to_k', 'translation_error_deg'))}</td>"
-            f"<td>{_fmt(med(rollout, 'consecutive', 'rotation_error_deg'))}</td>"
-            f"<td>{_fmt(med(control, 'consecutive', 'rotation_error_deg'))}</td>"
-            f"<td>{failed}</td><td class='l'>{thumb_html}</td></tr>"
-        )
-    out.append("</table><h2>Over time</h2><div class='plots'>")
-    out.append(line_plot(
-        [Series(row["episode"], list(range(1, len(row["per_pair_first_to_k"]) + 1)),
-                row["per_pair_first_to_k"]) for row in rows],
-        "world-model rotation error, first frame to k", "frame k", "degrees", "plot-rotation-first-to-k",
-        y_min=0.0))
-    out.append(line_plot(
-        [Series(row["episode"], list(range(len(row["per_frame_psnr_db"]))), row["per_frame_psnr_db"])
-         for row in rows], "PSNR, sim vs world model", "frame", "dB", "plot-psnr"))
-    out.append("</div><h2>Timings (seconds)</h2><pre id='timings'>" + html.escape(json.dumps(
-        {row["episode"]: row["timings"] for row in rows}, indent=1)) + "</pre>")
-    out.append("<p class='sub'>Every number is in summary.json beside this page; each episode's own "
-               "report.json has the per-frame and per-pair values.</p></body></html>")
-
+        page_rows.append({**row, "thumbnail_uri": _data_uri(thumb.read_bytes(), "image/jpeg") if thumb.is_file()
+                          else None})
+    plots = [
+        line_plot([Series(row["episode"], list(range(1, len(row["per_pair_first_to_k"]) + 1)),
+                          row["per_pair_first_to_k"]) for row in rows],
+                  "world-model rotation error, first frame to k", "frame k", "degrees", "plot-rotation-first-to-k",
+                  y_min=0.0),
+        line_plot([Series(row["episode"], list(range(len(row["per_frame_psnr_db"]))), row["per_frame_psnr_db"])
+                   for row in rows], "PSNR, sim vs world model", "frame", "dB", "plot-psnr"),
+    ]
+    page = template_environment().get_template("summary.html.j2").render(
+        rows=page_rows, any_tiny=any_tiny, frame_rate_note=FRAME_RATE_NOTE, plots=[Markup(p) for p in plots],
+        timings={row["episode"]: row["timings"] for row in rows},
+    )
     summary = _jsonable({"schema": SUMMARY_SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                          "tiny_model": any_tiny, "episodes": rows})
     write_bytes_atomic(out_dir / "summary.json", json.dumps(summary, indent=1).encode())
     html_path = out_dir / "summary.html"
-    write_bytes_atomic(html_path, "\n".join(out).encode())
+    write_bytes_atomic(html_path, page.encode())
     return html_path

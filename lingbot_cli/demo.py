@@ -117,32 +117,22 @@ def run(args: argparse.Namespace) -> int:
     server = _start_server(args, endpoint, out / "spool", log_path)
     try:
         with Client(endpoint, timeout=10.0) as client:
-            health = _wait_healthy(client, server, log_path, timeout=600.0)
+            _wait_healthy(client, server, log_path, timeout=600.0)
             episode = read_episode(episode_dir)
             settings = job_settings(episode.meta.generation if episode.meta else None, {})
             started = time.monotonic()
             video, info = generate(client, episode_dir, settings, "demo", True, args.timeout)
-            info.update(
-                {
-                    "server": endpoint,
-                    "episode": str(episode_dir),
-                    "settings": settings,
-                    "model": str(health.get("model", args.ckpt_dir)),
-                }
-            )
-            rollout = write_result(episode_dir, video, info)
+            info.update({"server": endpoint, "episode": str(episode_dir), "asked": settings})
+            rollout = write_result(episode_dir, video, info, client="demo")
             generation_seconds = time.monotonic() - started
     finally:
         _stop(server)
+        # the demo's private spool: its copies of the episode and the result (of a finished or a
+        # cancelled job: Ctrl-C) are not the user's; the rollout is already beside the episode
+        shutil.rmtree(out / "spool", ignore_errors=True)
     started = time.monotonic()
-    report = compare_episode(
-        episode_dir,
-        rollout,
-        out / "report",
-        model=str(args.ckpt_dir),
-        tiny_model=tiny,
-        timings={"generation_s": round(generation_seconds, 1)},
-    )
+    # the model, its settings and the noise banner come from the rollout's provenance record
+    report = compare_episode(episode_dir, rollout, out / "report", timings={"generation_s": round(generation_seconds, 1)})
     print(f"rollout: {rollout}")
     print(f"report:  {report}  (JSON: {report.with_suffix('.json')}; compared in {time.monotonic() - started:.0f} s)")
     if tiny:

@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "submit": ("bridge.submit_cli", "send one episode folder to a server and save the rollout mp4"),
     "replay": ("lingbot_cli.replay", "send recorded episodes / USD / HDF5 trajectories to a server"),
     "compare": ("comparison.compare_cli", "sim frames vs world-model rollout: side-by-side video and report"),
-    "quantize": ("worldgen.quantize", "convert the original bf16 release into the NF4 layout"),
+    "quantize": ("worldgen.quantize_cli", "convert the original bf16 release into the NF4 layout"),
     "keys": ("bridge.keys", "create CurveZMQ key pairs for non-loopback servers"),
     "doctor": ("lingbot_cli.doctor", "check the installation, GPU and a checkpoint folder"),
 }
@@ -35,6 +35,34 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written (examples keep their lines); each option's default said once:
+    appended as "(default: X)" unless its help already says what the default is, or there is none to say
+    (None, False, an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        nothing = action.default is None or action.default is False or action.default in (argparse.SUPPRESS, [])
+        if "default" in text or nothing:
+            return text
+        if not action.option_strings and action.nargs not in ("?", "*"):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def build_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
+    """The parser of one subcommand (and its module), exactly as `lingbot-isaac NAME` builds it."""
+    module_name, helptext = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(
+        prog=f"lingbot-isaac {name}",
+        description=(module.__doc__ or helptext).strip().split("\n\n")[0],
+        formatter_class=HelpFormatter,
+    )
+    module.add_arguments(parser)
+    return parser, module
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -44,14 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"lingbot-isaac: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module_name, helptext = COMMANDS[name]
-    module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(
-        prog=f"lingbot-isaac {name}",
-        description=(module.__doc__ or helptext).strip().split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    module.add_arguments(parser)
+    parser, module = build_parser(name)
     args = parser.parse_args(rest)
     user_errors = tuple(getattr(module, "USER_ERRORS", ()))
     try:

@@ -5,7 +5,8 @@ camera, an Isaac Sim 6 episode-recorder session (.hdf5) or an Isaac Lab dataset 
 camera poses (see `docs/isaac-sim.md`). Files are first exported to episode folders beside them
 (`<stem>/` for a stage, `<stem>-<episode>/` for each episode of an HDF5 file); `--image` and
 `--prompt` give the first frame and the text where the file has none. Each result is
-`rollout.mp4` plus `rollout.json` (settings, job, timings) in the episode folder.
+`rollout.mp4` plus `rollout.json`, its provenance record (model, checkpoint, every setting used,
+versions, timings, the job: `contracts.provenance`), in the episode folder.
 
 Datasets: `--demos all|0-99|3,7,10-19|successful` picks demos of an Isaac Lab file. Many episodes
 go through the server in a bounded window (never more in flight than the server takes; a `busy`
@@ -34,6 +35,7 @@ from PIL import Image
 
 from contracts import atomic
 from contracts.episode import EpisodeError, read_episode
+from contracts.provenance import sidecar_path, with_job, write_record
 from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
 from lingbot_isaac.first_frame import fit_photo, parse_intrinsics, with_photo
 from lingbot_isaac.lens import CameraError
@@ -77,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", default="tcp://127.0.0.1:5570", help="the generation server's endpoint")
     parser.add_argument("--out", type=Path, help="write result folders here instead of beside the sources")
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace existing results and exports (default: resume, skip finished)"
+        "--overwrite", action="store_true", help="replace existing results and exports (without it a rerun resumes: finished episodes are skipped)"
     )
     parser.add_argument("--export-only", action="store_true", help="write the episode folders, send nothing")
     photo = parser.add_argument_group("a real photo as the first frame (sim-to-real)")
@@ -103,8 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--window",
         type=int,
         default=None,
-        help="most jobs in flight at once (default and cap: what the server takes from one client, "
-        "its per-client queue plus its workers)",
+        help="most jobs in flight at once; None: what the server takes from one client (its per-client "
+        "queue plus its workers), which is also the cap",
     )
     source = parser.add_argument_group("files without a first frame or prompt (USD, HDF5)")
     source.add_argument("--image", type=Path, help="first frame (png/jpg); its size is the render resolution")
@@ -150,10 +152,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     gen.add_argument("--frame-num", type=int, help="frames to generate (4n+1)")
     gen.add_argument("--steps", type=int, help="denoising steps")
-    gen.add_argument("--seed", type=int)
+    gen.add_argument("--seed", type=int, help="random seed of the initial noise")
     gen.add_argument("--size", help="max area as H*W, e.g. 480*832")
     gen.add_argument("--guide-scale", help="one value or low,high")
-    gen.add_argument("--shift", type=float)
+    gen.add_argument("--shift", type=float, help="noise schedule shift")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for each request to the server")
     parser.add_argument(
         "--job-timeout",
@@ -355,7 +357,7 @@ def generate(
     started = time.monotonic()
     job = client.submit(payload, settings or None)
     bar = _ProgressBar(label, progress)
-    info: dict[str, Any] = {"job": job.id, "queue_position": job.queue_position}
+    info: dict[str, Any] = {"id": job.id, "queue_position": job.queue_position}
     try:
         for event in job.events(timeout=job_timeout):
             if isinstance(event, Progress):
@@ -376,6 +378,7 @@ def generate(
         bar.close()
     video = job.result(timeout=0)  # raises JobFailed with the server's reason
     info["seconds"] = round(time.monotonic() - started, 3)
+    info["provenance"] = job.provenance
     return video, info
 
 
@@ -395,13 +398,21 @@ def describe_first_frame(record: dict[str, Any]) -> str:
     return f"the episode's own image ({record.get('path')})"
 
 
-def write_result(folder: Path, video: bytes, info: dict[str, Any]) -> Path:
-    """rollout.mp4 and rollout.json, each written to a temp file and renamed into place."""
+def write_result(folder: Path, video: bytes, info: dict[str, Any], client: str = "replay") -> Path:
+    """rollout.mp4 and its provenance record rollout.json (the worker's record plus this job: `info`
+    from `generate`), each written to a temp file and renamed into place, the record first."""
     target = folder / RESULT_VIDEO
-    for path, data in ((target, video), (folder / RESULT_INFO, (json.dumps(info, indent=1) + "\n").encode())):
-        partial = path.with_name(f".{path.name}.partial")
-        partial.write_bytes(data)
-        os.replace(partial, path)
+    job = {key: value for key, value in info.items() if key != "provenance"}
+    record = with_job(info.get("provenance"), {"client": client, **job})
+    if record is not None:
+        write_record(target, record)
+    else:
+        sidecar_path(target).unlink(missing_ok=True)  # a stale record would describe another video
+        print(f"warning: the server sent no provenance record for {target}: its report cannot say "
+              "what made it (an older server?)", file=sys.stderr)
+    partial = target.with_name(f".{target.name}.partial")
+    partial.write_bytes(video)
+    os.replace(partial, target)
     return target
 
 
@@ -455,7 +466,7 @@ class Batch:
 
     def __init__(self, client, server: str, window: int, job_timeout: float | None, bar, model: str | None) -> None:
         self.client, self.server, self.window, self.job_timeout, self.bar = client, server, window, job_timeout, bar
-        self.model = model  # what the server runs (health), for rollout.json
+        self.model = model  # what the server runs (health); rollout.json has the worker's own record
         self.in_flight: dict[str, tuple[Path, dict[str, Any], float]] = {}  # job -> (folder, settings, t0)
         self.jobs: dict[str, Any] = {}
         self.last_event: dict[str, float] = {}
@@ -549,11 +560,13 @@ class Batch:
                 (folder / PENDING).unlink(missing_ok=True)
                 self._fail(folder, f"{outcome.code}: {outcome.message}")
                 continue
-            info = {"job": job_id, "queue_position": job.queue_position, "server_seconds": outcome.seconds,
+            info = {"id": job_id, "queue_position": job.queue_position, "server_seconds": outcome.seconds,
                     "seconds": round(time.monotonic() - started, 3), "server": self.server,
-                    "episode": str(folder), "settings": settings, "model": self.model,
+                    "episode": str(folder), "asked": settings, "provenance": outcome.provenance,
                     "first_frame": first_frame_record(read_episode(folder))}  # fmt: skip
             print(f"{folder.name}: first frame: {describe_first_frame(info['first_frame'])}", file=sys.stderr)
+            for line in (outcome.provenance or {}).get("adjustments", []):  # what the engine changed, once
+                print(f"{folder.name}: {line}", file=sys.stderr)
             print(write_result(folder, outcome.video, info), flush=True)
             (folder / PENDING).unlink(missing_ok=True)
             self.done.append(folder)
@@ -647,7 +660,8 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
 
 def replay_episodes(args: argparse.Namespace, episodes: list[Path], overrides: dict[str, Any]) -> int:
     """Send every unfinished episode through the server; 0 if all have a rollout in the end."""
-    from bridge.client import Client
+    from bridge.client import Client, ServerUnavailable
+    from bridge.reach import check_listening, explain_no_answer
 
     finished = [f for f in episodes if (f / RESULT_VIDEO).is_file() and not args.overwrite]
     todo = []
@@ -661,8 +675,12 @@ def replay_episodes(args: argparse.Namespace, episodes: list[Path], overrides: d
               "(--overwrite generates them again)", file=sys.stderr)  # fmt: skip
     if not todo:
         return 0
+    check_listening(args.server)  # a closed port is said at once, with how to start a server
     with Client(args.server, timeout=args.timeout) as client:
-        health = client.health()  # ServerUnavailable here says the server is not running, before any upload
+        try:
+            health = client.health()  # before any upload
+        except ServerUnavailable as exc:
+            raise explain_no_answer(args.server, exc) from None
         window = window_of(health, args.window)
         bar = _dataset_bar(len(episodes), len(finished), not args.no_progress)
         batch = Batch(client, args.server, window, args.job_timeout, bar, (health.get("model") or {}).get("model"))

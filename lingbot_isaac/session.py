@@ -227,6 +227,10 @@ class Session:
                 with_photo(episode, self.settings.first_frame, episode, k)  # in place, atomically
             meta = read_episode(episode).meta
             settings = job_settings(meta.generation if meta else None, self.settings.generation())
+            if client_factory is None:
+                from bridge.reach import check_listening
+
+                check_listening(self.settings.server)  # "no server: start one with ..." at once
             factory = client_factory or (lambda: Client(self.settings.server, timeout=timeout))
             with factory() as client:
                 self._client = client
@@ -263,14 +267,15 @@ class Session:
                     job.result(timeout=0)  # raises JobFailed with the server's reason
                 video = job.result(timeout=0)
                 info = {
-                    "job": job.id,
+                    "id": job.id,
                     "server": self.settings.server,
-                    "settings": settings,
+                    "asked": settings,
                     "seconds": round(time.monotonic() - started, 3),
                     "episode": str(episode),
+                    "provenance": job.provenance,
                     "first_frame": first_frame_record(read_episode(episode)),
                 }
-                result = write_result(episode, video, info)
+                result = write_result(episode, video, info, client="extension")
             self._client = self._job_id = None
             report = self._compare(episode, result, run)
             self._set(

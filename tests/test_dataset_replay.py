@@ -140,7 +140,7 @@ def test_window_backs_off_on_busy_and_finishes_every_episode(tmp_path):
         assert "the server was busy" in done.stderr
         assert hog.result(timeout=30) and other.close() is None
         assert "replay: 100%" in done.stderr and "6/6" in done.stderr  # one bar over the dataset
-        jobs = {json.loads(p.read_text())["job"] for p in out.glob("*/rollout.json")}
+        jobs = {json.loads(p.read_text())["job"]["id"] for p in out.glob("*/rollout.json")}
         assert len(jobs) == 6
     finally:
         pool.close()

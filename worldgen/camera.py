@@ -101,12 +101,12 @@ def frames_for_poses(frame_num: int, num_poses: int) -> int:
     The VAE needs 4n+1 frames: another count is rounded down, with a warning. Then, as in the
     reference, the video is cut to what the poses cover: min(F, ((N-1)//4)*4 + 1).
     """
-    if frame_num < 1:
-        raise InputError(f"frame_num is {frame_num}; it must be 4n+1 >= 1 (e.g. 81)")
-    frames = (frame_num - 1) // TEMPORAL_STRIDE * TEMPORAL_STRIDE + 1
+    from worldgen.request import frames_4n1, frames_covered  # the rule lives there (no torch)
+
+    frames = frames_4n1(frame_num)
     if frames != frame_num:
         warnings.warn(f"frame_num {frame_num} is not 4n+1; using {frames} frames", stacklevel=2)
-    return min(frames, (num_poses - 1) // TEMPORAL_STRIDE * TEMPORAL_STRIDE + 1)
+    return frames_covered(frame_num, num_poses)
 
 
 # --- conditioning -------------------------------------------------------------------------------------

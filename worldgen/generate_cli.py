@@ -11,17 +11,20 @@ With no --ckpt-dir the built-in `tiny` model runs (random weights: its output is
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
+from contracts.episode import EpisodeError
+from contracts.provenance import sidecar_path, write_record
 from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
 from worldgen.errors import InputError
+from worldgen.quiet import VERBOSE_ENV
 
-USER_ERRORS = (InputError, SettingsError)
+USER_ERRORS = (InputError, SettingsError, EpisodeError)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = __doc__.split("\n\n", 1)[1]
     src = parser.add_argument_group("inputs")
     src.add_argument(
@@ -107,8 +110,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the umT5 text encoder on the CPU, streamed from disk one block at a time (slower; no GPU "
         "memory, ~1 GB of RAM); a cached prompt skips it either way",
     )
-    run.add_argument("-o", "--output", type=Path, default=Path("out.mp4"), help="output mp4 (H.264)")
+    run.add_argument(
+        "-o", "--output", type=Path, default=Path("out.mp4"),
+        help="output mp4 (H.264); its provenance record goes beside it as .json (default: out.mp4)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument(
+        "--verbose", action="store_true",
+        help="also print the memory plan, the measured per-phase peaks and third-party notices hidden by default",
+    )
 
 
 def settings_from_args(args: argparse.Namespace, tiny: bool) -> GenerationSettings:
@@ -156,25 +166,46 @@ class ProgressBars:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    if args.verbose:
+        os.environ[VERBOSE_ENV] = "1"  # third-party notices we hide by default (worldgen.quiet)
+    say = print if args.verbose else (lambda *a, **k: None)
 
-    from worldgen.camera import load_action
-    from worldgen.pipeline import load_pipeline
-    from worldgen.rollout import find_image, read_prompt
-    from worldgen.video_out import write_mp4
-
+    # Every input is checked before anything heavy: a typo costs a second, not a model load.
     tiny = str(args.ckpt_dir).startswith("tiny")
     settings = settings_from_args(args, tiny)
     if args.action_path is None and args.image is None:
         raise InputError("give --image (and --prompt), or --action-path with image.jpg and prompt.txt")
-    image = args.image or find_image(args.action_path)
-    prompt = args.prompt or (read_prompt(args.action_path) if args.action_path else None)
+    if args.action_path is not None and not args.action_path.is_dir():
+        raise InputError(f"--action-path {args.action_path}: not a folder (poses.npy, intrinsics.npy, image.jpg, "
+                         "prompt.txt)")
+    from contracts import episode  # the one reader and validator of action folders (numpy only)
+    from worldgen.image_input import load_image
+    from worldgen.request import resolve_request
+
+    image = load_image(image_path := args.image or episode.find_image(args.action_path))
+    prompt = args.prompt or (episode.read_prompt(args.action_path) if args.action_path else None)
     if not prompt:
         raise InputError("no prompt: pass --prompt or put prompt.txt in --action-path")
     poses = intrinsics = None
     if args.action_path is not None and not args.no_camera:
-        poses, intrinsics = load_action(args.action_path)
+        poses, intrinsics = episode.load_action(args.action_path, min_poses=episode.GENERATE_MIN_POSES)
+    resolved = resolve_request(settings, (image.height, image.width), None if poses is None else len(poses))
+    if not tiny:
+        from worldgen.checkpoint import find_checkpoint
 
+        find_checkpoint(Path(args.ckpt_dir))  # the layout, before any weight is read
+    for line in resolved.adjustments:
+        print(f"note: {line}", file=sys.stderr)
+
+    import time
+
+    import torch
+
+    from worldgen.pipeline import load_pipeline
+    from worldgen.rollout import generate_noting, rollout_record
+    from worldgen.video_out import write_mp4
+
+    started = time.perf_counter()
     dtype = getattr(torch, args.dtype) if args.dtype else None
     from worldgen.multi_gpu import devices_for_gpus
 
@@ -193,26 +224,41 @@ def run(args: argparse.Namespace) -> int:
         compute=getattr(args, "compute", None) or "bf16",
         devices=devices,
     )
+    load_s = time.perf_counter() - started
     if pipe.compute == "fp8":
         from worldgen.fp8 import attention_note
 
         print(f"note: {attention_note()}", file=sys.stderr)
     if pipe.is_random_weights:
         print("note: the tiny model has random weights: its output is noise, not a prediction", file=sys.stderr)
-    print(f"model: {pipe.name}", file=sys.stderr)
-    print(pipe.plan.describe(), file=sys.stderr)
-    pipe.on_plan = lambda text: print(f"re-planned for this job's size:\n{text}", file=sys.stderr)
+    identity = pipe.identity
+    print(f"model: {pipe.name}; computing in {identity['dtype']} on {pipe.device}", file=sys.stderr)
+    say(pipe.plan.describe(), file=sys.stderr)
+    pipe.on_plan = lambda text: say(f"re-planned for this job's size:\n{text}", file=sys.stderr)
     bars = ProgressBars(not args.quiet)
     try:
-        video = pipe.generate(image, prompt, poses, intrinsics, settings, progress=bars)
+        video, notes = generate_noting(pipe, image, prompt, poses, intrinsics, settings, progress=bars)
     finally:
         bars.close()
+    for line in notes:  # what the engine changed on the way, one line each
+        print(f"note: {line}", file=sys.stderr)
     with pipe.meter.phase("write"):
+        record = rollout_record(
+            pipe, settings, resolved, producer="generate", phases=pipe.meter.records,
+            video_shape=tuple(video.shape[1:]), notes=notes,
+            inputs={"image": str(image_path), "image_size": [image.width, image.height],
+                    "poses": None if poses is None else len(poses), "prompt": prompt,
+                    "action_path": None if args.action_path is None else str(args.action_path)},
+            timings={"load_s": round(load_s, 3), "generate_s": round(time.perf_counter() - started - load_s, 3)},
+        )
+        write_record(args.output, record)  # first: a video never sits without its record
         path = write_mp4(video, args.output, fps=settings.fps)
-    print(pipe.meter.summary(), file=sys.stderr)
+    say(pipe.meter.summary(), file=sys.stderr)
     peak_rss = max((r.peak_rss_gib or 0) for r in pipe.meter.records)
     if args.ram_budget and peak_rss > args.ram_budget:
         print(f"warning: peak RSS {peak_rss:.2f} GiB exceeded --ram-budget {args.ram_budget:g}", file=sys.stderr)
     frames, h, w = video.shape[1:]
-    print(f"wrote {path} ({frames} frames, {w}x{h}, {settings.fps} fps)")
+    seconds = time.perf_counter() - started
+    print(f"wrote {path} ({frames} frames, {w}x{h}, {settings.fps} fps, {seconds:.1f} s, peak RSS {peak_rss:.2f} GiB)"
+          f" and its provenance record {sidecar_path(path)}")
     return 0

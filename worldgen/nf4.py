@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from bitsandbytes.functional import QuantState, dequantize_4bit, quantize_4bit
 from torch import nn
 
 from worldgen.errors import CheckpointError
 from worldgen.fp8 import QuantizedRows, fp8_linear, wants_fp8
+from worldgen.quiet import hide_known_harmless
+
+hide_known_harmless()  # before bitsandbytes logs its harmless CPU-kernel warning on import
+from bitsandbytes.functional import QuantState, dequantize_4bit, quantize_4bit  # noqa: E402
 
 QUANT_SUFFIXES = (
     "weight.absmax",

@@ -32,6 +32,7 @@ from worldgen.image_input import load_image
 from worldgen.memory import MemoryPlan
 from worldgen.metering import PhaseMeter
 from worldgen.multi_gpu import SecondDevice
+from worldgen.request import latent_size  # noqa: F401  (re-exported: the rule is defined there)
 from worldgen.residency import ModelSlot, ResidencyPolicy
 from worldgen.scheduler import FlowUniPCScheduler
 from worldgen.text_cache import TextCache
@@ -46,17 +47,6 @@ MODELS = ("base", "fast")  # base: the two experts with guidance; fast: LingBot-
 
 def _no_progress(phase: str, step: int, total: int) -> None:
     pass
-
-
-def latent_size(image_hw: tuple[int, int], max_area: int) -> tuple[int, int]:
-    """(lat_h, lat_w) for an image of (h0, w0) and a pixel budget, as the reference computes it."""
-    h0, w0 = image_hw
-    aspect = h0 / w0
-    lat_h = round(np.sqrt(max_area * aspect) // VAE_STRIDE[1] // PATCH[1] * PATCH[1])
-    lat_w = round(np.sqrt(max_area / aspect) // VAE_STRIDE[2] // PATCH[2] * PATCH[2])
-    if lat_h < PATCH[1] or lat_w < PATCH[2]:
-        raise InputError(f"size: max_area {max_area} is too small for a {w0}x{h0} image; use at least 16*16")
-    return lat_h, lat_w
 
 
 def prepare_image(image: Image.Image | np.ndarray | str | Path, max_area: int) -> torch.Tensor:
@@ -119,6 +109,7 @@ class Pipeline:
         self.meter = PhaseMeter(self.device)
         self.on_plan: Callable[[str], None] | None = None  # told the plan whenever a job changes it
         self._frame_pixels = 0
+        self.identity: dict[str, str] = {}  # set by load_pipeline: variant, checkpoint, layout, dtype ...
         self.compute = compute  # the experts' compute unless a job's settings say otherwise (worldgen.fp8)
         self.second_device = second_device  # the unconditional passes' GPU (worldgen.multi_gpu), or None
 
@@ -490,7 +481,7 @@ def load_pipeline(
         from worldgen.fast import FastPipeline
 
         kind, extra = FastPipeline, {"dit": experts["fast"], "dit_config": dit_config, "dtype": dtype}
-    return kind(
+    pipe = kind(
         **extra,
         tokenizer=PromptTokenizer(layout.tokenizer_dir / "tokenizer.json"),
         text_encoder=ModelSlot(
@@ -500,7 +491,8 @@ def load_pipeline(
         vae=ModelSlot("VAE", lambda: load_vae(layout, device)),
         device=device,
         text_len=text_len,
-        name=f"{'tiny (random weights)' if is_tiny else root.name} [{layout.kind}{', Fast' if model == 'fast' else ''}]",
+        name=f"{'tiny (random weights)' if is_tiny else root.name}{', Fast' if model == 'fast' else ''}, "
+        f"{layout.kind} checkpoint layout",
         plan=plan,
         text_cache=TextCache(layout.t5, text_cache_dir, variant=f"{t5_device.type}-{t5_dtype}")
         if use_text_cache
@@ -509,6 +501,17 @@ def load_pipeline(
         text_dtype=t5_dtype,
         compute=compute,
     )
+    # what the provenance record of each rollout says about the model (worldgen.rollout.rollout_record)
+    pipe.identity = {
+        "variant": model,
+        "weights": "tiny" if is_tiny else "real",
+        "checkpoint": str(root),
+        "layout": layout.kind,
+        "dtype": str(dtype).removeprefix("torch."),
+        "text_encoder": "cpu, streamed" if text_encoder_on_cpu else str(t5_device),
+        "attention": backend,
+    }
+    return pipe
 
 
 def _prepared_expert(

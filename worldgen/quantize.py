@@ -14,7 +14,6 @@ copied to `tokenizer/`. Each output file appears only when complete.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -39,7 +38,6 @@ from worldgen.nf4 import QUANT_SUFFIXES, quantize_weight
 from worldgen.safetensors_writer import SafetensorsWriter, header_bound
 from worldgen.tensor_stream import StagingBuffer, read_safetensors_header
 
-USER_ERRORS = (InputError,)
 FAST = "fast"  # the LingBot-World-Fast DiT (lingbot_world_fast/ -> lingbot_world_fast_bnb_nf4/)
 BLOCKSIZE = 64
 QUANTIZATION_META = {
@@ -219,30 +217,3 @@ def quantize_checkpoint(
             _link_or_copy(tokenizer / name, tokenizer_target / name)
     report.append(f"tokenizer: {tokenizer.relative_to(source)}/ -> tokenizer/")
     return report
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = __doc__.split("\n\n", 1)[1]
-    parser.add_argument("source", type=Path, help="the original bf16 release folder (high_noise_model/, ...)")
-    parser.add_argument(
-        "target", type=Path, nargs="?", help="output folder (default: SOURCE-nf4 beside it; may be SOURCE itself)"
-    )
-    parser.add_argument("--device", help="where to quantize: cuda, cuda:1 or cpu (default: cuda when available)")
-    parser.add_argument("--force", action="store_true", help="replace NF4 experts already in the output folder")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-
-
-def run(args: argparse.Namespace) -> int:
-    from worldgen.metering import peak_rss_gib
-
-    source = args.source.expanduser()
-    target = (args.target or source.with_name(source.name.rstrip("/") + "-nf4")).expanduser()
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda: no CUDA GPU is visible to PyTorch; use --device cpu")
-    for line in quantize_checkpoint(source, target, device, args.force, not args.quiet):
-        print(line)
-    rss = peak_rss_gib()
-    print(f"NF4 checkpoint ready: {target}" + ("" if rss is None else f" (peak RSS {rss:.2f} GiB)"))
-    return 0

@@ -1,17 +1,26 @@
 """One rollout from an action folder (the LingBot-World example layout, or our episode folder).
 
-The folder holds `poses.npy`, `intrinsics.npy`, `image.jpg` (or `.png`) and `prompt.txt`.
+The folder holds `poses.npy`, `intrinsics.npy`, `image.jpg` (or `.png`) and `prompt.txt`. Every
+rollout gets its provenance record (`contracts.provenance`) beside the mp4; `rollout_record` builds
+it from the pipeline that made the video, whichever path ran it.
 """
 
 from __future__ import annotations
 
+import re
+import time
+import warnings
 from pathlib import Path
+from typing import Any
 
 from contracts import episode
+from contracts.provenance import checkpoint_fingerprint, make_record, write_record
 from contracts.settings import GenerationSettings
 from worldgen.camera import load_action
 from worldgen.errors import InputError
+from worldgen.image_input import load_image
 from worldgen.pipeline import Pipeline, Progress
+from worldgen.request import ResolvedRequest, resolve_request
 from worldgen.video_out import write_mp4
 
 
@@ -29,6 +38,100 @@ def read_prompt(folder: Path) -> str:
         raise InputError(f"{exc} (or pass --prompt)") from None
 
 
+
+def _fingerprint(pipe: Pipeline) -> dict[str, Any]:
+    """The checkpoint's fingerprint, computed once per pipeline (a warm worker serves many jobs)."""
+    cached = getattr(pipe, "_fingerprint", None)
+    if cached is None:
+        cached = pipe._fingerprint = checkpoint_fingerprint(pipe.identity["checkpoint"])
+    return cached
+
+
+def _device_name(pipe: Pipeline) -> str:
+    import platform
+
+    import torch
+
+    if pipe.device.type == "cuda":
+        return torch.cuda.get_device_name(pipe.device)
+    return platform.processor() or platform.machine()
+
+
+# Warnings of the engine that `resolve_request` already turned into an adjustment line.
+_SAID = re.compile(r"frame_num \d+ is not 4n\+1")
+
+
+def generate_noting(pipe: Pipeline, *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:
+    """`pipe.generate(...)`, with the engine's UserWarnings (a Fast video cut to whole chunks, a prompt
+    truncated ...) caught as plain sentences for the user and the record, not raw warnings."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        video = pipe.generate(*args, **kwargs)
+    notes = []
+    for warning in caught:
+        text = str(warning.message)
+        if issubclass(warning.category, UserWarning) and not _SAID.search(text) and text not in notes:
+            notes.append(text)
+        elif not issubclass(warning.category, UserWarning):
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return video, notes
+
+
+def rollout_record(
+    pipe: Pipeline,
+    settings: GenerationSettings,
+    resolved: ResolvedRequest,
+    *,
+    producer: str,
+    phases: list[Any],
+    video_shape: tuple[int, int, int],
+    notes: list[str] = (),
+    inputs: dict[str, Any] | None = None,
+    timings: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """The provenance record of a rollout `pipe` just made with `settings` (as asked): `resolved` is what
+    was planned, `video_shape` (frames, height, width) what came out, `notes` what the engine changed."""
+    import torch
+
+    identity = pipe.identity
+    frames, height, width = video_shape
+    used = {**settings.to_dict(), "frame_num": frames}
+    phase_seconds = {f"{record.name}_s": round(record.seconds, 3) for record in phases}
+    peaks = {
+        "peak_rss_gib": max((r.peak_rss_gib or 0.0 for r in phases), default=None),
+        "peak_vram_gib": max((r.peak_vram_gib or 0.0 for r in phases), default=None) if pipe.device.type == "cuda"
+        else None,
+    }
+    return make_record(
+        producer=producer,
+        model={
+            "family": "lingbot-world",
+            "variant": identity.get("variant", "base"),
+            "weights": identity.get("weights", "real"),
+            "random_weights": bool(pipe.is_random_weights),
+            "name": pipe.name,
+        },
+        checkpoint={"path": identity.get("checkpoint"), "layout": identity.get("layout"), **_fingerprint(pipe)},
+        compute={
+            "device": str(pipe.device),
+            "device_name": _device_name(pipe),
+            "dtype": identity.get("dtype"),
+            "compute": getattr(pipe, "compute", None),
+            "attention": identity.get("attention"),
+            "text_encoder": identity.get("text_encoder"),
+            "second_device": str(pipe.second_device.device) if getattr(pipe, "second_device", None) else None,
+        },
+        settings=used,
+        requested=settings.to_dict(),
+        adjustments=[*resolved.adjustments, *notes],
+        output={"frames": frames, "height": height, "width": width, "fps": settings.fps},
+        inputs=inputs,
+        timings={**(timings or {}), **phase_seconds, **{k: round(v, 3) for k, v in peaks.items() if v is not None}},
+        memory_plan=pipe.plan.describe(),
+        torch_version=torch.__version__,
+    )
+
+
 def generate_episode(
     pipe: Pipeline,
     episode_dir: Path | str,
@@ -36,22 +139,41 @@ def generate_episode(
     output_path: Path | str,
     progress: Progress | None = None,
     prompt: str | None = None,
+    producer: str = "worker",
     on_chunk=None,
 ) -> Path:
-    """Generate the rollout of an action/episode folder and write it as an mp4 (atomically).
+    """Generate the rollout of an action/episode folder; write the mp4 and its provenance record
+    beside it (each atomically: the record first, so a video never exists without one).
 
     `on_chunk(i, n, frames [3, f, H, W])` sees each finished chunk (Fast pipelines only)."""
     folder = Path(episode_dir)
     if not folder.is_dir():
         raise InputError(f"{folder}: not a folder (expected poses.npy, intrinsics.npy, image.jpg, prompt.txt)")
     poses, intrinsics = load_action(folder)
+    image_path = find_image(folder)
+    image = load_image(image_path)
+    prompt = prompt or read_prompt(folder)
+    resolved = resolve_request(settings, (image.height, image.width), len(poses))
     extra = {} if on_chunk is None else {"on_chunk": on_chunk}
-    video = pipe.generate(
-        find_image(folder), prompt or read_prompt(folder), poses, intrinsics, settings, progress=progress, **extra
-    )
+    first_phase, started = len(pipe.meter.records), time.perf_counter()
+    video, notes = generate_noting(pipe, image, prompt, poses, intrinsics, settings, progress=progress, **extra)
     if progress:
         progress("write", 0, 1)
-    path = write_mp4(video, output_path, fps=settings.fps)
+    path = Path(output_path)
+    record = rollout_record(
+        pipe,
+        settings,
+        resolved,
+        producer=producer,
+        phases=pipe.meter.records[first_phase:],
+        video_shape=tuple(video.shape[1:]),
+        notes=notes,
+        inputs={"episode": folder.name, "image": image_path.name, "image_size": [image.width, image.height],
+                "poses": len(poses), "prompt": prompt},
+        timings={"generate_s": round(time.perf_counter() - started, 3)},
+    )
+    write_record(path, record)
+    path = write_mp4(video, path, fps=settings.fps)
     if progress:
         progress("write", 1, 1)
     return path

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import tempfile
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +24,8 @@ def write_mp4(video: torch.Tensor | np.ndarray, path: Path | str, fps: int = 16)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     h, w = frames.shape[1:3]
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".mp4")
-    os.close(fd)
+    # a fresh hidden name that ffmpeg creates itself, so the file gets the process umask (0644 under 022)
+    tmp = str(path.with_name(f".{path.stem}-{os.getpid()}-{uuid.uuid4().hex[:8]}.mp4"))
     try:
         # yuv420p needs even sizes; macro_block_size=1 keeps the exact frame size when it is even
         writer = imageio_ffmpeg.write_frames(

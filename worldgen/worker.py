@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from bridge import worker_protocol as wp
+from contracts.provenance import sidecar_path
 from contracts.settings import GenerationSettings
 from worldgen.errors import CheckpointError, InputError
 
@@ -359,6 +360,9 @@ class Worker:
                 written = self.engine.generate(*generate_args)
             if self.cancel.is_set():
                 raise JobCancelled("cancelled after the last step")
+            record = sidecar_path(written)
+            if record.is_file():  # the provenance record goes first: a result never exists without it
+                os.replace(record, sidecar_path(output))
             os.replace(written, output)
             frames_output = message.get("frames_output")
             if message.get("want_frames") and frames_output:
@@ -397,6 +401,7 @@ class Worker:
         finally:
             try:  # a read-only or vanished spool must not take the worker down with it
                 partial.unlink(missing_ok=True)
+                sidecar_path(partial).unlink(missing_ok=True)
             except OSError as exc:
                 log.warning("cannot remove %s: %s", partial, exc)
             self.job, self.state, self.progress = None, "idle", {}

@@ -57,7 +57,7 @@ def test_actor_killed_and_worker_sigkilled_mid_job_cost_only_their_jobs(servers,
         assert len(set(names)) == 2 and all(n.startswith("lingbot-worker-") for n in names)
         assert [w["name"] for w in health["workers"]] == ["0:ray:cpu", "1:ray:cpu"]
         payload = EpisodePayload.from_dir(episode)
-        jobs = [client.submit(payload, {"steps": 16, "seed": i}) for i in range(8)]
+        jobs = [client.submit(payload, {"steps": 30, "seed": i}) for i in range(8)]
         busy = wait_for(lambda: len((h := client.health())["queue"]["running_jobs"]) == 2 and h, 30,
                         what="both actors busy")  # fmt: skip
         # 1. The actor itself goes (as when its node is lost): Ray reports it dead.
@@ -93,7 +93,7 @@ def test_retry_moves_the_job_of_a_killed_actor_to_a_live_one(servers, episode, r
     with Client(server.endpoint, timeout=10, heartbeat_s=0.5) as client:
         healthy(client, timeout=120)
         payload = EpisodePayload.from_dir(episode)
-        jobs = [client.submit(payload, {"steps": 16, "seed": i}) for i in range(4)]
+        jobs = [client.submit(payload, {"steps": 30, "seed": i}) for i in range(4)]
         busy = wait_for(lambda: len((h := client.health())["queue"]["running_jobs"]) == 2 and h, 30,
                         what="both actors busy")  # fmt: skip
         lost = busy["workers"][0]
@@ -165,7 +165,7 @@ def test_ray_client_address_places_the_actors_through_ray_client(servers, episod
         health = healthy(client, timeout=180)
         assert len({w["actor"] for w in health["workers"]}) == 2
         payload = EpisodePayload.from_dir(episode)
-        jobs = [client.submit(payload, {"steps": 16, "seed": i}) for i in range(4)]
+        jobs = [client.submit(payload, {"steps": 30, "seed": i}) for i in range(4)]
         busy = wait_for(lambda: len((h := client.health())["queue"]["running_jobs"]) == 2 and h, 60,
                         what="both actors busy")  # fmt: skip
         lost = busy["workers"][0]

@@ -76,6 +76,11 @@ def test_tiny_episode_in_progress_out_mp4_from_the_library(client, tiny_episode,
     assert result.frames.dtype == np.uint8 and result.frames.shape[0] == tiny.frame_num
     height, width = result.frames.shape[1:3]
     assert result.frames.shape[3] == 3 and height * width <= tiny.max_area
+    # what made it travels with it: the worker's provenance record, every setting as used
+    record = result.provenance
+    assert record["producer"] == "worker" and record["model"]["random_weights"] is True and record["job"] is None
+    assert record["settings"] == {**tiny.to_dict(), "frame_num": tiny.frame_num}
+    assert record["output"] == {"frames": tiny.frame_num, "height": height, "width": width, "fps": tiny.fps}
 
 
 def test_tiny_episode_from_the_command_line(tiny_server, tiny_episode, tmp_path):
@@ -89,6 +94,14 @@ def test_tiny_episode_from_the_command_line(tiny_server, tiny_episode, tmp_path)
     assert done.stdout.strip() == str(out)
     assert "accepted" in done.stderr and "denoise 2/2" in done.stderr and "write" in done.stderr
     assert is_mp4(out.read_bytes()) and mp4_frame_count(out) == 5
+    # the server path: the worker's record beside the spooled result, then beside the client's copy
+    assert list(tiny_server.workdir.glob("spool/jobs/*/result.json")), "the record sits beside result.mp4"
+    from comparison.report import compare_episode
+    from tests.report_checks import assert_tiny_rollout_is_traceable
+
+    report = compare_episode(tiny_episode, out, tmp_path / "report")
+    record = assert_tiny_rollout_is_traceable(out, report, client="submit")
+    assert (record["settings"]["steps"], record["settings"]["frame_num"], record["settings"]["size"]) == (2, 5, "48*80")
 
 
 def test_tiny_engine_input_errors_come_back_as_bad_input(client, tmp_path):

@@ -61,7 +61,7 @@ def test_sigkill_of_one_worker_costs_only_its_own_job(servers, episode, retry):
     with Client(server.endpoint, timeout=5, heartbeat_s=0.5) as client:
         healthy(client)
         payload = EpisodePayload.from_dir(episode)
-        jobs = [client.submit(payload, {"steps": 12, "seed": i}) for i in range(8)]
+        jobs = [client.submit(payload, {"steps": 30, "seed": i}) for i in range(8)]
         busy = wait_for(lambda: len((h := client.health())["queue"]["running_jobs"]) == 2 and h, 10,
                         what="both workers busy")  # fmt: skip
         victim = busy["workers"][1]

@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 
 from comparison.video_io import write_video
+from contracts.provenance import write_record
 from lingbot_cli.main import main as cli
 from tests.comparison.scene import write_episode
+from tests.report_checks import tiny_record
 
 CHROMIUM = next((path for name in ("chromium", "chromium-browser", "google-chrome")
                  if (path := shutil.which(name))), None)  # fmt: skip
@@ -33,7 +35,7 @@ def dataset(tmp_path_factory, commanded_poses, rendered, rendered_mirrored):
     root = tmp_path_factory.mktemp("dataset")
     good = write_episode(root / "run1" / "good", commanded_poses, rendered)
     write_video(good / "rollout.mp4", _noisy(rendered, 1))
-    (good / "rollout.json").write_text(json.dumps({"model": "tiny", "settings": {"steps": 4}}))
+    write_record(good / "rollout.mp4", tiny_record(steps=4))  # the provenance record replay leaves beside it
     bad = write_episode(root / "run1" / "bad", commanded_poses, rendered)
     write_video(bad / "rollout.mp4", _noisy(rendered_mirrored, 2))
     broken = write_episode(root / "run2" / "broken", commanded_poses, rendered)

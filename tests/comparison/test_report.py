@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 
@@ -12,6 +13,7 @@ from comparison.episode_input import EpisodeError
 from comparison.report import SCHEMA, TINY_NOTE, compare_episode, write_summary
 from comparison.side_by_side import GAP, label_height
 from comparison.video_io import read_video, write_video
+from contracts.provenance import make_record, with_job, write_record
 from tests.comparison.conftest import FRAMES, HEIGHT, WIDTH
 from tests.comparison.scene import write_episode
 
@@ -36,7 +38,8 @@ def test_report_files_and_numbers(report_case):
     assert report["episode"]["sim_source"] == "sim.mp4"
     per_frame = report["image_metrics"]["per_frame"]
     assert [row["frame"] for row in per_frame] == list(range(FRAMES))
-    # shrinking to 320x176 and back blurs this fine texture: about 22.5 dB and SSIM 0.72 (noise: 10 dB, 0.02)
+    # compared in the common 320x176 frame: about 26 dB and SSIM 0.86 (noise: 10 dB, 0.02); resizing the
+    # rollout up to the sim's size instead blurred this fine texture down to 22.5 dB and SSIM 0.72
     assert all(20 < row["psnr_db"] < 40 and 0.6 < row["ssim"] < 0.95 for row in per_frame), per_frame
     fidelity = report["camera_fidelity"]
     for source in ("rollout", "sim_control"):
@@ -50,17 +53,23 @@ def test_report_files_and_numbers(report_case):
     assert report["timings"]["comparison"]["total_s"] > 0
     assert TINY_NOTE in report["notes"]
     assert any("16 fps" in note for note in report["notes"])
-    assert any("resized to the sim resolution" in note for note in report["notes"])
+    # common frame: the smaller size (the rollout's); the sim is scaled down to it, the rollout untouched
+    frame = report["common_frame"]
+    assert frame["size_hw"] == [176, 320] and frame["rollout_scale_yx"] == [1.0, 1.0]
+    assert frame["sim_scale_yx"] == [176 / HEIGHT, 320 / WIDTH]
+    assert any(note.startswith("Compared in a common 320x176 frame: the sim (416x240) scaled by") for note in report["notes"])
+    assert any("aspects differ by 4.7%" in note for note in report["notes"])  # 176/320 vs 240/416
 
 
 def test_side_by_side_video(report_case):
     frames, fps = read_video(report_case["html"].parent / "side_by_side.mp4")
     assert fps == pytest.approx(16)
-    label = label_height(WIDTH)
-    assert frames.shape == (FRAMES, HEIGHT + label, 3 * WIDTH + 2 * GAP, 3)
-    sim_panel = frames[:, label:, :WIDTH].astype(int)
-    model_panel = frames[:, label:, WIDTH + GAP: 2 * WIDTH + GAP].astype(int)
-    diff_panel = frames[:, label:, 2 * (WIDTH + GAP):].astype(int)
+    height, width = 176, 320  # the panels are in the common frame: the rollout's, the smaller
+    label = label_height(width)
+    assert frames.shape == (FRAMES, height + label, 3 * width + 2 * GAP, 3)
+    sim_panel = frames[:, label:, :width].astype(int)
+    model_panel = frames[:, label:, width + GAP: 2 * width + GAP].astype(int)
+    diff_panel = frames[:, label:, 2 * (width + GAP):].astype(int)
     assert np.abs(sim_panel - model_panel).mean() < 15, "sim and a faithful rollout look alike"
     assert diff_panel.mean() < sim_panel.mean(), "a small difference is dark in the inferno map"
 
@@ -68,10 +77,11 @@ def test_side_by_side_video(report_case):
 def test_html_is_self_contained(report_case):
     page = report_case["html"].read_text()
     assert "<title>lingbot-isaac comparison: room_walk</title>" in page
-    assert TINY_NOTE in page.replace("&#x27;", "'")
+    assert TINY_NOTE in html.unescape(page)
     assert not re.search(r"""(src|href)\s*=\s*['"]?(https?:)?//""", page), "no external URL"
     assert "<script" not in page and "<link" not in page
-    assert "src='data:video/mp4;base64," in page, "the small video is embedded"
+    assert "src='side_by_side.mp4'" in page and "data:video" not in page, "the video is referenced, not inlined"
+    assert report_case["html"].stat().st_size < 1_000_000, "thumbnails inline (~300 KB here), videos beside the page"
     for element_id in ("side-by-side", "summary", "camera-summary", "per-frame", "thumbnails", "plot-psnr",
                        "plot-ssim", "plot-rotation-consecutive", "plot-rotation-first-to-k",
                        "plot-translation-first-to-k", "settings", "timings"):
@@ -85,7 +95,8 @@ def test_noise_rollout_without_sim_frames(tmp_path, commanded_poses, rendered):
     noise = np.random.default_rng(0).integers(0, 256, (count, HEIGHT, WIDTH, 3), dtype=np.uint8)
     html_path = compare_episode(episode, write_video(tmp_path / "noise.mp4", noise), tmp_path / "out")
     report = strict_json(html_path.with_name("report.json"))
-    assert report["model"] is None and report["tiny_model"] is False
+    assert report["model"] is None and report["tiny_model"] is False and report["provenance"] is None
+    assert any("No provenance record" in note for note in report["notes"])
     assert report["image_metrics"]["available"] is False and report["image_metrics"]["per_frame"] == []
     assert report["camera_fidelity"]["sim_control"] is None
     rollout = report["camera_fidelity"]["rollout"]
@@ -116,7 +127,7 @@ def test_png_frame_folder_and_summary(tmp_path, report_case, commanded_poses, re
     page = summary_html.read_text()
     assert "href='pngs_report/report.html'" in page
     assert page.count("src='data:image/jpeg;base64,") == 2
-    assert 'id="plot-rotation-first-to-k"' in page and TINY_NOTE in page.replace("&#x27;", "'")
+    assert 'id="plot-rotation-first-to-k"' in page and TINY_NOTE in html.unescape(page)
 
 
 def test_bad_episodes_are_clear_errors(tmp_path, report_case, commanded_poses, rendered):
@@ -144,12 +155,30 @@ def test_rollout_sidecar_and_episode_json_sim_frames(tmp_path, commanded_poses, 
     count = 5
     episode = write_episode(tmp_path / "ep", commanded_poses[:count], rendered[:count])
     rollout = write_video(episode / "rollout.mp4", rendered[:count])  # as `lingbot-isaac replay` leaves it
-    (episode / "rollout.json").write_text(json.dumps(
-        {"job": "j-1", "seconds": 12.5, "server_seconds": 11.0, "settings": {"steps": 40}}))
-    report = strict_json(compare_episode(episode, rollout, tmp_path / "out").with_name("report.json"))
-    assert report["rollout"]["info"]["job"] == "j-1"
-    assert report["settings"]["generation"] == {"steps": 40}
-    assert report["timings"]["generation"] == {"seconds": 12.5, "server_seconds": 11.0}
+    record = with_job(make_record(
+        producer="worker",
+        model={"family": "lingbot-world", "variant": "base", "weights": "tiny", "random_weights": True,
+               "name": "tiny (random weights), bf16 checkpoint layout"},
+        checkpoint={"path": "/cache/tiny-v1/bf16", "layout": "bf16", "fingerprint": "sha256:ab", "files": 9, "bytes": 1},
+        compute={"device": "cpu", "dtype": "float32"},
+        settings={"size": "96*160", "frame_num": 5, "steps": 4, "shift": 5.0, "guide_scale": [5.0, 5.0], "seed": 42},
+        output={"frames": 5, "height": 80, "width": 160, "fps": 16},
+        timings={"generate_s": 9.5}, adjustments=["81 frames asked, 5 poses: generating 5"],
+    ), {"client": "replay", "id": "j-1", "seconds": 12.5, "server_seconds": 11.0})
+    write_record(rollout, record)  # as `lingbot-isaac replay` leaves it
+    out = compare_episode(episode, rollout, tmp_path / "out")
+    report = strict_json(out.with_name("report.json"))
+    assert report["provenance"]["job"]["id"] == "j-1"
+    assert report["model"] == "lingbot-world base, tiny (random weights), bf16 checkpoint layout"
+    assert report["tiny_model"] is True, "the noise banner follows the record"
+    assert report["settings"]["generation"]["steps"] == 4
+    assert report["timings"]["generation"] == {"generate_s": 9.5, "job_seconds": 12.5, "job_server_seconds": 11.0}
+    page = html.unescape(out.read_text())
+    top = page[: page.index("<h2>")]  # model, banner and every setting come before the first section
+    assert "tiny (random weights), bf16 checkpoint layout" in top and TINY_NOTE in top and "sha256:ab" in top
+    for key, value in record["settings"].items():
+        assert f"setting: {key}" in top and str(value if not isinstance(value, list) else value[0]) in top
+    assert "81 frames asked, 5 poses: generating 5" in top
     # given values win over the sidecar
     given = compare_episode(episode, rollout, tmp_path / "out2", settings={"steps": 4}, timings={})
     assert strict_json(given.with_name("report.json"))["settings"]["generation"] == {"steps": 4}

@@ -52,11 +52,12 @@ def test_report_dom_has_the_key_elements(tmp_path, report_case):
     result = chromium(tmp_path, "--dump-dom", report_case["html"].resolve().as_uri())
     dom = result.stdout
     assert "<title>lingbot-isaac comparison: room_walk</title>" in dom, result.stderr[-2000:]
-    assert '<video id="side-by-side"' in dom and 'src="data:video/mp4;base64,' in dom
+    assert '<video id="side-by-side"' in dom and '<source src="side_by_side.mp4"' in dom  # beside the page
     assert '<table id="summary">' in dom and '<table id="camera-summary">' in dom
     assert '<table id="per-frame">' in dom
     assert dom.count('class="plot"') == 6  # PSNR, SSIM, rotation and translation x (consecutive, 0-to-k)
     assert 'id="tiny-model-note"' in dom and "tiny-model output is noise" in dom
+    assert '<details open="" id="provenance">' in dom  # what made the rollout, at the top
     assert dom.count("<img ") == 2 * 8, "8 thumbnails of sim and world model, first to last frame"
     assert 'alt="world model frame 16"' in dom
 

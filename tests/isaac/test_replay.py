@@ -187,8 +187,15 @@ def test_replay_sample_against_a_local_tiny_server(tmp_path, server):
     frames = read_mp4(video)
     assert frames.shape[0] == 17 and frames.dtype == np.uint8  # the tiny preset's frame_num
     info = json.loads((out / "sample_room" / "rollout.json").read_text())
-    assert info["job"] and info["settings"]["size"] == "96*160"
+    assert info["job"]["id"] and info["job"]["client"] == "replay" and info["settings"]["size"] == "96*160"
     read_episode(out / "sample_room")  # the episode travels with its rollout
+    # serve -> replay -> compare: the report shows the model, the noise banner and every setting
+    if importlib.util.find_spec("comparison.report") is not None:
+        from comparison.report import compare_episode
+        from tests.report_checks import assert_tiny_rollout_is_traceable
+
+        report = compare_episode(out / "sample_room", video, tmp_path / "report")
+        assert_tiny_rollout_is_traceable(video, report, client="replay")
 
 
 @needs_server
@@ -198,4 +205,5 @@ def test_replay_says_when_no_server_answers(tmp_path, capsys):
         ["replay", str(tmp_path / "ep"), "--server", f"tcp://127.0.0.1:{_free_port()}", "--timeout", "1"]
     )
     assert code == 2
+    assert "lingbot-isaac serve --bind" in capsys.readouterr().err  # says how to start one
     assert not (tmp_path / "ep" / "rollout.mp4").exists()

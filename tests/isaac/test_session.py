@@ -84,6 +84,9 @@ def test_generate_against_a_local_tiny_server(tmp_path, server):  # noqa: F811
     assert "Denoise" in seen  # progress events reached the status line
     if importlib.util.find_spec("comparison.report") is not None:
         assert status.report is not None and status.report.is_file()
+        from tests.report_checks import assert_tiny_rollout_is_traceable
+
+        assert_tiny_rollout_is_traceable(status.result, status.report, client="extension")
     assert np.load(episode / "poses.npy").shape[0] == 33  # the episode itself is untouched
 
 

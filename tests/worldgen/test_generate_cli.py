@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import html
+import json
+import resource
 import shutil
 import subprocess
 import sys
+import time
 
 import imageio_ffmpeg
 import numpy as np
@@ -49,11 +53,12 @@ def test_tiny_generate_writes_playable_mp4(lingbot_examples, tmp_path, cache, mo
     result = run_cli("generate", "--action-path", str(action), "-o", str(out), "--quiet", env_cache=cache)
     assert result.returncode == 0, result.stderr
     assert "noise" in result.stderr  # the tiny model says its output is noise
-    assert "measured per phase" in result.stderr
+    assert "measured per phase" not in result.stderr and "memory plan" not in result.stderr  # quiet by default
     meta, frames = read_frames(out)
     assert meta["fps"] == 16 and meta["codec"].startswith("h264")
     assert len(frames) == 17 and meta["size"] == (160, 80)
     assert not list(tmp_path.glob(".out-*"))  # no temporary left behind
+    assert json.loads(out.with_suffix(".json").read_text())["model"]["random_weights"] is True
 
 
 def test_bad_poses_exit_nonzero_and_write_nothing(lingbot_examples, tmp_path, cache):
@@ -96,6 +101,80 @@ def test_help_explains_the_flags():
         assert flag in result.stdout
 
 
+@pytest.mark.slow
+def test_generate_writes_its_provenance_record_and_the_report_shows_it(tmp_path, cache):
+    """generate -> rollout.mp4 + rollout.json (0644 under umask 022) -> compare: model, noise banner, every setting."""
+    from comparison.report import compare_episode
+    from contracts.provenance import REQUIRED_SETTINGS, TINY_NOTE, read_record
+
+    episode = shutil.copytree(REPO / "data" / "sample_room", tmp_path / "ep")
+    out = episode / "rollout.mp4"
+    result = run_cli("generate", "--action-path", str(episode), "-o", str(out), "--quiet", "--frame-num", "81",
+                     "--steps", "2", "--seed", "7", env_cache=cache)
+    assert result.returncode == 0, result.stderr
+    # one line per adjustment of the request, no raw warning, no "[bf16]" on a CPU computing in float32
+    assert "note: 81 frames asked, 33 poses: generating 33" in result.stderr
+    assert "UserWarning" not in result.stderr and "[bf16]" not in result.stderr
+    assert "computing in float32 on cpu" in result.stderr
+    assert "gemm_4bit_forward" not in result.stderr  # bitsandbytes' harmless CPU-kernel notice is hidden
+    record, note = read_record(out)
+    assert note is None and record["producer"] == "generate"
+    assert record["model"]["random_weights"] is True and record["model"]["weights"] == "tiny"
+    assert record["settings"]["frame_num"] == 33 and record["requested"]["frame_num"] == 81
+    assert record["settings"]["steps"] == 2 and record["settings"]["seed"] == 7
+    assert record["checkpoint"]["fingerprint"].startswith("sha256:") and record["checkpoint"]["files"] > 5
+    assert record["versions"]["torch"] and record["timings"]["denoise_s"] > 0
+    for path in (out, out.with_suffix(".json")):
+        assert path.stat().st_mode & 0o777 == 0o644, path  # the process umask (022), not mkstemp's 0600
+
+    page = html.unescape(compare_episode(episode, out, tmp_path / "report").read_text())
+    top = page[: page.index("<h2>")]
+    assert "tiny (random weights)" in top and TINY_NOTE in top
+    for key in REQUIRED_SETTINGS:
+        assert f"setting: {key}" in top
+    assert "81 frames asked, 33 poses: generating 33" in top
+
+
+def _cpu_seconds_of_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@pytest.mark.parametrize("case", ["missing image", "bad poses", "bad setting", "too few frames"])
+def test_bad_input_fails_in_a_second_without_loading_a_model(lingbot_examples, tmp_path, cache, case):
+    """Checked before anything heavy: the checkpoint path does not exist, so a model load (or even the
+    layout check) would fail with "does not exist" instead; -X importtime shows what was imported."""
+    action = shutil.copytree(lingbot_examples / "00", tmp_path / "action")
+    args = ["--action-path", str(action)]
+    expected = {"missing image": "nope.png: image file not found", "bad poses": "poses.npy",
+                "bad setting": "steps must be in [1, 1000] (got 0)", "too few frames": "frame_num 3 is too small"}[case]
+    if case == "missing image":
+        args += ["--image", str(tmp_path / "nope.png")]
+    elif case == "bad poses":
+        poses = np.load(action / "poses.npy")
+        poses[3, :3, :3] *= 2.0
+        np.save(action / "poses.npy", poses)
+    elif case == "bad setting":
+        args += ["--steps", "0"]
+    else:
+        args += ["--frame-num", "3"]
+    env = {"LINGBOT_ISAAC_CACHE": str(cache), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    before, started = _cpu_seconds_of_children(), time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "lingbot_cli", "generate", *args, "--ckpt-dir",
+         str(tmp_path / "no-such-checkpoint"), "-o", str(tmp_path / "o.mp4")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )
+    cpu, wall = _cpu_seconds_of_children() - before, time.monotonic() - started
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    assert result.returncode == 2 and errors[-1].startswith("error: ") and expected in errors[-1], errors
+    assert "does not exist" not in result.stderr, "the checkpoint was looked at before the input"
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert not {"torch", "worldgen.pipeline", "worldgen.checkpoint", "bitsandbytes"} & imported, "a model was on its way"
+    assert cpu < 2.0, f"{cpu:.2f} s of CPU ({wall:.2f} s wall on a shared machine)"
+    assert not (tmp_path / "o.mp4").exists()
+
+
 def test_default_settings_are_the_reference_and_fast40_is_a_named_preset():
     """[default] is LingBot-World's own i2v-A14B config (70 steps, shift 10, guidance 5/5);
     today's 40 / 5 stays reachable only by name."""
@@ -134,11 +213,15 @@ def test_tiny_generate_with_the_fast_model(lingbot_examples, tmp_path, cache):
     out = tmp_path / "fast.mp4"
     result = run_cli(
         "generate", "--model", "fast", "--action-path", str(lingbot_examples / "00"), "--frame-num", "25",
-        "-o", str(out), "--quiet", env_cache=cache,
+        "-o", str(out), "--quiet", "--verbose", env_cache=cache,  # --verbose: the plan, with its kv cache
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "[bf16, Fast]" in result.stderr and "kv cache" in result.stderr
-    assert "generating 21 frames" in result.stderr  # 25 frames = 7 latent frames: rounded to whole chunks
+    assert "Fast, bf16 checkpoint layout" in result.stderr and "kv cache" in result.stderr
+    # 25 frames = 7 latent frames: rounded to whole chunks, said in one line (no raw UserWarning)
+    assert "generating 21 frames" in result.stderr and "UserWarning" not in result.stderr
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["model"]["variant"] == "fast" and record["settings"]["frame_num"] == 21
+    assert any("generating 21 frames" in line for line in record["adjustments"])
     meta, frames = read_frames(out)
     assert len(frames) == 21 and meta["size"] == (160, 80)
 

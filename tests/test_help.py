@@ -1,0 +1,56 @@
+"""`lingbot-isaac COMMAND --help`: every option of every command has help, and each default is said once."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from lingbot_cli.main import COMMANDS, build_parser
+from tests.conftest import REPO
+
+
+def _parsers(parser: argparse.ArgumentParser):
+    """The parser and every sub-command parser under it (`keys server`, `keys client` ...)."""
+    yield parser
+    for action in parser._actions:  # argparse keeps no public list of its actions
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_option_has_help_and_states_its_default_once(name):
+    problems = []
+    for parser in _parsers(build_parser(name)[0]):
+        problems += _check(parser)
+    assert not problems, "\n".join(problems)
+
+
+def _check(parser: argparse.ArgumentParser) -> list[str]:
+    formatter = parser._get_formatter()
+    problems = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        flag = f"{parser.prog}: " + ("/".join(action.option_strings) or action.dest)
+        if not action.help or action.help == argparse.SUPPRESS:
+            problems.append(f"{flag}: no help")
+            continue
+        text = formatter._expand_help(action)  # the help exactly as --help prints it
+        meaningful = not (action.default is None or action.default is False or action.default in ([], argparse.SUPPRESS))
+        if text.count("default:") > 1:  # "(default: a free one) (default: 0)"
+            problems.append(f"{flag}: the default is said {text.count('default:')} times: {text!r}")
+        if meaningful and "default" not in text and (action.option_strings or action.nargs in ("?", "*")):
+            problems.append(f"{flag}: default {action.default!r} not said: {text!r}")
+    return problems
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_prints_and_exits_0(name):
+    result = subprocess.run([sys.executable, "-m", "lingbot_cli", name, "--help"], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and f"usage: lingbot-isaac {name}" in result.stdout, result.stderr
+    assert "Failed to load" not in result.stderr and not result.stderr.strip(), result.stderr
