@@ -226,6 +226,10 @@ def summary_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
     if output:
         rows.append(("output", f"{output.get('frames')} frames {output.get('width')}x{output.get('height')} "
                                f"at {output.get('fps')} fps"))
+    first = (record.get("inputs") or {}).get("first_frame")
+    if first:  # a real photo instead of the sim's render changes what the rollout means (issue 15)
+        what = "photo (not the sim's render)" if first.get("source") == "photo" else "the episode's image"
+        rows.append(("first frame", f"{what}: {first.get('path')}"))
     rows += [("adjusted", line) for line in record.get("adjustments") or []]
     rows.append(("versions", ", ".join(f"{k} {v}" for k, v in versions_.items() if v)))
     rows.append(("made by", f"{record['producer']} on {record['created']}"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -12,9 +13,10 @@ from PIL import Image
 
 from contracts.episode import EpisodeError, read_episode
 from contracts.model_frame import from_model_intrinsics, to_model_intrinsics
+from contracts.provenance import summary_rows
 from lingbot_isaac.first_frame import crop_box, fit_photo, parse_intrinsics, with_photo
-from lingbot_isaac.room_render import render_room
 from tests.isaac.test_replay import REPO, SAMPLE, needs_server, server  # noqa: F401  (fixture)
+from tests.room_render import render_room
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -94,6 +96,8 @@ def test_replay_first_frame_errors_are_named(tmp_path, capsys):
 @needs_server
 @pytest.mark.slow
 def test_replay_with_first_frame_photo_sends_the_photo_and_says_so(tmp_path, server):  # noqa: F811
+    from bridge.client import EpisodePayload
+
     real_photo(1600, 1200, (1150.0, 1150.0, 790.0, 610.0)).save(tmp_path / "photo.jpg", quality=95)
     result = subprocess.run(
         [
@@ -124,14 +128,14 @@ def test_replay_with_first_frame_photo_sends_the_photo_and_says_so(tmp_path, ser
     folder = tmp_path / "results" / "sample_room"
     assert (folder / "rollout.mp4").is_file()
     assert f"first frame: photo {tmp_path / 'photo.jpg'}" in result.stderr
-    info = json.loads((folder / "rollout.json").read_text())
-    assert info["first_frame"]["source"] == "photo" and info["first_frame"]["path"] == str(tmp_path / "photo.jpg")
-    # What the server received as the first frame is the photo: the spooled job's image.
-    sent = read_episode(folder).image()
-    spooled = [p for p in (tmp_path / "spool").rglob("image.*") if p.is_file()]
-    assert spooled, "the server spool holds the episode it generated from"
-    received = np.asarray(Image.open(spooled[0]).convert("RGB"))
-    np.testing.assert_array_equal(received, sent)
+    record = json.loads((folder / "rollout.json").read_text())  # the provenance record
+    first = record["inputs"]["first_frame"]
+    assert first["source"] == "photo" and first["path"] == str(tmp_path / "photo.jpg")
+    rows = dict(summary_rows(record))  # what the top of every report shows
+    assert rows["first frame"] == f"photo (not the sim's render): {tmp_path / 'photo.jpg'}"
+    # What the client submitted as the first frame is the photo, fitted to the frame.
+    sent = np.asarray(Image.open(io.BytesIO(EpisodePayload.from_dir(folder).image)).convert("RGB"))
     fitted, _, _ = fit_photo(tmp_path / "photo.jpg", 480, 832)
-    assert psnr(received, fitted) > 35 and psnr(received, read_episode(SAMPLE).image()) < 30
+    assert psnr(sent, fitted) > 35 and psnr(sent, read_episode(SAMPLE).image()) < 30
+    assert record["inputs"]["image_size"] == [832, 480]  # the server generated from an image of that size
     assert np.array_equal(np.load(SAMPLE / "poses.npy"), np.load(folder / "poses.npy"))  # the sim trajectory
