@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from contracts.model_frame import MODEL_SIZE  # noqa: E402
 from contracts.settings import GenerationSettings  # noqa: E402
 from worldgen.camera import load_action  # noqa: E402
 from worldgen.checkpoint import find_checkpoint, load_expert  # noqa: E402
@@ -77,7 +78,7 @@ def main() -> None:
     parser.add_argument("--action-path", type=Path, required=True)
     parser.add_argument("--vram-budget", type=float)
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--size", default="480*832")
+    parser.add_argument("--size", default=MODEL_SIZE, help="max area as H*W")
     parser.add_argument("--frame-num", type=int, default=81)
     parser.add_argument("--load-throughput", action="store_true")
     parser.add_argument("--t5-on-cpu", action="store_true")

@@ -200,6 +200,41 @@ def settings_dict(settings: GenerationSettings | dict[str, Any] | None) -> dict[
     return dict(settings)
 
 
+def submit_and_follow(
+    client: Client,
+    payload: EpisodePayload,
+    settings: GenerationSettings | dict[str, Any] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    on_submitted: Callable[[Job], None] | None = None,
+    timeout: float | None = None,
+    on_chunk: Callable[[Chunk], None] | None = None,
+) -> tuple[Job, Result]:
+    """Submit an episode and follow it to its end: the one loop of the CLI, replay and the window.
+
+    `on_submitted(job)` once the server accepted it; `on_progress(event)` for each Progress;
+    `on_chunk(event)` for each finished chunk (asks for chunks: model = fast). Returns (job,
+    Result). Raises JobFailed with the server's reason; TimeoutError when no event comes for
+    `timeout` seconds, and KeyboardInterrupt, after cancelling the job.
+    """
+    job = client.submit(payload, settings, want_chunks=on_chunk is not None)
+    if on_submitted is not None:
+        on_submitted(job)
+    try:
+        for event in job.events(timeout=timeout):
+            if isinstance(event, Progress) and on_progress is not None:
+                on_progress(event)
+            elif isinstance(event, Chunk) and on_chunk is not None:
+                on_chunk(event)
+    except (TimeoutError, KeyboardInterrupt):
+        with contextlib.suppress(BridgeError, TimeoutError):
+            client.cancel(job.id)
+        raise
+    outcome = job.outcome
+    if isinstance(outcome, JobError):
+        raise JobFailed(outcome.code, outcome.message)
+    return job, outcome
+
+
 # ---------------------------------------------------------------------------------------------
 # Jobs
 

@@ -95,9 +95,15 @@ class Job:
         return self.state in TERMINAL
 
     @property
+    def released(self) -> bool:
+        """Failed and cancelled jobs give their inputs back at once; a done job keeps its episode
+        beside its result (what it was generated from) until both are deleted."""
+        return self.state in ("failed", "cancelled")
+
+    @property
     def spool_bytes(self) -> int:
-        """What the job holds on disk now (inputs until it ends, then its result)."""
-        return (0 if self.terminal else self.input_bytes) + self.result_bytes
+        """What the job holds on disk now."""
+        return (0 if self.released else self.input_bytes) + self.result_bytes
 
     def move(self, state: str, error: dict[str, str] | None = None) -> None:
         if state not in MOVES[self.state]:

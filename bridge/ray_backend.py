@@ -34,6 +34,7 @@ from typing import Any
 
 from bridge import worker_protocol as wp
 from bridge.server_config import ConfigError, WorkerConfig
+from contracts.engine_options import EngineOptions
 
 try:
     import ray
@@ -230,8 +231,8 @@ def connect(worker: WorkerConfig) -> None:
     )
 
 
-def ray_spawners(worker: WorkerConfig, devices: tuple[str, ...]) -> list[tuple[str, tuple[str, ...], Any]]:
-    """(name, argv, spawn) for each actor of the pool. `[worker] devices` empty: one per GPU."""
+def ray_spawners(worker: WorkerConfig, devices: tuple[str, ...]) -> list[tuple[str, EngineOptions, Any]]:
+    """(name, engine options, spawn) for each actor of the pool. `[worker] devices` empty: one per GPU."""
     connect(worker)
     if not worker.devices:
         gpus = int(ray.cluster_resources().get("GPU", 0))
@@ -247,12 +248,12 @@ def ray_spawners(worker: WorkerConfig, devices: tuple[str, ...]) -> list[tuple[s
     for index, device in enumerate(devices):
         gpu = device.startswith("cuda")
         # Ray gives the actor one GPU and sets CUDA_VISIBLE_DEVICES: inside, it is always "cuda".
-        argv = worker.argv("cuda" if gpu else device)
+        engine = worker.options_for("cuda" if gpu else device)
         options = {"num_gpus": 1 if gpu else 0, "num_cpus": 1, "max_restarts": 0, "max_task_retries": 0}
         env = {} if gpu else {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
         def spawn(argv_: tuple[str, ...], _env: Any, options=options, env=env) -> RayWorkerHandle:
             return RayWorkerHandle(actor_class, options, argv_, env, own_python=not worker.command)
 
-        spawners.append((f"{index}:ray:{device}", argv, spawn))
+        spawners.append((f"{index}:ray:{device}", engine, spawn))
     return spawners

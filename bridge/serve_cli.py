@@ -16,6 +16,7 @@ from bridge.security import SecurityError
 from bridge.server import ListenError, Server
 from bridge.server_config import ConfigError, load_server_config
 from bridge.spool import SpoolError
+from contracts.engine_options import ATTENTIONS, COMPUTES, DTYPES, MODELS
 from contracts.settings import SettingsError
 
 USER_ERRORS = (ConfigError, SecurityError, SpoolError, SettingsError, ListenError)
@@ -31,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--bind", help="endpoint to listen on, e.g. tcp://127.0.0.1:5570 (overrides [server] bind)")
     parser.add_argument("--spool-dir", help="folder for accepted jobs and results (overrides [server] spool_dir)")
+    parser.add_argument("--preset", help="[preset] of config/generation.toml under each job's settings (overrides [server] generation_preset)")
     parser.add_argument("--ckpt", help="checkpoint folder or 'tiny' (overrides [worker] ckpt)")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (overrides [worker] device)")
     parser.add_argument(
@@ -38,6 +40,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a pool: one warm worker per device, comma-separated, e.g. cuda:0,cuda:1 or cpu,cpu "
         "(overrides [worker] devices)",
     )
+    engine = parser.add_argument_group("engine options (override [worker]; sent to each worker as data)")
+    engine.add_argument("--model", choices=MODELS, help="base (two experts) or fast (LingBot-World-Fast)")
+    engine.add_argument("--dtype", choices=DTYPES, help="compute dtype of the DiT and T5 (default: bf16 on CUDA, fp32 on CPU)")
+    engine.add_argument(
+        "--compute",
+        choices=COMPUTES,
+        help="how the experts' matmuls run: bf16 = exact (the reference's numerics); fp8 = approximate (FP8 "
+        "GEMMs, 0.84x the exact forward's time on an H100, output ~5%% different per forward; needs FP8 tensor "
+        "cores) (default: bf16; a job's own compute setting overrides it)",
+    )
+    engine.add_argument(
+        "--gpus",
+        metavar="I,J",
+        help="one worker whose every rollout runs on two GPUs, e.g. 0,1: each step's two guidance passes at once "
+        "(exact: the same output as one GPU) (overrides [worker] gpus; replaces --device; not with a --devices pool)",
+    )
+    engine.add_argument("--attention", choices=ATTENTIONS, help="DiT attention kernel (default: auto)")
+    engine.add_argument("--vram-budget", type=float, metavar="GB", help="GPU memory budget per worker (default: none)")
+    engine.add_argument("--t5-on-cpu", action="store_true", default=None, help="run umT5 on the CPU, streamed (no GPU memory)")
     parser.add_argument("--backend", choices=("local", "ray"), help="where workers run (overrides [worker] backend)")
     parser.add_argument("--ray-address", help="backend ray: auto, HOST:PORT or ray://HOST:10001 (overrides [worker] ray_address)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
@@ -54,9 +75,17 @@ def run(args: argparse.Namespace) -> int:
     flags = {
         "server.bind": args.bind,
         "server.spool_dir": args.spool_dir,
+        "server.generation_preset": args.preset,
         "worker.ckpt": args.ckpt,
         "worker.device": args.device,
         "worker.devices": [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None,
+        "worker.model": args.model,
+        "worker.dtype": args.dtype,
+        "worker.compute": args.compute,
+        "worker.gpus": args.gpus,
+        "worker.attention": args.attention,
+        "worker.vram_budget_gb": args.vram_budget,
+        "worker.t5_on_cpu": args.t5_on_cpu,
         "worker.backend": args.backend,
         "worker.ray_address": args.ray_address,
     }

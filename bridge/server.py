@@ -147,8 +147,16 @@ class Server:
         for job in self.spool.load_all():
             self.jobs[job.id] = job
             self.by_request[(job.client, job.rid)] = job.id
+            if job.state == "done" and not job.result_path.is_file():
+                # never "done" without its result (it is fsynced before "done" is saved, so only a
+                # deleted file gets here; the inputs are gone): say so instead of serving nothing
+                log.warning("job %s: done, but its result.mp4 is missing; marking it failed", job.id)
+                lost = "the result.mp4 of this job is missing from the spool; submit it again"
+                job.state, job.error = "failed", {"code": "internal", "message": lost}
+                self._save(job)
             if job.terminal:
-                self.spool.release_inputs(job)  # left by a server that stopped at the wrong moment
+                if job.released:
+                    self.spool.release_inputs(job)  # left by a server that stopped at the wrong moment
                 continue
             if job.state == "running":
                 if job.attempts >= self.config.max_attempts:
@@ -295,7 +303,7 @@ class Server:
                 except OSError as exc:
                     self._storage_failed(exc, f"job {job.id} state")
                     return
-                if job.terminal:
+                if job.released:
                     self.spool.release_inputs(job)
         if self.storage_error:
             log.info("spool is writable again")
@@ -545,7 +553,9 @@ class Server:
             "rid": rid,
             "ok": ok,
             "protocol": protocol.PROTOCOL_VERSION,
-            "model": {k: info[k] for k in ("model", "device", "dtype", "load_s") if k in info},
+            "model": {k: info[k] for k in ("model", "device", "dtype", "load_s") if k in info}
+            # engine: the model resident now (base | fast, chosen per job); the worker's latest word
+            | {k: v for k, v in (("engine", reported.get("engine", info.get("engine"))),) if v is not None},
             "gpu": reported.get("gpu"),
             "memory": reported.get("memory"),
             "queue": {
@@ -769,8 +779,8 @@ class Server:
 
     def _finish(self, job: Job, state: str, error: dict[str, str] | None) -> None:
         job.move(state, error)
-        if self._save(job):
-            self.spool.release_inputs(job)  # the episode is never needed again
+        if self._save(job) and job.released:
+            self.spool.release_inputs(job)  # a failed or cancelled job's episode is never needed again
         log.info("job %s %s%s", job.id, state, f": {error['code']}: {error['message']}" if error else "")
         subscribers, job.subscribers = list(job.subscribers), set()
         self._send_outcome(job, subscribers)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.protocol import DEFAULT_PORT, Limits
+from contracts.engine_options import EngineOptions, EngineOptionsError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -29,18 +30,19 @@ class ConfigError(ValueError):
     """The server config file has a missing, unknown or invalid key."""
 
 
+# Keys of [worker] that are engine options (contracts.engine_options.EngineOptions); `device` is the
+# engine's one device (a pool's workers each get one entry of `devices` instead).
+ENGINE_KEYS = ("ckpt", "model", "device", "gpus", "dtype", "compute", "attention", "vram_budget_gb", "t5_on_cpu")
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerConfig:
-    ckpt: str = "tiny"  # "tiny" or a checkpoint folder
-    device: str = "cpu"  # "cpu" | "cuda" | "cuda:N"
-    # One warm worker per entry (a pool, bridge/worker_pool.py); empty: one worker on `device`.
+    engine: EngineOptions = EngineOptions()  # how each worker loads its engine, sent as data (`load`)
+    # One warm worker per entry (a pool, bridge/worker_pool.py); empty: one worker on the engine's device.
     devices: tuple[str, ...] = ()
     backend: str = "local"  # "local": worker processes here; "ray": one Ray actor per device
     ray_address: str = ""  # backend "ray": "" starts a local Ray; "auto"; "HOST:PORT"; "ray://HOST:10001"
     retry_crashed: bool = False  # a job whose worker died runs again (until max_attempts starts)
-    dtype: str = ""  # "" = the engine's choice
-    vram_budget_gb: float = 0.0  # 0 = no budget given
-    ram_budget_gb: float = 0.0
     command: tuple[str, ...] = ()  # a whole worker command line instead of `python -m worldgen.worker`
     startup_timeout_s: float = 600.0
     health_timeout_s: float = 2.5  # below a client's try timeout (10 s / 3 tries by default)
@@ -51,20 +53,18 @@ class WorkerConfig:
 
     def pool_devices(self) -> tuple[str, ...]:
         """The device of each worker in the pool."""
-        return self.devices or (self.device,)
+        return self.devices or (self.engine.device,)
 
-    def argv(self, device: str | None = None) -> tuple[str, ...]:
-        if self.command:
-            return self.command
-        device = device or self.device
-        argv = [sys.executable, "-m", "worldgen.worker", "--ckpt", self.ckpt, "--device", device]
-        if self.dtype:
-            argv += ["--dtype", self.dtype]
-        if self.vram_budget_gb:
-            argv += ["--vram-budget-gb", str(self.vram_budget_gb)]
-        if self.ram_budget_gb:
-            argv += ["--ram-budget-gb", str(self.ram_budget_gb)]
-        return tuple(argv)
+    def options_for(self, device: str) -> EngineOptions:
+        """The engine options of the pool's worker on `device` (no pool: the engine's own, which may
+        name two GPUs for one rollout: `gpus`)."""
+        if not self.devices and device == self.engine.device:
+            return self.engine
+        return self.engine.replace(devices=[device])
+
+    def argv(self) -> tuple[str, ...]:
+        """The worker's command; its engine options travel in the `load` message, not here."""
+        return self.command or (sys.executable, "-m", "worldgen.worker")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,11 +119,9 @@ def load_server_config(path: Path | None, overrides: dict[str, Any] | None = Non
         raise ConfigError(f"{where}: unknown table(s) {unknown_tables}; known: server, worker, limits, security")
     server = _fields(ServerConfig, table.get("server", {}), f"{where} [server]", skip={"limits", "worker", "security"})
     limits = _fields(Limits, table.get("limits", {}), f"{where} [limits]")
-    worker = _fields(WorkerConfig, table.get("worker", {}), f"{where} [worker]")
+    worker = _worker_config(table.get("worker", {}), f"{where} [worker]")
     security = _fields(SecurityConfig, table.get("security", {}), f"{where} [security]")
-    config = ServerConfig(
-        **server, limits=Limits(**limits), worker=WorkerConfig(**worker), security=SecurityConfig(**security)
-    )
+    config = ServerConfig(**server, limits=Limits(**limits), worker=worker, security=SecurityConfig(**security))
     if config.max_queue < 1 or config.max_queue_per_client < 1 or config.max_attempts < 1:
         raise ConfigError(f"{where}: max_queue, max_queue_per_client and max_attempts must be >= 1")
     if config.worker.backend not in BACKENDS:
@@ -134,6 +132,37 @@ def load_server_config(path: Path | None, overrides: dict[str, Any] | None = Non
     if (config.security.server_secret_key is None) != (config.security.client_keys_dir is None):
         raise ConfigError(f"{where} [security]: set both server_secret_key and client_keys_dir, or neither")
     return config
+
+
+def _worker_config(values: Any, where: str) -> WorkerConfig:
+    """[worker]: the engine keys become EngineOptions (its own strict parser), the rest the pool's."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where} must be a table")
+    engine = {key: values[key] for key in ENGINE_KEYS if key in values}
+    if "device" in engine:
+        engine["devices"] = [engine.pop("device")]
+    if engine.get("gpus"):  # one rollout over two GPUs (worldgen.multi_gpu): "0,1" -> cuda:0, cuda:1
+        if values.get("devices"):
+            raise ConfigError(f"{where}: gpus (one worker, two GPUs per rollout) and devices (a pool of workers) "
+                              "exclude each other; give one of them")  # fmt: skip
+        try:
+            gpus = [int(g) for g in str(engine["gpus"]).split(",") if g.strip()]
+        except ValueError:
+            raise ConfigError(f"{where}: gpus must look like \"0,1\" (got {engine['gpus']!r})") from None
+        if len(gpus) != 2 or len(set(gpus)) != 2 or min(gpus) < 0:
+            raise ConfigError(f"{where}: gpus must name two different GPUs, e.g. \"0,1\" (got {engine['gpus']!r})")
+        engine["devices"] = [f"cuda:{g}" for g in gpus]
+    engine.pop("gpus", None)
+    try:
+        options = EngineOptions.from_dict(engine, where)
+    except EngineOptionsError as exc:
+        raise ConfigError(str(exc)) from None
+    rest = {key: value for key, value in values.items() if key not in ENGINE_KEYS}
+    fields = {f.name for f in dataclasses.fields(WorkerConfig)} - {"engine"}
+    unknown = sorted(set(rest) - fields)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {sorted(fields | set(ENGINE_KEYS))}")
+    return WorkerConfig(engine=options, **_fields(WorkerConfig, rest, where, skip={"engine"}))
 
 
 def _fields(cls: type, values: dict[str, Any], where: str, skip: set[str] = frozenset()) -> dict[str, Any]:

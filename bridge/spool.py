@@ -14,7 +14,8 @@ queue from the folders.
 
 Every write error reaches the caller as an OSError: the server decides what it means for the job
 (requeue it, fail it) and reports the spool as not writable until `probe()` succeeds again.
-A job's inputs (`episode/`) are deleted as soon as it ends; its result stays for `result_ttl_s`.
+A failed or cancelled job's inputs (`episode/`) are deleted as soon as it ends; a done job keeps them
+beside its result for `result_ttl_s`.
 """
 
 from __future__ import annotations

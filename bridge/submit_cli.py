@@ -10,7 +10,6 @@ HDF5 trajectories, many episodes). Ctrl-C cancels the job on the server before e
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -20,17 +19,18 @@ from bridge.client import (
     Chunk,
     Client,
     EpisodePayload,
-    JobError,
     JobFailed,
     PayloadError,
     Progress,
     RequestFailed,
-    Result,
     ServerUnavailable,
     Unauthorized,
+    submit_and_follow,
 )
 from bridge.reach import check_listening, explain_no_answer
 from bridge.security import SecurityError
+from contracts import atomic
+from contracts.episode import ROLLOUT_VIDEO
 from contracts.provenance import with_job, write_record
 from contracts.settings import SettingsError
 
@@ -60,34 +60,34 @@ def run(args: argparse.Namespace) -> int:
     payload = EpisodePayload.from_dir(args.episode)
     settings = {k: v for k, v in (("steps", args.steps), ("frame_num", args.frame_num), ("size", args.size),
                                    ("seed", args.seed), ("model", args.model)) if v is not None}  # fmt: skip
-    out = args.out or args.episode / "rollout.mp4"
+    out = args.out or args.episode / ROLLOUT_VIDEO
     growing = GrowingVideo(out) if args.follow else None
+
+    def chunk(event: Chunk) -> None:
+        growing.add(event)
+        print(f"chunk {event.index + 1}/{event.total}: {out} has {growing.frames} frames", file=sys.stderr, flush=True)
+
     check_listening(args.server)  # a closed port is said at once, with how to start a server
     with Client(args.server, timeout=args.timeout, server_key=args.server_key, client_key=args.client_key) as client:
         try:
-            job = client.submit(payload, settings, want_chunks=args.follow)
+            job, result = submit_and_follow(
+                client,
+                payload,
+                settings,
+                on_progress=lambda event: print(describe(event), file=sys.stderr, flush=True),
+                on_submitted=lambda job: print(
+                    f"job {job.id} accepted ({job.queue_position} ahead)", file=sys.stderr, flush=True
+                ),
+                timeout=args.wait,
+                on_chunk=chunk if growing is not None else None,
+            )
         except ServerUnavailable as exc:
             raise explain_no_answer(args.server, exc) from None
-        print(f"job {job.id} accepted ({job.queue_position} ahead)", file=sys.stderr, flush=True)
-        try:
-            for event in job.events(timeout=args.wait):
-                if isinstance(event, Progress):
-                    print(describe(event), file=sys.stderr, flush=True)
-                elif isinstance(event, JobError):
-                    raise JobFailed(event.code, event.message)
-                elif isinstance(event, Chunk) and growing is not None:
-                    growing.add(event)
-                    print(f"chunk {event.index + 1}/{event.total}: {out} has {growing.frames} frames",
-                          file=sys.stderr, flush=True)  # fmt: skip
-                elif isinstance(event, Result):
-                    record = with_job(event.provenance, {"client": "submit", "id": job.id, "server": args.server,
-                                                         "server_seconds": event.seconds})
-                    if record is not None:  # the record first: a video never sits without its record
-                        write_record(out, record)
-                    write_atomic(out, event.video)
-        except KeyboardInterrupt:
-            client.cancel(job.id)
-            raise
+    job_info = {"client": "submit", "id": job.id, "server": args.server, "server_seconds": result.seconds}
+    record = with_job(result.provenance, job_info)
+    if record is not None:  # the record first: a video never sits without its record
+        write_record(out, record)
+    atomic.write_bytes(out, result.video)
     print(out)
     return 0
 
@@ -97,19 +97,6 @@ def describe(event: Progress) -> str:
         return f"queued: {event.queue_position} job(s) ahead"
     line = f"{event.phase} {event.step}/{event.total}" if event.total else event.phase
     return line + (f"  (about {event.eta_s:.0f} s left)" if event.eta_s else "")
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a video is not a secret
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 class GrowingVideo:
@@ -134,18 +121,10 @@ class GrowingVideo:
             frames = list(reader)
         self.chunks.extend(frames)
         self.frames = len(self.chunks)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".mp4")
-        os.close(fd)
-        try:
-            writer = imageio_ffmpeg.write_frames(tmp, self.size, fps=self.fps, codec="libx264", quality=8,
+        with atomic.atomic_path(self.path, durable=False) as tmp:  # a preview: the result replaces it
+            writer = imageio_ffmpeg.write_frames(str(tmp), self.size, fps=self.fps, codec="libx264", quality=8,
                                                  macro_block_size=1, ffmpeg_log_level="error")  # fmt: skip
             writer.send(None)
             for frame in self.chunks:
                 writer.send(frame)
             writer.close()
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)

@@ -35,6 +35,7 @@ EXIT_GRACE_S = 5.0
 class SupervisorConfig:
     argv: tuple[str, ...]
     env: dict[str, str] | None = None
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # EngineOptions.to_dict(): the `load` message
     startup_timeout_s: float = 600.0
     health_timeout_s: float = 2.5  # below a client's try timeout (10 s / 3 tries by default)
     cancel_grace_s: float = 120.0
@@ -297,6 +298,7 @@ class Supervisor:
 
     def _spawn(self) -> None:
         self.worker = self.spawn(self.config.argv, self.config.env)
+        self.worker.send({"type": "load", "options": self.config.options})  # engine options, as data
         self.state, self.info = "starting", {}
         self._started_at = self._last_heard = time.monotonic()
         self._dying_reason = None

@@ -172,8 +172,12 @@ def build_pool(worker: WorkerConfig, env: dict[str, str]) -> WorkerPool:
         spawners = ray_spawners(worker, devices)
         return WorkerPool(
             [
-                Supervisor(SupervisorConfig(argv=argv, **supervisor_config), spawn=spawn, name=name)
-                for name, argv, spawn in spawners
+                Supervisor(
+                    SupervisorConfig(argv=worker.argv(), options=options.to_dict(), **supervisor_config),
+                    spawn=spawn,
+                    name=name,
+                )
+                for name, options, spawn in spawners
             ]
         )
     threads = cpu_threads(devices)
@@ -184,6 +188,13 @@ def build_pool(worker: WorkerConfig, env: dict[str, str]) -> WorkerPool:
             device_env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
         name = f"{index}:{device}"
         supervisors.append(
-            Supervisor(SupervisorConfig(argv=worker.argv(device), **{**supervisor_config, "env": device_env}), name=name)
+            Supervisor(
+                SupervisorConfig(
+                    argv=worker.argv(),
+                    options=worker.options_for(device).to_dict(),
+                    **{**supervisor_config, "env": device_env},
+                ),
+                name=name,
+            )
         )
     return WorkerPool(supervisors)

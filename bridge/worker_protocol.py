@@ -5,6 +5,8 @@ must never import zmq. Each message is a 4-byte big-endian length followed by on
 a "type" key; the worker reads them on stdin and writes them on stdout, and logs on stderr.
 
 Supervisor -> worker
+    load      {options}               first message: `contracts.engine_options.EngineOptions` as a
+                                      dict; the worker loads its engine with them, then `ready`
     run       {job, episode_dir, output, settings, want_frames, frames_output, want_chunks}
     cancel    {job}                   stop that job at the next progress call (denoising step)
     health    {id}                    answered by a `health` message with the same id
@@ -34,7 +36,7 @@ import msgpack
 MAX_MESSAGE_BYTES = 1 << 20
 LENGTH = struct.Struct(">I")
 
-TO_WORKER = ("run", "cancel", "health", "shutdown")
+TO_WORKER = ("load", "run", "cancel", "health", "shutdown")
 FROM_WORKER = ("ready", "fatal", "progress", "chunk", "result", "error", "health")
 
 # Error codes a worker reports for a job (the server passes them on to the client).

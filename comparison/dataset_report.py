@@ -17,6 +17,7 @@ go to the lower PSNR.
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
@@ -26,11 +27,20 @@ from pathlib import Path
 from typing import Any
 
 from comparison.episode_input import EpisodeError
-from comparison.report import FRAME_RATE_NOTE, SCHEMA, TINY_NOTE, _jsonable, _stats, compare_episode
+from comparison.report import (
+    FRAME_RATE_NOTE,
+    SCHEMA,
+    TINY_NOTE,
+    _jsonable,
+    _stats,
+    compare_episode,
+    render_provenance_html,
+)
 from comparison.svg_plot import histogram
 from comparison.trajectory import EstimatorConfig
 from comparison.video_io import VideoError
 from contracts import atomic
+from contracts.provenance import model_label
 
 DATASET_SCHEMA = "lingbot-isaac/compare-dataset/1"
 ROLLOUT = "rollout.mp4"
@@ -64,6 +74,7 @@ def episode_row(report_json: Path, out_dir: Path) -> dict[str, Any]:
         raise EpisodeError(f"{report_json}: schema {report.get('schema')!r}, expected {SCHEMA!r}")
     rollout = report["camera_fidelity"]["rollout"]["summary"]
     control = (report["camera_fidelity"].get("sim_control") or {}).get("summary")
+    record = report.get("provenance")
     image = report["image_metrics"]["summary"]
     first, consecutive = rollout["first_to_k"], rollout["consecutive"]
     return {
@@ -72,6 +83,7 @@ def episode_row(report_json: Path, out_dir: Path) -> dict[str, Any]:
         "report_html": os.path.relpath(report_json.with_name("report.html"), out_dir),
         "report_json": os.path.relpath(report_json, out_dir),
         "model": report["model"],
+        "made_by": model_label(record),
         "tiny_model": report["tiny_model"],
         "compared_frames": report["compared_frames"],
         "psnr_db": image["psnr_db"]["mean"],
@@ -126,17 +138,31 @@ def write_dataset_report(
         "provenance": provenance,
     })
     atomic.write_json(out_dir / "dataset.json", dataset, indent=1)
+    provenance_blocks = _provenance_blocks([Path(p) for p in report_jsons])
     plots = [
         histogram([r[key] for r in rows], label, f"{unit or label}, one value per episode", f"hist-{key}")
         for key, label, unit, _ in METRICS
     ]
     html_text = _environment().get_template("dataset_report.html.j2").render(
         dataset=dataset, metrics=METRICS, plots=plots, tiny_note=TINY_NOTE if tiny else None,
+        provenance_blocks=provenance_blocks,
         frame_rate_note=FRAME_RATE_NOTE,
     )  # fmt: skip
     html_path = out_dir / "dataset.html"
     atomic.write_text(html_path, html_text)
     return html_path
+
+
+def _provenance_blocks(report_jsons: list[Path]) -> list[str]:
+    """What made the rollouts: one provenance block (the single report's own rendering) per model,
+    from the first episode made by it, saying how many episodes it made."""
+    groups: dict[str, list[dict | None]] = {}
+    for path in report_jsons:
+        record = json.loads(path.read_text()).get("provenance")
+        groups.setdefault(model_label(record), []).append(record)
+    total = len(report_jsons)
+    return [render_provenance_html(records[0]) + f"<p class='sub'>{len(records)} of {total} episode(s): "
+            f"{html.escape(label)}</p>" for label, records in groups.items()]  # fmt: skip
 
 
 def _environment():

@@ -34,13 +34,13 @@ import cv2
 import numpy as np
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from comparison.atomic import write_bytes_atomic
 from comparison.episode_input import EpisodeError, read_episode_input
 from comparison.metrics import SSIM_SIGMA, SSIM_WINDOW, psnr, resize_to, ssim
 from comparison.side_by_side import DIFF_GAIN, compose_video
 from comparison.svg_plot import Series, line_plot
 from comparison.trajectory import EstimatorConfig, PairResult, TrajectoryResult, evaluate_trajectory
 from comparison.video_io import DEFAULT_FPS, read_video, write_video
+from contracts import atomic
 from contracts.provenance import TINY_NOTE, is_random_weights, model_label, read_record, summary_rows
 
 SCHEMA = "lingbot-isaac/compare-report/2"
@@ -255,7 +255,7 @@ def compare_episode(
     tick = time.perf_counter()
     composed = compose_video(sim, model_frames)
     video_path = write_video(out_dir / "side_by_side.mp4", composed, fps=DEFAULT_FPS)
-    write_bytes_atomic(out_dir / "thumbnail.jpg", _jpeg_bytes(composed[0], width=min(POSTER_WIDTH, composed.shape[2])))
+    atomic.write_bytes(out_dir / "thumbnail.jpg", _jpeg_bytes(composed[0], width=min(POSTER_WIDTH, composed.shape[2])))
     clock["side_by_side_video_s"] = time.perf_counter() - tick
 
     image_summary = {
@@ -324,12 +324,12 @@ def compare_episode(
     clock["total_s"] = time.perf_counter() - started
 
     report = _jsonable(report)
-    write_bytes_atomic(out_dir / "report.json", json.dumps(report, indent=1).encode())
+    atomic.write_bytes(out_dir / "report.json", json.dumps(report, indent=1).encode())
     html_path = out_dir / "report.html"
     rollout_href = Path(os.path.relpath(Path(rollout_mp4).resolve(), out_dir.resolve())).as_posix()
     page = render_episode_html(report, trajectory_model, trajectory_control, poster, thumbnails, rollout_href,
                                record_note)
-    write_bytes_atomic(html_path, page.encode())
+    atomic.write_bytes(html_path, page.encode())
     return html_path
 
 
@@ -469,7 +469,7 @@ def write_summary(report_jsons: list[str | Path], out_dir: str | Path) -> Path:
     )
     summary = _jsonable({"schema": SUMMARY_SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                          "tiny_model": any_tiny, "episodes": rows})
-    write_bytes_atomic(out_dir / "summary.json", json.dumps(summary, indent=1).encode())
+    atomic.write_bytes(out_dir / "summary.json", json.dumps(summary, indent=1).encode())
     html_path = out_dir / "summary.html"
-    write_bytes_atomic(html_path, page.encode())
+    atomic.write_bytes(html_path, page.encode())
     return html_path

@@ -30,9 +30,7 @@ from dataclasses import asdict, dataclass, field
 import cv2
 import numpy as np
 
-# The LingBot convention: intrinsics are expressed for a 480 x 832 (H x W) frame.
-REFERENCE_HEIGHT = 480
-REFERENCE_WIDTH = 832
+from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,7 @@ class TrajectoryResult:
 def intrinsics_matrix(fx_fy_cx_cy: np.ndarray, height: int, width: int) -> np.ndarray:
     """K [3, 3] for a (height, width) frame from fx, fy, cx, cy given for a 480 x 832 frame."""
     fx, fy, cx, cy = (float(v) for v in fx_fy_cx_cy)
-    sx, sy = width / REFERENCE_WIDTH, height / REFERENCE_HEIGHT
+    sx, sy = width / MODEL_WIDTH, height / MODEL_HEIGHT  # intrinsics are for the model frame
     return np.array([[fx * sx, 0.0, cx * sx], [0.0, fy * sy, cy * sy], [0.0, 0.0, 1.0]])
 
 

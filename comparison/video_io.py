@@ -8,14 +8,13 @@ column rather than rescaled.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import cv2
 import imageio_ffmpeg
 import numpy as np
 
-from comparison.atomic import sibling_temp_path
+from contracts import atomic
 
 DEFAULT_FPS = 16
 
@@ -85,19 +84,13 @@ def write_video(path: str | Path, frames: np.ndarray | list[np.ndarray], fps: fl
     if any(frame.shape != first.shape for frame in frames):
         raise VideoError(f"{path}: all frames must have the shape {first.shape}")
     height, width = pad_to_even(first).shape[:2]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_name = str(sibling_temp_path(path))
-    try:
+    with atomic.atomic_path(path) as tmp:
         writer = imageio_ffmpeg.write_frames(
-            tmp_name, (width, height), fps=fps, codec="libx264", pix_fmt_out="yuv420p",
+            str(tmp), (width, height), fps=fps, codec="libx264", pix_fmt_out="yuv420p",
             quality=quality, macro_block_size=1, output_params=["-movflags", "+faststart"],
         )
         writer.send(None)
         for frame in frames:
             writer.send(np.ascontiguousarray(pad_to_even(frame)))
         writer.close()
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
     return path

@@ -1,10 +1,11 @@
 """Engine options: how a worker loads its engine (checkpoint, devices, dtype, compute, attention,
 budget, text-encoder placement), as one dataclass that crosses every process boundary as data.
 
-The server reads them from `[worker]` of `config/server.toml` (`from_dict`), hands them to the
-worker process as ONE JSON argument (`to_json` / `from_json`), and the worker passes them to
-`worldgen.pipeline.load_pipeline` (`load_kwargs`). No hop rebuilds them as argv flags or TOML
-text, so one spelling and one "no budget" value (None) hold everywhere.
+The server reads them from `[worker]` of `config/server.toml` (`from_dict`), hands them to each
+worker process as data, in the worker protocol's first message (`load {options: to_dict()}`), and
+the worker passes them to `worldgen.pipeline.load_pipeline(options=...)`. No hop rebuilds them as
+argv flags or TOML text, so one spelling and one "no budget" value (None) hold everywhere.
+(`ram_budget_gb` is gone from here: no part of the engine decided anything from it.)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 DTYPES = ("bf16", "fp16", "fp32")  # the one vocabulary of compute dtypes (torch names are mapped in worldgen)
 COMPUTES = ("bf16", "fp8")  # how the (quantized) experts' matmuls run
 ATTENTIONS = ("auto", "sdpa", "flash", "sage")
+MODELS = ("base", "fast")
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
@@ -29,6 +31,7 @@ class EngineOptions:
     """How the worker's engine is loaded. `None` always means "the engine's choice"."""
 
     ckpt: str = "tiny"  # "tiny" (random weights, CPU in seconds) or a checkpoint folder
+    model: str = "base"  # base (two experts, guided) | fast (LingBot-World-Fast, causal)
     devices: tuple[str, ...] = ("cpu",)  # "cpu", "cuda", "cuda:N"; more than one: one rollout over several GPUs
     dtype: str | None = None  # bf16 | fp16 | fp32; None: bf16 on CUDA, fp32 on the CPU
     compute: str | None = None  # bf16 | fp8; None: the engine's choice
@@ -40,6 +43,8 @@ class EngineOptions:
         where = "engine options"
         if not isinstance(self.ckpt, str) or not self.ckpt:
             raise EngineOptionsError(f"{where}: ckpt must be 'tiny' or a checkpoint folder path (got {self.ckpt!r})")
+        if self.model not in MODELS:
+            raise EngineOptionsError(f"{where}: model must be one of {list(MODELS)} (got {self.model!r})")
         devices = (self.devices,) if isinstance(self.devices, str) else self.devices
         if not isinstance(devices, (list, tuple)) or not devices or not all(isinstance(d, str) for d in devices):
             raise EngineOptionsError(f"{where}: devices must be a list of 'cpu', 'cuda' or 'cuda:N' (got {self.devices!r})")
@@ -58,7 +63,7 @@ class EngineOptions:
         if budget is not None:
             if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
                 raise EngineOptionsError(
-                    f"{where}: vram_budget_gb must be a number of GiB > 0, or null for no budget (got {budget!r})"
+                    f"{where}: vram_budget_gb must be a number of GiB > 0, or null (in TOML: leave it out) for no budget (got {budget!r})"
                 )
             object.__setattr__(self, "vram_budget_gb", float(budget))
         if not isinstance(self.t5_on_cpu, bool):

@@ -17,6 +17,7 @@ import json
 import os
 import pickle
 import shutil
+import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,8 +36,10 @@ JPEG_QUALITY = 95
 IMAGE_NAMES = ("image.jpg", "image.jpeg", "image.png")  # the first frame, looked for in this order
 POSES_FILE, INTRINSICS_FILE, PROMPT_FILE, META_FILE = "poses.npy", "intrinsics.npy", "prompt.txt", "episode.json"
 SIM_VIDEO = "sim.mp4"
+ROLLOUT_VIDEO, ROLLOUT_INFO = "rollout.mp4", "rollout.json"  # a generated rollout, beside its episode
 SIM_FRAMES_DIR = "frames"
-JPEG_MAGIC, PNG_MAGIC = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
+JPEG_MAGIC = b"\xff\xd8\xff"  # how image bytes say what they are
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 # --- the validation rules, stated once -----------------------------------------------------------
 RIGID_TOLERANCE = 1e-6  # max |last row - [0, 0, 0, 1]| of a camera-to-world matrix
@@ -387,6 +390,27 @@ def _image_size(path: Path) -> tuple[int, int]:
 # --- writing ---------------------------------------------------------------------------------------
 
 
+def write_rollout(folder: str | os.PathLike, video: bytes, info: dict[str, Any], client: str = "replay") -> Path:
+    """`rollout.mp4` beside an episode, with its provenance record `rollout.json` (the worker's
+    record plus this job: `info`, whose "provenance" is the worker's record), each written
+    atomically and durably, the record first; returns the mp4's path."""
+    from contracts.provenance import sidecar_path, with_job, write_record
+
+    target = Path(folder) / ROLLOUT_VIDEO
+    job = {key: value for key, value in info.items() if key not in ("provenance", "first_frame")}
+    record = with_job(info.get("provenance"), {"client": client, **job})
+    if record is not None:
+        if info.get("first_frame"):  # which first frame the rollout started from (photo or the episode's)
+            record = {**record, "inputs": {**(record.get("inputs") or {}), "first_frame": info["first_frame"]}}
+        write_record(target, record)
+    else:
+        sidecar_path(target).unlink(missing_ok=True)  # a stale record would describe another video
+        print(f"warning: the server sent no provenance record for {target}: its report cannot say "
+              "what made it (an older server?)", file=sys.stderr)  # fmt: skip
+    atomic.write_bytes(target, video)
+    return target
+
+
 def _image_rgb(image: Any):
     from PIL import Image
 
@@ -429,13 +453,13 @@ def write_action(
     renames into place): poses/intrinsics as float32 (float64 stays float64), intrinsics already in
     model-frame pixels.
 
-    `image`: encoded JPEG/PNG bytes (stored as they are, as image.jpg / image.png) or anything
+    `prompt` is written as given (checked non-empty). `image`: encoded JPEG/PNG bytes (stored as they are, as image.jpg / image.png) or anything
     `write_episode` takes (encoded as JPEG quality 95, 4:4:4). Nothing is synced here; the caller
     makes the folder durable (`atomic.replace_dir` / `atomic.fsync_tree`).
     """
     folder = Path(folder)
     checked = check_action(poses, intrinsics, min_poses=min_poses)
-    prompt = check_prompt(prompt)
+    check_prompt(prompt)
     folder.mkdir(parents=True, exist_ok=True)
     for name, given, array in zip((POSES_FILE, INTRINSICS_FILE), (poses, intrinsics), checked, strict=True):
         _save_npy(folder / name, array.astype(np.float64 if np.asarray(given).dtype == np.float64 else np.float32))
@@ -444,7 +468,7 @@ def write_action(
         (folder / ("image.jpg" if kind == "jpeg" else "image.png")).write_bytes(bytes(image))
     else:
         _image_rgb(image).save(folder / "image.jpg", quality=JPEG_QUALITY, subsampling=0)  # 4:4:4: keep chroma
-    (folder / PROMPT_FILE).write_text(prompt, encoding="utf-8")  # as given (stripped), byte for byte
+    (folder / PROMPT_FILE).write_text(prompt, encoding="utf-8")  # as given, byte for byte
     return folder
 
 
@@ -493,7 +517,7 @@ def write_episode(
     staging = directory.parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         model_intrinsics = to_model_intrinsics(intrinsics, height, width).astype(np.float32)
-        write_action(staging, poses.astype(np.float32), model_intrinsics, picture, prompt)
+        write_action(staging, poses.astype(np.float32), model_intrinsics, picture, prompt + "\n")
         meta.sim_frames = _write_sim_frames(staging, sim_frames, count, (height, width))
         (staging / META_FILE).write_text(json.dumps(meta.to_json(count), indent=1) + "\n", encoding="utf-8")
         atomic.replace_dir(staging, directory, overwrite=overwrite)

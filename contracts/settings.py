@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from contracts.engine_options import COMPUTES, MODELS
 from contracts.model_frame import MODEL_SIZE, SizeError, parse_size
 
 if sys.version_info >= (3, 11):
@@ -49,7 +50,7 @@ class Field:
 INT_MAX = 2**63 - 1
 FIELDS: tuple[Field, ...] = (
     Field("model", "choice", "base", "engine: base (two experts, guided) or fast (causal, chunk by chunk)",
-          choices=("base", "fast")),
+          choices=MODELS),
     Field("size", "size", MODEL_SIZE, "max area as H*W; the real H, W follow the image's aspect"),
     Field("frame_num", "int", 81, "video frames, 4n+1 (limited by the number of poses)", low=1, high=4097),
     # LingBot-World's i2v-A14B defaults (70 steps, shift 10); [fast40] in generation.toml: 40 / 5
@@ -63,7 +64,7 @@ FIELDS: tuple[Field, ...] = (
     Field("negative_prompt", "optional-str", None, "negative prompt (None: the i2v-A14B default)"),
     Field("fps", "int", 16, "frame rate of the written video", low=1, high=240),
     Field("compute", "choice", None, "per-job compute of the experts: bf16 or fp8 (None: the engine's choice)",
-          choices=(None, "bf16", "fp8")),
+          choices=(None, *COMPUTES)),
     # model = fast only (LingBot-World-Fast; steps, guide_scale, boundary, negative_prompt do not apply)
     Field("kv_cache", "choice", "auto", "fast: KV cache kind: auto (the first that fits the VRAM budget of "
           "full = whole video in bf16 as the reference, fp8 = the same in FP8, rolling = an FP8 window with "
@@ -180,7 +181,14 @@ def check_partial(data: Any, where: str = "generation settings") -> dict[str, An
     unknown = sorted(str(k) for k in set(data) - set(FIELD_BY_NAME))
     if unknown:
         raise SettingsError(f"unknown generation setting(s) {unknown}; known: {sorted(FIELD_BY_NAME)}")
-    return {key: _check(FIELD_BY_NAME[key], value) for key, value in data.items()}
+    checked = {key: _check(FIELD_BY_NAME[key], value) for key, value in data.items()}
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in checked.items()}  # wire form
+
+
+def job_settings(episode_generation: dict[str, Any] | None, overrides: dict[str, Any]) -> dict[str, Any]:
+    """A job's settings: the episode's own (episode.json `generation`) under the caller's overrides
+    (command line, Settings panel); checked, and partial: the server's preset fills the rest."""
+    return check_partial({**(episode_generation or {}), **overrides})
 
 
 def parse_guide_scale(value: Any) -> tuple[float, float]:

@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episode", type=Path, default=SAMPLE, help="episode folder to replay")
     parser.add_argument("--out", type=Path, default=Path("out/demo"), help="where the rollout and report go")
     parser.add_argument("--port", type=int, default=0, help="server port on 127.0.0.1 (default: a free one)")
-    parser.add_argument("--vram-budget", type=float, default=0.0, metavar="GB", help="GPU memory cap (0: none)")
+    parser.add_argument("--vram-budget", type=float, default=None, metavar="GB", help="GPU memory budget (default: none)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the rollout")
 
 
@@ -46,23 +46,16 @@ def _free_port() -> int:
 
 
 def _start_server(args: argparse.Namespace, endpoint: str, spool: Path, log_path: Path) -> subprocess.Popen:
-    device = args.device or ("cpu" if str(args.ckpt_dir).startswith("tiny") else "cuda")
-    config = spool.parent / "server.toml"
-    config.write_text(
-        "[server]\n"
-        f'bind = "{endpoint}"\nspool_dir = "{spool}"\n'
-        f'generation_preset = "{"tiny" if str(args.ckpt_dir).startswith("tiny") else "default"}"\n'
-        "[worker]\n"
-        f'ckpt = "{args.ckpt_dir}"\ndevice = "{device}"\nvram_budget_gb = {float(args.vram_budget)}\n'
-    )
+    """`lingbot-isaac serve` with the demo's settings as flags (each one a value, never config text)."""
+    tiny = str(args.ckpt_dir).startswith("tiny")
+    device = args.device or ("cpu" if tiny else "cuda")
+    argv = [sys.executable, "-m", "lingbot_cli", "serve", "--bind", endpoint, "--spool-dir", str(spool)]
+    argv += ["--ckpt", str(args.ckpt_dir), "--device", device, "--preset", "tiny" if tiny else "default"]
+    if args.vram_budget is not None:
+        argv += ["--vram-budget", repr(float(args.vram_budget))]
+    spool.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "w")  # noqa: SIM115  (kept open for the server's lifetime)
-    return subprocess.Popen(
-        [sys.executable, "-m", "lingbot_cli", "serve", "--config", str(config)],
-        cwd=REPO,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    return subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _stop(server: subprocess.Popen) -> None:
@@ -95,8 +88,9 @@ def _wait_healthy(client, server: subprocess.Popen, log_path: Path, timeout: flo
 def run(args: argparse.Namespace) -> int:
     from bridge.client import Client
     from comparison.report import compare_episode
-    from contracts.episode import read_episode
-    from lingbot_isaac.replay import generate, job_settings, write_result
+    from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO, read_episode, write_rollout
+    from contracts.settings import job_settings
+    from lingbot_isaac.replay import generate
 
     if not (args.episode / "poses.npy").exists():
         raise DemoError(f"{args.episode}: not an episode folder (run scripts/make_sample_episode.py for data/)")
@@ -107,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(episode_dir)
     out.mkdir(parents=True, exist_ok=True)
     shutil.copytree(args.episode, episode_dir)  # results go beside this copy, never into data/
-    for stale in ("rollout.mp4", "rollout.json"):
+    for stale in (ROLLOUT_VIDEO, ROLLOUT_INFO):
         (episode_dir / stale).unlink(missing_ok=True)
     endpoint = f"tcp://127.0.0.1:{args.port or _free_port()}"
     log_path = out / "server.log"
@@ -123,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
             started = time.monotonic()
             video, info = generate(client, episode_dir, settings, "demo", True, args.timeout)
             info.update({"server": endpoint, "episode": str(episode_dir), "asked": settings})
-            rollout = write_result(episode_dir, video, info, client="demo")
+            rollout = write_rollout(episode_dir, video, info, client="demo")
             generation_seconds = time.monotonic() - started
     finally:
         _stop(server)

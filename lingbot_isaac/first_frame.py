@@ -122,3 +122,19 @@ def with_photo(
         sim_frames=episode.sim_frames_path,
         overwrite=overwrite or in_place,
     )
+
+
+def first_frame_record(episode) -> dict[str, Any]:
+    """Which first frame a rollout starts from: the photo's record, or the episode's own image."""
+    recorded = (episode.meta.extra.get("first_frame") if episode.meta else None) or {}
+    return recorded or {"source": "episode", "path": str(episode.image_path)}
+
+
+def describe_first_frame(record: dict[str, Any]) -> str:
+    if record.get("source") == "photo":
+        x0, y0, cw, ch = record["crop"]
+        return (
+            f"photo {record['path']} ({record['photo_size'][0]}x{record['photo_size'][1]}, crop {cw}x{ch} at "
+            f"{x0},{y0} -> {record['size'][0]}x{record['size'][1]}; intrinsics: {record['intrinsics']})"
+        )
+    return f"the episode's own image ({record.get('path')})"

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
 import sys
 import threading
@@ -34,10 +33,9 @@ import numpy as np
 from PIL import Image
 
 from contracts import atomic
-from contracts.episode import EpisodeError, read_episode
-from contracts.provenance import sidecar_path, with_job, write_record
-from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
-from lingbot_isaac.first_frame import fit_photo, parse_intrinsics, with_photo
+from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO, EpisodeError, read_episode, write_rollout
+from contracts.settings import GenerationSettings, SettingsError, job_settings, load_settings, parse_guide_scale
+from lingbot_isaac.first_frame import describe_first_frame, first_frame_record, fit_photo, parse_intrinsics, with_photo
 from lingbot_isaac.lens import CameraError
 from lingbot_isaac.recording import write_recording_episode
 from lingbot_isaac.sources import SourceOptions, TrajectorySource, kind_of, open_source
@@ -50,8 +48,6 @@ else:  # pragma: no cover
 
 ISAAC_CONFIG = Path(__file__).resolve().parent.parent / "config" / "isaac.toml"
 
-RESULT_VIDEO = "rollout.mp4"
-RESULT_INFO = "rollout.json"
 PENDING = "rollout.pending.json"  # {job, server}: submitted, no result yet (a rerun follows it again)
 BUSY_BACKOFF_S = (0.5, 8.0)  # first and longest wait after a `busy` answer
 
@@ -144,6 +140,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "of an exact forward on an H100, output ~5%% different per forward; the server's GPU needs FP8 tensor cores) "
         "(default: the server's choice)",
     )
+    gen.add_argument(
+        "--model",
+        choices=("base", "fast"),
+        help="per job: base = the two experts with guidance; fast = LingBot-World-Fast (chunk by chunk, 4 steps; "
+        "progress shows each finished chunk) (default: the server's preset)",
+    )
     gen.add_argument("--frame-num", type=int, help="frames to generate (4n+1)")
     gen.add_argument("--steps", type=int, help="denoising steps")
     gen.add_argument("--seed", type=int, help="random seed of the initial noise")
@@ -218,18 +220,12 @@ def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "size": args.size,
         "shift": args.shift,
         "compute": getattr(args, "compute", None),
+        "model": getattr(args, "model", None),
     }
     settings.update({k: v for k, v in flags.items() if v is not None})
     if args.guide_scale:
         settings["guide_scale"] = list(parse_guide_scale(args.guide_scale))
     GenerationSettings.from_dict(settings)  # SettingsError names a bad value before anything runs
-    return settings
-
-
-def job_settings(episode_generation: dict[str, Any] | None, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The episode's own settings (episode.json `generation`) under the command line's."""
-    settings = {**(episode_generation or {}), **overrides}
-    GenerationSettings.from_dict(settings)
     return settings
 
 
@@ -293,7 +289,7 @@ def export(
                     raise ReplayError(f"{target} already exists; pass --overwrite to replace it")
                 shutil.rmtree(target)
             shutil.copytree(
-                source.episode_dir, target, ignore=shutil.ignore_patterns(RESULT_VIDEO, RESULT_INFO)
+                source.episode_dir, target, ignore=shutil.ignore_patterns(ROLLOUT_VIDEO, ROLLOUT_INFO)
             )
         read_episode(target)  # validate before sending
         return target
@@ -344,71 +340,26 @@ def generate(
     client, episode_dir: Path, settings: dict[str, Any], label: str, progress: bool, job_timeout: float | None
 ) -> tuple[bytes, dict[str, Any]]:
     """Submit one episode, follow its events with a progress bar, return (mp4 bytes, job info)."""
-    from bridge.client import EpisodePayload, JobError, Progress, Result
+    from bridge.client import EpisodePayload, submit_and_follow
 
-    payload = EpisodePayload.from_dir(episode_dir)
     started = time.monotonic()
-    job = client.submit(payload, settings or None)
     bar = _ProgressBar(label, progress)
-    info: dict[str, Any] = {"id": job.id, "queue_position": job.queue_position}
     try:
-        for event in job.events(timeout=job_timeout):
-            if isinstance(event, Progress):
-                bar.update(event.phase, event.step, event.total)
-            elif isinstance(event, Result):
-                info["server_seconds"] = event.seconds
-            elif isinstance(event, JobError):
-                break
+        job, result = submit_and_follow(
+            client,
+            EpisodePayload.from_dir(episode_dir),
+            settings or None,
+            on_progress=lambda event: bar.update(event.phase, event.step, event.total),
+            timeout=job_timeout,
+        )
     except TimeoutError:
-        client.cancel(job.id)
-        raise ReplayError(
-            f"{label}: no progress from job {job.id} for {job_timeout} s; cancelled it"
-        ) from None
-    except KeyboardInterrupt:
-        client.cancel(job.id)
-        raise
+        raise ReplayError(f"{label}: no progress for {job_timeout} s; cancelled the job") from None
     finally:
         bar.close()
-    video = job.result(timeout=0)  # raises JobFailed with the server's reason
+    info = {"id": job.id, "queue_position": job.queue_position, "server_seconds": result.seconds}
     info["seconds"] = round(time.monotonic() - started, 3)
     info["provenance"] = job.provenance
-    return video, info
-
-
-def first_frame_record(episode) -> dict[str, Any]:
-    """Which first frame a rollout starts from: the photo's record, or the episode's own image."""
-    recorded = (episode.meta.extra.get("first_frame") if episode.meta else None) or {}
-    return recorded or {"source": "episode", "path": str(episode.image_path)}
-
-
-def describe_first_frame(record: dict[str, Any]) -> str:
-    if record.get("source") == "photo":
-        x0, y0, cw, ch = record["crop"]
-        return (
-            f"photo {record['path']} ({record['photo_size'][0]}x{record['photo_size'][1]}, crop {cw}x{ch} at "
-            f"{x0},{y0} -> {record['size'][0]}x{record['size'][1]}; intrinsics: {record['intrinsics']})"
-        )
-    return f"the episode's own image ({record.get('path')})"
-
-
-def write_result(folder: Path, video: bytes, info: dict[str, Any], client: str = "replay") -> Path:
-    """rollout.mp4 and its provenance record rollout.json (the worker's record plus this job: `info`
-    from `generate`), each written to a temp file and renamed into place, the record first."""
-    target = folder / RESULT_VIDEO
-    job = {key: value for key, value in info.items() if key not in ("provenance", "first_frame")}
-    record = with_job(info.get("provenance"), {"client": client, **job})
-    if record is not None:
-        if info.get("first_frame"):  # which first frame the rollout started from (photo or the episode's)
-            record = {**record, "inputs": {**(record.get("inputs") or {}), "first_frame": info["first_frame"]}}
-        write_record(target, record)
-    else:
-        sidecar_path(target).unlink(missing_ok=True)  # a stale record would describe another video
-        print(f"warning: the server sent no provenance record for {target}: its report cannot say "
-              "what made it (an older server?)", file=sys.stderr)
-    partial = target.with_name(f".{target.name}.partial")
-    partial.write_bytes(video)
-    os.replace(partial, target)
-    return target
+    return result.video, info
 
 
 def parse_demos(spec: str) -> str | set[int]:
@@ -518,7 +469,7 @@ class Batch:
                     backoff = BUSY_BACKOFF_S[0]  # the server is full: wait for a job to end, then retry
                     break
                 todo.pop(0)
-                atomic.write_json(folder / PENDING, {"job": job.id, "server": self.server})
+                atomic.write_json(folder / PENDING, {"job": job.id, "server": self.server}, indent=1)
                 self._follow(job, folder, settings)
             self._postfix()
             self.wake.wait(backoff or 0.5)
@@ -562,7 +513,7 @@ class Batch:
             print(f"{folder.name}: first frame: {describe_first_frame(info['first_frame'])}", file=sys.stderr)
             for line in (outcome.provenance or {}).get("adjustments", []):  # what the engine changed, once
                 print(f"{folder.name}: {line}", file=sys.stderr)
-            print(write_result(folder, outcome.video, info), flush=True)
+            print(write_rollout(folder, outcome.video, info), flush=True)
             (folder / PENDING).unlink(missing_ok=True)
             self.done.append(folder)
             self.bar.update(1)
@@ -658,7 +609,7 @@ def replay_episodes(args: argparse.Namespace, episodes: list[Path], overrides: d
     from bridge.client import Client, ServerUnavailable
     from bridge.reach import check_listening, explain_no_answer
 
-    finished = [f for f in episodes if (f / RESULT_VIDEO).is_file() and not args.overwrite]
+    finished = [f for f in episodes if (f / ROLLOUT_VIDEO).is_file() and not args.overwrite]
     todo = []
     for folder in episodes:
         if folder in finished:
@@ -666,7 +617,7 @@ def replay_episodes(args: argparse.Namespace, episodes: list[Path], overrides: d
         episode = read_episode(folder)
         todo.append((folder, job_settings(episode.meta.generation if episode.meta else None, overrides)))
     if finished:
-        print(f"{len(finished)} of {len(episodes)} episode(s) already have {RESULT_VIDEO}: skipped "
+        print(f"{len(finished)} of {len(episodes)} episode(s) already have {ROLLOUT_VIDEO}: skipped "
               "(--overwrite generates them again)", file=sys.stderr)  # fmt: skip
     if not todo:
         return 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH
 from lingbot_isaac.recorder import Capture, Recorder, RecorderError
 
 
@@ -27,8 +30,8 @@ class SessionSettings:
 
     server: str = "tcp://127.0.0.1:5570"
     output_dir: Path = field(default_factory=lambda: Path.home() / "lingbot_episodes")
-    width: int = 832
-    height: int = 480
+    width: int = MODEL_WIDTH
+    height: int = MODEL_HEIGHT
     sample_on: str = "render"  # "render": every app update; "physics": every physics step
     keep_sim_frames: bool = False  # also keep every frame (sim.mp4/frames) for the comparison
     max_seconds: float = 30.0  # recording stops by itself after this much sim time
@@ -64,8 +67,16 @@ class Status:
 
 
 class Session:
-    def __init__(self, settings: SessionSettings | None = None) -> None:
+    def __init__(
+        self,
+        settings: SessionSettings | None = None,
+        build_report: Callable[[Path, Path, Path], Path] | None = None,
+    ) -> None:
+        """`build_report(episode, rollout, out_dir) -> report.html`: how comparison reports are made
+        (default: `compare_with_cli`, the CLI in its own process; `SessionSettings.compare` turns
+        reports off)."""
         self.settings = settings or SessionSettings()
+        self.build_report = build_report if build_report is not None else compare_with_cli
         self._lock = threading.Lock()
         self._status = Status()
         self._recorder: Recorder | None = None
@@ -210,9 +221,9 @@ class Session:
         self, episode: Path, client_factory: Callable[[], Any] | None, run: int, cancelled: threading.Event
     ) -> None:
         from bridge.client import Client, EpisodePayload, JobError, Progress, ServerUnavailable
-        from contracts.episode import read_episode
-        from lingbot_isaac.first_frame import parse_intrinsics, with_photo
-        from lingbot_isaac.replay import first_frame_record, job_settings, write_result
+        from contracts.episode import read_episode, write_rollout
+        from contracts.settings import job_settings
+        from lingbot_isaac.first_frame import first_frame_record, parse_intrinsics, with_photo
 
         timeout = self.settings.timeout
 
@@ -275,9 +286,9 @@ class Session:
                     "provenance": job.provenance,
                     "first_frame": first_frame_record(read_episode(episode)),
                 }
-                result = write_result(episode, video, info, client="extension")
+                result = write_rollout(episode, video, info, client="extension")
             self._client = self._job_id = None
-            report = self._compare(episode, result, run)
+            report = self._report(episode, result, run)
             self._set(
                 run, state="done", message=f"Rollout written: {result}", progress=1.0, result=result, report=report
             )
@@ -290,22 +301,32 @@ class Session:
             self._set(run, state="failed", message=message,
                       error="".join(traceback.format_exception_only(exc)).strip())  # fmt: skip
 
-    def _compare(self, episode: Path, rollout: Path, run: int | None = None) -> Path | None:
-        """The comparison report, when sim frames exist and the comparison package is installed."""
+    def _report(self, episode: Path, rollout: Path, run: int | None = None) -> Path | None:
+        """The comparison report, when sim frames exist, built by `build_report` (by default the
+        CLI's `compare` command in its own process: OpenCV never enters Isaac Sim's Python)."""
         from contracts.episode import read_episode
 
-        if not self.settings.compare or read_episode(episode).sim_frames_path is None:
-            return None
-        try:
-            from comparison.report import compare_episode
-        except ImportError:
+        if not self.settings.compare or self.build_report is None or read_episode(episode).sim_frames_path is None:
             return None
         self._set(run, message="Comparing the sim frames with the rollout ...")
         try:
-            return Path(compare_episode(episode, rollout, episode / "comparison"))
+            return self.build_report(episode, rollout, episode / "comparison")
         except Exception as exc:  # the rollout is still good; say why there is no report
             self._set(run, message=f"Rollout written; comparison failed: {exc}")
             return None
+
+
+def compare_with_cli(episode: Path, rollout: Path, out: Path) -> Path:
+    """Build the comparison report with `lingbot-isaac compare` in a separate process; return the
+    HTML report's path. Raises RuntimeError with the command's last words when it fails (e.g. the
+    `compare` extra is not installed in this Python)."""
+    command = [sys.executable, "-m", "lingbot_cli", "compare", str(episode), str(rollout), "--out", str(out)]
+    done = subprocess.run([*command, "--no-progress"], capture_output=True, text=True, check=False)
+    reports = [line.removeprefix("report: ") for line in done.stdout.splitlines() if line.startswith("report: ")]
+    if done.returncode != 0 or not reports:
+        last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [f"exit status {done.returncode}"]
+        raise RuntimeError(f"`lingbot-isaac compare` failed: {last[0]}")
+    return Path(reports[0])
 
 
 def _describe(event) -> str:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from contracts import atomic
+
 
 def have_mp4_writer() -> bool:
     try:
@@ -33,30 +35,26 @@ def write_mp4(path: os.PathLike | str, frames: Iterable[np.ndarray], fps: float 
         raise ValueError(
             f"frames must be uint8 RGB [H, W, 3] with even H and W (got {first.dtype} {first.shape})"
         )
-    partial = path.with_name(f".{path.name}.partial.mp4")
-    writer = imageio_ffmpeg.write_frames(
-        str(partial),
-        (width, height),
-        fps=fps,
-        codec="libx264",
-        pix_fmt_out="yuv420p",
-        macro_block_size=1,
-        output_params=["-crf", str(crf), "-preset", "medium", "-movflags", "+faststart"],
-    )
-    try:
-        writer.send(None)  # start ffmpeg
-        writer.send(np.ascontiguousarray(first))
-        for frame in frames:
-            frame = np.asarray(frame)
-            if frame.shape != first.shape or frame.dtype != np.uint8:
-                raise ValueError(f"frame of shape {frame.shape} {frame.dtype} after frames of {first.shape}")
-            writer.send(np.ascontiguousarray(frame))
-        writer.close()
-        os.replace(partial, path)
-    except BaseException:
-        writer.close()
-        partial.unlink(missing_ok=True)
-        raise
+    with atomic.atomic_path(path) as partial:
+        writer = imageio_ffmpeg.write_frames(
+            str(partial),
+            (width, height),
+            fps=fps,
+            codec="libx264",
+            pix_fmt_out="yuv420p",
+            macro_block_size=1,
+            output_params=["-crf", str(crf), "-preset", "medium", "-movflags", "+faststart"],
+        )
+        try:
+            writer.send(None)  # start ffmpeg
+            writer.send(np.ascontiguousarray(first))
+            for frame in frames:
+                frame = np.asarray(frame)
+                if frame.shape != first.shape or frame.dtype != np.uint8:
+                    raise ValueError(f"frame of shape {frame.shape} {frame.dtype} after frames of {first.shape}")
+                writer.send(np.ascontiguousarray(frame))
+        finally:
+            writer.close()
     return path
 
 

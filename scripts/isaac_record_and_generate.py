@@ -120,9 +120,11 @@ def record_and_generate(simulation_app, args: argparse.Namespace) -> int:
 
 def generate(episode: Path, args: argparse.Namespace) -> int:
     from bridge.client import Client
-    from contracts.episode import read_episode
-    from lingbot_isaac.replay import first_frame_record, job_settings, settings_overrides, write_result
+    from contracts.episode import read_episode, write_rollout
+    from contracts.settings import job_settings
+    from lingbot_isaac.first_frame import first_frame_record
     from lingbot_isaac.replay import generate as send
+    from lingbot_isaac.replay import settings_overrides
 
     overrides = settings_overrides(
         argparse.Namespace(
@@ -142,7 +144,7 @@ def generate(episode: Path, args: argparse.Namespace) -> int:
         video, info = send(client, episode, settings, episode.name, progress=True, job_timeout=None)
     first = first_frame_record(read_episode(episode))
     info.update({"server": args.server, "episode": str(episode), "settings": settings, "first_frame": first})
-    print(f"rollout: {write_result(episode, video, info)}")
+    print(f"rollout: {write_rollout(episode, video, info)}")
     return 0
 
 

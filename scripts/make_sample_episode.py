@@ -26,13 +26,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from contracts.episode import read_episode  # noqa: E402
-from contracts.model_frame import from_model_intrinsics  # noqa: E402
+from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH, from_model_intrinsics  # noqa: E402
 from lingbot_isaac.camera import numpy_to_gf, opencv_to_usd_local_to_world  # noqa: E402
 from lingbot_isaac.recording import write_recording_episode  # noqa: E402
-from lingbot_isaac.room_render import BOXES, ROOM_MAX, ROOM_MIN, look_at, render_room  # noqa: E402
 from lingbot_isaac.sources.usd_stage import read_usd_stage  # noqa: E402
+from tests.room_render import BOXES, ROOM_MAX, ROOM_MIN, look_at, render_room  # noqa: E402
 
-HEIGHT, WIDTH = 480, 832
+HEIGHT, WIDTH = MODEL_HEIGHT, MODEL_WIDTH
 CODES_PER_SECOND = 60  # the "sim" rate; the episode is resampled to 16 fps
 SECONDS = 2.0
 METERS_PER_UNIT = 0.01

@@ -21,8 +21,8 @@ import pytest
 from scipy.spatial.transform import Rotation
 
 from lingbot_cli.main import main as cli
-from lingbot_isaac.room_render import look_at
 from tests.bridge.conftest import REPO, TINY, ServerPool, standin_command, wait_for
+from tests.room_render import look_at
 
 h5py = pytest.importorskip("h5py", reason="h5py is not installed")
 # Isaac Lab's math module compiles its helpers with torch.jit.script, which torch 2.13 deprecates.

@@ -18,9 +18,10 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
+from contracts.engine_options import ATTENTIONS
 from worldgen.errors import InputError
 
-BACKENDS = ("auto", "sdpa", "flash", "sage")
+BACKENDS = ATTENTIONS  # the one list, in contracts.engine_options
 _PACKAGES = {"flash": ("flash_attn", "pip install flash-attn"), "sage": ("sageattention", "pip install sageattention")}
 
 

@@ -29,13 +29,13 @@ import warnings
 
 import torch
 
+from contracts.engine_options import COMPUTES  # noqa: F401  (the one list; used by the pipeline)
 from worldgen.errors import InputError
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
 MIN_ROWS = 256  # fewer rows than this: the bf16 GEMM is as fast and exact
 FAST_ACCUM = True  # Hopper's fast FP8 accumulation (partial sums promoted to float32 less often)
-COMPUTES = ("bf16", "fp8")
 
 
 def unsupported_reason(device: torch.device | str) -> str | None:

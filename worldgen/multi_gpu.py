@@ -72,6 +72,19 @@ def devices_for_gpus(spec: str | Sequence[int] | None) -> list[str] | None:
     return [f"cuda:{g}" for g in gpus]
 
 
+def check_devices(devices: Sequence[str]) -> None:
+    """Refuse CUDA devices this machine does not have (clear message, before anything loads)."""
+    wanted = [torch.device(d) for d in devices if torch.device(d).type == "cuda"]
+    if not wanted:
+        return
+    names = ", ".join(devices)
+    if not torch.cuda.is_available():
+        raise InputError(f"devices {names}: this machine has no CUDA GPU (PyTorch {torch.__version__}); use cpu")
+    count = torch.cuda.device_count()
+    if max(d.index or 0 for d in wanted) >= count:
+        raise InputError(f"devices {names}: this machine has {count} CUDA GPU(s) (indices 0..{count - 1})")
+
+
 class SecondDevice:
     """The unconditional pass of each step, on another device, in a thread of its own."""
 

@@ -18,12 +18,14 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from contracts.engine_options import MODELS, TORCH_DTYPE_NAMES, EngineOptions
 from contracts.settings import GenerationSettings
 from worldgen.camera import camera_conditioning, frames_for_poses, validate_action
 from worldgen.dit import DiTConfig
@@ -42,7 +44,6 @@ Progress = Callable[[str, int, int], None]
 VAE_STRIDE = (4, 8, 8)
 PATCH = (1, 2, 2)
 NEGATIVE_PROMPT_FILE = Path(__file__).with_name("negative_prompt.txt")
-MODELS = ("base", "fast")  # base: the two experts with guidance; fast: LingBot-World-Fast (worldgen.fast)
 
 
 def _no_progress(phase: str, step: int, total: int) -> None:
@@ -108,6 +109,7 @@ class Pipeline:
         self.is_random_weights = is_random_weights
         self.meter = PhaseMeter(self.device)
         self.on_plan: Callable[[str], None] | None = None  # told the plan whenever a job changes it
+        self.engine: dict[str, Any] = {}  # what load_pipeline applied (dtype, compute, attention, ...)
         self._frame_pixels = 0
         self.identity: dict[str, str] = {}  # set by load_pipeline: variant, checkpoint, layout, dtype ...
         self.compute = compute  # the experts' compute unless a job's settings say otherwise (worldgen.fp8)
@@ -396,7 +398,8 @@ def load_pipeline(
     (LingBot-World-Fast, a `worldgen.fast.FastPipeline`). `compute`: "bf16" (exact) or "fp8"
     (approximate, Ada/Hopper only: `worldgen.fp8`), a job's settings may override it. `devices`:
     one device (as `device`) or two, the second running each step's unconditional pass
-    (`worldgen.multi_gpu`; `devices_for_gpus` turns `--gpus 0,1` into them).
+    (`worldgen.multi_gpu`; `devices_for_gpus` turns `--gpus 0,1` into them). What was applied is
+    recorded in `pipe.engine` (the worker reports it in its health answers).
     """
     from worldgen.attention import resolve_backend
     from worldgen.checkpoint import expert_files, find_checkpoint, find_fast_checkpoint, load_expert, load_t5, load_vae
@@ -407,8 +410,11 @@ def load_pipeline(
     # fewer fragmentation OOMs near the budget; must be set before CUDA's allocator starts
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     if devices:
+        from worldgen.multi_gpu import check_devices
+
         if len(devices) > 2:
             raise InputError(f"devices {list(devices)}: a rollout uses one or two devices")
+        check_devices(devices)
         device = devices[0]
     device = torch.device(device) if device is not None else default_device()
     from worldgen.fp8 import COMPUTES, check_supported
@@ -501,6 +507,17 @@ def load_pipeline(
         text_dtype=t5_dtype,
         compute=compute,
     )
+    pipe.engine = {
+        "model": model,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "compute": compute,
+        "devices": [str(d) for d in devices] if devices else [str(device)],
+        "attention": backend,
+        "text_encoder_device": str(t5_device),
+        "text_encoder_streamed": plan.stream_text_encoder,  # --t5-on-cpu: block by block from its file
+        "vram_budget_gb": vram_budget_gb,  # as asked (the plan applies it on CUDA only)
+    }
     # what the provenance record of each rollout says about the model (worldgen.rollout.rollout_record)
     pipe.identity = {
         "variant": model,
@@ -512,6 +529,22 @@ def load_pipeline(
         "attention": backend,
     }
     return pipe
+
+
+def load_pipeline_from_options(options: EngineOptions, **kwargs: Any) -> Pipeline:
+    """`load_pipeline` with `contracts.engine_options.EngineOptions` (what a worker is sent)."""
+    return load_pipeline(
+        options.ckpt if options.ckpt == "tiny" else Path(options.ckpt),
+        device=options.device,
+        devices=options.devices if len(options.devices) > 1 else None,
+        dtype=getattr(torch, TORCH_DTYPE_NAMES[options.dtype]) if options.dtype else None,
+        vram_budget_gb=options.vram_budget_gb,
+        text_encoder_on_cpu=options.t5_on_cpu,
+        attention=options.attention,
+        model=options.model,
+        compute=options.compute,
+        **kwargs,
+    )
 
 
 def _prepared_expert(

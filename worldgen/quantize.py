@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from contracts import atomic
 from worldgen.checkpoint import (
     EXPERTS,
     FAST_DIR,
@@ -129,8 +130,7 @@ def quantize_expert(
                 else:
                     writer.add(key, tensor.to(torch.bfloat16) if tensor.dtype.is_floating_point else tensor)
                 del tensor
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(partial, target)
+        atomic.replace_dir(partial, target, overwrite=True)  # fsynced, then swapped in whole
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -145,15 +145,13 @@ def quantize_expert(
 def _link_or_copy(source: Path, target: Path) -> str:
     if target.exists() and os.path.samefile(source, target):
         return "already there"
-    partial = target.with_name(f".{target.name}.partial")
-    partial.unlink(missing_ok=True)
-    try:
-        os.link(source, partial)
-        how = "hard-linked"
-    except OSError:  # another filesystem, or links not allowed: a streamed copy (no RAM cost)
-        shutil.copyfile(source, partial)
-        how = "copied"
-    os.replace(partial, target)
+    with atomic.atomic_path(target) as partial:
+        try:
+            os.link(source, partial)
+            how = "hard-linked"
+        except OSError:  # another filesystem, or links not allowed: a streamed copy (no RAM cost)
+            shutil.copyfile(source, partial)
+            how = "copied"
     return how
 
 

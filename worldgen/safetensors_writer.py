@@ -13,12 +13,13 @@ Reserve with `header_bound`: an upper bound from the key names and tensor ranks 
 from __future__ import annotations
 
 import json
-import os
 import struct
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+
+from contracts import atomic
 
 DTYPE_NAMES = {
     torch.float64: "F64",
@@ -52,7 +53,7 @@ class SafetensorsWriter:
         self.path = Path(path)
         self.reserve = (header_reserve + 7) // 8 * 8
         self.metadata = metadata
-        self.tmp = self.path.with_name(f".{self.path.name}.partial")
+        self.tmp = atomic.temp_path(self.path)
         self.entries: dict[str, dict] = {}
         self.offset = 0
         self.file = open(self.tmp, "wb")  # noqa: SIM115 (closed by close()/abort(), which the context manager calls)
@@ -83,10 +84,8 @@ class SafetensorsWriter:
             raise RuntimeError(f"{self.path}: header of {len(text)} bytes exceeds the {self.reserve} reserved")
         self.file.seek(0)
         self.file.write(struct.pack("<Q", self.reserve) + text + b" " * (self.reserve - len(text)))
-        self.file.flush()
-        os.fsync(self.file.fileno())
         self.file.close()
-        os.replace(self.tmp, self.path)
+        atomic.commit(self.tmp, self.path)  # fsync, rename, fsync the folder
 
     def abort(self) -> None:
         self.file.close()

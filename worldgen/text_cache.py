@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from contracts import atomic
 
 
 def default_cache_dir() -> Path:
@@ -44,11 +45,5 @@ class TextCache:
     def put(self, prompt: str, text_len: int, context: torch.Tensor) -> None:
         path = self._path(prompt, text_len)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        os.close(fd)
-        try:
-            save_file({"context": context.float().contiguous().cpu()}, tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with atomic.atomic_path(path, durable=False) as tmp:  # a cache: a lost entry is recomputed
+            save_file({"context": context.float().contiguous().cpu()}, str(tmp))

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from contracts import atomic
 from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, INDEX_FILE, T5_FILE, VAE_FILE
 from worldgen.dit import DiTConfig, Linear, WanCameraDiT
 from worldgen.nf4 import quantize_weight
@@ -117,8 +118,8 @@ def ensure_tiny_checkpoint(kind: str = "bf16") -> Path:
                 _write_expert_nf4(tmp / f"{expert}_noise_model_bnb_nf4", state, model)
         _write_shared_parts(tmp, generator, "google/umt5-xxl" if kind == "bf16" else "tokenizer")
         try:
-            os.replace(tmp, target)
-        except OSError:  # another process finished first
+            atomic.replace_dir(tmp, target)
+        except OSError:  # another process finished first (FileExistsError, or ENOTEMPTY in a race)
             if not (target / "README.txt").exists():
                 raise
     finally:
@@ -142,8 +143,8 @@ def ensure_tiny_fast(root: Path) -> Path:
         else:
             _write_expert_bf16(tmp / "dit", state, class_name="WanModelFast")
         try:
-            os.replace(tmp / "dit", target)
-        except OSError:  # another process finished first
+            atomic.replace_dir(tmp / "dit", target)
+        except OSError:  # another process finished first (FileExistsError, or ENOTEMPTY in a race)
             if not (target / "config.json").exists():
                 raise
     finally:

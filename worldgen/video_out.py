@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from contracts import atomic
 
 
 def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
@@ -24,12 +24,10 @@ def write_mp4(video: torch.Tensor | np.ndarray, path: Path | str, fps: int = 16)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     h, w = frames.shape[1:3]
-    # a fresh hidden name that ffmpeg creates itself, so the file gets the process umask (0644 under 022)
-    tmp = str(path.with_name(f".{path.stem}-{os.getpid()}-{uuid.uuid4().hex[:8]}.mp4"))
-    try:
+    with atomic.atomic_path(path) as tmp:  # temp beside it, fsync, rename, fsync the folder
         # yuv420p needs even sizes; macro_block_size=1 keeps the exact frame size when it is even
         writer = imageio_ffmpeg.write_frames(
-            tmp,
+            str(tmp),
             (w, h),
             fps=fps,
             codec="libx264",
@@ -42,8 +40,4 @@ def write_mp4(video: torch.Tensor | np.ndarray, path: Path | str, fps: int = 16)
         for frame in frames:
             writer.send(np.ascontiguousarray(frame))
         writer.close()
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path

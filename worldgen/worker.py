@@ -19,6 +19,7 @@ Engine-agnostic core (`serve(load_engine)`): the real engine is `PipelineEngine`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
 import os
@@ -32,8 +33,11 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from bridge import worker_protocol as wp
+from contracts import atomic
+from contracts.engine_options import EngineOptions, EngineOptionsError
+from contracts.episode import EpisodeError
 from contracts.provenance import sidecar_path
-from contracts.settings import GenerationSettings
+from contracts.settings import GenerationSettings, SettingsError
 from worldgen.errors import CheckpointError, InputError
 
 log = logging.getLogger("worldgen.worker")
@@ -41,6 +45,17 @@ log = logging.getLogger("worldgen.worker")
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 ProgressFn = Callable[[str, int, int], None]
+
+
+# Errors that mean "your input is wrong", by type: they come back as bad_input, the worker carries on.
+BAD_INPUT = (InputError, EpisodeError, SettingsError)
+
+
+def out_of_memory_errors() -> tuple[type[BaseException], ...]:
+    """Host and (when torch is loaded) CUDA out-of-memory errors, by type."""
+    torch = sys.modules.get("torch")
+    cuda_oom = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+    return (MemoryError, cuda_oom) if cuda_oom is not None else (MemoryError,)
 
 
 class JobCancelled(Exception):
@@ -70,31 +85,20 @@ class Engine(Protocol):
 class PipelineEngine:
     """The real engine: a warm `worldgen.pipeline` and `worldgen.rollout.generate_episode`."""
 
-    DTYPES = ("bf16", "fp16", "fp32")
-
-    def __init__(
-        self,
-        ckpt: str,
-        device: str,
-        dtype: str | None,
-        vram_budget_gb: float | None,
-        ram_budget_gb: float | None,
-    ) -> None:
+    def __init__(self, options: EngineOptions) -> None:
         import torch
 
-
         self.torch = torch
-        self.ckpt, self.device, self.dtype = ckpt, device, dtype
-        torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(dtype or "")
-        self.budgets = (vram_budget_gb, ram_budget_gb)
-        self.torch_dtype = torch_dtype
+        self.options = options
+        self.ckpt, self.device = options.ckpt, options.device
         # models load lazily (on a job's first use); this checks the checkpoint now. A folder with
-        # only the Fast DiT (no experts) serves model = fast alone.
+        # only one of the models (e.g. only the Fast DiT) serves that model alone.
+        other = "fast" if options.model == "base" else "base"
         try:
-            self.model, self.pipe = "base", self._load("base")
+            self.model, self.pipe = options.model, self._load(options.model)
         except CheckpointError:
             try:
-                self.model, self.pipe = "fast", self._load("fast")
+                self.model, self.pipe = other, self._load(other)
             except CheckpointError:
                 pass
             else:
@@ -102,17 +106,9 @@ class PipelineEngine:
             raise
 
     def _load(self, model: str):
-        from worldgen.pipeline import load_pipeline
+        from worldgen.pipeline import load_pipeline_from_options
 
-        source = self.ckpt if str(self.ckpt).startswith("tiny") else Path(self.ckpt)
-        return load_pipeline(
-            source,
-            device=self.device,
-            dtype=self.torch_dtype,
-            vram_budget_gb=self.budgets[0],
-            ram_budget_gb=self.budgets[1],
-            model=model,
-        )
+        return load_pipeline_from_options(self.options.replace(model=model))
 
     def _pipeline_for(self, model: str):
         """The pipeline of a job's model: one is resident at a time (a switch frees the other's models
@@ -132,8 +128,10 @@ class PipelineEngine:
             "model": self.ckpt,
             "engine": self.model,  # the model resident now: base or fast (chosen per job by settings.model)
             "device": self.device,
-            "dtype": self.dtype or "auto",
+            "dtype": (self.pipe.engine if self.pipe else {}).get("dtype", self.options.dtype or "auto"),
             "torch": self.torch.__version__,
+            "options": self.options.to_dict(),  # as the server sent them
+            "pipeline": dict(self.pipe.engine) if self.pipe else {},  # as the pipeline applied them
         }
 
     def generate(
@@ -159,10 +157,8 @@ class PipelineEngine:
         return Path(generate_episode(pipe, episode_dir, settings, output, progress=progress, on_chunk=chunk_fn))
 
     def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int | None:
-        """Frames `generate` writes for this episode (base model: the request cut to what the poses
-        cover, as the pipeline does); None where the engine does not promise a count (fast)."""
-        if getattr(settings, "model", "base") != "base":
-            return None
+        """Frames `generate` writes for this episode: the request cut to what the poses cover, as the
+        pipeline does (model fast: then rounded down to whole chunks, worldgen.fast.fast_frames)."""
         import warnings
 
         import numpy as np
@@ -172,6 +168,10 @@ class PipelineEngine:
         poses = np.load(episode_dir / "poses.npy", mmap_mode="r", allow_pickle=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            if getattr(settings, "model", "base") == "fast":
+                from worldgen.fast import FastOptions, fast_frames
+
+                return fast_frames(settings.frame_num, len(poses), FastOptions().chunk_frames).frames
             return frames_for_poses(settings.frame_num, len(poses))
 
     def probe(self) -> dict[str, Any]:
@@ -262,7 +262,9 @@ class Worker:
                 log.info("supervisor closed the pipe; exiting")
                 os._exit(0)
             kind = message["type"]
-            if kind == "run":
+            if kind == "load":
+                self.commands.put(message)
+            elif kind == "run":
                 self.cancel.clear()
                 self.cancel_job = message.get("job")
                 self.commands.put(message)
@@ -300,12 +302,17 @@ class Worker:
 
     # -- the main thread ---------------------------------------------------------------------
 
-    def main(self, load_engine: Callable[[], Engine]) -> int:
+    def main(self, load_engine: Callable[[EngineOptions], Engine]) -> int:
         threading.Thread(target=self.read_forever, name="protocol-reader", daemon=True).start()
+        message = self.commands.get()  # the supervisor's first message: `load` with the engine options
+        if message["type"] != "load":
+            self.send({"type": "fatal", "code": "load_failed", "message": f"expected 'load' first, got {message['type']!r}"})
+            return 3
         started = time.monotonic()
         try:
-            self.engine = load_engine()
-        except CheckpointError as exc:
+            options = EngineOptions.from_dict(message.get("options") or {}, "the worker's engine options")
+            self.engine = load_engine(options)
+        except (CheckpointError, EngineOptionsError) as exc:
             self.send({"type": "fatal", "code": "checkpoint", "message": str(exc)})
             return 3
         except Exception as exc:
@@ -359,8 +366,8 @@ class Worker:
                 raise JobCancelled("cancelled after the last step")
             record = sidecar_path(written)
             if record.is_file():  # the provenance record goes first: a result never exists without it
-                os.replace(record, sidecar_path(output))
-            os.replace(written, output)
+                atomic.commit(record, sidecar_path(output))
+            atomic.commit(written, output)  # fsynced and renamed: durable before it is reported
             frames_output = message.get("frames_output")
             if message.get("want_frames") and frames_output:
                 self.write_frames(output, Path(frames_output))
@@ -377,7 +384,7 @@ class Worker:
         except JobCancelled as exc:
             log.info("job %s: %s", job, exc)
             self.send({"type": "error", "job": job, "code": "cancelled", "message": str(exc)})
-        except InputError as exc:  # includes settings the engine refuses (SettingsError is a ValueError)
+        except BAD_INPUT as exc:  # the episode or the settings: the user's to fix
             self.send({"type": "error", "job": job, "code": "bad_input", "message": str(exc)})
         except OSError as exc:
             # Disk full or read-only: not the job's fault; the server requeues it until space returns.
@@ -386,10 +393,7 @@ class Worker:
             self.send({"type": "error", "job": job, "code": code, "message": f"{type(exc).__name__}: {exc}"})
         except Exception as exc:
             log.error("job %s failed:\n%s", job, traceback.format_exc())
-            out_of_memory = isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
-            code = "out_of_memory" if out_of_memory else "worker_error"
-            if type(exc).__name__ == "SettingsError":
-                code = "bad_input"
+            code = "out_of_memory" if isinstance(exc, out_of_memory_errors()) else "worker_error"
             self.send({"type": "error", "job": job, "code": code, "message": f"{type(exc).__name__}: {exc}"})
             try:
                 self.engine.after_failure()
@@ -402,6 +406,8 @@ class Worker:
             except OSError as exc:
                 log.warning("cannot remove %s: %s", partial, exc)
             self.job, self.state, self.progress = None, "idle", {}
+            with contextlib.suppress(Exception):  # health then says which model is resident now
+                self.info.update(self.engine.describe())
 
     def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int | None:
         """The frame count the engine's mp4 must hold (the server checks it in the file); None if
@@ -420,14 +426,13 @@ class Worker:
         import numpy as np
 
         frames = decode_mp4_frames(video)
-        tmp = target.with_name(f".{target.name}.tmp")
-        with open(tmp, "wb") as f:
+        with atomic.atomic_open(target) as f:
             np.save(f, frames, allow_pickle=False)
-        os.replace(tmp, target)
 
 
-def serve(load_engine: Callable[[], Engine]) -> int:
-    """Run a worker on this process's stdin/stdout with the engine `load_engine()` returns."""
+def serve(load_engine: Callable[[EngineOptions], Engine]) -> int:
+    """Run a worker on this process's stdin/stdout with the engine `load_engine(options)` returns,
+    `options` being what the supervisor's first message (`load`) carries."""
     protocol_out = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # prints from any library now land on stderr
     sys.stdout = sys.stderr
@@ -444,14 +449,13 @@ def serve(load_engine: Callable[[], Engine]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worldgen.worker", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ckpt", default="tiny", help="checkpoint folder or 'tiny'")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--dtype", choices=PipelineEngine.DTYPES, default=None)
-    parser.add_argument("--vram-budget-gb", type=float, default=None)
-    parser.add_argument("--ram-budget-gb", type=float, default=None)
-    args = parser.parse_args(argv)
-    return serve(lambda: PipelineEngine(args.ckpt, args.device, args.dtype, args.vram_budget_gb, args.ram_budget_gb))
+    parser = argparse.ArgumentParser(
+        prog="python -m worldgen.worker",
+        description=__doc__.split("\n\n")[0] + " Its engine options arrive as data, in the supervisor's first "
+        "message (`load`, see bridge/worker_protocol.py); there are no engine flags.",
+    )
+    parser.parse_args(argv)
+    return serve(PipelineEngine)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contracts.episode import EpisodeError, is_episode_dir
+from contracts.model_frame import MODEL_FRAME
 from lingbot_isaac.recording import CameraRecording
 
 HDF5_SUFFIXES = (".hdf5", ".h5", ".he5")
@@ -98,7 +99,7 @@ def open_source(path: Path, options: SourceOptions) -> list[TrajectorySource]:
     if kind == "usd":
         from lingbot_isaac.sources.usd_stage import read_usd_stage
 
-        resolution = options.resolution or (480, 832)
+        resolution = options.resolution or MODEL_FRAME
         recording = read_usd_stage(path, resolution, options.camera)
         return [TrajectorySource(name=path.stem, origin=path, recording=recording)]
     if kind == "isaacsim-hdf5":

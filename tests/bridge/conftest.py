@@ -162,7 +162,7 @@ class ServerPool:
         **server_keys: Any,
     ) -> ServerProcess:
         """worker: None for the stand-in, TINY for the server's own default worker command
-        (`python -m worldgen.worker --ckpt tiny --device cpu`), or a whole command line."""
+        (`python -m worldgen.worker`, [worker] ckpt "tiny" on the cpu), or a whole command line."""
         workdir = self.root / name
         workdir.mkdir(parents=True, exist_ok=True)
         worker_table = {"startup_timeout_s": 120.0, "restart_backoff_s": [0.2, 2.0], **(worker_keys or {})}

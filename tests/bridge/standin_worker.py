@@ -5,7 +5,7 @@ progress callback, health and shutdown are `worldgen.worker`'s own code. The sta
 `--step-s` per denoising step (so tests can SIGKILL or cancel a job mid-way at a known pace) and
 writes a small file that records what it was asked to do (so tests can check that the episode
 and settings went through the server and the spool unchanged). The acceptance tests that need
-real generation use `python -m worldgen.worker --ckpt tiny` instead.
+real generation use `python -m worldgen.worker` with [worker] ckpt = "tiny" instead.
 
 The file is a real (if unplayable) mp4 container: `ftyp`, a `moov` whose sample table holds the
 frame count the engine would write, and an `mdat` holding the record, so the server's check of
@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from contracts.engine_options import EngineOptions
 from contracts.provenance import make_record, sidecar_path, to_json
 from contracts.settings import GenerationSettings
 from worldgen.errors import CheckpointError, InputError
@@ -50,8 +51,9 @@ def mp4_bytes(frames: int, payload: bytes, truncate: bool = False) -> bytes:
 
 
 class StandinEngine:
-    def __init__(self, step_s: float, truncate: bool = False, result_mb: float = 0.0) -> None:
+    def __init__(self, step_s: float, options: EngineOptions, truncate: bool = False, result_mb: float = 0.0) -> None:
         self.step_s, self.truncate, self.result_bytes = step_s, truncate, int(result_mb * (1 << 20))
+        self.options = options
 
     def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int:
         """The stand-in's own rule (no torch import): one frame per pose, at most frame_num."""
@@ -59,7 +61,7 @@ class StandinEngine:
         return min(settings.frame_num, len(poses))
 
     def describe(self) -> dict:
-        return {"model": "standin", "device": "cpu", "dtype": "none"}
+        return {"model": "standin", "device": "cpu", "dtype": "none", "options": self.options.to_dict()}
 
     def probe(self) -> dict:
         return {"gpu": None}
@@ -119,10 +121,10 @@ def main() -> int:
     parser.add_argument("--result-mb", type=float, default=0.0, help="pad each result to this size")
     args = parser.parse_args()
 
-    def load() -> StandinEngine:
+    def load(options: EngineOptions) -> StandinEngine:
         if args.fail_load:
             raise CheckpointError("/nowhere: not a checkpoint folder (stand-in)")
-        return StandinEngine(args.step_s, args.truncate, args.result_mb)
+        return StandinEngine(args.step_s, options, args.truncate, args.result_mb)
 
     return serve(load)
 

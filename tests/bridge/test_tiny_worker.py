@@ -1,5 +1,5 @@
 """Acceptance with the real engine: `lingbot-isaac serve` with its default worker, `python -m
-worldgen.worker --ckpt tiny --device cpu` (the built-in tiny model), over real loopback sockets.
+worldgen.worker` loading the built-in tiny model on the CPU, over real loopback sockets.
 
 Loading the tiny model takes ~10 s on 2 CPU cores, so the tests share one server where they can;
 most jobs use small settings (SMALL: ~2 s a job) and one uses the full `[tiny]` preset.

@@ -95,7 +95,7 @@ def test_devices_flag_and_config_validation(tmp_path):
 
     config = load_server_config(None, {"worker.devices": ["cuda:0", "cuda:1"]})
     assert config.worker.pool_devices() == ("cuda:0", "cuda:1")
-    assert config.worker.argv("cuda:1")[-2:] == ("--device", "cuda:1")
+    assert config.worker.options_for("cuda:1").devices == ("cuda:1",)
     path = tmp_path / "server.toml"
     path.write_text('[worker]\ndevices = ["gpu0"]\n')
     with pytest.raises(ConfigError, match="device 'gpu0': expected cpu, cuda or cuda:N"):

@@ -11,7 +11,7 @@ import numpy as np
 from comparison.trajectory import intrinsics_matrix
 from comparison.video_io import write_video
 from contracts.episode import EpisodeMeta
-from lingbot_isaac.room_render import look_at, render_room
+from tests.room_render import look_at, render_room
 
 # fx, fy, cx, cy for a 480 x 832 frame (the LingBot convention); fx != fy on purpose.
 INTRINSICS_480x832 = np.array([430.0, 440.0, 420.0, 236.0])

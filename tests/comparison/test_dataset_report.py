@@ -64,6 +64,7 @@ def test_dataset_numbers_equal_the_episode_reports(dataset):
         assert row["estimation_failures"] == rollout["first_to_k"]["failed"] + rollout["consecutive"]["failed"]
         assert row["compared_frames"] == report["compared_frames"] == 17
     good, bad = rows[1], rows[0]
+    assert bad["made_by"].startswith("unknown") and not good["made_by"].startswith("unknown")
     assert good["rotation_error_deg"] < 2.0 < bad["rotation_error_deg"]
     assert good["psnr_db"] > bad["psnr_db"]
     totals = data["totals"]
@@ -100,6 +101,9 @@ def test_dataset_report_renders_in_chromium(dataset, tmp_path):
     assert dom.index('href="episodes/run1__bad/report.html"') < dom.index('href="episodes/run1__good/report.html"')
     assert dom.count('class="plot histogram"') == 5 and 'id="tiny-model-note"' in dom
     assert 'id="not-compared"' in dom and "broken" in dom
+    # what made the rollouts: the single report's provenance block, once per model
+    assert 'id="made-by"' in dom and dom.count("What made this rollout") == 2
+    assert "1 of 2 episode(s): unknown (no provenance record" in dom
     png = tmp_path / "dataset.png"
     subprocess.run([*base, f"--screenshot={png}", "--window-size=1280,1600", url], capture_output=True, timeout=120)
     image = cv2.imread(str(png))

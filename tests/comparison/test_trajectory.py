@@ -17,9 +17,9 @@ from comparison.trajectory import (
     rotation_angle_deg,
     rotation_error_deg,
 )
-from lingbot_isaac.room_render import look_at
 from tests.comparison.conftest import FRAMES, HEIGHT, WIDTH
 from tests.comparison.scene import INTRINSICS_480x832, camera_path, render_frames
+from tests.room_render import look_at
 
 INTRINSICS = np.tile(INTRINSICS_480x832, (FRAMES, 1))
 

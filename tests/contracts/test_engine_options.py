@@ -27,7 +27,7 @@ def test_defaults_mean_the_engines_choice():
         ({"dtype": "bfloat16"}, "dtype must be one of"),
         ({"compute": "int4"}, "compute must be one of"),
         ({"attention": "xformers"}, "attention must be one of"),
-        ({"vram_budget_gb": 0.0}, "null for no budget"),
+        ({"vram_budget_gb": 0.0}, "for no budget"),
         ({"vram_budget_gb": True}, "vram_budget_gb"),
         ({"vram_budget_gb": float("nan")}, "vram_budget_gb"),
         ({"devices": ["gpu0"]}, "'cpu', 'cuda' or 'cuda:N'"),

@@ -16,7 +16,7 @@ from contracts.episode import (
     write_episode,
 )
 from contracts.model_frame import from_model_intrinsics, to_model_intrinsics
-from lingbot_isaac.room_render import look_at
+from tests.room_render import look_at
 
 
 def trajectory(n: int = 9) -> np.ndarray:

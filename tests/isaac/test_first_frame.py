@@ -15,8 +15,8 @@ from contracts.episode import EpisodeError, read_episode
 from contracts.model_frame import from_model_intrinsics, to_model_intrinsics
 from contracts.provenance import summary_rows
 from lingbot_isaac.first_frame import crop_box, fit_photo, parse_intrinsics, with_photo
-from lingbot_isaac.room_render import render_room
 from tests.isaac.test_replay import REPO, SAMPLE, needs_server, server  # noqa: F401  (fixture)
+from tests.room_render import render_room
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:

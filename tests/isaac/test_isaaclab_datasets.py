@@ -20,9 +20,9 @@ h5py = pytest.importorskip("h5py", reason="h5py is not installed")
 
 from contracts.episode import EpisodeError, read_episode  # noqa: E402
 from lingbot_isaac.recording import write_recording_episode  # noqa: E402
-from lingbot_isaac.room_render import look_at  # noqa: E402
 from lingbot_isaac.sources import SourceOptions, kind_of, open_source  # noqa: E402
 from tests.isaac.isaaclab_real import isaaclab  # noqa: E402
+from tests.room_render import look_at  # noqa: E402
 
 # Isaac Lab's math module compiles its helpers with torch.jit.script, which torch 2.13 deprecates.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")

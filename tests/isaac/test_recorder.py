@@ -14,8 +14,8 @@ from contracts.episode import read_episode  # noqa: E402
 from lingbot_isaac.camera import camera_intrinsics, camera_pose  # noqa: E402
 from lingbot_isaac.lens import CameraError  # noqa: E402
 from lingbot_isaac.recorder import Recorder, RecorderError  # noqa: E402
-from lingbot_isaac.room_render import render_room  # noqa: E402
 from lingbot_isaac.sim_video import have_mp4_writer  # noqa: E402
+from tests.room_render import render_room  # noqa: E402
 
 STAGE = Path(__file__).resolve().parents[2] / "data" / "sample_room" / "room.usda"
 H, W = 120, 208  # a small render product keeps the test fast

@@ -69,7 +69,8 @@ def test_user_errors_exit_2_with_one_line(tmp_path, capsys, extra, message):
 def test_settings_precedence():
     from argparse import Namespace
 
-    from lingbot_isaac.replay import job_settings, settings_overrides
+    from contracts.settings import job_settings
+    from lingbot_isaac.replay import settings_overrides
 
     args = Namespace(
         preset=None, frame_num=None, steps=3, seed=None, size=None, shift=None, guide_scale="4,6"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lingbot_isaac import room_render
-from lingbot_isaac.room_render import BOXES, cast_rays, look_at, render_room
+from tests import room_render
+from tests.room_render import BOXES, cast_rays, look_at, render_room
 
 H, W = 480, 832
 K = (500.0, 510.0, 410.0, 236.0)  # fx != fy and an off-centre principal point on purpose

@@ -13,7 +13,7 @@ from PIL import Image
 
 from contracts.episode import read_episode
 from contracts.model_frame import from_model_intrinsics
-from lingbot_isaac.room_render import render_room
+from tests.room_render import render_room
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "sample_room"

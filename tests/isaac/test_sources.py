@@ -27,9 +27,9 @@ from lingbot_isaac.camera import (  # noqa: E402
 )
 from lingbot_isaac.lens import NonSquarePixelWarning  # noqa: E402
 from lingbot_isaac.recording import write_recording_episode  # noqa: E402
-from lingbot_isaac.room_render import look_at  # noqa: E402
 from lingbot_isaac.sources import SourceOptions, kind_of, open_source  # noqa: E402
 from lingbot_isaac.sources.usd_stage import read_usd_stage  # noqa: E402
+from tests.room_render import look_at  # noqa: E402
 
 
 def animated_stage(path, meters_per_unit=0.01, codes_per_second=60.0, seconds=2.0):

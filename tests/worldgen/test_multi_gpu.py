@@ -46,6 +46,8 @@ def test_gpus_flag_is_parsed_and_refused_without_cuda():
         pytest.skip("this machine has CUDA: the refusal is for CPU-only machines")
     with pytest.raises(InputError, match="no CUDA GPU"):
         devices_for_gpus("0,1")
+    with pytest.raises(InputError, match="no CUDA GPU"):  # what a server's `gpus` sends a worker
+        load_pipeline("tiny", devices=["cuda:0", "cuda:1"])
 
 
 def test_fp8_is_refused_on_the_cpu_with_what_to_use_instead():
