@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gpus",
         metavar="I,J",
         help="one worker whose every rollout runs on two GPUs, e.g. 0,1: each step's two guidance passes at once "
-        "(exact: the same output as one GPU) (overrides [worker] gpus; not with --device/--devices)",
+        "(exact: the same output as one GPU) (overrides [worker] gpus; replaces --device; not with a --devices pool)",
     )
     engine.add_argument("--attention", choices=ATTENTIONS, help="DiT attention kernel (default: auto)")
     engine.add_argument("--vram-budget", type=float, metavar="GB", help="GPU memory budget per worker (default: none)")

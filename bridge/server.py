@@ -553,7 +553,9 @@ class Server:
             "rid": rid,
             "ok": ok,
             "protocol": protocol.PROTOCOL_VERSION,
-            "model": {k: info[k] for k in ("model", "device", "dtype", "load_s") if k in info},
+            "model": {k: info[k] for k in ("model", "device", "dtype", "load_s") if k in info}
+            # engine: the model resident now (base | fast, chosen per job); the worker's latest word
+            | {k: v for k, v in (("engine", reported.get("engine", info.get("engine"))),) if v is not None},
             "gpu": reported.get("gpu"),
             "memory": reported.get("memory"),
             "queue": {

@@ -140,6 +140,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "of an exact forward on an H100, output ~5%% different per forward; the server's GPU needs FP8 tensor cores) "
         "(default: the server's choice)",
     )
+    gen.add_argument(
+        "--model",
+        choices=("base", "fast"),
+        help="per job: base = the two experts with guidance; fast = LingBot-World-Fast (chunk by chunk, 4 steps; "
+        "progress shows each finished chunk) (default: the server's preset)",
+    )
     gen.add_argument("--frame-num", type=int, help="frames to generate (4n+1)")
     gen.add_argument("--steps", type=int, help="denoising steps")
     gen.add_argument("--seed", type=int, help="random seed of the initial noise")
@@ -214,6 +220,7 @@ def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "size": args.size,
         "shift": args.shift,
         "compute": getattr(args, "compute", None),
+        "model": getattr(args, "model", None),
     }
     settings.update({k: v for k, v in flags.items() if v is not None})
     if args.guide_scale:

@@ -19,6 +19,7 @@ Engine-agnostic core (`serve(load_engine)`): the real engine is `PipelineEngine`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
 import os
@@ -156,10 +157,8 @@ class PipelineEngine:
         return Path(generate_episode(pipe, episode_dir, settings, output, progress=progress, on_chunk=chunk_fn))
 
     def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int | None:
-        """Frames `generate` writes for this episode (base model: the request cut to what the poses
-        cover, as the pipeline does); None where the engine does not promise a count (fast)."""
-        if getattr(settings, "model", "base") != "base":
-            return None
+        """Frames `generate` writes for this episode: the request cut to what the poses cover, as the
+        pipeline does (model fast: then rounded down to whole chunks, worldgen.fast.fast_frames)."""
         import warnings
 
         import numpy as np
@@ -169,6 +168,10 @@ class PipelineEngine:
         poses = np.load(episode_dir / "poses.npy", mmap_mode="r", allow_pickle=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            if getattr(settings, "model", "base") == "fast":
+                from worldgen.fast import FastOptions, fast_frames
+
+                return fast_frames(settings.frame_num, len(poses), FastOptions().chunk_frames).frames
             return frames_for_poses(settings.frame_num, len(poses))
 
     def probe(self) -> dict[str, Any]:
@@ -403,6 +406,8 @@ class Worker:
             except OSError as exc:
                 log.warning("cannot remove %s: %s", partial, exc)
             self.job, self.state, self.progress = None, "idle", {}
+            with contextlib.suppress(Exception):  # health then says which model is resident now
+                self.info.update(self.engine.describe())
 
     def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int | None:
         """The frame count the engine's mp4 must hold (the server checks it in the file); None if

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from contracts.engine_options import EngineOptions
-from contracts.provenance import make_record, write_record
+from contracts.provenance import make_record, sidecar_path, to_json
 from contracts.settings import GenerationSettings
 from worldgen.errors import CheckpointError, InputError
 from worldgen.worker import serve
@@ -99,7 +99,7 @@ class StandinEngine:
         frames = self.expected_frames(episode_dir, settings)
         padding = b"\0" * max(0, self.result_bytes)
         # like the real worker: the provenance record first, beside the video (contracts.provenance)
-        write_record(output, make_record(
+        sidecar_path(output).write_bytes(to_json(make_record(  # no fsync: the stand-in's jobs stay ~ms
             producer="worker",
             model={"family": "stand-in", "variant": settings.to_dict().get("model", "base"), "weights": "none",
                    "random_weights": False, "name": "stand-in engine (tests)"},
@@ -108,7 +108,7 @@ class StandinEngine:
             settings={**settings.to_dict(), "frame_num": frames},
             output={"frames": frames, "height": None, "width": None, "fps": settings.fps},
             timings={"denoise_s": round(self.step_s * settings.steps, 3)},
-        ))
+        )))
         output.write_bytes(mp4_bytes(frames, padding + MAGIC + json.dumps(record).encode(), self.truncate))
         return output
 

@@ -55,6 +55,8 @@ def test_every_chunk_arrives_in_order_before_the_result(server, episode, tmp_pat
     assert count_frames(events[-1].video, tmp_path, "result.mp4") == 33
     chunk_progress = [(e.step, e.total) for e in events if isinstance(e, Progress) and e.phase == "chunk"]
     assert chunk_progress == [(1, 3), (2, 3), (3, 3)]  # what replay and the Isaac window show
+    with Client(server.endpoint, timeout=10) as client:
+        assert client.health()["model"]["engine"] == "fast"  # the model resident now
 
 
 def test_a_cancel_between_chunks_stops_within_one_chunk(server, episode):
