@@ -101,12 +101,18 @@ def main() -> int:
     parser.add_argument("--devices", default="cpu,cpu", help="the pool's devices, comma-separated")
     parser.add_argument("--baseline-devices", default="cpu", help="the baseline's devices (one worker)")
     parser.add_argument("--ckpt", default="tiny", help="checkpoint folder or 'tiny'")
-    parser.add_argument("--episode", type=Path, default=REPO / "data" / "sample_room", help="episode folder sent N times")
+    parser.add_argument(
+        "--episode", type=Path, default=REPO / "data" / "sample_room", help="episode folder sent N times"
+    )
     parser.add_argument("--size", default="96*160", help="max area H*W of each job")
     parser.add_argument("--frame-num", type=int, default=17, help="frames per job (4n+1)")
     parser.add_argument("--steps", type=int, default=4, help="denoising steps per job")
-    parser.add_argument("--baseline-threads", type=int, default=None,
-                        help="OMP_NUM_THREADS of the baseline worker (default: torch's own choice, all cores)")
+    parser.add_argument(
+        "--baseline-threads",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS of the baseline worker (default: torch's own choice, all cores)",
+    )
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds for the workers to load")
     parser.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
     args = parser.parse_args()

@@ -48,7 +48,9 @@ def main() -> None:
     from safetensors import safe_open
 
     with safe_open(args.target / "model.safetensors", "pt") as f:
-        quantized = sorted(k.removesuffix(".weight.quant_state.bitsandbytes__nf4") for k in f.keys() if k.endswith("nf4"))  # noqa: SIM118
+        quantized = sorted(
+            k.removesuffix(".weight.quant_state.bitsandbytes__nf4") for k in f.keys() if k.endswith("nf4")
+        )  # noqa: SIM118
     layers = [n for n in CHECKED_LAYERS if n in quantized] or quantized[:3]  # full size, or a small smoke test
     wanted = {f"{name}.weight" for name in layers}
     source = {k: v for k, v in stream_bf16_expert(args.source, device, None, None) if k in wanted}
@@ -64,9 +66,13 @@ def main() -> None:
     start = time.perf_counter()
     model = load_expert(args.target, device, torch.bfloat16)
     seconds = time.perf_counter() - start
-    print(f"load_expert of the output: {seconds:.1f} s, {sum(b.numel() for b in model.buffers()) / 1e9:.2f} G buffer elements")
+    print(
+        f"load_expert of the output: {seconds:.1f} s, {sum(b.numel() for b in model.buffers()) / 1e9:.2f} G buffer elements"
+    )
     if args.json:
-        args.json.write_text(json.dumps({**stats, "peak_rss_gib": rss, "from_dict_rel_l2": errors, "load_seconds": seconds}, indent=1))
+        args.json.write_text(
+            json.dumps({**stats, "peak_rss_gib": rss, "from_dict_rel_l2": errors, "load_seconds": seconds}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -59,7 +59,8 @@ def summarize(dit: dict, rollout: dict, budget: float) -> list[str]:
     lines += [
         f"peak VRAM {rollout['peak_vram_gib']:.2f} GiB (target <= {budget:g}), "
         f"peak RSS {rollout['peak_rss_gib']:.2f} GiB (target <= 8)",
-        "expert loads: " + ", ".join(f"{k} x{v['loads']}" for k, v in loads.items())
+        "expert loads: "
+        + ", ".join(f"{k} x{v['loads']}" for k, v in loads.items())
         + (" (both resident: no reload at the boundary)" if all(v["loads"] == 1 for v in loads.values()) else ""),
     ]
     return lines
@@ -82,8 +83,18 @@ def main() -> None:
         dit = run_part("bench_dit.py", ["--repeats", str(args.dit_repeats)], Path(tmp) / "dit.json")
         rollout = run_part(
             "bench_rollout.py",
-            [str(args.ckpt), "--action-path", str(args.action_path), "--vram-budget", str(args.vram_budget),
-             "--steps", str(args.steps), "--size", args.size, "--load-throughput"],  # fmt: skip
+            [
+                str(args.ckpt),
+                "--action-path",
+                str(args.action_path),
+                "--vram-budget",
+                str(args.vram_budget),
+                "--steps",
+                str(args.steps),
+                "--size",
+                args.size,
+                "--load-throughput",
+            ],  # fmt: skip
             Path(tmp) / "rollout.json",
         )
     lines = summarize(dit, rollout, args.vram_budget)

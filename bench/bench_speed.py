@@ -257,7 +257,11 @@ def main() -> None:
     parser.add_argument("--rollout-steps", type=int, default=3, help="denoising steps timed after the first")
     parser.add_argument("--text-tokens", type=int, default=120, help="prompt length before padding to 512")
     parser.add_argument("--profile-top", type=int, default=12, help="kernels listed per profile")
-    parser.add_argument("--experiments", action="store_true", help="also: FP8 with slow accumulation, GEMM and attention-kernel micro-benchmarks")
+    parser.add_argument(
+        "--experiments",
+        action="store_true",
+        help="also: FP8 with slow accumulation, GEMM and attention-kernel micro-benchmarks",
+    )
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args()
 

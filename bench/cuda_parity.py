@@ -176,7 +176,8 @@ def second_device(g: Path, dev: torch.device, dtype: torch.dtype):
     from worldgen.residency import ResidencyPolicy
 
     copies = {
-        e: ModelSlot(e, lambda e=e: load_expert(g / "pipeline" / f"{e}_noise_model", dev, dtype)) for e in ("high", "low")
+        e: ModelSlot(e, lambda e=e: load_expert(g / "pipeline" / f"{e}_noise_model", dev, dtype))
+        for e in ("high", "low")
     }
     return SecondDevice(dev, ResidencyPolicy(MemoryPlan.unlimited(dev), experts=copies))
 

@@ -165,7 +165,9 @@ class EpisodePayload:
             raise PayloadError(str(exc)) from None
         # float32 on the wire unless the caller's arrays were float64
         self.poses = poses.astype(np.float64 if np.asarray(self.poses).dtype == np.float64 else np.float32)
-        self.intrinsics = intrinsics.astype(np.float64 if np.asarray(self.intrinsics).dtype == np.float64 else np.float32)
+        self.intrinsics = intrinsics.astype(
+            np.float64 if np.asarray(self.intrinsics).dtype == np.float64 else np.float32
+        )
 
     @classmethod
     def from_dir(cls, episode_dir: str | os.PathLike) -> EpisodePayload:

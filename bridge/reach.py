@@ -24,9 +24,11 @@ def _host_port(endpoint: str) -> tuple[str, int] | None:
 
 
 def serve_hint(endpoint: str) -> str:
-    return (f"start one with `lingbot-isaac serve --bind {endpoint}` (add --ckpt DIR for real weights; "
-            "`lingbot-isaac demo` runs the whole loop with its own server), or pass --server with the address "
-            "of a running one")
+    return (
+        f"start one with `lingbot-isaac serve --bind {endpoint}` (add --ckpt DIR for real weights; "
+        "`lingbot-isaac demo` runs the whole loop with its own server), or pass --server with the address "
+        "of a running one"
+    )
 
 
 def check_listening(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> None:
@@ -41,8 +43,9 @@ def check_listening(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> None:
         with socket.create_connection(address, timeout=timeout):
             return
     except ConnectionRefusedError:
-        raise ServerUnavailable(f"no server at {endpoint}: nothing listens on port {address[1]}; "
-                                f"{serve_hint(endpoint)}") from None
+        raise ServerUnavailable(
+            f"no server at {endpoint}: nothing listens on port {address[1]}; {serve_hint(endpoint)}"
+        ) from None
     except socket.gaierror as exc:
         raise ServerUnavailable(f"no server at {endpoint}: cannot resolve {address[0]!r} ({exc.strerror})") from None
     except OSError:  # timed out, unreachable network ...: let the request's own timeout decide

@@ -32,7 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--bind", help="endpoint to listen on, e.g. tcp://127.0.0.1:5570 (overrides [server] bind)")
     parser.add_argument("--spool-dir", help="folder for accepted jobs and results (overrides [server] spool_dir)")
-    parser.add_argument("--preset", help="[preset] of config/generation.toml under each job's settings (overrides [server] generation_preset)")
+    parser.add_argument(
+        "--preset",
+        help="[preset] of config/generation.toml under each job's settings (overrides [server] generation_preset)",
+    )
     parser.add_argument("--ckpt", help="checkpoint folder or 'tiny' (overrides [worker] ckpt)")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (overrides [worker] device)")
     parser.add_argument(
@@ -42,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     engine = parser.add_argument_group("engine options (override [worker]; sent to each worker as data)")
     engine.add_argument("--model", choices=MODELS, help="base (two experts) or fast (LingBot-World-Fast)")
-    engine.add_argument("--dtype", choices=DTYPES, help="compute dtype of the DiT and T5 (default: bf16 on CUDA, fp32 on CPU)")
+    engine.add_argument(
+        "--dtype", choices=DTYPES, help="compute dtype of the DiT and T5 (default: bf16 on CUDA, fp32 on CPU)"
+    )
     engine.add_argument(
         "--compute",
         choices=COMPUTES,
@@ -58,11 +63,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     engine.add_argument("--attention", choices=ATTENTIONS, help="DiT attention kernel (default: auto)")
     engine.add_argument("--vram-budget", type=float, metavar="GB", help="GPU memory budget per worker (default: none)")
-    engine.add_argument("--t5-on-cpu", action="store_true", default=None, help="run umT5 on the CPU, streamed (no GPU memory)")
+    engine.add_argument(
+        "--t5-on-cpu", action="store_true", default=None, help="run umT5 on the CPU, streamed (no GPU memory)"
+    )
     parser.add_argument("--backend", choices=("local", "ray"), help="where workers run (overrides [worker] backend)")
-    parser.add_argument("--ray-address", help="backend ray: auto, HOST:PORT or ray://HOST:10001 (overrides [worker] ray_address)")
-    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                        help="how much the server logs to stderr")
+    parser.add_argument(
+        "--ray-address", help="backend ray: auto, HOST:PORT or ray://HOST:10001 (overrides [worker] ray_address)"
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="how much the server logs to stderr",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -422,7 +422,9 @@ class Server:
                           key=lambda j: j.finished or 0)  # fmt: skip
         for job in finished:
             over_all = used + size > self.config.spool_quota_bytes
-            over_mine = job.client == client and per_client.get(client, 0) + size > self.config.spool_quota_per_client_bytes
+            over_mine = (
+                job.client == client and per_client.get(client, 0) + size > self.config.spool_quota_per_client_bytes
+            )
             if not (over_all or over_mine):
                 continue
             log.info("spool quota: deleting the result of job %s (finished %.0f s ago)", job.id,
@@ -500,8 +502,7 @@ class Server:
         job = self.jobs.get(request.job)
         if job is None:
             message = (
-                f"no job {request.job!r} on this server (finished jobs are kept "
-                f"{self.config.result_ttl_s / 3600:g} h)"
+                f"no job {request.job!r} on this server (finished jobs are kept {self.config.result_ttl_s / 3600:g} h)"
             )
             self._send(peer, protocol.error_frames("not_found", message, request.rid, request.job))
         return job
@@ -521,9 +522,7 @@ class Server:
             fields["error"] = job.error
         self._send(peer, protocol.encode("status", fields))
 
-    def _reply_health(
-        self, peer: bytes, rid: str, answers: list[dict | None] | None, asked_at: float | None
-    ) -> None:
+    def _reply_health(self, peer: bytes, rid: str, answers: list[dict | None] | None, asked_at: float | None) -> None:
         """`workers`: every worker of the pool; `worker` (the first) and `gpu`/`memory` (its
         report) stay for one-worker clients. ok: every worker answered and is idle or busy, and
         the spool is writable."""

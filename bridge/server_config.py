@@ -148,9 +148,9 @@ def _worker_config(values: Any, where: str) -> WorkerConfig:
         try:
             gpus = [int(g) for g in str(engine["gpus"]).split(",") if g.strip()]
         except ValueError:
-            raise ConfigError(f"{where}: gpus must look like \"0,1\" (got {engine['gpus']!r})") from None
+            raise ConfigError(f'{where}: gpus must look like "0,1" (got {engine["gpus"]!r})') from None
         if len(gpus) != 2 or len(set(gpus)) != 2 or min(gpus) < 0:
-            raise ConfigError(f"{where}: gpus must name two different GPUs, e.g. \"0,1\" (got {engine['gpus']!r})")
+            raise ConfigError(f'{where}: gpus must name two different GPUs, e.g. "0,1" (got {engine["gpus"]!r})')
         engine["devices"] = [f"cuda:{g}" for g in gpus]
     engine.pop("gpus", None)
     try:

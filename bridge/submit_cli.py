@@ -46,10 +46,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frame-num", type=int, help="frames to generate, 4n+1")
     parser.add_argument("--size", help="max area as H*W, e.g. 480*832")
     parser.add_argument("--seed", type=int, help="random seed of the initial noise (default: the server's preset)")
-    parser.add_argument("--model", choices=("base", "fast"), help="base or fast (LingBot-World-Fast) (default: the "
-                        "server's preset)")
-    parser.add_argument("--follow", action="store_true", help="model fast: write OUT as it grows, after each "
-                        "finished chunk (always a playable mp4 of every frame so far; the result replaces it)")
+    parser.add_argument(
+        "--model", choices=("base", "fast"), help="base or fast (LingBot-World-Fast) (default: the server's preset)"
+    )
+    parser.add_argument(
+        "--follow",
+        action="store_true",
+        help="model fast: write OUT as it grows, after each "
+        "finished chunk (always a playable mp4 of every frame so far; the result replaces it)",
+    )
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for each request to the server")
     parser.add_argument("--wait", type=float, default=None, help="give up waiting for the job after this many s")
     parser.add_argument("--server-key", type=Path, help="CurveZMQ: the server's public key file (server.key)")

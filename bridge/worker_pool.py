@@ -122,7 +122,9 @@ class WorkerPool:
                 elif event.kind == "unavailable":
                     self._unavailable[index] = event.data["message"]
                     if len(self._unavailable) == len(self.supervisors):  # no worker left to serve
-                        reasons = "; ".join(f"{self.supervisors[i].name}: {m}" for i, m in sorted(self._unavailable.items()))
+                        reasons = "; ".join(
+                            f"{self.supervisors[i].name}: {m}" for i, m in sorted(self._unavailable.items())
+                        )
                         out.append(Event("unavailable", data={"message": reasons}, worker=index))
                 elif event.kind == "ready":
                     self._unavailable.pop(index, None)

@@ -31,44 +31,65 @@ USER_ERRORS = (EpisodeError, VideoError, CompareUsageError)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = EstimatorConfig()
-    parser.add_argument("episode", nargs="?", type=Path,
-                        help="episode folder (poses.npy, intrinsics.npy, sim.mp4 or frames/)")
-    parser.add_argument("rollout", nargs="?", type=Path,
-                        help="the world model's rollout mp4 for that episode")
-    parser.add_argument("--pair", nargs=2, action="append", metavar=("EPISODE_DIR", "ROLLOUT_MP4"),
-                        default=[], help="one more episode and its rollout (repeatable); with several, "
-                        "a summary is written")
-    parser.add_argument("--dataset", type=Path, default=None, metavar="DATASET_DIR",
-                        help="compare every episode folder with a rollout.mp4 under DATASET_DIR and write "
-                        "one dataset report (dataset.html, dataset.json)")
+    parser.add_argument(
+        "episode", nargs="?", type=Path, help="episode folder (poses.npy, intrinsics.npy, sim.mp4 or frames/)"
+    )
+    parser.add_argument("rollout", nargs="?", type=Path, help="the world model's rollout mp4 for that episode")
+    parser.add_argument(
+        "--pair",
+        nargs=2,
+        action="append",
+        metavar=("EPISODE_DIR", "ROLLOUT_MP4"),
+        default=[],
+        help="one more episode and its rollout (repeatable); with several, a summary is written",
+    )
+    parser.add_argument(
+        "--dataset",
+        type=Path,
+        default=None,
+        metavar="DATASET_DIR",
+        help="compare every episode folder with a rollout.mp4 under DATASET_DIR and write "
+        "one dataset report (dataset.html, dataset.json)",
+    )
     parser.add_argument("--out", type=Path, default=Path("out/compare"), help="output folder")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--model", default=None,
-                        help="what generated the rollout, for a rollout without its provenance record "
-                        "(rollout.json beside it); default: the record's model")
-    parser.add_argument("--tiny", action="store_true",
-                        help="the rollout comes from the tiny random-weights model (implied by --model tiny and by "
-                        "a provenance record of random weights)")
-    parser.add_argument("--settings", type=Path, default=None,
-                        help="JSON file with the generation settings, for a rollout without its provenance record; "
-                        "default: the record's settings")
-    parser.add_argument("--ransac-threshold-px", type=float, default=defaults.ransac_threshold_px,
-                        help="essential-matrix RANSAC threshold (pixels)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="what generated the rollout, for a rollout without its provenance record "
+        "(rollout.json beside it); default: the record's model",
+    )
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="the rollout comes from the tiny random-weights model (implied by --model tiny and by "
+        "a provenance record of random weights)",
+    )
+    parser.add_argument(
+        "--settings",
+        type=Path,
+        default=None,
+        help="JSON file with the generation settings, for a rollout without its provenance record; "
+        "default: the record's settings",
+    )
+    parser.add_argument(
+        "--ransac-threshold-px",
+        type=float,
+        default=defaults.ransac_threshold_px,
+        help="essential-matrix RANSAC threshold (pixels)",
+    )
     parser.add_argument("--ratio", type=float, default=defaults.ratio, help="Lowe's ratio-test threshold")
-    parser.add_argument("--max-features", type=int, default=defaults.max_features,
-                        help="features detected per frame")
+    parser.add_argument("--max-features", type=int, default=defaults.max_features, help="features detected per frame")
 
 
 def _pairs(args: argparse.Namespace) -> list[tuple[Path, Path]]:
     pairs = [(Path(episode), Path(rollout)) for episode, rollout in args.pair]
     if args.episode is not None or args.rollout is not None:
         if args.episode is None or args.rollout is None:
-            raise CompareUsageError("give both EPISODE_DIR and ROLLOUT_MP4 "
-                                    "(or use --pair EPISODE_DIR ROLLOUT_MP4)")
+            raise CompareUsageError("give both EPISODE_DIR and ROLLOUT_MP4 (or use --pair EPISODE_DIR ROLLOUT_MP4)")
         pairs.insert(0, (args.episode, args.rollout))
     if not pairs:
-        raise CompareUsageError("nothing to compare: give EPISODE_DIR ROLLOUT_MP4 "
-                                "or --pair EPISODE_DIR ROLLOUT_MP4")
+        raise CompareUsageError("nothing to compare: give EPISODE_DIR ROLLOUT_MP4 or --pair EPISODE_DIR ROLLOUT_MP4")
     return pairs
 
 
@@ -104,14 +125,16 @@ def run(args: argparse.Namespace) -> int:
     pairs = _pairs(args)
     settings = _settings(args.settings)
     tiny = args.tiny or args.model == "tiny"
-    estimator = EstimatorConfig(max_features=args.max_features, ratio=args.ratio,
-                                ransac_threshold_px=args.ransac_threshold_px)
+    estimator = EstimatorConfig(
+        max_features=args.max_features, ratio=args.ratio, ransac_threshold_px=args.ransac_threshold_px
+    )
     reports, noise = [], tiny
     for (episode, rollout), name in zip(pairs, _unique_names(pairs), strict=True):
         out_dir = args.out if len(pairs) == 1 else args.out / name
         print(f"comparing {episode} with {rollout} ...", file=sys.stderr, flush=True)
-        html_path = compare_episode(episode, rollout, out_dir, model=args.model, tiny_model=tiny,
-                                    settings=settings, estimator=estimator)
+        html_path = compare_episode(
+            episode, rollout, out_dir, model=args.model, tiny_model=tiny, settings=settings, estimator=estimator
+        )
         reports.append(html_path)
         noise |= bool(json.loads(html_path.with_name("report.json").read_text())["tiny_model"])
         print(f"report: {html_path}")
@@ -129,13 +152,16 @@ def run_dataset(args: argparse.Namespace) -> int:
     from comparison.dataset_report import compare_dataset
 
     if args.episode is not None or args.rollout is not None or args.pair:
-        raise CompareUsageError("--dataset compares every episode under its folder: give no EPISODE_DIR, "
-                                "ROLLOUT_MP4 or --pair with it")
-    estimator = EstimatorConfig(max_features=args.max_features, ratio=args.ratio,
-                                ransac_threshold_px=args.ransac_threshold_px)
+        raise CompareUsageError(
+            "--dataset compares every episode under its folder: give no EPISODE_DIR, ROLLOUT_MP4 or --pair with it"
+        )
+    estimator = EstimatorConfig(
+        max_features=args.max_features, ratio=args.ratio, ransac_threshold_px=args.ransac_threshold_px
+    )
     tiny = True if (args.tiny or args.model == "tiny") else None  # None: each rollout's rollout.json says
-    html_path = compare_dataset(args.dataset, args.out, model=args.model, tiny_model=tiny, estimator=estimator,
-                                progress=not args.no_progress)
+    html_path = compare_dataset(
+        args.dataset, args.out, model=args.model, tiny_model=tiny, estimator=estimator, progress=not args.no_progress
+    )
     print(f"dataset report: {html_path}")
     print(f"json:           {html_path.with_name('dataset.json')}")
     return 0

@@ -126,17 +126,19 @@ def write_dataset_report(
         "across_episodes": {key: _stats([r[key] for r in rows]) for key, *_ in METRICS},
     }
     tiny = any(r["tiny_model"] for r in rows)
-    dataset = _jsonable({
-        "schema": DATASET_SCHEMA,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "title": title,
-        "tiny_model": tiny,
-        "order": "worst first: largest median rotation error (0,k); no estimate first; ties by lower PSNR",
-        "totals": totals,
-        "episodes": rows,
-        "not_compared": not_compared,
-        "provenance": provenance,
-    })
+    dataset = _jsonable(
+        {
+            "schema": DATASET_SCHEMA,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "title": title,
+            "tiny_model": tiny,
+            "order": "worst first: largest median rotation error (0,k); no estimate first; ties by lower PSNR",
+            "totals": totals,
+            "episodes": rows,
+            "not_compared": not_compared,
+            "provenance": provenance,
+        }
+    )
     atomic.write_json(out_dir / "dataset.json", dataset, indent=1)
     provenance_blocks = _provenance_blocks([Path(p) for p in report_jsons])
     plots = [

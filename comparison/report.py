@@ -52,8 +52,16 @@ FRAME_RATE_NOTE = (
     "Rollout frame i is compared with sim frame i and commanded pose i; both run at 16 fps. "
     "Only the frames common to the rollout, the sim frames and the poses are compared."
 )
-__all__ = ["SCHEMA", "SUMMARY_SCHEMA", "TINY_NOTE", "common_frame", "compare_episode", "render_provenance_html",
-           "template_environment", "write_summary"]
+__all__ = [
+    "SCHEMA",
+    "SUMMARY_SCHEMA",
+    "TINY_NOTE",
+    "common_frame",
+    "compare_episode",
+    "render_provenance_html",
+    "template_environment",
+    "write_summary",
+]
 
 
 # ---------------------------------------------------------------- small helpers
@@ -82,8 +90,7 @@ def _jpeg_bytes(frame_rgb: np.ndarray, width: int | None = None, quality: int = 
     if width is not None and frame_rgb.shape[1] != width:
         height = max(1, round(frame_rgb.shape[0] * width / frame_rgb.shape[1]))
         frame_rgb = cv2.resize(frame_rgb, (width, height), interpolation=cv2.INTER_AREA)
-    ok, buffer = cv2.imencode(".jpg", cv2.cvtColor(frame_rgb, cv2.COLOR_RGB2BGR),
-                              [cv2.IMWRITE_JPEG_QUALITY, quality])
+    ok, buffer = cv2.imencode(".jpg", cv2.cvtColor(frame_rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
     if not ok:
         raise RuntimeError("OpenCV could not encode a JPEG thumbnail")
     return buffer.tobytes()
@@ -97,8 +104,13 @@ def _stats(values: list[float | None]) -> dict:
     finite = np.asarray([v for v in values if v is not None and math.isfinite(v)], np.float64)
     if finite.size == 0:
         return {"count": 0, "mean": None, "median": None, "min": None, "max": None}
-    return {"count": int(finite.size), "mean": float(finite.mean()), "median": float(np.median(finite)),
-            "min": float(finite.min()), "max": float(finite.max())}
+    return {
+        "count": int(finite.size),
+        "mean": float(finite.mean()),
+        "median": float(np.median(finite)),
+        "min": float(finite.min()),
+        "max": float(finite.max()),
+    }
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -119,8 +131,13 @@ def _pretty(value: Any) -> str:
 @functools.cache
 def template_environment() -> Environment:
     """The Jinja2 environment of the reports (autoescaping, strict: a missing value is an error)."""
-    env = Environment(loader=PackageLoader("comparison", "templates"), autoescape=True,
-                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = Environment(
+        loader=PackageLoader("comparison", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters.update(num=_fmt, pretty=_pretty)
     env.globals.update(tiny_note=TINY_NOTE, provenance_rows=summary_rows)
     return env
@@ -143,8 +160,13 @@ def common_frame(sim_hw: tuple[int, int] | None, rollout_hw: tuple[int, int]) ->
     the pixels of each."""
     rh, rw = rollout_hw
     if sim_hw is None:
-        return {"size_hw": [rh, rw], "sim_hw": None, "rollout_hw": [rh, rw], "method": "as generated",
-                "description": f"No sim frames: the rollout is analysed at its own {rw}x{rh}."}
+        return {
+            "size_hw": [rh, rw],
+            "sim_hw": None,
+            "rollout_hw": [rh, rw],
+            "method": "as generated",
+            "description": f"No sim frames: the rollout is analysed at its own {rw}x{rh}.",
+        }
     sh, sw = sim_hw
     h, w = (rh, rw) if rh * rw <= sh * sw else (sh, sw)
 
@@ -155,15 +177,26 @@ def common_frame(sim_hw: tuple[int, int] | None, rollout_hw: tuple[int, int]) ->
         return f"the {name} ({hw[1]}x{hw[0]}) scaled by {sx:.4g} horizontally and {sy:.4g} vertically"
 
     text = f"Compared in a common {w}x{h} frame: {how('sim', (sh, sw))}, {how('rollout', (rh, rw))}"
-    text += "; whole frames are scaled (the field of view is kept, nothing is cropped, as the pipeline scaled the " \
-            "first frame), and the intrinsics are scaled to this frame for both videos."
+    text += (
+        "; whole frames are scaled (the field of view is kept, nothing is cropped, as the pipeline scaled the "
+        "first frame), and the intrinsics are scaled to this frame for both videos."
+    )
     aspect = (rh / rw) / (sh / sw) - 1.0
     if abs(aspect) > 1e-6:
-        text += (f" The two aspects differ by {abs(aspect):.1%}: the model's size follows the image's aspect "
-                 "rounded to multiples of 16 (the reference's rounding), so pixels of the rollout are not square "
-                 "in the sim's terms; PSNR/SSIM and the camera estimator see both videos in the same geometry.")
-    return {"size_hw": [h, w], "sim_hw": [sh, sw], "rollout_hw": [rh, rw], "method": "scale both, keep K consistent",
-            "sim_scale_yx": [h / sh, w / sw], "rollout_scale_yx": [h / rh, w / rw], "description": text}
+        text += (
+            f" The two aspects differ by {abs(aspect):.1%}: the model's size follows the image's aspect "
+            "rounded to multiples of 16 (the reference's rounding), so pixels of the rollout are not square "
+            "in the sim's terms; PSNR/SSIM and the camera estimator see both videos in the same geometry."
+        )
+    return {
+        "size_hw": [h, w],
+        "sim_hw": [sh, sw],
+        "rollout_hw": [rh, rw],
+        "method": "scale both, keep K consistent",
+        "sim_scale_yx": [h / sh, w / sw],
+        "rollout_scale_yx": [h / rh, w / rw],
+        "description": text,
+    }
 
 
 def _to_frame(frames: np.ndarray, hw: list[int]) -> np.ndarray:
@@ -205,8 +238,10 @@ def compare_episode(
         model = model if model is not None else model_label(record)
         settings = settings if settings is not None else record["settings"]
         if timings is None:
-            timings = {**record["timings"], **{f"job_{k}": v for k, v in (record.get("job") or {}).items()
-                                               if k in ("seconds", "server_seconds")}}
+            timings = {
+                **record["timings"],
+                **{f"job_{k}": v for k, v in (record.get("job") or {}).items() if k in ("seconds", "server_seconds")},
+            }
     tiny_model = is_random_weights(record) or (model == "tiny" if tiny_model is None else tiny_model)
     estimator = estimator or EstimatorConfig()
 
@@ -221,8 +256,7 @@ def compare_episode(
     if record is None and record_note is None:
         notes.append("No provenance record (rollout.json) beside the rollout: what made it is unknown.")
     if abs(rollout_fps - DEFAULT_FPS) > 0.01:
-        notes.append(f"The rollout video says {rollout_fps:g} fps, not 16: frames are still matched "
-                     "by index.")
+        notes.append(f"The rollout video says {rollout_fps:g} fps, not 16: frames are still matched by index.")
     if len(rollout) != len(episode.poses):
         notes.append(f"The rollout has {len(rollout)} frames and the episode {len(episode.poses)} poses.")
     frame = common_frame(None if sim is None else sim.shape[1:3], rollout.shape[1:3])
@@ -237,8 +271,14 @@ def compare_episode(
         for k in range(count):
             value = psnr(sim[k], model_frames[k])
             # identical frames: PSNR is +inf, which JSON cannot hold: null plus "identical": true
-            per_frame.append({"frame": k, "psnr_db": value if math.isfinite(value) else None,
-                              "identical": not math.isfinite(value), "ssim": ssim(sim[k], model_frames[k])})
+            per_frame.append(
+                {
+                    "frame": k,
+                    "psnr_db": value if math.isfinite(value) else None,
+                    "identical": not math.isfinite(value),
+                    "ssim": ssim(sim[k], model_frames[k]),
+                }
+            )
     else:
         notes.append("The episode has no sim frames (sim.mp4 or frames/): only camera fidelity is reported.")
     clock["image_metrics_s"] = time.perf_counter() - tick
@@ -259,8 +299,10 @@ def compare_episode(
     clock["side_by_side_video_s"] = time.perf_counter() - tick
 
     image_summary = {
-        "psnr_db": {**_stats([row["psnr_db"] for row in per_frame]),
-                    "identical_frames": sum(row["identical"] for row in per_frame)},
+        "psnr_db": {
+            **_stats([row["psnr_db"] for row in per_frame]),
+            "identical_frames": sum(row["identical"] for row in per_frame),
+        },
         "ssim": _stats([row["ssim"] for row in per_frame]),
     }
     report: dict[str, Any] = {
@@ -306,7 +348,9 @@ def compare_episode(
         "settings": {"generation": settings, "difference_gain": DIFF_GAIN},
         "timings": {"generation": timings, "comparison": clock},
         "outputs": {
-            "html": "report.html", "json": "report.json", "side_by_side_mp4": video_path.name,
+            "html": "report.html",
+            "json": "report.json",
+            "side_by_side_mp4": video_path.name,
             "thumbnail": "thumbnail.jpg",
         },
     }
@@ -314,11 +358,13 @@ def compare_episode(
     tick = time.perf_counter()
     thumbnails = []
     for k in sorted({round(x) for x in np.linspace(0, count - 1, min(count, THUMBNAIL_COUNT))}):
-        thumbnails.append((
-            k,
-            None if sim is None else _data_uri(_jpeg_bytes(sim[k], THUMBNAIL_WIDTH), "image/jpeg"),
-            _data_uri(_jpeg_bytes(model_frames[k], THUMBNAIL_WIDTH), "image/jpeg"),
-        ))
+        thumbnails.append(
+            (
+                k,
+                None if sim is None else _data_uri(_jpeg_bytes(sim[k], THUMBNAIL_WIDTH), "image/jpeg"),
+                _data_uri(_jpeg_bytes(model_frames[k], THUMBNAIL_WIDTH), "image/jpeg"),
+            )
+        )
     poster = _data_uri((out_dir / "thumbnail.jpg").read_bytes(), "image/jpeg")
     clock["report_assets_s"] = time.perf_counter() - tick
     clock["total_s"] = time.perf_counter() - started
@@ -327,8 +373,9 @@ def compare_episode(
     atomic.write_bytes(out_dir / "report.json", json.dumps(report, indent=1).encode())
     html_path = out_dir / "report.html"
     rollout_href = Path(os.path.relpath(Path(rollout_mp4).resolve(), out_dir.resolve())).as_posix()
-    page = render_episode_html(report, trajectory_model, trajectory_control, poster, thumbnails, rollout_href,
-                               record_note)
+    page = render_episode_html(
+        report, trajectory_model, trajectory_control, poster, thumbnails, rollout_href, record_note
+    )
     atomic.write_bytes(html_path, page.encode())
     return html_path
 
@@ -337,23 +384,29 @@ def compare_episode(
 
 
 def _pair_series(pairs: list[PairResult], key: str, label: str, color: str, dashed: bool = False) -> Series:
-    return Series(label=label, xs=[p.j for p in pairs], ys=[getattr(p, key) for p in pairs], color=color,
-                  dashed=dashed, markers_at=[p.j for p in pairs if p.status != "ok"])
+    return Series(
+        label=label,
+        xs=[p.j for p in pairs],
+        ys=[getattr(p, key) for p in pairs],
+        color=color,
+        dashed=dashed,
+        markers_at=[p.j for p in pairs if p.status != "ok"],
+    )
 
 
 def _camera_plots(model: TrajectoryResult, control: TrajectoryResult | None) -> list[str]:
     plots = []
     kinds = (("consecutive", "consecutive frames (k-1, k)"), ("first_to_k", "first frame to k (0, k)"))
     for kind, title_kind in kinds:
-        for key, what, unit in (("rotation_error_deg", "rotation", "degrees"),
-                                ("translation_error_deg", "translation-direction", "degrees")):
+        for key, what, unit in (
+            ("rotation_error_deg", "rotation", "degrees"),
+            ("translation_error_deg", "translation-direction", "degrees"),
+        ):
             series = [_pair_series(getattr(model, kind), key, "world model", "#d62728")]
             if control is not None:
-                series.append(_pair_series(getattr(control, kind), key, "sim (control)", "#1f77b4",
-                                           dashed=True))
+                series.append(_pair_series(getattr(control, kind), key, "sim (control)", "#1f77b4", dashed=True))
             element_id = f"plot-{what.split('-')[0]}-{kind.replace('_', '-')}"
-            plots.append(line_plot(series, f"{what} error, {title_kind}", "frame k", unit, element_id,
-                                   y_min=0.0))
+            plots.append(line_plot(series, f"{what} error, {title_kind}", "frame k", unit, element_id, y_min=0.0))
     return plots
 
 
@@ -363,9 +416,15 @@ def _cell(pair: PairResult | None, key: str) -> dict | None:
     return {"failed": pair.status != "ok", "reason": pair.reason or "", "value": getattr(pair, key)}
 
 
-def render_episode_html(report: dict, model: TrajectoryResult, control: TrajectoryResult | None, poster: str,
-                        thumbnails: list[tuple[int, str | None, str]], rollout_href: str,
-                        provenance_note: str | None = None) -> str:
+def render_episode_html(
+    report: dict,
+    model: TrajectoryResult,
+    control: TrajectoryResult | None,
+    poster: str,
+    thumbnails: list[tuple[int, str | None, str]],
+    rollout_href: str,
+    provenance_note: str | None = None,
+) -> str:
     """The HTML page of one episode's report (templates/episode.html.j2)."""
     from markupsafe import Markup
 
@@ -377,10 +436,24 @@ def render_episode_html(report: dict, model: TrajectoryResult, control: Trajecto
     plots = []
     if image["available"]:
         frames = [row["frame"] for row in image["per_frame"]]
-        plots.append(line_plot([Series("PSNR", frames, [row["psnr_db"] for row in image["per_frame"]])],
-                               "PSNR, sim vs world model", "frame", "dB", "plot-psnr"))
-        plots.append(line_plot([Series("SSIM", frames, [row["ssim"] for row in image["per_frame"]], "#2ca02c")],
-                               "SSIM, sim vs world model", "frame", "SSIM", "plot-ssim"))
+        plots.append(
+            line_plot(
+                [Series("PSNR", frames, [row["psnr_db"] for row in image["per_frame"]])],
+                "PSNR, sim vs world model",
+                "frame",
+                "dB",
+                "plot-psnr",
+            )
+        )
+        plots.append(
+            line_plot(
+                [Series("SSIM", frames, [row["ssim"] for row in image["per_frame"]], "#2ca02c")],
+                "SSIM, sim vs world model",
+                "frame",
+                "SSIM",
+                "plot-ssim",
+            )
+        )
     plots += _camera_plots(model, control)
     camera_rows = []
     for source, label in (("rollout", "world model"), ("sim_control", "sim (control)")):
@@ -397,14 +470,35 @@ def render_episode_html(report: dict, model: TrajectoryResult, control: Trajecto
         for ours, theirs in zip(pairs, controls, strict=True):
             for key in ("rotation_error_deg", "translation_error_deg"):
                 cells += [_cell(ours.get(k), key), _cell(theirs.get(k), key)]
-        frame_rows.append({"k": k, "identical": row.get("identical"), "psnr": row.get("psnr_db"),
-                           "ssim": row.get("ssim"), "cells": cells})
-    return template_environment().get_template("episode.html.j2").render(
-        report=report, episode=episode, rollout=report["rollout"], image=image, frame=report["common_frame"],
-        sim_desc=sim_desc, poster=poster, rollout_href=rollout_href, provenance_note=provenance_note,
-        camera_rows=camera_rows, plots=[Markup(plot) for plot in plots], thumbnails=thumbnails,
-        frame_rows=frame_rows, feature=model.feature,
-        estimator={"feature": model.feature, **report["camera_fidelity"]["rollout"]["config"]},
+        frame_rows.append(
+            {
+                "k": k,
+                "identical": row.get("identical"),
+                "psnr": row.get("psnr_db"),
+                "ssim": row.get("ssim"),
+                "cells": cells,
+            }
+        )
+    return (
+        template_environment()
+        .get_template("episode.html.j2")
+        .render(
+            report=report,
+            episode=episode,
+            rollout=report["rollout"],
+            image=image,
+            frame=report["common_frame"],
+            sim_desc=sim_desc,
+            poster=poster,
+            rollout_href=rollout_href,
+            provenance_note=provenance_note,
+            camera_rows=camera_rows,
+            plots=[Markup(plot) for plot in plots],
+            thumbnails=thumbnails,
+            frame_rows=frame_rows,
+            feature=model.feature,
+            estimator={"feature": model.feature, **report["camera_fidelity"]["rollout"]["config"]},
+        )
     )
 
 
@@ -417,8 +511,10 @@ def _summary_row(report_json: Path, out_dir: Path) -> dict:
     except (OSError, json.JSONDecodeError) as exc:
         raise EpisodeError(f"{report_json}: not a readable report.json ({exc})") from exc
     if report.get("schema") != SCHEMA:
-        raise EpisodeError(f"{report_json}: schema {report.get('schema')!r}, expected {SCHEMA!r} "
-                           "(run `lingbot-isaac compare` again to remake it)")
+        raise EpisodeError(
+            f"{report_json}: schema {report.get('schema')!r}, expected {SCHEMA!r} "
+            "(run `lingbot-isaac compare` again to remake it)"
+        )
     fidelity = report["camera_fidelity"]
     control = fidelity.get("sim_control") or {}
     image = report["image_metrics"]["summary"]
@@ -453,22 +549,51 @@ def write_summary(report_jsons: list[str | Path], out_dir: str | Path) -> Path:
     page_rows = []
     for row in rows:
         thumb = row.pop("thumbnail")
-        page_rows.append({**row, "thumbnail_uri": _data_uri(thumb.read_bytes(), "image/jpeg") if thumb.is_file()
-                          else None})
+        page_rows.append(
+            {**row, "thumbnail_uri": _data_uri(thumb.read_bytes(), "image/jpeg") if thumb.is_file() else None}
+        )
     plots = [
-        line_plot([Series(row["episode"], list(range(1, len(row["per_pair_first_to_k"]) + 1)),
-                          row["per_pair_first_to_k"]) for row in rows],
-                  "world-model rotation error, first frame to k", "frame k", "degrees", "plot-rotation-first-to-k",
-                  y_min=0.0),
-        line_plot([Series(row["episode"], list(range(len(row["per_frame_psnr_db"]))), row["per_frame_psnr_db"])
-                   for row in rows], "PSNR, sim vs world model", "frame", "dB", "plot-psnr"),
+        line_plot(
+            [
+                Series(row["episode"], list(range(1, len(row["per_pair_first_to_k"]) + 1)), row["per_pair_first_to_k"])
+                for row in rows
+            ],
+            "world-model rotation error, first frame to k",
+            "frame k",
+            "degrees",
+            "plot-rotation-first-to-k",
+            y_min=0.0,
+        ),
+        line_plot(
+            [
+                Series(row["episode"], list(range(len(row["per_frame_psnr_db"]))), row["per_frame_psnr_db"])
+                for row in rows
+            ],
+            "PSNR, sim vs world model",
+            "frame",
+            "dB",
+            "plot-psnr",
+        ),
     ]
-    page = template_environment().get_template("summary.html.j2").render(
-        rows=page_rows, any_tiny=any_tiny, frame_rate_note=FRAME_RATE_NOTE, plots=[Markup(p) for p in plots],
-        timings={row["episode"]: row["timings"] for row in rows},
+    page = (
+        template_environment()
+        .get_template("summary.html.j2")
+        .render(
+            rows=page_rows,
+            any_tiny=any_tiny,
+            frame_rate_note=FRAME_RATE_NOTE,
+            plots=[Markup(p) for p in plots],
+            timings={row["episode"]: row["timings"] for row in rows},
+        )
     )
-    summary = _jsonable({"schema": SUMMARY_SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                         "tiny_model": any_tiny, "episodes": rows})
+    summary = _jsonable(
+        {
+            "schema": SUMMARY_SCHEMA,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "tiny_model": any_tiny,
+            "episodes": rows,
+        }
+    )
     atomic.write_bytes(out_dir / "summary.json", json.dumps(summary, indent=1).encode())
     html_path = out_dir / "summary.html"
     atomic.write_bytes(html_path, page.encode())

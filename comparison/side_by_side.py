@@ -31,8 +31,16 @@ def _labelled(panel: np.ndarray, text: str) -> np.ndarray:
     bar = np.full((height, panel.shape[1], 3), 24, np.uint8)
     scale = height / 50
     thickness = 2 if height >= 36 else 1
-    cv2.putText(bar, text, (max(4, height // 4), height - height // 3), cv2.FONT_HERSHEY_SIMPLEX, scale,
-                (235, 235, 235), thickness, cv2.LINE_AA)
+    cv2.putText(
+        bar,
+        text,
+        (max(4, height // 4), height - height // 3),
+        cv2.FONT_HERSHEY_SIMPLEX,
+        scale,
+        (235, 235, 235),
+        thickness,
+        cv2.LINE_AA,
+    )
     return np.concatenate([bar, panel], axis=0)
 
 
@@ -54,6 +62,6 @@ def compose_frame(sim: np.ndarray | None, model: np.ndarray, index: int) -> np.n
 def compose_video(sim_frames: np.ndarray | None, model_frames: np.ndarray) -> np.ndarray:
     """Side-by-side frames [F, H + label, 3W + gaps, 3] over the common frames."""
     count = len(model_frames) if sim_frames is None else min(len(sim_frames), len(model_frames))
-    return np.stack([
-        compose_frame(None if sim_frames is None else sim_frames[k], model_frames[k], k) for k in range(count)
-    ])
+    return np.stack(
+        [compose_frame(None if sim_frames is None else sim_frames[k], model_frames[k], k) for k in range(count)]
+    )

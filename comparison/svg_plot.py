@@ -45,8 +45,16 @@ def _format(value: float) -> str:
     return f"{value:g}" if abs(value) >= 0.01 or value == 0 else f"{value:.1e}"
 
 
-def line_plot(series: list[Series], title: str, x_label: str, y_label: str, element_id: str,
-              width: int = 600, height: int = 240, y_min: float | None = None) -> str:
+def line_plot(
+    series: list[Series],
+    title: str,
+    x_label: str,
+    y_label: str,
+    element_id: str,
+    width: int = 600,
+    height: int = 240,
+    y_min: float | None = None,
+) -> str:
     """An <svg> element as a string; empty data gives a plot that says so."""
     left, right, top, bottom = 56, 12, 42, 40
     plot_w, plot_h = width - left - right, height - top - bottom
@@ -60,8 +68,7 @@ def line_plot(series: list[Series], title: str, x_label: str, y_label: str, elem
         f'<text x="{left}" y="16" font-size="13" font-weight="bold">{escape(title)}</text>',
     ]
     if not xs or not ys:
-        parts.append(f'<text x="{left + 10}" y="{top + plot_h / 2}" font-size="13" fill="#888">'
-                     "no data</text></svg>")
+        parts.append(f'<text x="{left + 10}" y="{top + plot_h / 2}" font-size="13" fill="#888">no data</text></svg>')
         return "".join(parts)
     x_lo, x_hi = min(xs), max(xs)
     if x_hi == x_lo:
@@ -77,19 +84,26 @@ def line_plot(series: list[Series], title: str, x_label: str, y_label: str, elem
         return top + plot_h - (y - y_lo) / (y_hi - y_lo) * plot_h
 
     for tick in y_ticks:
-        parts.append(f'<line x1="{left}" y1="{py(tick):.1f}" x2="{left + plot_w}" y2="{py(tick):.1f}" '
-                     'stroke="#e5e5e5"/>')
-        parts.append(f'<text x="{left - 6}" y="{py(tick) + 4:.1f}" font-size="11" text-anchor="end">'
-                     f"{_format(tick)}</text>")
+        parts.append(
+            f'<line x1="{left}" y1="{py(tick):.1f}" x2="{left + plot_w}" y2="{py(tick):.1f}" stroke="#e5e5e5"/>'
+        )
+        parts.append(
+            f'<text x="{left - 6}" y="{py(tick) + 4:.1f}" font-size="11" text-anchor="end">{_format(tick)}</text>'
+        )
     for tick in _nice_ticks(x_lo, x_hi, 8):
         if x_lo <= tick <= x_hi:
-            parts.append(f'<text x="{px(tick):.1f}" y="{top + plot_h + 15}" font-size="11" '
-                         f'text-anchor="middle">{_format(tick)}</text>')
+            parts.append(
+                f'<text x="{px(tick):.1f}" y="{top + plot_h + 15}" font-size="11" '
+                f'text-anchor="middle">{_format(tick)}</text>'
+            )
     parts.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>')
-    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 6}" font-size="12" text-anchor="middle">'
-                 f"{escape(x_label)}</text>")
-    parts.append(f'<text x="14" y="{top + plot_h / 2}" font-size="12" text-anchor="middle" '
-                 f'transform="rotate(-90 14 {top + plot_h / 2})">{escape(y_label)}</text>')
+    parts.append(
+        f'<text x="{left + plot_w / 2}" y="{height - 6}" font-size="12" text-anchor="middle">{escape(x_label)}</text>'
+    )
+    parts.append(
+        f'<text x="14" y="{top + plot_h / 2}" font-size="12" text-anchor="middle" '
+        f'transform="rotate(-90 14 {top + plot_h / 2})">{escape(y_label)}</text>'
+    )
     legend_x = left
     for index, s in enumerate(series):
         color = s.color or PALETTE[index % len(PALETTE)]
@@ -108,23 +122,36 @@ def line_plot(series: list[Series], title: str, x_label: str, y_label: str, elem
                 x, y = points[0].split(",")
                 parts.append(f'<circle cx="{x}" cy="{y}" r="2" fill="{color}"/>')
             else:
-                parts.append(f'<polyline points="{" ".join(points)}" fill="none" stroke="{color}" '
-                             f'stroke-width="1.6"{dash}/>')
+                parts.append(
+                    f'<polyline points="{" ".join(points)}" fill="none" stroke="{color}" stroke-width="1.6"{dash}/>'
+                )
         for x in s.markers_at:
             cx, cy = px(x), top + plot_h - 4
-            parts.append(f'<path d="M{cx - 3:.1f},{cy - 3:.1f}L{cx + 3:.1f},{cy + 3:.1f}'
-                         f'M{cx - 3:.1f},{cy + 3:.1f}L{cx + 3:.1f},{cy - 3:.1f}" stroke="{color}"/>')
+            parts.append(
+                f'<path d="M{cx - 3:.1f},{cy - 3:.1f}L{cx + 3:.1f},{cy + 3:.1f}'
+                f'M{cx - 3:.1f},{cy + 3:.1f}L{cx + 3:.1f},{cy - 3:.1f}" stroke="{color}"/>'
+            )
         legend_y = 33
-        parts.append(f'<line x1="{legend_x}" y1="{legend_y - 4}" x2="{legend_x + 14}" y2="{legend_y - 4}" '
-                     f'stroke="{color}" stroke-width="2"{dash}/>')
+        parts.append(
+            f'<line x1="{legend_x}" y1="{legend_y - 4}" x2="{legend_x + 14}" y2="{legend_y - 4}" '
+            f'stroke="{color}" stroke-width="2"{dash}/>'
+        )
         parts.append(f'<text x="{legend_x + 18}" y="{legend_y}" font-size="11">{escape(s.label)}</text>')
         legend_x += 6.5 * len(s.label) + 34  # a rough text width: the legend is one row
     parts.append("</svg>")
     return "".join(parts)
 
 
-def histogram(values: list[float | None], title: str, x_label: str, element_id: str, bins: int = 12,
-              width: int = 420, height: int = 220, color: str = PALETTE[0]) -> str:
+def histogram(
+    values: list[float | None],
+    title: str,
+    x_label: str,
+    element_id: str,
+    bins: int = 12,
+    width: int = 420,
+    height: int = 220,
+    color: str = PALETTE[0],
+) -> str:
     """An <svg> histogram of the finite values (None/NaN/inf are left out and counted in the title)."""
     finite = [v for v in values if _finite(v)]
     missing = len(values) - len(finite)
@@ -168,9 +195,12 @@ def histogram(values: list[float | None], title: str, x_label: str, element_id: 
     for tick in _nice_ticks(low, high, 5):
         if low <= tick <= high:
             x = left + (tick - low) / (high - low) * plot_w
-            parts.append(f'<text x="{x:.1f}" y="{top + plot_h + 15}" font-size="11" text-anchor="middle">'
-                         f"{_format(tick)}</text>")
+            parts.append(
+                f'<text x="{x:.1f}" y="{top + plot_h + 15}" font-size="11" text-anchor="middle">{_format(tick)}</text>'
+            )
     parts.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>')
-    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 6}" font-size="12" text-anchor="middle">'
-                 f"{escape(x_label)}</text></svg>")
+    parts.append(
+        f'<text x="{left + plot_w / 2}" y="{height - 6}" font-size="12" text-anchor="middle">'
+        f"{escape(x_label)}</text></svg>"
+    )
     return "".join(parts)

@@ -168,7 +168,11 @@ def estimate_relative_pose(
     identity = np.eye(3)
     method = getattr(cv2, config.ransac_method, cv2.RANSAC)  # OpenCV < 4.5 has no USAC
     essential, mask = cv2.findEssentialMat(
-        norm_i, norm_j, identity, method=method, prob=config.ransac_confidence,
+        norm_i,
+        norm_j,
+        identity,
+        method=method,
+        prob=config.ransac_confidence,
         threshold=config.ransac_threshold_px / focal,
     )
     if essential is None or essential.shape != (3, 3) or mask is None:
@@ -215,13 +219,24 @@ def evaluate_trajectory(
         index_i = np.array([a for a, _ in matches], int)
         index_j = np.array([b for _, b in matches], int)
         rotation, translation, inliers, reason = estimate_relative_pose(
-            pts_i[index_i] if matches else np.zeros((0, 2)), pts_j[index_j] if matches else np.zeros((0, 2)),
-            Ks[i], Ks[j], config,
+            pts_i[index_i] if matches else np.zeros((0, 2)),
+            pts_j[index_j] if matches else np.zeros((0, 2)),
+            Ks[i],
+            Ks[j],
+            config,
         )
         result = PairResult(
-            kind=kind, i=i, j=j, status="failed" if reason else "ok", reason=reason, matches=len(matches),
-            inliers=inliers, commanded_rotation_deg=rotation_angle_deg(cmd_rot),
-            commanded_translation=cmd_t_norm, estimated_rotation_deg=None, rotation_error_deg=None,
+            kind=kind,
+            i=i,
+            j=j,
+            status="failed" if reason else "ok",
+            reason=reason,
+            matches=len(matches),
+            inliers=inliers,
+            commanded_rotation_deg=rotation_angle_deg(cmd_rot),
+            commanded_translation=cmd_t_norm,
+            estimated_rotation_deg=None,
+            rotation_error_deg=None,
             translation_error_deg=None,
         )
         if rotation is not None:
@@ -243,8 +258,11 @@ def _stats(values: list[float]) -> dict:
         return {"count": 0, "median": None, "mean": None, "p90": None, "max": None}
     array = np.asarray(values, np.float64)
     return {
-        "count": int(array.size), "median": float(np.median(array)), "mean": float(array.mean()),
-        "p90": float(np.percentile(array, 90)), "max": float(array.max()),
+        "count": int(array.size),
+        "median": float(np.median(array)),
+        "mean": float(array.mean()),
+        "p90": float(np.percentile(array, 90)),
+        "max": float(array.max()),
     }
 
 
@@ -254,13 +272,9 @@ def summarize(pairs: list[PairResult]) -> dict:
     return {
         "pairs": len(pairs),
         "failed": len(failed),
-        "rotation_error_deg": _stats(
-            [p.rotation_error_deg for p in pairs if p.rotation_error_deg is not None]
-        ),
+        "rotation_error_deg": _stats([p.rotation_error_deg for p in pairs if p.rotation_error_deg is not None]),
         "translation_error_deg": _stats(
             [p.translation_error_deg for p in pairs if p.translation_error_deg is not None]
         ),
-        "translation_undefined": sum(
-            1 for p in pairs if p.status == "ok" and p.translation_error_deg is None
-        ),
+        "translation_undefined": sum(1 for p in pairs if p.status == "ok" and p.translation_error_deg is None),
     }

@@ -71,8 +71,9 @@ def pad_to_even(frame: np.ndarray) -> np.ndarray:
     return np.pad(frame, ((0, height % 2), (0, width % 2), (0, 0)), mode="edge")
 
 
-def write_video(path: str | Path, frames: np.ndarray | list[np.ndarray], fps: float = DEFAULT_FPS,
-                quality: float = 8) -> Path:
+def write_video(
+    path: str | Path, frames: np.ndarray | list[np.ndarray], fps: float = DEFAULT_FPS, quality: float = 8
+) -> Path:
     """Write uint8 RGB frames [F, H, W, 3] to an H.264 yuv420p mp4 atomically; returns the path."""
     path = Path(path)
     frames = [np.asarray(frame) for frame in frames]
@@ -86,8 +87,14 @@ def write_video(path: str | Path, frames: np.ndarray | list[np.ndarray], fps: fl
     height, width = pad_to_even(first).shape[:2]
     with atomic.atomic_path(path) as tmp:
         writer = imageio_ffmpeg.write_frames(
-            str(tmp), (width, height), fps=fps, codec="libx264", pix_fmt_out="yuv420p",
-            quality=quality, macro_block_size=1, output_params=["-movflags", "+faststart"],
+            str(tmp),
+            (width, height),
+            fps=fps,
+            codec="libx264",
+            pix_fmt_out="yuv420p",
+            quality=quality,
+            macro_block_size=1,
+            output_params=["-movflags", "+faststart"],
         )
         writer.send(None)
         for frame in frames:

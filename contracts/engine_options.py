@@ -47,7 +47,9 @@ class EngineOptions:
             raise EngineOptionsError(f"{where}: model must be one of {list(MODELS)} (got {self.model!r})")
         devices = (self.devices,) if isinstance(self.devices, str) else self.devices
         if not isinstance(devices, (list, tuple)) or not devices or not all(isinstance(d, str) for d in devices):
-            raise EngineOptionsError(f"{where}: devices must be a list of 'cpu', 'cuda' or 'cuda:N' (got {self.devices!r})")
+            raise EngineOptionsError(
+                f"{where}: devices must be a list of 'cpu', 'cuda' or 'cuda:N' (got {self.devices!r})"
+            )
         for device in devices:
             kind, _, index = device.partition(":")
             if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
@@ -61,7 +63,12 @@ class EngineOptions:
             raise EngineOptionsError(f"{where}: attention must be one of {list(ATTENTIONS)} (got {self.attention!r})")
         budget = self.vram_budget_gb
         if budget is not None:
-            if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
+            if (
+                isinstance(budget, bool)
+                or not isinstance(budget, (int, float))
+                or not math.isfinite(budget)
+                or budget <= 0
+            ):
                 raise EngineOptionsError(
                     f"{where}: vram_budget_gb must be a number of GiB > 0, or null (in TOML: leave it out) for no budget (got {budget!r})"
                 )

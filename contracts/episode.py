@@ -270,7 +270,7 @@ class EpisodeMeta:
         kwargs["source_resolution"] = (resolution[0], resolution[1])
         if kwargs.get("sim_frames") not in (None, SIM_VIDEO, SIM_FRAMES_DIR, SIM_FRAMES_DIR + "/"):
             raise EpisodeError(
-                f"{where}: sim_frames is {kwargs['sim_frames']!r}; expected \"{SIM_VIDEO}\", \"{SIM_FRAMES_DIR}\" or null"
+                f'{where}: sim_frames is {kwargs["sim_frames"]!r}; expected "{SIM_VIDEO}", "{SIM_FRAMES_DIR}" or null'
             )
         generation = kwargs.get("generation")
         if generation is not None and not isinstance(generation, dict):
@@ -342,9 +342,7 @@ def read_episode(directory: str | os.PathLike, min_poses: int = MIN_POSES) -> Ep
                 f"{image_path}: is {size[0]}x{size[1]} but {META_FILE} says source_resolution "
                 f"{meta.source_resolution[1]}x{meta.source_resolution[0]} (W x H)"
             )
-    return Episode(
-        path=directory, poses=poses, intrinsics=intrinsics, image_path=image_path, prompt=prompt, meta=meta
-    )
+    return Episode(path=directory, poses=poses, intrinsics=intrinsics, image_path=image_path, prompt=prompt, meta=meta)
 
 
 def read_meta(directory: str | os.PathLike, count: int) -> EpisodeMeta | None:
@@ -365,9 +363,11 @@ def read_meta(directory: str | os.PathLike, count: int) -> EpisodeMeta | None:
         raise EpisodeError(f"{meta_path}: sim_times has {len(meta.sim_times)} entries for {count} poses")
     named = meta.sim_frames.rstrip("/") if meta.sim_frames else None
     if named == SIM_VIDEO and not (directory / SIM_VIDEO).is_file():
-        raise EpisodeError(f"{meta_path}: says sim_frames \"{SIM_VIDEO}\" but {directory / SIM_VIDEO} is missing")
+        raise EpisodeError(f'{meta_path}: says sim_frames "{SIM_VIDEO}" but {directory / SIM_VIDEO} is missing')
     if named == SIM_FRAMES_DIR and not (directory / SIM_FRAMES_DIR).is_dir():
-        raise EpisodeError(f"{meta_path}: says sim_frames \"{SIM_FRAMES_DIR}\" but {directory / SIM_FRAMES_DIR} is missing")
+        raise EpisodeError(
+            f'{meta_path}: says sim_frames "{SIM_FRAMES_DIR}" but {directory / SIM_FRAMES_DIR} is missing'
+        )
     return meta
 
 

@@ -20,7 +20,7 @@ class SizeError(ValueError):
 
 
 def parse_size(text: str, where: str = "size") -> tuple[int, int]:
-    """"480*832" (or "480x832") -> (480, 832): height, width."""
+    """ "480*832" (or "480x832") -> (480, 832): height, width."""
     if not isinstance(text, str):
         raise SizeError(f"{where} must be a string like {MODEL_SIZE!r} (H*W), got {text!r}")
     try:

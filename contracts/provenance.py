@@ -224,8 +224,13 @@ def summary_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
     ]
     rows += [(f"setting: {key}", _text(value)) for key, value in record["settings"].items()]
     if output:
-        rows.append(("output", f"{output.get('frames')} frames {output.get('width')}x{output.get('height')} "
-                               f"at {output.get('fps')} fps"))
+        rows.append(
+            (
+                "output",
+                f"{output.get('frames')} frames {output.get('width')}x{output.get('height')} "
+                f"at {output.get('fps')} fps",
+            )
+        )
     first = (record.get("inputs") or {}).get("first_frame")
     if first:  # a real photo instead of the sim's render changes what the rollout means (issue 15)
         what = "photo (not the sim's render)" if first.get("source") == "photo" else "the episode's image"

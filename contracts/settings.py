@@ -49,30 +49,69 @@ class Field:
 
 INT_MAX = 2**63 - 1
 FIELDS: tuple[Field, ...] = (
-    Field("model", "choice", "base", "engine: base (two experts, guided) or fast (causal, chunk by chunk)",
-          choices=MODELS),
+    Field(
+        "model", "choice", "base", "engine: base (two experts, guided) or fast (causal, chunk by chunk)", choices=MODELS
+    ),
     Field("size", "size", MODEL_SIZE, "max area as H*W; the real H, W follow the image's aspect"),
     Field("frame_num", "int", 81, "video frames, 4n+1 (limited by the number of poses)", low=1, high=4097),
     # LingBot-World's i2v-A14B defaults (70 steps, shift 10); [fast40] in generation.toml: 40 / 5
     Field("steps", "int", 70, "denoising steps", low=1, high=1000),
     Field("shift", "float", 10.0, "flow-matching sample shift", low=0.0, high=1000.0, open_low=True),
-    Field("guide_scale", "pair", (5.0, 5.0), "classifier-free guidance (low-noise expert, high-noise expert)",
-          low=0.0, high=100.0),
-    Field("boundary", "float", 0.947, "t >= boundary*1000 runs the high-noise expert", low=0.0, high=1.0,
-          open_low=True, open_high=True),
+    Field(
+        "guide_scale",
+        "pair",
+        (5.0, 5.0),
+        "classifier-free guidance (low-noise expert, high-noise expert)",
+        low=0.0,
+        high=100.0,
+    ),
+    Field(
+        "boundary",
+        "float",
+        0.947,
+        "t >= boundary*1000 runs the high-noise expert",
+        low=0.0,
+        high=1.0,
+        open_low=True,
+        open_high=True,
+    ),
     Field("seed", "int", 42, "random seed of the initial noise", low=0, high=INT_MAX),
     Field("negative_prompt", "optional-str", None, "negative prompt (None: the i2v-A14B default)"),
     Field("fps", "int", 16, "frame rate of the written video", low=1, high=240),
-    Field("compute", "choice", None, "per-job compute of the experts: bf16 or fp8 (None: the engine's choice)",
-          choices=(None, *COMPUTES)),
+    Field(
+        "compute",
+        "choice",
+        None,
+        "per-job compute of the experts: bf16 or fp8 (None: the engine's choice)",
+        choices=(None, *COMPUTES),
+    ),
     # model = fast only (LingBot-World-Fast; steps, guide_scale, boundary, negative_prompt do not apply)
-    Field("kv_cache", "choice", "auto", "fast: KV cache kind: auto (the first that fits the VRAM budget of "
-          "full = whole video in bf16 as the reference, fp8 = the same in FP8, rolling = an FP8 window with "
-          "an attention sink) or one of them forced", choices=("auto", "full", "fp8", "rolling")),
-    Field("attention_frames", "int", 0, "fast: latent frames a chunk attends to at most (0: every cached "
-          "frame); the reference's --max_attention_size, in frames", low=0, high=1024),
-    Field("sink_frames", "int", 1, "fast: latent frames a rolling KV cache never evicts (attention sink)",
-          low=0, high=1024),
+    Field(
+        "kv_cache",
+        "choice",
+        "auto",
+        "fast: KV cache kind: auto (the first that fits the VRAM budget of "
+        "full = whole video in bf16 as the reference, fp8 = the same in FP8, rolling = an FP8 window with "
+        "an attention sink) or one of them forced",
+        choices=("auto", "full", "fp8", "rolling"),
+    ),
+    Field(
+        "attention_frames",
+        "int",
+        0,
+        "fast: latent frames a chunk attends to at most (0: every cached "
+        "frame); the reference's --max_attention_size, in frames",
+        low=0,
+        high=1024,
+    ),
+    Field(
+        "sink_frames",
+        "int",
+        1,
+        "fast: latent frames a rolling KV cache never evicts (attention sink)",
+        low=0,
+        high=1024,
+    ),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 
@@ -101,7 +140,9 @@ def _check(spec: Field, value: Any) -> Any:
             value = (value, value)
         if not isinstance(value, (list, tuple)) or len(value) != 2:
             raise SettingsError(f"{name} must be one number or [low, high] (got {value!r:.60})")
-        return tuple(_number(Field(f"{name}[{i}]", "float", None, "", spec.low, spec.high), v) for i, v in enumerate(value))
+        return tuple(
+            _number(Field(f"{name}[{i}]", "float", None, "", spec.low, spec.high), v) for i, v in enumerate(value)
+        )
     return _number(spec, value)
 
 

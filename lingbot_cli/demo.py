@@ -35,7 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episode", type=Path, default=SAMPLE, help="episode folder to replay")
     parser.add_argument("--out", type=Path, default=Path("out/demo"), help="where the rollout and report go")
     parser.add_argument("--port", type=int, default=0, help="server port on 127.0.0.1 (default: a free one)")
-    parser.add_argument("--vram-budget", type=float, default=None, metavar="GB", help="GPU memory budget (default: none)")
+    parser.add_argument(
+        "--vram-budget", type=float, default=None, metavar="GB", help="GPU memory budget (default: none)"
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the rollout")
 
 
@@ -126,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(out / "spool", ignore_errors=True)
     started = time.monotonic()
     # the model, its settings and the noise banner come from the rollout's provenance record
-    report = compare_episode(episode_dir, rollout, out / "report", timings={"generation_s": round(generation_seconds, 1)})
+    report = compare_episode(
+        episode_dir, rollout, out / "report", timings={"generation_s": round(generation_seconds, 1)}
+    )
     print(f"rollout: {rollout}")
     print(f"report:  {report}  (JSON: {report.with_suffix('.json')}; compared in {time.monotonic() - started:.0f} s)")
     if tiny:

@@ -57,9 +57,7 @@ def numpy_to_gf(matrix: np.ndarray) -> Gf.Matrix4d:
     return Gf.Matrix4d(np.asarray(matrix, dtype=np.float64).T.tolist())
 
 
-def usd_to_opencv_c2w(
-    local_to_world: np.ndarray, meters_per_unit: float, prim_path: str = "camera"
-) -> np.ndarray:
+def usd_to_opencv_c2w(local_to_world: np.ndarray, meters_per_unit: float, prim_path: str = "camera") -> np.ndarray:
     """USD camera local-to-world (column-vector numpy, stage units) -> OpenCV c2w in metres."""
     m = np.asarray(local_to_world, dtype=np.float64)
     if m.shape != (4, 4) or not np.all(np.isfinite(m)):
@@ -142,9 +140,7 @@ def camera_pose(prim: Usd.Prim, time: Usd.TimeCode | float = DEFAULT_TIME) -> np
     return usd_to_opencv_c2w(local_to_world, UsdGeom.GetStageMetersPerUnit(stage), str(prim.GetPath()))
 
 
-def camera_intrinsics(
-    prim: Usd.Prim, width: int, height: int, time: Usd.TimeCode | float = DEFAULT_TIME
-) -> np.ndarray:
+def camera_intrinsics(prim: Usd.Prim, width: int, height: int, time: Usd.TimeCode | float = DEFAULT_TIME) -> np.ndarray:
     """(fx, fy, cx, cy) in pixels of a width x height render of a pinhole camera prim."""
     check_pinhole(prim, time)
     camera = _camera(prim)

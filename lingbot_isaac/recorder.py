@@ -178,8 +178,7 @@ def _rgb(frame: Any, resolution: tuple[int, int]) -> np.ndarray | None:
         return None
     if array.shape[:2] != tuple(resolution):
         raise RecorderError(
-            f"captured frame is {array.shape[1]}x{array.shape[0]}, expected "
-            f"{resolution[1]}x{resolution[0]} (W x H)"
+            f"captured frame is {array.shape[1]}x{array.shape[0]}, expected {resolution[1]}x{resolution[0]} (W x H)"
         )
     if array.dtype != np.uint8:
         array = np.clip(array * (255.0 if array.dtype.kind == "f" else 1.0), 0, 255).astype(np.uint8)

@@ -68,9 +68,7 @@ def write_recording_episode(
             "(e.g. `--image first_frame.png`)"
         )
     try:
-        resampled = resample_trajectory(
-            recording.times, recording.poses, recording.intrinsics, fps, max_frames
-        )
+        resampled = resample_trajectory(recording.times, recording.poses, recording.intrinsics, fps, max_frames)
     except ResampleError as exc:
         raise EpisodeError(f"{recording.source or 'recording'}: {exc}") from None
     meta = EpisodeMeta(

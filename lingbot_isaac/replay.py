@@ -69,13 +69,18 @@ USER_ERRORS = (ReplayError, EpisodeError, CameraError, SettingsError, *_bridge_e
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "sources", nargs="+", type=Path, metavar="SOURCE",
-        help="episode folder (or its episode.json: `DIR/**/episode.json` replays a whole tree), USD or HDF5 file"
+        "sources",
+        nargs="+",
+        type=Path,
+        metavar="SOURCE",
+        help="episode folder (or its episode.json: `DIR/**/episode.json` replays a whole tree), USD or HDF5 file",
     )
     parser.add_argument("--server", default="tcp://127.0.0.1:5570", help="the generation server's endpoint")
     parser.add_argument("--out", type=Path, help="write result folders here instead of beside the sources")
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace existing results and exports (without it a rerun resumes: finished episodes are skipped)"
+        "--overwrite",
+        action="store_true",
+        help="replace existing results and exports (without it a rerun resumes: finished episodes are skipped)",
     )
     parser.add_argument("--export-only", action="store_true", help="write the episode folders, send nothing")
     photo = parser.add_argument_group("a real photo as the first frame (sim-to-real)")
@@ -110,9 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--prompt-file", type=Path, help="text prompt from a file")
     source.add_argument("--camera", help="camera prim path, recorder group or Isaac Lab camera name")
     source.add_argument("--resolution", help="WxH the intrinsics are for, if no --image gives it")
-    source.add_argument(
-        "--rate", type=float, help="Isaac Lab env step rate in Hz (1 / (sim.dt * decimation))"
-    )
+    source.add_argument("--rate", type=float, help="Isaac Lab env step rate in Hz (1 / (sim.dt * decimation))")
     source.add_argument(
         "--meters-per-unit",
         type=float,
@@ -204,7 +207,7 @@ def config_quat_order(path: Path = ISAAC_CONFIG) -> str | None:
     except tomllib.TOMLDecodeError as exc:
         raise ReplayError(f"{path}: not valid TOML ({exc})") from None
     if value not in ("", *QUAT_ORDERS):
-        raise ReplayError(f"{path}: [isaaclab] quat_order must be \"\", \"wxyz\" or \"xyzw\" (got {value!r})")
+        raise ReplayError(f'{path}: [isaaclab] quat_order must be "", "wxyz" or "xyzw" (got {value!r})')
     return value or None
 
 
@@ -288,9 +291,7 @@ def export(
                 if not overwrite:
                     raise ReplayError(f"{target} already exists; pass --overwrite to replace it")
                 shutil.rmtree(target)
-            shutil.copytree(
-                source.episode_dir, target, ignore=shutil.ignore_patterns(ROLLOUT_VIDEO, ROLLOUT_INFO)
-            )
+            shutil.copytree(source.episode_dir, target, ignore=shutil.ignore_patterns(ROLLOUT_VIDEO, ROLLOUT_INFO))
         read_episode(target)  # validate before sending
         return target
     if prompt is None:
@@ -376,9 +377,7 @@ def parse_demos(spec: str) -> str | set[int]:
                 raise ValueError
             indices.update(range(first, last + 1))
     except ValueError:
-        raise ReplayError(
-            f"--demos {spec!r}: expected all, successful, or indices like 0-99 or 3,7,10-19"
-        ) from None
+        raise ReplayError(f"--demos {spec!r}: expected all, successful, or indices like 0-99 or 3,7,10-19") from None
     return indices
 
 
@@ -581,8 +580,10 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
     plan = []
     for source, siblings in sources:
         target = _result_dir(source, args.out, siblings)
-        if args.first_frame is not None and source.episode_dir is not None and target.resolve() == (
-            source.episode_dir.resolve()
+        if (
+            args.first_frame is not None
+            and source.episode_dir is not None
+            and target.resolve() == (source.episode_dir.resolve())
         ):
             target = target.with_name(f"{target.name}-photo")  # never replace the user's own first frame
         plan.append((source, target))

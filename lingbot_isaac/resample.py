@@ -51,8 +51,7 @@ def resample_trajectory(
     n = times.shape[0]
     if poses.shape != (n, 4, 4) or intrinsics.shape != (n, 4):
         raise ResampleError(
-            f"need times [N], poses [N,4,4], intrinsics [N,4]; got {times.shape}, {poses.shape}, "
-            f"{intrinsics.shape}"
+            f"need times [N], poses [N,4,4], intrinsics [N,4]; got {times.shape}, {poses.shape}, {intrinsics.shape}"
         )
     if n < 2:
         raise ResampleError(f"need at least 2 samples to resample (got {n}); record for longer")

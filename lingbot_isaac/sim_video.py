@@ -32,9 +32,7 @@ def write_mp4(path: os.PathLike | str, frames: Iterable[np.ndarray], fps: float 
     first = np.asarray(next(frames))
     height, width = first.shape[:2]
     if first.dtype != np.uint8 or first.ndim != 3 or first.shape[2] != 3 or height % 2 or width % 2:
-        raise ValueError(
-            f"frames must be uint8 RGB [H, W, 3] with even H and W (got {first.dtype} {first.shape})"
-        )
+        raise ValueError(f"frames must be uint8 RGB [H, W, 3] with even H and W (got {first.dtype} {first.shape})")
     with atomic.atomic_path(path) as partial:
         writer = imageio_ffmpeg.write_frames(
             str(partial),

@@ -103,9 +103,7 @@ class LingBotWindow:
         from lingbot_isaac.camera import find_cameras
 
         stage = kit_adapter.get_stage()
-        self._cameras = (
-            [c for c in find_cameras(stage) if not c.startswith("/OmniverseKit_")] if stage else []
-        )
+        self._cameras = [c for c in find_cameras(stage) if not c.startswith("/OmniverseKit_")] if stage else []
         self._combo_frame.clear()
         with self._combo_frame:
             combo = ui.ComboBox(0, *(self._cameras or ["(no cameras on the stage)"]))

@@ -57,9 +57,7 @@ def main() -> int:
     if args.out.exists() and not args.overwrite:
         print(f"error: {args.out} already exists; pass --overwrite", file=sys.stderr)
         return 2
-    simulation_app = kit_adapter.simulation_app_class()(
-        {"headless": True, "width": args.width, "height": args.height}
-    )
+    simulation_app = kit_adapter.simulation_app_class()({"headless": True, "width": args.width, "height": args.height})
     try:
         return record_and_generate(simulation_app, args)
     finally:

@@ -47,9 +47,7 @@ PROMPT = (
 def camera_path(t: np.ndarray) -> np.ndarray:
     """OpenCV camera-to-world poses in metres: forward along +y while panning right and bobbing."""
     s = t / SECONDS
-    eyes = np.stack(
-        [0.5 * np.sin(np.pi * s) - 0.2, -1.2 + 2.0 * s, 1.45 + 0.05 * np.sin(2 * np.pi * s)], axis=1
-    )
+    eyes = np.stack([0.5 * np.sin(np.pi * s) - 0.2, -1.2 + 2.0 * s, 1.45 + 0.05 * np.sin(2 * np.pi * s)], axis=1)
     yaw = np.radians(-20 + 55 * s)  # turning right = towards +x
     targets = eyes + np.stack([np.sin(yaw), np.cos(yaw), -0.18 * np.ones_like(s)], axis=1)
     return np.stack([look_at(e, g) for e, g in zip(eyes, targets, strict=True)])

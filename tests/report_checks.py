@@ -11,13 +11,31 @@ from contracts.provenance import REQUIRED_SETTINGS, TINY_NOTE, make_record, read
 
 def tiny_record(**settings) -> dict:
     """A provenance record as the worker writes it for the tiny model (for rollouts tests make themselves)."""
-    used = {"size": "96*160", "frame_num": 17, "steps": 4, "shift": 5.0, "guide_scale": [5.0, 5.0], "seed": 42,
-            **settings}
+    used = {
+        "size": "96*160",
+        "frame_num": 17,
+        "steps": 4,
+        "shift": 5.0,
+        "guide_scale": [5.0, 5.0],
+        "seed": 42,
+        **settings,
+    }
     return make_record(
         producer="worker",
-        model={"family": "lingbot-world", "variant": "base", "weights": "tiny", "random_weights": True,
-               "name": "tiny (random weights), bf16 checkpoint layout"},
-        checkpoint={"path": "/cache/tiny-v1/bf16", "layout": "bf16", "fingerprint": "sha256:ab", "files": 9, "bytes": 1},
+        model={
+            "family": "lingbot-world",
+            "variant": "base",
+            "weights": "tiny",
+            "random_weights": True,
+            "name": "tiny (random weights), bf16 checkpoint layout",
+        },
+        checkpoint={
+            "path": "/cache/tiny-v1/bf16",
+            "layout": "bf16",
+            "fingerprint": "sha256:ab",
+            "files": 9,
+            "bytes": 1,
+        },
         compute={"device": "cpu", "dtype": "float32"},
         settings=used,
         output={"frames": used["frame_num"], "height": 80, "width": 160, "fps": 16},

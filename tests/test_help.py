@@ -40,7 +40,9 @@ def _check(parser: argparse.ArgumentParser) -> list[str]:
             problems.append(f"{flag}: no help")
             continue
         text = formatter._expand_help(action)  # the help exactly as --help prints it
-        meaningful = not (action.default is None or action.default is False or action.default in ([], argparse.SUPPRESS))
+        meaningful = not (
+            action.default is None or action.default is False or action.default in ([], argparse.SUPPRESS)
+        )
         if text.count("default:") > 1:  # "(default: a free one) (default: 0)"
             problems.append(f"{flag}: the default is said {text.count('default:')} times: {text!r}")
         if meaningful and "default" not in text and (action.option_strings or action.nargs in ("?", "*")):
@@ -50,7 +52,8 @@ def _check(parser: argparse.ArgumentParser) -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_help_prints_and_exits_0(name):
-    result = subprocess.run([sys.executable, "-m", "lingbot_cli", name, "--help"], cwd=REPO, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "lingbot_cli", name, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0 and f"usage: lingbot-isaac {name}" in result.stdout, result.stderr
     assert "Failed to load" not in result.stderr and not result.stderr.strip(), result.stderr

@@ -157,9 +157,7 @@ def _check_shards(folder: Path) -> None:
         raise CheckpointError(f"{index_path}: unreadable index ({exc}); re-download it") from None
     absent = sorted(name for name in shards if not (folder / name).exists())
     if absent:
-        raise CheckpointError(
-            f"{folder}: shard {absent[0]} listed in {INDEX_FILE} is missing; the download is partial"
-        )
+        raise CheckpointError(f"{folder}: shard {absent[0]} listed in {INDEX_FILE} is missing; the download is partial")
 
 
 def expert_kind(folder: Path) -> str:

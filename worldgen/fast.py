@@ -100,7 +100,10 @@ class FastOptions:
         """A job's settings (shift, kv_cache, attention_frames, sink_frames) for frames of `frame_tokens`."""
         window = settings.attention_frames * frame_tokens or None
         return cls(
-            shift=settings.shift, max_attention_tokens=window, sink_frames=settings.sink_frames, kv_cache=settings.kv_cache
+            shift=settings.shift,
+            max_attention_tokens=window,
+            sink_frames=settings.sink_frames,
+            kv_cache=settings.kv_cache,
         )
 
 
@@ -158,9 +161,7 @@ def fast_frames(frame_num: int, num_poses: int | None, chunk_frames: int) -> Fas
     return FastFrames(frames, pose_frames, latent)
 
 
-def fast_camera(
-    poses: np.ndarray, intrinsics: np.ndarray, frames: FastFrames, height: int, width: int
-) -> torch.Tensor:
+def fast_camera(poses: np.ndarray, intrinsics: np.ndarray, frames: FastFrames, height: int, width: int) -> torch.Tensor:
     """Plücker [1, 384, lat_f, height/8, width/8]: the poses of `pose_frames` resampled to lat_f."""
     c2w = resample_poses(poses[: frames.pose_frames], frames.latent_frames)
     K = scale_intrinsics(torch.from_numpy(intrinsics[:1]), height, width)[0]
@@ -247,7 +248,9 @@ class FastPipeline(Pipeline):
                 line = f"  denoise Fast DiT resident, chunk by chunk (4 steps + 1 cache refresh each); {ffn}"
             elif line.startswith("  encode"):
                 tiles = self.encode_tile_pixels
-                line = line.split(",")[0] + (", whole frames" if tiles is None else f", spatial tiles of <= {tiles:,} pixels")
+                line = line.split(",")[0] + (
+                    ", whole frames" if tiles is None else f", spatial tiles of <= {tiles:,} pixels"
+                )
             elif line.startswith("  decode"):
                 line = line.replace(" (experts freed first)", "") + "; chunk by chunk, each as soon as it is made"
             lines.append(line)
@@ -411,7 +414,9 @@ class FastPipeline(Pipeline):
                         # with the same tiles once the KV cache is gone (so the same video)
                         streaming, decoder = False, None
                         free_device_memory(self.device)
-                        self.plan.notes += ("decoding beside the KV cache ran out of memory: chunks decoded after the loop",)
+                        self.plan.notes += (
+                            "decoding beside the KV cache ran out of memory: chunks decoded after the loop",
+                        )
                     else:
                         emit(piece)
                 clock.lap("decode")
@@ -436,7 +441,9 @@ def stream_decode_plan(pixels: int) -> tuple[int | None, float]:
     """(tile pixels or None for whole frames, GiB) for decoding chunks of `pixels`-pixel frames during
     the loop: weights + every tile's causal caches + one tile's activations (see the constants)."""
     caches = VAE_CACHE_BYTES_PER_PIXEL * pixels / GiB
-    act_per_pixel = (VAE_PEAK_GIB - VAE_WEIGHTS_GIB - VAE_CACHE_BYTES_PER_PIXEL * REFERENCE_PIXELS / GiB) / REFERENCE_PIXELS
+    act_per_pixel = (
+        VAE_PEAK_GIB - VAE_WEIGHTS_GIB - VAE_CACHE_BYTES_PER_PIXEL * REFERENCE_PIXELS / GiB
+    ) / REFERENCE_PIXELS
     whole = VAE_WEIGHTS_GIB + caches + act_per_pixel * pixels
     if act_per_pixel * pixels <= STREAM_TILE_ACT_GIB:
         return None, whole

@@ -56,8 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="base = LingBot-World's two experts with guidance; fast = LingBot-World-Fast (causal, chunk by chunk, "
         "4 steps, no guidance; its DiT in lingbot_world_fast/ inside --ckpt-dir) (default: base)",
     )
-    gen.add_argument("--kv-cache", choices=("auto", "full", "fp8", "rolling"), help="fast: KV cache kind (default: "
-                     "auto = whole video in bf16, else in FP8, else a rolling FP8 window, whichever fits --vram-budget)")
+    gen.add_argument(
+        "--kv-cache",
+        choices=("auto", "full", "fp8", "rolling"),
+        help="fast: KV cache kind (default: "
+        "auto = whole video in bf16, else in FP8, else a rolling FP8 window, whichever fits --vram-budget)",
+    )
     gen.add_argument("--attention-frames", type=int, help="fast: latent frames a chunk attends to at most (0: all)")
     gen.add_argument("--sink-frames", type=int, help="fast: frames a rolling KV cache never evicts (default: 1)")
     gen.add_argument("--size", help="max area as H*W, e.g. 480*832 or 720*1280; the aspect follows the image")
@@ -111,12 +115,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "memory, ~1 GB of RAM); a cached prompt skips it either way",
     )
     run.add_argument(
-        "-o", "--output", type=Path, default=Path("out.mp4"),
+        "-o",
+        "--output",
+        type=Path,
+        default=Path("out.mp4"),
         help="output mp4 (H.264); its provenance record goes beside it as .json (default: out.mp4)",
     )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.add_argument(
-        "--verbose", action="store_true",
+        "--verbose",
+        action="store_true",
         help="also print the memory plan, the measured per-phase peaks and third-party notices hidden by default",
     )
 
@@ -176,8 +184,9 @@ def run(args: argparse.Namespace) -> int:
     if args.action_path is None and args.image is None:
         raise InputError("give --image (and --prompt), or --action-path with image.jpg and prompt.txt")
     if args.action_path is not None and not args.action_path.is_dir():
-        raise InputError(f"--action-path {args.action_path}: not a folder (poses.npy, intrinsics.npy, image.jpg, "
-                         "prompt.txt)")
+        raise InputError(
+            f"--action-path {args.action_path}: not a folder (poses.npy, intrinsics.npy, image.jpg, prompt.txt)"
+        )
     from contracts import episode  # the one reader and validator of action folders (numpy only)
     from worldgen.image_input import load_image
     from worldgen.request import resolve_request
@@ -244,11 +253,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {line}", file=sys.stderr)
     with pipe.meter.phase("write"):
         record = rollout_record(
-            pipe, settings, resolved, producer="generate", phases=pipe.meter.records,
-            video_shape=tuple(video.shape[1:]), notes=notes,
-            inputs={"image": str(image_path), "image_size": [image.width, image.height],
-                    "poses": None if poses is None else len(poses), "prompt": prompt,
-                    "action_path": None if args.action_path is None else str(args.action_path)},
+            pipe,
+            settings,
+            resolved,
+            producer="generate",
+            phases=pipe.meter.records,
+            video_shape=tuple(video.shape[1:]),
+            notes=notes,
+            inputs={
+                "image": str(image_path),
+                "image_size": [image.width, image.height],
+                "poses": None if poses is None else len(poses),
+                "prompt": prompt,
+                "action_path": None if args.action_path is None else str(args.action_path),
+            },
             timings={"load_s": round(load_s, 3), "generate_s": round(time.perf_counter() - started - load_s, 3)},
         )
         write_record(args.output, record)  # first: a video never sits without its record
@@ -259,6 +277,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: peak RSS {peak_rss:.2f} GiB exceeded --ram-budget {args.ram_budget:g}", file=sys.stderr)
     frames, h, w = video.shape[1:]
     seconds = time.perf_counter() - started
-    print(f"wrote {path} ({frames} frames, {w}x{h}, {settings.fps} fps, {seconds:.1f} s, peak RSS {peak_rss:.2f} GiB)"
-          f" and its provenance record {sidecar_path(path)}")
+    print(
+        f"wrote {path} ({frames} frames, {w}x{h}, {settings.fps} fps, {seconds:.1f} s, peak RSS {peak_rss:.2f} GiB)"
+        f" and its provenance record {sidecar_path(path)}"
+    )
     return 0

@@ -122,9 +122,9 @@ class SecondDevice:
         model.set_compute(compute)
         inputs = self._inputs
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
-            out = model(
-                x.to(self.device), timestep.to(self.device), [inputs["negative"]], inputs["y"], inputs["cam"]
-            )[0]
+            out = model(x.to(self.device), timestep.to(self.device), [inputs["negative"]], inputs["y"], inputs["cam"])[
+                0
+            ]
         return out.to(home)
 
     def end_job(self) -> None:

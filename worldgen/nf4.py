@@ -101,7 +101,9 @@ class NF4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor | QuantizedRows, dtype: torch.dtype | None = None) -> torch.Tensor:
         dtype = dtype or self.compute_dtype
-        if isinstance(x, QuantizedRows) or wants_fp8(x, self.compute, dtype):  # NF4 -> bf16 -> FP8 per output channel, FP8 GEMM
+        if isinstance(x, QuantizedRows) or wants_fp8(
+            x, self.compute, dtype
+        ):  # NF4 -> bf16 -> FP8 per output channel, FP8 GEMM
             return fp8_linear(x, self.dequantized_weight(torch.bfloat16), self.bias)
         bias = None if self.bias is None else self.bias.to(dtype)
         return F.linear(x.to(dtype), self.dequantized_weight(dtype), bias)

@@ -56,9 +56,7 @@ class ResolvedRequest:
     adjustments: tuple[str, ...]
 
 
-def resolve_request(
-    settings: GenerationSettings, image_hw: tuple[int, int], num_poses: int | None
-) -> ResolvedRequest:
+def resolve_request(settings: GenerationSettings, image_hw: tuple[int, int], num_poses: int | None) -> ResolvedRequest:
     """Apply the reference's frame and size rules; raise InputError when nothing sensible is left."""
     adjustments = []
     asked = settings.frame_num

@@ -38,7 +38,6 @@ def read_prompt(folder: Path) -> str:
         raise InputError(f"{exc} (or pass --prompt)") from None
 
 
-
 def _fingerprint(pipe: Pipeline) -> dict[str, Any]:
     """The checkpoint's fingerprint, computed once per pipeline (a warm worker serves many jobs)."""
     cached = getattr(pipe, "_fingerprint", None)
@@ -99,7 +98,8 @@ def rollout_record(
     phase_seconds = {f"{record.name}_s": round(record.seconds, 3) for record in phases}
     peaks = {
         "peak_rss_gib": max((r.peak_rss_gib or 0.0 for r in phases), default=None),
-        "peak_vram_gib": max((r.peak_vram_gib or 0.0 for r in phases), default=None) if pipe.device.type == "cuda"
+        "peak_vram_gib": max((r.peak_vram_gib or 0.0 for r in phases), default=None)
+        if pipe.device.type == "cuda"
         else None,
     }
     return make_record(
@@ -168,8 +168,13 @@ def generate_episode(
         phases=pipe.meter.records[first_phase:],
         video_shape=tuple(video.shape[1:]),
         notes=notes,
-        inputs={"episode": folder.name, "image": image_path.name, "image_size": [image.width, image.height],
-                "poses": len(poses), "prompt": prompt},
+        inputs={
+            "episode": folder.name,
+            "image": image_path.name,
+            "image_size": [image.width, image.height],
+            "poses": len(poses),
+            "prompt": prompt,
+        },
         timings={"generate_s": round(time.perf_counter() - started, 3)},
     )
     write_record(path, record)

@@ -138,7 +138,9 @@ def stream_safetensors(
                     break
                 end, j = max(end, end_j), j + 1
             if data_start + end > file_size:
-                raise CheckpointError(f"{path}: file is truncated (tensor {order[j - 1]} ends past the end); re-download it")
+                raise CheckpointError(
+                    f"{path}: file is truncated (tensor {order[j - 1]} ends past the end); re-download it"
+                )
             buf = staging.view(end - first_begin)
             f.seek(data_start + first_begin)
             _read_exactly(f, memoryview(buf.numpy()), path, f"tensors {order[i]} ... {order[j - 1]}")
@@ -149,7 +151,11 @@ def stream_safetensors(
                 raw = buf[begin:stop]
                 if begin % torch_dtype.itemsize:
                     raw = raw.clone()  # the format does not align tensors; a view needs aligned bytes
-                host = raw.view(torch_dtype).view(meta["shape"]) if stop > begin else torch.empty(meta["shape"], dtype=torch_dtype)
+                host = (
+                    raw.view(torch_dtype).view(meta["shape"])
+                    if stop > begin
+                    else torch.empty(meta["shape"], dtype=torch_dtype)
+                )
                 yield key, _to_device(host, device, dtype)
             if device.type == "cuda":
                 staging.copies_issued()

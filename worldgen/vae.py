@@ -457,7 +457,9 @@ class StreamingDecoder:
         return _tiled(lambda piece: self._run(next(positions), piece), latent, 8, tile, overlap, unit=1)
 
 
-def _tile_positions(height: int, width: int, tile_hw: tuple[int, int], overlap: int, unit: int) -> list[tuple[int, int]]:
+def _tile_positions(
+    height: int, width: int, tile_hw: tuple[int, int], overlap: int, unit: int
+) -> list[tuple[int, int]]:
     """(top, left) of every tile in the order `_tiled` visits them."""
     overlap = max(unit, overlap // unit * unit)
     rows = [s * unit for s in tile_starts(height // unit, tile_hw[0] // unit, overlap // unit)]

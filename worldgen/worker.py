@@ -306,7 +306,9 @@ class Worker:
         threading.Thread(target=self.read_forever, name="protocol-reader", daemon=True).start()
         message = self.commands.get()  # the supervisor's first message: `load` with the engine options
         if message["type"] != "load":
-            self.send({"type": "fatal", "code": "load_failed", "message": f"expected 'load' first, got {message['type']!r}"})
+            self.send(
+                {"type": "fatal", "code": "load_failed", "message": f"expected 'load' first, got {message['type']!r}"}
+            )
             return 3
         started = time.monotonic()
         try:
@@ -352,7 +354,9 @@ class Worker:
 
         def on_chunk(index: int, total: int, path: Path, frames: int) -> None:
             # a finished, decoded part of the video (model = fast): the server streams it to the client
-            self.send({"type": "chunk", "job": job, "index": index, "total": total, "path": str(path), "frames": frames})
+            self.send(
+                {"type": "chunk", "job": job, "index": index, "total": total, "path": str(path), "frames": frames}
+            )
             progress("chunk", index + 1, total)
 
         try:

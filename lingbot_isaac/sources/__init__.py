@@ -51,8 +51,7 @@ def kind_of(path: Path) -> str:
         if any(is_episode_dir(p) for p in path.iterdir()):
             return "episodes"
         raise EpisodeError(
-            f"{path}: a folder without poses.npy/intrinsics.npy (not an episode folder) and "
-            "no episode folders inside"
+            f"{path}: a folder without poses.npy/intrinsics.npy (not an episode folder) and no episode folders inside"
         )
     if not path.exists():
         raise EpisodeError(f"{path}: no such file or folder")
@@ -63,9 +62,7 @@ def kind_of(path: Path) -> str:
         try:
             import h5py
         except ImportError:
-            raise EpisodeError(
-                f"{path}: reading HDF5 needs h5py (pip install 'lingbot-isaac[hdf5]')"
-            ) from None
+            raise EpisodeError(f"{path}: reading HDF5 needs h5py (pip install 'lingbot-isaac[hdf5]')") from None
         from lingbot_isaac.sources.isaaclab_hdf5 import is_isaaclab_dataset
         from lingbot_isaac.sources.isaacsim_hdf5 import is_isaacsim_session
 
@@ -92,9 +89,7 @@ def open_source(path: Path, options: SourceOptions) -> list[TrajectorySource]:
         return [TrajectorySource(name=path.name, origin=path, episode_dir=path)]
     if kind == "episodes":
         return [
-            TrajectorySource(name=p.name, origin=p, episode_dir=p)
-            for p in sorted(path.iterdir())
-            if is_episode_dir(p)
+            TrajectorySource(name=p.name, origin=p, episode_dir=p) for p in sorted(path.iterdir()) if is_episode_dir(p)
         ]
     if kind == "usd":
         from lingbot_isaac.sources.usd_stage import read_usd_stage
@@ -105,9 +100,7 @@ def open_source(path: Path, options: SourceOptions) -> list[TrajectorySource]:
     if kind == "isaacsim-hdf5":
         from lingbot_isaac.sources.isaacsim_hdf5 import read_isaacsim_session
 
-        found = read_isaacsim_session(
-            path, options.resolution, options.camera, options.meters_per_unit, options.stage
-        )
+        found = read_isaacsim_session(path, options.resolution, options.camera, options.meters_per_unit, options.stage)
     else:
         from lingbot_isaac.sources.isaaclab_hdf5 import read_isaaclab_dataset
 

@@ -51,9 +51,7 @@ FORMAT_VERSION_ATTR = "format_version"
 FIRST_XYZW_FORMAT_VERSION = 1
 
 
-def quaternion_order(
-    h5, path: Path, requested: str | None, default: str | None = None
-) -> tuple[str, str]:
+def quaternion_order(h5, path: Path, requested: str | None, default: str | None = None) -> tuple[str, str]:
     """(order, why) of a dataset's quaternions: its `format_version` mark, else `requested`, else `default`.
 
     A mark and a different `requested` (command-line) order contradict each other; the `default`

@@ -55,9 +55,7 @@ def stage_meters_per_unit(stage_path: Path, where: str) -> float:
     return float(UsdGeom.GetStageMetersPerUnit(stage))
 
 
-def session_meters_per_unit(
-    path: Path, meters_per_unit: float | None, stage: Path | None
-) -> tuple[float, str]:
+def session_meters_per_unit(path: Path, meters_per_unit: float | None, stage: Path | None) -> tuple[float, str]:
     """(metersPerUnit, where it came from) for a recorder session's positions."""
     if meters_per_unit is not None:
         if not (np.isfinite(meters_per_unit) and meters_per_unit > 0):
@@ -125,9 +123,7 @@ def read_isaacsim_session(
         tracks = _json(h5, "tracks", path)
         conventions = _json(h5, "coord_conventions", path) if "coord_conventions" in h5["manifest"] else {}
         if conventions.get("quaternion_order", "wxyz") != "wxyz":
-            raise EpisodeError(
-                f"{path}: quaternion_order {conventions['quaternion_order']!r}, expected 'wxyz'"
-            )
+            raise EpisodeError(f"{path}: quaternion_order {conventions['quaternion_order']!r}, expected 'wxyz'")
         meters_per_unit, units_from = session_meters_per_unit(Path(path), meters_per_unit, stage)
         track = _pick_track(tracks, camera, path)
         group = track["group"]

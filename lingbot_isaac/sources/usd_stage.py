@@ -29,14 +29,11 @@ def pick_camera(cameras: list[str], wanted: str | None, where: str) -> str:
     """The camera prim path to use: `wanted` (a path or a unique name) or the only candidate."""
     candidates = [c for c in cameras if c not in KIT_VIEWPORT_CAMERAS]
     if wanted:
-        matches = [c for c in cameras if c == wanted] or [
-            c for c in cameras if c.rsplit("/", 1)[-1] == wanted
-        ]
+        matches = [c for c in cameras if c == wanted] or [c for c in cameras if c.rsplit("/", 1)[-1] == wanted]
         if len(matches) == 1:
             return matches[0]
         raise CameraError(
-            f"{where}: camera {wanted!r} {'is ambiguous' if matches else 'not found'}; "
-            f"cameras: {cameras or 'none'}"
+            f"{where}: camera {wanted!r} {'is ambiguous' if matches else 'not found'}; cameras: {cameras or 'none'}"
         )
     if len(candidates) == 1:
         return candidates[0]
@@ -66,9 +63,7 @@ def read_usd_stage(
     height, width = resolution
     authored = camera_time_codes(stage, stage.GetPrimAtPath(prim_path))
     if len(authored) < 2:
-        raise CameraError(
-            f"{path}: camera {prim_path} is not animated (no time samples on it or its parents)"
-        )
+        raise CameraError(f"{path}: camera {prim_path} is not animated (no time samples on it or its parents)")
     per_second = stage.GetTimeCodesPerSecond() or 24.0
     codes = episode_time_codes(authored, per_second, fps)
     track = sample_camera(stage, prim_path, width, height, time_codes=codes)

@@ -99,16 +99,25 @@ class StandinEngine:
         frames = self.expected_frames(episode_dir, settings)
         padding = b"\0" * max(0, self.result_bytes)
         # like the real worker: the provenance record first, beside the video (contracts.provenance)
-        sidecar_path(output).write_bytes(to_json(make_record(  # no fsync: the stand-in's jobs stay ~ms
-            producer="worker",
-            model={"family": "stand-in", "variant": settings.to_dict().get("model", "base"), "weights": "none",
-                   "random_weights": False, "name": "stand-in engine (tests)"},
-            checkpoint={"path": None, "layout": None, "fingerprint": None},
-            compute={"device": "cpu"},
-            settings={**settings.to_dict(), "frame_num": frames},
-            output={"frames": frames, "height": None, "width": None, "fps": settings.fps},
-            timings={"denoise_s": round(self.step_s * settings.steps, 3)},
-        )))
+        sidecar_path(output).write_bytes(
+            to_json(
+                make_record(  # no fsync: the stand-in's jobs stay ~ms
+                    producer="worker",
+                    model={
+                        "family": "stand-in",
+                        "variant": settings.to_dict().get("model", "base"),
+                        "weights": "none",
+                        "random_weights": False,
+                        "name": "stand-in engine (tests)",
+                    },
+                    checkpoint={"path": None, "layout": None, "fingerprint": None},
+                    compute={"device": "cpu"},
+                    settings={**settings.to_dict(), "frame_num": frames},
+                    output={"frames": frames, "height": None, "width": None, "fps": settings.fps},
+                    timings={"denoise_s": round(self.step_s * settings.steps, 3)},
+                )
+            )
+        )
         output.write_bytes(mp4_bytes(frames, padding + MAGIC + json.dumps(record).encode(), self.truncate))
         return output
 

@@ -59,8 +59,8 @@ def test_the_worker_command_carries_no_engine_flags():
     "toml,words",
     [
         ("[worker]\nvram_budget_gb = 0.0\n", "in TOML: leave it out"),
-        ("[worker]\ndtype = \"bfloat16\"\n", "dtype must be one of ['bf16', 'fp16', 'fp32']"),
-        ("[worker]\nattention = \"xformers\"\n", "attention must be one of"),
+        ('[worker]\ndtype = "bfloat16"\n', "dtype must be one of ['bf16', 'fp16', 'fp32']"),
+        ('[worker]\nattention = "xformers"\n', "attention must be one of"),
         ("[worker]\nram_budget_gb = 64.0\n", "unknown key(s) ['ram_budget_gb']"),
         ("[worker]\nt5_on_cpu = 1\n", "t5_on_cpu must be true or false"),
     ],

@@ -65,9 +65,11 @@ def test_actor_killed_and_worker_sigkilled_mid_job_cost_only_their_jobs(servers,
         ray.kill(ray.get_actor(lost["actor"], namespace="lingbot-isaac"), no_restart=True)
         # 2. The worker process inside the other actor is SIGKILLed (as the OOM killer would).
         busy2 = wait_for(
-            lambda: (h := client.health())["workers"][0]["job"] not in (None, lost["job"])
-            and (h["workers"][0].get("reported") or {}).get("progress", {}).get("phase") == "denoise"
-            and h,
+            lambda: (
+                (h := client.health())["workers"][0]["job"] not in (None, lost["job"])
+                and (h["workers"][0].get("reported") or {}).get("progress", {}).get("phase") == "denoise"
+                and h
+            ),
             30,
             what="actor 0 denoising",
         )

@@ -443,7 +443,11 @@ def test_under_curve_the_identity_is_the_key_not_the_connection(servers, episode
         raw.socket = raw.context.socket(zmq.DEALER)
         raw.socket.linger = 0
         public, secret = load_secret(keys / f"{name}.key_secret")
-        raw.socket.curve_serverkey, raw.socket.curve_publickey, raw.socket.curve_secretkey = server_public, public, secret
+        raw.socket.curve_serverkey, raw.socket.curve_publickey, raw.socket.curve_secretkey = (
+            server_public,
+            public,
+            secret,
+        )
         raw.socket.connect(server.endpoint)
         return raw
 

@@ -55,9 +55,7 @@ def test_health_reports_every_worker_and_two_jobs_run_at_once(servers, episode):
 
 @pytest.mark.parametrize("retry", [False, True], ids=["fail", "retry"])
 def test_sigkill_of_one_worker_costs_only_its_own_job(servers, episode, retry):
-    server = servers(
-        worker=standin_command(step_s=0.05), worker_keys={**POOL, "retry_crashed": retry}, max_attempts=2
-    )
+    server = servers(worker=standin_command(step_s=0.05), worker_keys={**POOL, "retry_crashed": retry}, max_attempts=2)
     with Client(server.endpoint, timeout=5, heartbeat_s=0.5) as client:
         healthy(client)
         payload = EpisodePayload.from_dir(episode)
@@ -118,14 +116,18 @@ def test_two_tiny_workers_survive_a_sigkill_mid_job(servers, tmp_path):
         settings = {"size": "48*80", "frame_num": 5, "steps": 8}
         jobs = [client.submit(payload, {**settings, "seed": i}) for i in range(8)]
         busy = wait_for(
-            lambda: (h := client.health())
-            and any((w.get("reported") or {}).get("progress", {}).get("phase") == "denoise" for w in h["workers"])
-            and h,
+            lambda: (
+                (h := client.health())
+                and any((w.get("reported") or {}).get("progress", {}).get("phase") == "denoise" for w in h["workers"])
+                and h
+            ),
             60,
             interval=0.1,
             what="a worker denoising",
         )
-        victim = next(w for w in busy["workers"] if (w.get("reported") or {}).get("progress", {}).get("phase") == "denoise")
+        victim = next(
+            w for w in busy["workers"] if (w.get("reported") or {}).get("progress", {}).get("phase") == "denoise"
+        )
         os.kill(victim["pid"], signal.SIGKILL)
         results = outcomes(jobs, timeout=300)
         failed = {k: v for k, v in results.items() if not isinstance(v, Result)}

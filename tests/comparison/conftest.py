@@ -49,6 +49,7 @@ def report_case(tmp_path_factory, commanded_poses, rendered):
     rollout += rng.normal(0, 3, rollout.shape)
     rollout_mp4 = write_video(root / "rollout.mp4", np.clip(rollout, 0, 255).astype(np.uint8))
     settings = {"size": "176*320", "frame_num": FRAMES + 4, "steps": 4, "seed": 0}
-    html_path = compare_episode(episode, rollout_mp4, root / "report", model="tiny", settings=settings,
-                                timings={"generate_s": 1.5})
+    html_path = compare_episode(
+        episode, rollout_mp4, root / "report", model="tiny", settings=settings, timings={"generate_s": 1.5}
+    )
     return {"root": root, "episode": episode, "rollout": rollout_mp4, "html": html_path}

@@ -39,8 +39,7 @@ def render_frames(poses: np.ndarray, height: int, width: int) -> np.ndarray:
     return np.stack([render_room(pose, intrinsics, height, width) for pose in poses])
 
 
-def write_episode(folder: Path, poses: np.ndarray, sim_frames: np.ndarray | None,
-                  frames_as: str = "mp4") -> Path:
+def write_episode(folder: Path, poses: np.ndarray, sim_frames: np.ndarray | None, frames_as: str = "mp4") -> Path:
     """An episode folder as docs/episode-format.md lays it out (written directly: test data)."""
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / "poses.npy", poses.astype(np.float32))

@@ -15,16 +15,23 @@ REPO = Path(__file__).resolve().parents[2]
 
 def lingbot_isaac(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "lingbot_cli.main", *args], capture_output=True, text=True,
-                          timeout=300, env=env, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "lingbot_cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
 
 
 def test_compare_one_episode_and_then_two(tmp_path, commanded_poses, rendered):
     count = 5
     episode = write_episode(tmp_path / "short_walk", commanded_poses[:count], rendered[:count])
     # the sim video itself as the "rollout": identical frames
-    result = lingbot_isaac("compare", str(episode), str(episode / "sim.mp4"), "--out", str(tmp_path / "one"),
-                           "--model", "tiny")
+    result = lingbot_isaac(
+        "compare", str(episode), str(episode / "sim.mp4"), "--out", str(tmp_path / "one"), "--model", "tiny"
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert f"report: {tmp_path / 'one' / 'report.html'}" in lines
@@ -38,14 +45,30 @@ def test_compare_one_episode_and_then_two(tmp_path, commanded_poses, rendered):
 
     settings = tmp_path / "settings.json"
     settings.write_text(json.dumps({"steps": 4, "seed": 1}))
-    result = lingbot_isaac("compare", "--pair", str(episode), str(episode / "sim.mp4"),
-                           "--pair", str(episode), str(episode / "sim.mp4"), "--out", str(tmp_path / "two"),
-                           "--settings", str(settings), "--ransac-threshold-px", "0.75")
+    result = lingbot_isaac(
+        "compare",
+        "--pair",
+        str(episode),
+        str(episode / "sim.mp4"),
+        "--pair",
+        str(episode),
+        str(episode / "sim.mp4"),
+        "--out",
+        str(tmp_path / "two"),
+        "--settings",
+        str(settings),
+        "--ransac-threshold-px",
+        "0.75",
+    )
     assert result.returncode == 0, result.stderr
     assert f"summary: {tmp_path / 'two' / 'summary.html'}" in result.stdout.splitlines()
     assert "tiny-model output is noise" not in result.stdout
-    assert {p.name for p in (tmp_path / "two").iterdir()} == {"short_walk", "short_walk-2", "summary.html",
-                                                              "summary.json"}
+    assert {p.name for p in (tmp_path / "two").iterdir()} == {
+        "short_walk",
+        "short_walk-2",
+        "summary.html",
+        "summary.json",
+    }
     report = json.loads((tmp_path / "two" / "short_walk-2" / "report.json").read_text())
     assert report["settings"]["generation"] == {"steps": 4, "seed": 1}
     assert report["camera_fidelity"]["rollout"]["config"]["ransac_threshold_px"] == 0.75
@@ -64,9 +87,10 @@ def test_bad_input_exits_2_with_one_clear_line(tmp_path):
 
 
 def test_comparison_imports_neither_torch_nor_worldgen():
-    code = ("import sys, comparison.compare_cli, comparison.report; "
-            "bad = [m for m in ('torch', 'worldgen', 'zmq') if m in sys.modules]; "
-            "print(bad); sys.exit(bool(bad))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                            check=False)
+    code = (
+        "import sys, comparison.compare_cli, comparison.report; "
+        "bad = [m for m in ('torch', 'worldgen', 'zmq') if m in sys.modules]; "
+        "print(bad); sys.exit(bool(bad))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

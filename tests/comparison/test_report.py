@@ -27,9 +27,7 @@ def strict_json(path):
 
 def test_report_files_and_numbers(report_case):
     out = report_case["html"].parent
-    assert sorted(p.name for p in out.iterdir()) == [
-        "report.html", "report.json", "side_by_side.mp4", "thumbnail.jpg"
-    ]
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "side_by_side.mp4", "thumbnail.jpg"]
     report = strict_json(out / "report.json")
     assert report["schema"] == SCHEMA and report["model"] == "tiny" and report["tiny_model"] is True
     assert report["compared_frames"] == FRAMES
@@ -57,7 +55,9 @@ def test_report_files_and_numbers(report_case):
     frame = report["common_frame"]
     assert frame["size_hw"] == [176, 320] and frame["rollout_scale_yx"] == [1.0, 1.0]
     assert frame["sim_scale_yx"] == [176 / HEIGHT, 320 / WIDTH]
-    assert any(note.startswith("Compared in a common 320x176 frame: the sim (416x240) scaled by") for note in report["notes"])
+    assert any(
+        note.startswith("Compared in a common 320x176 frame: the sim (416x240) scaled by") for note in report["notes"]
+    )
     assert any("aspects differ by 4.7%" in note for note in report["notes"])  # 176/320 vs 240/416
 
 
@@ -68,8 +68,8 @@ def test_side_by_side_video(report_case):
     label = label_height(width)
     assert frames.shape == (FRAMES, height + label, 3 * width + 2 * GAP, 3)
     sim_panel = frames[:, label:, :width].astype(int)
-    model_panel = frames[:, label:, width + GAP: 2 * width + GAP].astype(int)
-    diff_panel = frames[:, label:, 2 * (width + GAP):].astype(int)
+    model_panel = frames[:, label:, width + GAP : 2 * width + GAP].astype(int)
+    diff_panel = frames[:, label:, 2 * (width + GAP) :].astype(int)
     assert np.abs(sim_panel - model_panel).mean() < 15, "sim and a faithful rollout look alike"
     assert diff_panel.mean() < sim_panel.mean(), "a small difference is dark in the inferno map"
 
@@ -82,9 +82,20 @@ def test_html_is_self_contained(report_case):
     assert "<script" not in page and "<link" not in page
     assert "src='side_by_side.mp4'" in page and "data:video" not in page, "the video is referenced, not inlined"
     assert report_case["html"].stat().st_size < 1_000_000, "thumbnails inline (~300 KB here), videos beside the page"
-    for element_id in ("side-by-side", "summary", "camera-summary", "per-frame", "thumbnails", "plot-psnr",
-                       "plot-ssim", "plot-rotation-consecutive", "plot-rotation-first-to-k",
-                       "plot-translation-first-to-k", "settings", "timings"):
+    for element_id in (
+        "side-by-side",
+        "summary",
+        "camera-summary",
+        "per-frame",
+        "thumbnails",
+        "plot-psnr",
+        "plot-ssim",
+        "plot-rotation-consecutive",
+        "plot-rotation-first-to-k",
+        "plot-translation-first-to-k",
+        "settings",
+        "timings",
+    ):
         assert re.search(f"id=['\"]{element_id}['\"]", page), element_id
 
 
@@ -117,8 +128,9 @@ def test_png_frame_folder_and_summary(tmp_path, report_case, commanded_poses, re
     assert report["episode"]["sim_source"] == "frames/" and report["compared_frames"] == count
     assert "tiny" not in json.dumps(report["notes"])
 
-    summary_html = write_summary([report_case["html"].with_name("report.json"),
-                                  html_path.with_name("report.json")], tmp_path)
+    summary_html = write_summary(
+        [report_case["html"].with_name("report.json"), html_path.with_name("report.json")], tmp_path
+    )
     summary = strict_json(tmp_path / "summary.json")
     assert [row["episode"] for row in summary["episodes"]] == ["room_walk", "pngs"]
     assert summary["tiny_model"] is True
@@ -155,16 +167,38 @@ def test_rollout_sidecar_and_episode_json_sim_frames(tmp_path, commanded_poses, 
     count = 5
     episode = write_episode(tmp_path / "ep", commanded_poses[:count], rendered[:count])
     rollout = write_video(episode / "rollout.mp4", rendered[:count])  # as `lingbot-isaac replay` leaves it
-    record = with_job(make_record(
-        producer="worker",
-        model={"family": "lingbot-world", "variant": "base", "weights": "tiny", "random_weights": True,
-               "name": "tiny (random weights), bf16 checkpoint layout"},
-        checkpoint={"path": "/cache/tiny-v1/bf16", "layout": "bf16", "fingerprint": "sha256:ab", "files": 9, "bytes": 1},
-        compute={"device": "cpu", "dtype": "float32"},
-        settings={"size": "96*160", "frame_num": 5, "steps": 4, "shift": 5.0, "guide_scale": [5.0, 5.0], "seed": 42},
-        output={"frames": 5, "height": 80, "width": 160, "fps": 16},
-        timings={"generate_s": 9.5}, adjustments=["81 frames asked, 5 poses: generating 5"],
-    ), {"client": "replay", "id": "j-1", "seconds": 12.5, "server_seconds": 11.0})
+    record = with_job(
+        make_record(
+            producer="worker",
+            model={
+                "family": "lingbot-world",
+                "variant": "base",
+                "weights": "tiny",
+                "random_weights": True,
+                "name": "tiny (random weights), bf16 checkpoint layout",
+            },
+            checkpoint={
+                "path": "/cache/tiny-v1/bf16",
+                "layout": "bf16",
+                "fingerprint": "sha256:ab",
+                "files": 9,
+                "bytes": 1,
+            },
+            compute={"device": "cpu", "dtype": "float32"},
+            settings={
+                "size": "96*160",
+                "frame_num": 5,
+                "steps": 4,
+                "shift": 5.0,
+                "guide_scale": [5.0, 5.0],
+                "seed": 42,
+            },
+            output={"frames": 5, "height": 80, "width": 160, "fps": 16},
+            timings={"generate_s": 9.5},
+            adjustments=["81 frames asked, 5 poses: generating 5"],
+        ),
+        {"client": "replay", "id": "j-1", "seconds": 12.5, "server_seconds": 11.0},
+    )
     write_record(rollout, record)  # as `lingbot-isaac replay` leaves it
     out = compare_episode(episode, rollout, tmp_path / "out")
     report = strict_json(out.with_name("report.json"))

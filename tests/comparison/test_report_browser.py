@@ -16,8 +16,9 @@ import pytest
 
 from comparison.report import write_summary
 
-CHROMIUM = next((path for name in ("chromium", "chromium-browser", "google-chrome")
-                 if (path := shutil.which(name))), None)
+CHROMIUM = next(
+    (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
+)
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None,
     reason="headless Chromium not installed (run scripts/install-chromium.sh or `make test`)",
@@ -26,17 +27,27 @@ pytestmark = pytest.mark.skipif(
 
 def chromium(tmp_path, *args: str) -> subprocess.CompletedProcess:
     command = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium-profile'}", *args,
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        *args,
     ]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_report_screenshot_is_not_blank(tmp_path, report_case):
     png = tmp_path / "report.png"
-    result = chromium(tmp_path, f"--screenshot={png}", "--window-size=1280,2000",
-                      report_case["html"].resolve().as_uri())
+    result = chromium(
+        tmp_path, f"--screenshot={png}", "--window-size=1280,2000", report_case["html"].resolve().as_uri()
+    )
     assert png.is_file(), f"no screenshot; chromium said:\n{result.stderr[-2000:]}"
     image = cv2.imread(str(png))
     assert image is not None and image.shape[:2] == (2000, 1280)

@@ -11,10 +11,12 @@ from comparison.video_io import VideoError, read_frame_folder, read_video, write
 
 def gradient_frames(count: int, height: int, width: int) -> np.ndarray:
     ys, xs = np.mgrid[0:height, 0:width]
-    return np.stack([
-        np.stack([(xs * 3 + 10 * k) % 256, (ys * 4) % 256, np.full_like(xs, 40 * k % 256)], axis=-1)
-        for k in range(count)
-    ]).astype(np.uint8)
+    return np.stack(
+        [
+            np.stack([(xs * 3 + 10 * k) % 256, (ys * 4) % 256, np.full_like(xs, 40 * k % 256)], axis=-1)
+            for k in range(count)
+        ]
+    ).astype(np.uint8)
 
 
 def test_write_then_read_round_trip(tmp_path):

@@ -8,8 +8,15 @@ from contracts.engine_options import EngineOptions, EngineOptionsError
 
 
 def test_round_trip_through_json():
-    options = EngineOptions(ckpt="/ckpt", devices=("cuda:0", "cuda:1"), dtype="bf16", compute="fp8",
-                            attention="sdpa", vram_budget_gb=24, t5_on_cpu=True)
+    options = EngineOptions(
+        ckpt="/ckpt",
+        devices=("cuda:0", "cuda:1"),
+        dtype="bf16",
+        compute="fp8",
+        attention="sdpa",
+        vram_budget_gb=24,
+        t5_on_cpu=True,
+    )
     again = EngineOptions.from_json(options.to_json())
     assert again == options and again.vram_budget_gb == 24.0 and again.device == "cuda:0"
 

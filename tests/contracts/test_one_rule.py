@@ -55,15 +55,22 @@ def verdicts(tmp_path: Path, poses: np.ndarray) -> dict[str, bool]:
     spool = Spool(tmp_path / f"spool-{len(list(tmp_path.iterdir()))}")
     out = {
         "isaac export": accepts(
-            lambda: write_episode(tmp_path / f"ep-{len(list(tmp_path.iterdir()))}", poses, [50, 50, 32, 24],
-                                  np.zeros((48, 64, 3), np.uint8), "p", EpisodeMeta((48, 64))),  # fmt: skip
+            lambda: write_episode(
+                tmp_path / f"ep-{len(list(tmp_path.iterdir()))}",
+                poses,
+                [50, 50, 32, 24],
+                np.zeros((48, 64, 3), np.uint8),
+                "p",
+                EpisodeMeta((48, 64)),
+            ),  # fmt: skip
             EpisodeError,
         ),
         "client": accepts(lambda: EpisodePayload(png(), poses, INTRINSICS, "p"), PayloadError),
         "server door": accepts(lambda: protocol.check_episode_arrays(poses, INTRINSICS), protocol.ProtocolError),
         "spool": accepts(
-            lambda: spool.accept(client="c", rid="r", prompt="p", image=png(), poses=poses, intrinsics=INTRINSICS,
-                                 settings={}),  # fmt: skip
+            lambda: spool.accept(
+                client="c", rid="r", prompt="p", image=png(), poses=poses, intrinsics=INTRINSICS, settings={}
+            ),  # fmt: skip
             EpisodeError,
         ),
         "engine": accepts(lambda: validate_action(poses, INTRINSICS), InputError),

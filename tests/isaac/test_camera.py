@@ -194,9 +194,7 @@ def test_non_pinhole_cameras_are_refused():
     fisheye = UsdGeom.Camera.Define(stage, "/Fisheye")
     from pxr import Sdf
 
-    fisheye.GetPrim().CreateAttribute("cameraProjectionType", Sdf.ValueTypeNames.Token).Set(
-        "fisheyePolynomial"
-    )
+    fisheye.GetPrim().CreateAttribute("cameraProjectionType", Sdf.ValueTypeNames.Token).Set("fisheyePolynomial")
     with pytest.raises(CameraError, match="cameraProjectionType"):
         camera_intrinsics(fisheye.GetPrim(), 832, 480)
     distorted = UsdGeom.Camera.Define(stage, "/Distorted")

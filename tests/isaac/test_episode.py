@@ -155,9 +155,7 @@ def test_existing_folder_needs_overwrite_and_is_replaced_whole(tmp_path):
     (first / "stale.txt").write_text("from an old recording")
     with pytest.raises(EpisodeError, match="already exists"):
         write_episode(tmp_path / "ep", trajectory(9), [900, 900, 640, 360], image(), "second", meta())
-    write_episode(
-        tmp_path / "ep", trajectory(9), [900, 900, 640, 360], image(), "second", meta(), overwrite=True
-    )
+    write_episode(tmp_path / "ep", trajectory(9), [900, 900, 640, 360], image(), "second", meta(), overwrite=True)
     episode = read_episode(tmp_path / "ep")
     assert episode.prompt == "second" and episode.frame_count == 9
     assert not (tmp_path / "ep" / "stale.txt").exists()

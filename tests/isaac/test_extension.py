@@ -33,9 +33,7 @@ def test_modules_import_without_kit_and_without_torch():
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'omni', 'isaacsim', 'carb'))\n"
         "assert not bad, bad\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 
 

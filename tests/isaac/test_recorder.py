@@ -32,9 +32,7 @@ class FakeRenderProduct:
             self.warmup -= 1
             return None if self.warmup % 2 else np.zeros((0,), np.uint8)  # None, then an empty array
         code = Usd.TimeCode(self.time_code)
-        image = render_room(
-            camera_pose(self.prim, code), tuple(camera_intrinsics(self.prim, W, H, code)), H, W
-        )
+        image = render_room(camera_pose(self.prim, code), tuple(camera_intrinsics(self.prim, W, H, code)), H, W)
         return np.dstack([image, np.full((H, W), 255, np.uint8)]) if self.rgba else image
 
 
@@ -66,9 +64,7 @@ def test_record_then_write_episode(tmp_path):
 
     # The first frame is the render at frame 0's pose.
     def render_at(code):
-        return render_room(
-            camera_pose(prim, Usd.TimeCode(code)), tuple(camera_intrinsics(prim, W, H, code)), H, W
-        )
+        return render_room(camera_pose(prim, Usd.TimeCode(code)), tuple(camera_intrinsics(prim, W, H, code)), H, W)
 
     image = episode.image().astype(float)
     same, later = np.abs(image - render_at(2.0)).mean(), np.abs(image - render_at(32.0)).mean()

@@ -72,9 +72,7 @@ def test_settings_precedence():
     from contracts.settings import job_settings
     from lingbot_isaac.replay import settings_overrides
 
-    args = Namespace(
-        preset=None, frame_num=None, steps=3, seed=None, size=None, shift=None, guide_scale="4,6"
-    )
+    args = Namespace(preset=None, frame_num=None, steps=3, seed=None, size=None, shift=None, guide_scale="4,6")
     overrides = settings_overrides(args)
     assert overrides == {"steps": 3, "guide_scale": [4.0, 6.0]}
     assert job_settings({"steps": 10, "seed": 7}, overrides) == {
@@ -87,8 +85,16 @@ def test_settings_precedence():
     )
     assert whole["size"] == "96*160" and whole["seed"] == 1
     fast = settings_overrides(
-        Namespace(preset="fast40", frame_num=None, steps=None, seed=None, size=None, shift=None, guide_scale=None,
-                  compute="fp8")  # fmt: skip
+        Namespace(
+            preset="fast40",
+            frame_num=None,
+            steps=None,
+            seed=None,
+            size=None,
+            shift=None,
+            guide_scale=None,
+            compute="fp8",
+        )  # fmt: skip
     )
     assert (fast["steps"], fast["shift"], fast["compute"]) == (40, 5.0, "fp8")  # per job, on the wire
 
@@ -202,9 +208,7 @@ def test_replay_sample_against_a_local_tiny_server(tmp_path, server):
 @needs_server
 def test_replay_says_when_no_server_answers(tmp_path, capsys):
     shutil.copytree(SAMPLE, tmp_path / "ep")
-    code = cli(
-        ["replay", str(tmp_path / "ep"), "--server", f"tcp://127.0.0.1:{_free_port()}", "--timeout", "1"]
-    )
+    code = cli(["replay", str(tmp_path / "ep"), "--server", f"tcp://127.0.0.1:{_free_port()}", "--timeout", "1"])
     assert code == 2
     assert "lingbot-isaac serve --bind" in capsys.readouterr().err  # says how to start one
     assert not (tmp_path / "ep" / "rollout.mp4").exists()

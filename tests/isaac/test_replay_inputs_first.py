@@ -48,9 +48,22 @@ def test_replay_fails_on_bad_input_before_contacting_the_server(tmp_path, case):
         expected = "steps must be in [1, 1000] (got 0)"
     before = _cpu_seconds_of_children()
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "lingbot_cli", "replay", str(episode), "--server",
-         f"tcp://127.0.0.1:{_closed_port()}", *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "lingbot_cli",
+            "replay",
+            str(episode),
+            "--server",
+            f"tcp://127.0.0.1:{_closed_port()}",
+            *extra,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     cpu = _cpu_seconds_of_children() - before
     errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]

@@ -101,9 +101,7 @@ def test_stage_following_lingbot_example_00_exports_that_example(tmp_path, lingb
     with warnings.catch_warnings():
         warnings.simplefilter("error", NonSquarePixelWarning)  # fx/fy differ by 4e-4 only
         recording = read_usd_stage(tmp_path / "example00.usda", (height, width))
-    out = write_recording_episode(
-        recording, tmp_path / "ep", (example / "prompt.txt").read_text(), image=image
-    )
+    out = write_recording_episode(recording, tmp_path / "ep", (example / "prompt.txt").read_text(), image=image)
     episode = read_episode(out)
     assert episode.frame_count == 961
     np.testing.assert_allclose(episode.poses[:, :3, :3], poses[:, :3, :3], atol=2e-6)
@@ -208,11 +206,11 @@ def test_isaacsim_episode_recorder_session(tmp_path):
     out = write_recording_episode(recording, tmp_path / "ep", "p", image=np.zeros((360, 640, 3), np.uint8))
     episode = read_episode(out)
     assert episode.frame_count == 21  # 89/60 s -> 24 frames at 16 fps -> 21 = 4*5 + 1
-    np.testing.assert_allclose(
-        episode.intrinsics[0], to_model_intrinsics([fx, fx, 320, 180], 360, 640), rtol=1e-6
-    )
+    np.testing.assert_allclose(episode.intrinsics[0], to_model_intrinsics([fx, fx, 320, 180], 360, 640), rtol=1e-6)
     # Another image size: the apertures give intrinsics for it.
-    bigger = open_source(tmp_path / "session.hdf5", SourceOptions(resolution=(720, 1280), meters_per_unit=1))[0].recording
+    bigger = open_source(tmp_path / "session.hdf5", SourceOptions(resolution=(720, 1280), meters_per_unit=1))[
+        0
+    ].recording
     np.testing.assert_allclose(bigger.intrinsics[0], [2 * fx, 2 * fx, 640, 360], rtol=1e-6)
     with pytest.raises(EpisodeError, match="same aspect ratio"):
         open_source(tmp_path / "session.hdf5", SourceOptions(resolution=(480, 640), meters_per_unit=1))

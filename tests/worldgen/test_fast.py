@@ -135,7 +135,9 @@ def test_loop_inputs(loop_case, lingbot_examples):
 
 
 def _rollout(pipe, io, options):
-    chunks = pipe.rollout_chunks(io["noise"], io["y"], io["context"], io["plucker"], options, renoise_draws=io["renoise"])
+    chunks = pipe.rollout_chunks(
+        io["noise"], io["y"], io["context"], io["plucker"], options, renoise_draws=io["renoise"]
+    )
     return torch.cat(list(chunks), dim=1)
 
 
@@ -247,7 +249,9 @@ def test_partial_fast_folder_errors_name_the_file(tmp_path, fast_root):
     folder = root / FAST_DIR
     shutil.copytree(fast_root / "lingbot-world-base-cam" / FAST_DIR, folder)
     (folder / "diffusion_pytorch_model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="00002-of-00002.safetensors listed in .* is missing; the download is partial"):
+    with pytest.raises(
+        CheckpointError, match="00002-of-00002.safetensors listed in .* is missing; the download is partial"
+    ):
         find_fast_checkpoint(root)
     shutil.rmtree(folder)
     folder.mkdir()

@@ -109,8 +109,21 @@ def test_generate_writes_its_provenance_record_and_the_report_shows_it(tmp_path,
 
     episode = shutil.copytree(REPO / "data" / "sample_room", tmp_path / "ep")
     out = episode / "rollout.mp4"
-    result = run_cli("generate", "--action-path", str(episode), "-o", str(out), "--quiet", "--frame-num", "81",
-                     "--steps", "2", "--seed", "7", env_cache=cache)
+    result = run_cli(
+        "generate",
+        "--action-path",
+        str(episode),
+        "-o",
+        str(out),
+        "--quiet",
+        "--frame-num",
+        "81",
+        "--steps",
+        "2",
+        "--seed",
+        "7",
+        env_cache=cache,
+    )
     assert result.returncode == 0, result.stderr
     # one line per adjustment of the request, no raw warning, no "[bf16]" on a CPU computing in float32
     assert "note: 81 frames asked, 33 poses: generating 33" in result.stderr
@@ -146,8 +159,12 @@ def test_bad_input_fails_in_a_second_without_loading_a_model(lingbot_examples, t
     layout check) would fail with "does not exist" instead; -X importtime shows what was imported."""
     action = shutil.copytree(lingbot_examples / "00", tmp_path / "action")
     args = ["--action-path", str(action)]
-    expected = {"missing image": "nope.png: image file not found", "bad poses": "poses.npy",
-                "bad setting": "steps must be in [1, 1000] (got 0)", "too few frames": "frame_num 3 is too small"}[case]
+    expected = {
+        "missing image": "nope.png: image file not found",
+        "bad poses": "poses.npy",
+        "bad setting": "steps must be in [1, 1000] (got 0)",
+        "too few frames": "frame_num 3 is too small",
+    }[case]
     if case == "missing image":
         args += ["--image", str(tmp_path / "nope.png")]
     elif case == "bad poses":
@@ -161,16 +178,33 @@ def test_bad_input_fails_in_a_second_without_loading_a_model(lingbot_examples, t
     env = {"LINGBOT_ISAAC_CACHE": str(cache), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
     before, started = _cpu_seconds_of_children(), time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "lingbot_cli", "generate", *args, "--ckpt-dir",
-         str(tmp_path / "no-such-checkpoint"), "-o", str(tmp_path / "o.mp4")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "lingbot_cli",
+            "generate",
+            *args,
+            "--ckpt-dir",
+            str(tmp_path / "no-such-checkpoint"),
+            "-o",
+            str(tmp_path / "o.mp4"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     cpu, wall = _cpu_seconds_of_children() - before, time.monotonic() - started
     errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
     assert result.returncode == 2 and errors[-1].startswith("error: ") and expected in errors[-1], errors
     assert "does not exist" not in result.stderr, "the checkpoint was looked at before the input"
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
-    assert not {"torch", "worldgen.pipeline", "worldgen.checkpoint", "bitsandbytes"} & imported, "a model was on its way"
+    assert not {"torch", "worldgen.pipeline", "worldgen.checkpoint", "bitsandbytes"} & imported, (
+        "a model was on its way"
+    )
     assert cpu < 2.0, f"{cpu:.2f} s of CPU ({wall:.2f} s wall on a shared machine)"
     assert not (tmp_path / "o.mp4").exists()
 

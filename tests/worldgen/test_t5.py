@@ -139,5 +139,7 @@ def test_streamed_bf16_file_in_float32_equals_the_resident_encoder():
     layout = find_checkpoint(ensure_tiny_checkpoint("bf16"))
     ids, mask = PromptTokenizer(layout.tokenizer_dir / "tokenizer.json")(["a robot arm", "warehouse aisle"], 32)
     resident = encode_prompts(load_t5(layout, "cpu", torch.float32), ids, mask)
-    streamed = encode_prompts_streamed(load_t5(layout, "cpu", torch.float32, stream_blocks=True), ids, mask, "cpu", torch.float32)
+    streamed = encode_prompts_streamed(
+        load_t5(layout, "cpu", torch.float32, stream_blocks=True), ids, mask, "cpu", torch.float32
+    )
     assert all(torch.equal(a, b) for a, b in zip(resident, streamed, strict=True))
