@@ -48,9 +48,8 @@ def main() -> None:
     from safetensors import safe_open
 
     with safe_open(args.target / "model.safetensors", "pt") as f:
-        quantized = sorted(
-            k.removesuffix(".weight.quant_state.bitsandbytes__nf4") for k in f.keys() if k.endswith("nf4")
-        )  # noqa: SIM118
+        names = f.keys()  # safe_open is not iterable: keys() is its listing
+        quantized = sorted(k.removesuffix(".weight.quant_state.bitsandbytes__nf4") for k in names if k.endswith("nf4"))
     layers = [n for n in CHECKED_LAYERS if n in quantized] or quantized[:3]  # full size, or a small smoke test
     wanted = {f"{name}.weight" for name in layers}
     source = {k: v for k, v in stream_bf16_expert(args.source, device, None, None) if k in wanted}
