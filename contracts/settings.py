@@ -48,6 +48,8 @@ class Field:
 
 
 INT_MAX = 2**63 - 1
+# Fast: KV-cache kinds (worldgen.kv_cache plans them; "auto" picks the first that fits)
+KV_CACHE_MODES = ("auto", "full", "fp8", "rolling")
 FIELDS: tuple[Field, ...] = (
     Field(
         "model", "choice", "base", "engine: base (two experts, guided) or fast (causal, chunk by chunk)", choices=MODELS
@@ -93,7 +95,7 @@ FIELDS: tuple[Field, ...] = (
         "fast: KV cache kind: auto (the first that fits the VRAM budget of "
         "full = whole video in bf16 as the reference, fp8 = the same in FP8, rolling = an FP8 window with "
         "an attention sink) or one of them forced",
-        choices=("auto", "full", "fp8", "rolling"),
+        choices=KV_CACHE_MODES,
     ),
     Field(
         "attention_frames",

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from contracts.settings import GenerationSettings
+from contracts.settings import FIELD_BY_NAME, GenerationSettings
 from worldgen.camera import (
     TEMPORAL_STRIDE,
     frames_for_poses,
@@ -74,12 +74,12 @@ STREAM_TILE_ACT_GIB = 1.0
 class FastOptions:
     """The Fast model's own knobs (the reference's generate_fast.py flags and their defaults)."""
 
-    shift: float = 10.0  # sigma shift of the 1000-step schedule (the i2v-A14B config's sample_shift)
+    shift: float = FIELD_BY_NAME["shift"].default  # sigma shift of the 1000-step schedule
     chunk_frames: int = 3  # latent frames per chunk (12 video frames)
     timestep_indices: tuple[int, ...] = TIMESTEP_INDICES
     max_attention_tokens: int | None = None  # attend to at most this many cached tokens (None: all)
     sink_frames: int | None = None  # frames kept when a rolling cache evicts (None: 1 when rolling)
-    kv_cache: str = "auto"  # auto | full | fp8 | rolling (worldgen.kv_cache.plan_cache)
+    kv_cache: str = FIELD_BY_NAME["kv_cache"].default  # one of KV_CACHE_MODES (worldgen.kv_cache.plan_cache)
 
     def __post_init__(self) -> None:
         if self.shift <= 0:

@@ -24,6 +24,8 @@ import dataclasses
 
 import torch
 
+from contracts.settings import KV_CACHE_MODES
+
 STORAGES = ("model", "fp8")
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
@@ -185,7 +187,7 @@ class KVCache:
         self.step = self._pending = None
 
 
-MODES = ("auto", "full", "fp8", "rolling")
+MODES = KV_CACHE_MODES
 
 
 def plan_cache(
