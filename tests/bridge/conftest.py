@@ -11,6 +11,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,7 +108,16 @@ class ServerProcess:
             self.kill_group()
             raise RuntimeError(f"server did not start: {line!r}\n{self.log()}")
         self.endpoint = line.split()[-1]
+        # Nobody reads the pipe after this line: drain it into the log, or a server that prints
+        # more (Ray's driver echoes its actors' output to stdout) blocks once the pipe is full.
+        threading.Thread(target=self._drain_stdout, args=(self.proc.stdout.fileno(),), daemon=True).start()
         return self
+
+    def _drain_stdout(self, fd: int) -> None:
+        with contextlib.suppress(OSError, ValueError), open(self.log_path, "ab") as log:
+            for chunk in iter(lambda: os.read(fd, 65536), b""):
+                log.write(chunk)
+                log.flush()
 
     def _read_line(self, timeout: float) -> str:
         deadline = time.monotonic() + timeout
@@ -159,6 +169,7 @@ class ServerPool:
         worker_keys: dict | None = None,
         limits: dict | None = None,
         security: dict | None = None,
+        start_timeout: float = 30.0,
         **server_keys: Any,
     ) -> ServerProcess:
         """worker: None for the stand-in, TINY for the server's own default worker command
@@ -178,7 +189,7 @@ class ServerPool:
             tables["security"] = security
         server = ServerProcess(workdir, tables)
         self.started.append(server)
-        return server.start()
+        return server.start(start_timeout)
 
     def close(self) -> None:
         for server in self.started:

@@ -162,7 +162,9 @@ def ray_client_address(ray_cluster):
 
 @pytest.mark.slow
 def test_ray_client_address_places_the_actors_through_ray_client(servers, episode, ray_client_address):
-    server = servers(worker=standin_command(step_s=0.05), worker_keys=ray_keys(ray_client_address))
+    # the server joins through the Ray Client proxy before it listens: that start alone can take
+    # tens of seconds on 2 busy cores
+    server = servers(worker=standin_command(step_s=0.05), worker_keys=ray_keys(ray_client_address), start_timeout=180)
     with Client(server.endpoint, timeout=10, heartbeat_s=0.5) as client:
         health = healthy(client, timeout=180)
         assert len({w["actor"] for w in health["workers"]}) == 2
