@@ -31,7 +31,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bridge.settings import GenerationSettings  # noqa: E402
+from contracts.settings import GenerationSettings  # noqa: E402
 from worldgen.camera import load_action  # noqa: E402
 from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, load_expert  # noqa: E402
 from worldgen.cuda_memory import free_device_memory  # noqa: E402
