@@ -27,7 +27,9 @@ def apply_memory_cap(plan: MemoryPlan) -> None:
     if plan.vram_budget_gb is None or plan.device.type != "cuda":
         return
     total = gpu_total_gib(plan.device)
-    torch.cuda.set_per_process_memory_fraction(min(1.0, plan.vram_budget_gb / total), plan.device)
+    # the allocator wants an index: plain "cuda" means the current device
+    index = plan.device.index if plan.device.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(min(1.0, plan.vram_budget_gb / total), index)
 
 
 def free_device_memory(device: torch.device) -> None:
