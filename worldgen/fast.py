@@ -242,6 +242,9 @@ class FastPipeline(Pipeline):
         chunk_tokens = options.chunk_frames * frame_tokens
         self._frame_pixels = height * width
         self.residency.fit(chunk_tokens, height * width)
+        # notes are per job: the load's own notes, then what this job adds (a decode fallback)
+        self._load_notes = getattr(self, "_load_notes", self.plan.notes)
+        self.plan.notes = self._load_notes
         self.plan.experts_beside_vae = True  # the VAE decodes each chunk while the DiT is resident
         cfg = self.dit_config
         dims = {"num_layers": cfg.num_layers, "num_heads": cfg.num_heads, "head_dim": cfg.head_dim}
