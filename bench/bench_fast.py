@@ -207,6 +207,9 @@ def main() -> None:
             free_device_memory(device)
             continue
         result["plan"] = plans[-1] if plans else pipe.describe_plan()
+        result["notes_after_the_job"] = list(pipe.plan.notes)  # a decode fallback is noted during the job
+        for note in pipe.plan.notes:
+            print(f"  note after the job: {note}", flush=True)
         results["rollouts"].append(result)
         save()
         print(result["plan"], flush=True)

@@ -27,7 +27,8 @@ def apply_memory_cap(plan: MemoryPlan) -> None:
     card is emulated on a larger GPU and a GPU shared with Isaac Sim is respected. No budget: no-op."""
     if plan.vram_budget_gb is None or plan.device.type != "cuda":
         return
-    use_expandable_segments()
+    if use_expandable_segments():
+        plan.notes += ("CUDA allocator: expandable segments (less fragmentation under the budget)",)
     total = gpu_total_gib(plan.device)
     # the allocator wants an index: plain "cuda" means the current device
     index = plan.device.index if plan.device.index is not None else torch.cuda.current_device()

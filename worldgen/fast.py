@@ -506,13 +506,14 @@ class FastPipeline(Pipeline):
                     try:
                         decoder = decoder or StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels)
                         piece = decoder.push(latent[None].to(next(decoder.vae.parameters()).device))[0].cpu()
-                    except torch.OutOfMemoryError:
+                    except torch.OutOfMemoryError as exc:
                         # the plan's estimate was short: finish the loop, then decode every chunk again
                         # with the same tiles once the KV cache is gone (so the same video)
                         streaming, decoder = False, None
                         free_device_memory(self.device)
                         self.plan.notes += (
-                            "decoding beside the KV cache ran out of memory: chunks decoded after the loop",
+                            f"decoding chunk {len(latents) - 1} beside the KV cache ran out of memory "
+                            f"({str(exc).splitlines()[0][:240]}): chunks decoded after the loop",
                         )
                     else:
                         emit(piece)
