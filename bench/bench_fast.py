@@ -119,8 +119,15 @@ def rollout(pipe: FastPipeline, args, image, prompt, poses, intrinsics, frames: 
     first_records = len(pipe.meter.records)
     chunks = []
     start = time.perf_counter()
+    trace = []  # (phase, step, seconds, allocated GiB): where the memory goes, at each progress event
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if pipe.device.type == "cuda" and (phase != "denoise" or done <= 6):
+            trace.append((phase, done, round(time.perf_counter() - start, 2),
+                          round(torch.cuda.memory_allocated(pipe.device) / GiB, 2)))  # fmt: skip
+
     video = pipe.generate(
-        image, prompt, poses, intrinsics, settings, context=context,
+        image, prompt, poses, intrinsics, settings, context=context, progress=progress,
         on_chunk=lambda i, n, f: chunks.append((i, n, time.perf_counter() - start, tuple(f.shape))),
     )  # fmt: skip
     wall = time.perf_counter() - start
@@ -138,6 +145,7 @@ def rollout(pipe: FastPipeline, args, image, prompt, poses, intrinsics, frames: 
         "chunks": len(chunks),
         "peak_rss_gib": round(max((r.peak_rss_gib or 0) for r in records), 2),
         "finite": bool(torch.isfinite(video).all()),
+        "memory_trace": trace,
         "loads": {name: round(slot.load_seconds, 2) for name, slot in (("dit", pipe.dit), ("vae", pipe.vae))},
     }
     if pipe.device.type == "cuda":
@@ -208,6 +216,7 @@ def main() -> None:
             continue
         result["plan"] = plans[-1] if plans else pipe.describe_plan()
         result["notes_after_the_job"] = list(pipe.plan.notes)  # a decode fallback is noted during the job
+        print(f"  memory trace (phase, step, s, GiB allocated): {result['memory_trace']}", flush=True)
         for note in pipe.plan.notes:
             print(f"  note after the job: {note}", flush=True)
         results["rollouts"].append(result)

@@ -393,7 +393,8 @@ class FastPipeline(Pipeline):
             for c in range(chunks):
                 frames = slice(c * n, (c + 1) * n)
                 y_c = (y(c) if callable(y) else y[:, frames]).to(device)[None]
-                cache.grow()  # whole from chunk 1 on (a no-op when it already is)
+                if c > 0:  # chunk 0 runs in a one-chunk cache (the rest of the conditioning encodes beside it)
+                    cache.grow()
                 cam_c = None if plucker is None else plucker[:, :, frames].to(device)
                 start = c * n * frame_tokens
                 x_t = noise[:, frames].to(device, torch.float32)
