@@ -7,7 +7,8 @@ denoise phase differs (the reference's `WanI2VFast.generate`):
       flow = DiT(x_t, t_s, chunk condition, chunk camera, KV cache)
       x0   = x_t - sigma(t_s) * flow                (float64, cast back to float32)
       x_t  = (1 - sigma') * x0 + sigma' * noise      (sigma' of t_{s+1}; fresh noise from the seed)
-    the chunk is the last x0; one more forward of it at t = 0 refreshes the cache with clean K/V.
+    the chunk is the last x0 (handed out here); one more forward of it at t = 0 refreshes the cache with
+    clean K/V (skipped after the last chunk: nothing reads it).
 Frame counts: 4n+1 video frames as the base model, then the latent frames are rounded DOWN to whole
 chunks (a warning says so); the camera path spans the poses of the 4n+1 frames asked for.
 `rollout_chunks` yields each finished chunk so it can be decoded and shown while the next is made.
@@ -328,7 +329,7 @@ class FastPipeline(Pipeline):
         for line in self.plan.describe().splitlines():
             if line.startswith("  denoise"):
                 ffn = line.rsplit("; ", 1)[-1]
-                line = f"  denoise Fast DiT resident, chunk by chunk (4 steps + 1 cache refresh each); {ffn}"
+                line = f"  denoise Fast DiT resident, chunk by chunk (4 steps, then 1 cache refresh before the next chunk); {ffn}"
             elif line.startswith("  encode"):
                 when = (
                     "the first chunk's frames first, the rest after its preview"
@@ -387,7 +388,7 @@ class FastPipeline(Pipeline):
         cache = self.new_cache(lat_f, frame_tokens, options, model.compute_dtype)
         device, steps = self.device, len(schedule.timesteps)
         context = [context.to(device)]
-        total = chunks * (steps + 1)
+        total = chunks * (steps + 1) - 1  # no refresh after the last chunk
         progress("denoise", 0, total)
         try:
             for c in range(chunks):
@@ -410,11 +411,14 @@ class FastPipeline(Pipeline):
                             draw = torch.randn(x0.shape, generator=generator, dtype=torch.float32).to(device)
                         x_t = renoise(x0, draw, schedule.sigmas_add_noise[s + 1])
                     progress("denoise", c * (steps + 1) + s + 1, total)
-                # refresh: the cache gets the clean chunk's keys/values (output discarded)
-                zero = torch.zeros(1, dtype=torch.int64, device=device)
-                model(x0[None], zero, context, y_c, cam_c, cache=cache, current_start=start)
-                progress("denoise", (c + 1) * (steps + 1), total)
+                # the chunk is final: hand it out (to be decoded and shown) before the refresh, which
+                # only changes the cache; the last chunk's refresh is skipped (nothing reads it)
                 yield x0
+                if c + 1 < chunks:
+                    # refresh: the cache gets the clean chunk's keys/values (output discarded)
+                    zero = torch.zeros(1, dtype=torch.int64, device=device)
+                    model(x0[None], zero, context, y_c, cam_c, cache=cache, current_start=start)
+                    progress("denoise", (c + 1) * (steps + 1), total)
         finally:  # also when the consumer stops early (a cancelled job)
             cache.close()
             free_device_memory(device)

@@ -163,8 +163,13 @@ def test_loop_progress_counts_steps_and_refreshes(loop_case):
         progress=lambda phase, step, total: seen.append((step, total)),
     )  # fmt: skip
     next(chunks)
-    assert seen[-1] == (5, 15)  # 4 steps + 1 cache refresh per chunk, 3 chunks
-    chunks.close()
+    # a chunk is handed out after its 4 steps, before its cache refresh; 3 chunks: 4+1, 4+1, 4 forwards
+    assert seen[-1] == (4, 14)
+    next(chunks)
+    assert seen[-1] == (9, 14)
+    next(chunks)
+    assert seen[-1] == (14, 14)
+    assert next(chunks, None) is None and seen[-1] == (14, 14)  # no refresh after the last chunk
 
 
 def test_fp8_cache_stays_close(dit, chunks_io):
