@@ -227,7 +227,7 @@ def submit_and_follow(
     ServerUnavailable when it is gone) instead of waiting for the client's `give_up_s`.
 
     Raises JobFailed with the server's reason; TimeoutError when no event comes for `timeout`
-    seconds, and KeyboardInterrupt, after cancelling the job.
+    seconds, and KeyboardInterrupt or what a callback raised, after cancelling the job.
     """
     job = client.submit(payload, settings, want_chunks=on_chunk is not None)
     if on_submitted is not None:
@@ -269,7 +269,9 @@ def submit_and_follow(
                 raise JobFailed(event.code, event.message)
             elif isinstance(event, Result):
                 return job, event
-    except (TimeoutError, KeyboardInterrupt):
+    except JobFailed:
+        raise  # the job is over (or was cancelled just above)
+    except BaseException:  # no progress for `timeout`, Ctrl-C, or a callback that raised: no orphan job
         with contextlib.suppress(BridgeError, TimeoutError):
             client.cancel(job.id)
         raise

@@ -264,8 +264,13 @@ class Session:
                 self._set(run, message=_describe(event), progress=done)
 
         def on_chunk(chunk: Any) -> None:  # on this worker thread, between the job's events
-            preview = previews.add(chunk)
-            self._set(run, message=preview.label, progress=(preview.index + 1) / max(preview.total, 1))
+            done = (chunk.index + 1) / max(chunk.total, 1)
+            try:
+                preview = previews.add(chunk)
+            except OSError as exc:  # a preview that cannot be written (disk full ...) never stops the job
+                self._set(run, message=f"Chunk {chunk.index + 1}/{chunk.total} ready; no preview: {exc}", progress=done)
+                return
+            self._set(run, message=preview.label, progress=done)
             callback = self.on_chunk
             if callback is not None and run == self._run:  # a cancelled run shows nothing more
                 callback(preview)
@@ -363,13 +368,13 @@ class _Previews:
     def add(self, chunk: Any) -> ChunkPreview:
         from contracts import atomic
 
+        self.frames += chunk.frames  # counted even if its preview cannot be written
         if not self._fresh:  # the first chunk of this run: drop an earlier run's previews
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder.mkdir(parents=True, exist_ok=True)
             self._fresh = True
         stem = f"chunk_{chunk.index:03d}"
         video = atomic.write_bytes(self.folder / f"{stem}.mp4", chunk.video, durable=False)  # a preview
-        self.frames += chunk.frames
         image = _last_frame_png(video, self.folder / f"{stem}.png")
         return ChunkPreview(chunk.job, chunk.index, chunk.total, chunk.frames, self.frames, video, image)
 
