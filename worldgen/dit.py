@@ -95,7 +95,7 @@ class Linear(nn.Linear):
     `compute = "fp8"` (set by `WanCameraDiT.set_compute`) runs large bf16 calls as an FP8 GEMM.
     """
 
-    compute = "bf16"
+    compute = "exact"
 
     def forward(self, x: torch.Tensor | QuantizedRows, dtype: torch.dtype | None = None) -> torch.Tensor:
         dtype = dtype or self.weight.dtype
@@ -318,9 +318,11 @@ class WanCameraDiT(nn.Module):
                 module.attention_backend = backend
 
     def set_compute(self, compute: str) -> None:
-        """'bf16' (exact: the reference's numerics) or 'fp8' (large Linears as FP8 GEMMs; see worldgen.fp8)."""
-        from worldgen.fp8 import COMPUTES
+        """'exact' (the reference's numerics; 'bf16' is its old name) or 'fp8' (large Linears as FP8
+        GEMMs; see worldgen.fp8)."""
+        from contracts.engine_options import COMPUTES, canonical_compute
 
+        compute = canonical_compute(compute)
         if compute not in COMPUTES:
             raise ValueError(f"compute must be one of {COMPUTES}, got {compute!r}")
         for module in self.modules():
