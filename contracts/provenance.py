@@ -32,6 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from contracts import atomic
 from contracts.engine_options import canonical_compute
 
 SCHEMA = "lingbot-isaac/provenance/1"
@@ -166,22 +167,7 @@ def to_json(record: dict[str, Any]) -> bytes:
 def write_record(video: str | os.PathLike, record: dict[str, Any]) -> Path:
     """Write `record` beside `video` (temp file, fsync, rename, fsync the folder): never half a record."""
     path = sidecar_path(video)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:  # created with the process umask, like any output (0644 under 022)
-            f.write(to_json(check_record(record, str(path))))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return path
+    return atomic.write_bytes(path, to_json(check_record(record, str(path))))
 
 
 def read_record(video: str | os.PathLike) -> tuple[dict[str, Any] | None, str | None]:
