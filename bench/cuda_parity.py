@@ -138,7 +138,7 @@ def main() -> None:
     )
     context, negative = pipe.encode_ids(pio["ids"], pio["mask"])
     settings = GenerationSettings(
-        size="64*112",
+        size=f"{spec['max_area'] // spec['width']}*{spec['width']}",  # the case's max area (64*112)
         frame_num=spec["frame_num"],
         steps=spec["steps"],
         shift=spec["shift"],
