@@ -5,11 +5,11 @@ Usage:
     python bench/bench_pool.py --jobs 8
   Two GPUs with a real or synthetic checkpoint (bench/synthetic_checkpoint.py):
     python bench/bench_pool.py --jobs 8 --ckpt /tmp/ckpt --devices cuda:0,cuda:1 --baseline-devices cuda:0 \
-        --size 480*832 --frame-num 81 --steps 40 --startup-timeout 1800
+        --preset fast40 --startup-timeout 1800
 
   One rollout on two GPUs of a pool (setting gpus = 2) vs the same rollout on one GPU:
     python bench/bench_pool.py --jobs 1 --job-gpus 2 --ckpt /tmp/ckpt --devices cuda:0,cuda:1 \
-        --baseline-devices cuda:0 --size 480*832 --frame-num 81 --steps 70 --startup-timeout 1800
+        --baseline-devices cuda:0 --preset default --startup-timeout 1800
 
 Each configuration runs a real `lingbot-isaac serve` subprocess (its workers loaded and warm
 before the clock starts: `health` ok for every worker), one client submits all N jobs at once,
@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bridge.client import Client, EpisodePayload, Result  # noqa: E402
+from contracts.settings import load_presets, load_settings  # noqa: E402
 
 
 def start_server(
@@ -72,10 +73,17 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def job_settings(args: argparse.Namespace) -> dict:
+    """The preset's settings with the flags given on top (the defaults under them: contracts.settings)."""
+    load_settings(preset=args.preset)  # an unknown preset: a clear error naming config/generation.toml
+    given = {"size": args.size, "frame_num": args.frame_num, "steps": args.steps}
+    return {**load_presets()[args.preset], **{k: v for k, v in given.items() if v is not None}}
+
+
 def measure(
     devices: list[str], args: argparse.Namespace, payload: EpisodePayload, threads: int | None, gpus: int = 1
 ) -> dict:
-    settings = {"size": args.size, "frame_num": args.frame_num, "steps": args.steps, "gpus": gpus}
+    settings = {**job_settings(args), "gpus": gpus}
     with tempfile.TemporaryDirectory(prefix="bench-pool-") as tmp:
         load_before = os.getloadavg()[0]
         proc, endpoint = start_server(Path(tmp), devices, args, threads)
@@ -110,9 +118,12 @@ def main() -> int:
     parser.add_argument(
         "--episode", type=Path, default=REPO / "data" / "sample_room", help="episode folder sent N times"
     )
-    parser.add_argument("--size", default="96*160", help="max area H*W of each job")
-    parser.add_argument("--frame-num", type=int, default=17, help="frames per job (4n+1)")
-    parser.add_argument("--steps", type=int, default=4, help="denoising steps per job")
+    parser.add_argument(
+        "--preset", default="tiny", help="settings preset of config/generation.toml each job sends (tiny: CPU-sized)"
+    )
+    parser.add_argument("--size", help="max area H*W of each job (default: the preset's)")
+    parser.add_argument("--frame-num", type=int, help="frames per job, 4n+1 (default: the preset's)")
+    parser.add_argument("--steps", type=int, help="denoising steps per job (default: the preset's)")
     parser.add_argument(
         "--baseline-threads",
         type=int,
@@ -140,8 +151,7 @@ def main() -> int:
         print(f"  {results[label]['seconds']:.1f} s, {results[label]['jobs_per_minute']:.2f} jobs/min", flush=True)
     ratio = results["pool"]["seconds"] / results["baseline"]["seconds"]
     results.update(ratio=round(ratio, 3), cpu_count=os.cpu_count(), settings={
-        "ckpt": args.ckpt, "size": args.size, "frame_num": args.frame_num, "steps": args.steps,
-        "job_gpus": args.job_gpus})  # fmt: skip
+        "ckpt": args.ckpt, "preset": args.preset, **job_settings(args), "job_gpus": args.job_gpus})  # fmt: skip
     target = "issue 10's two-GPU target: <= 0.55" if args.job_gpus == 2 else "the issue's CPU target: <= 0.60"
     print(f"pool / baseline time: {ratio:.2f} ({target})")
     if args.out:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from contracts.engine_options import COMPUTES, MODELS
+from contracts.engine_options import COMPUTE_ALIASES, COMPUTES, MODELS
 from contracts.model_frame import MODEL_SIZE, SizeError, parse_size
 
 if sys.version_info >= (3, 11):
@@ -45,6 +45,7 @@ class Field:
     open_low: bool = False  # True: `low` itself is refused (e.g. shift > 0)
     open_high: bool = False
     choices: tuple[Any, ...] = ()
+    aliases: tuple[tuple[Any, Any], ...] = ()  # (old spelling, its name in choices): accepted, stored as the name
 
 
 INT_MAX = 2**63 - 1
@@ -84,8 +85,10 @@ FIELDS: tuple[Field, ...] = (
         "compute",
         "choice",
         None,
-        "per-job compute of the experts: bf16 or fp8 (None: the engine's choice)",
+        "per-job compute of the experts: exact (the reference's numerics, in the engine's dtype) or fp8 "
+        "(approximate; bf16 = exact, its old name) (None: the engine's choice)",
         choices=(None, *COMPUTES),
+        aliases=tuple(COMPUTE_ALIASES.items()),
     ),
     # model = fast only (LingBot-World-Fast; steps, guide_scale, boundary, negative_prompt do not apply)
     Field(
@@ -133,10 +136,12 @@ def _check(spec: Field, value: Any) -> Any:
     """`value` checked against one row of the table (strict: no coercion of strings or bools)."""
     name = spec.name
     if spec.kind == "choice":
-        if value not in spec.choices or isinstance(value, bool):
+        aliases = dict(spec.aliases)
+        if isinstance(value, bool) or (value not in spec.choices and not (isinstance(value, str) and value in aliases)):
             shown = ", ".join("null" if c is None else repr(c) for c in spec.choices)
-            raise SettingsError(f"{name} must be one of {shown} (got {value!r})")
-        return value
+            also = "".join(f" ({old!r} = {new!r})" for old, new in aliases.items())
+            raise SettingsError(f"{name} must be one of {shown}{also} (got {value!r})")
+        return aliases.get(value, value) if isinstance(value, str) else value
     if spec.kind in ("str", "size", "optional-str"):
         if value is None and spec.kind == "optional-str":
             return None

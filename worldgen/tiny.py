@@ -12,11 +12,10 @@ import dataclasses
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from contracts import atomic
 from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, INDEX_FILE, T5_FILE, VAE_FILE
@@ -60,7 +59,7 @@ def _write_expert_bf16(folder: Path, state: dict[str, torch.Tensor], class_name:
     weight_map = {}
     for i, part in enumerate(halves, start=1):
         shard = f"diffusion_pytorch_model-{i:05d}-of-{len(halves):05d}.safetensors"
-        save_file({k: state[k].to(torch.bfloat16) for k in part}, folder / shard)
+        (folder / shard).write_bytes(save({k: state[k].to(torch.bfloat16) for k in part}))  # umask mode
         weight_map.update({k: shard for k in part})
     (folder / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
 
@@ -79,7 +78,7 @@ def _write_expert_nf4(folder: Path, state: dict[str, torch.Tensor], model: WanCa
             out.update({f"{owner}.{k}": v for k, v in quantize_weight(value.to(torch.bfloat16)).items()})
         else:
             out[key] = value.to(torch.bfloat16)
-    save_file(out, folder / "model.safetensors")
+    (folder / "model.safetensors").write_bytes(save(out))  # not save_file: it makes 0600 files
 
 
 def _write_shared_parts(root: Path, generator: torch.Generator, tokenizer_dir: str) -> None:
@@ -106,7 +105,7 @@ def ensure_tiny_checkpoint(kind: str = "bf16") -> Path:
     if (target / "README.txt").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{kind}-"))
+    tmp = atomic.staging_dir(target)  # not mkdtemp: the folder keeps the umask's mode, not 0700
     try:
         generator = torch.Generator().manual_seed(SEED)
         model = WanCameraDiT(DIT)
@@ -134,7 +133,7 @@ def ensure_tiny_fast(root: Path) -> Path:
     target = root / (FAST_NF4_DIR if nf4 else FAST_DIR)
     if (target / "config.json").exists():
         return target
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".fast-"))
+    tmp = atomic.staging_dir(target)
     try:
         model = WanCameraDiT(DIT)
         state = _random_state(model, torch.Generator().manual_seed(FAST_SEED))

@@ -39,6 +39,7 @@ from contracts.episode import EpisodeError
 from contracts.provenance import sidecar_path
 from contracts.settings import GenerationSettings, SettingsError
 from worldgen.errors import CheckpointError, InputError
+from worldgen.metering import peak_rss_gib, rss_gib
 
 log = logging.getLogger("worldgen.worker")
 
@@ -238,17 +239,9 @@ def _unload_all(pipe) -> None:
 
 
 def memory_info() -> dict[str, Any]:
-    """Resident and peak memory of this process, in MiB (Linux /proc; empty elsewhere)."""
-    info: dict[str, Any] = {}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in ("VmRSS", "VmHWM"):
-                    info["rss_mb" if key == "VmRSS" else "peak_rss_mb"] = int(value.split()[0]) >> 10
-    except OSError:
-        pass
-    return info
+    """Resident and peak memory of this process, in whole MiB (worldgen.metering; empty off Linux)."""
+    figures = {"rss_mb": rss_gib(), "peak_rss_mb": peak_rss_gib()}
+    return {key: int(gib * 1024) for key, gib in figures.items() if gib is not None}
 
 
 def decode_mp4_frames(path: Path):

@@ -102,7 +102,10 @@ class StandinEngine:
                 on_step(steps)
         return steps
 
-    def generate(self, episode_dir: Path, settings: GenerationSettings, output: Path, progress, peer=None) -> Path:
+    def generate(
+        self, episode_dir: Path, settings: GenerationSettings, output: Path, progress, on_chunk=None, peer=None
+    ) -> Path:
+        # the Engine interface (worldgen.worker): on_chunk is for model fast; the stand-in makes no chunks
         conn = None
         if peer is not None:
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

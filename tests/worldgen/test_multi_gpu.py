@@ -91,7 +91,7 @@ def test_gpus_flag_is_parsed_and_refused_without_cuda():
 
 def test_fp8_is_refused_on_the_cpu_with_what_to_use_instead():
     reason = unsupported_reason("cpu")
-    assert "FP8 tensor cores" in reason and "--compute bf16" in reason
+    assert "FP8 tensor cores" in reason and "--compute exact" in reason
     with pytest.raises(InputError, match="FP8 tensor cores"):
         load_pipeline("tiny", device="cpu", compute="fp8")
     with pytest.raises(InputError, match="compute 'int4' is unknown"):
