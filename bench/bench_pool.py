@@ -9,7 +9,7 @@ Usage:
 
   One rollout on two GPUs of a pool (setting gpus = 2) vs the same rollout on one GPU:
     python bench/bench_pool.py --jobs 1 --job-gpus 2 --ckpt /tmp/ckpt --devices cuda:0,cuda:1 \
-        --baseline-devices cuda:0 --preset default --startup-timeout 1800
+        --baseline-devices cuda:0 --preset default --warmup --startup-timeout 1800
 
 Each configuration runs a real `lingbot-isaac serve` subprocess (its workers loaded and warm
 before the clock starts: `health` ok for every worker), one client submits all N jobs at once,
@@ -94,6 +94,11 @@ def measure(
                     if time.monotonic() > deadline:
                         raise SystemExit(f"workers not ready after {args.startup_timeout} s")
                     time.sleep(0.5)
+                if args.warmup:  # every worker loads its experts (they load on first use) before the clock
+                    warm = [client.submit(payload, {**settings, "steps": 1, "seed": 10_000 + i})
+                            for i in range(max(1, len(devices) // gpus))]  # fmt: skip
+                    if not all(isinstance(job.wait(), Result) for job in warm):
+                        raise SystemExit("a warm-up job failed; see the server log")
                 started = time.monotonic()
                 jobs = [client.submit(payload, {**settings, "seed": i}) for i in range(args.jobs)]
                 outcomes = [job.wait() for job in jobs]
@@ -137,6 +142,12 @@ def main() -> int:
         default=1,
         help="the pool's jobs ask for this many GPUs (setting gpus; 2: each job on two workers at once); "
         "the baseline's jobs always ask for 1",
+    )
+    parser.add_argument(
+        "--warmup",
+        action="store_true",
+        help="before the clock starts, run one 1-step job per worker (a two-GPU job per pair), so the "
+        "experts, which load on first use, are resident in every worker",
     )
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds for the workers to load")
     parser.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
