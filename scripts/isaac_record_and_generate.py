@@ -21,6 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from contracts.engine_options import MODELS  # noqa: E402
 from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH  # noqa: E402
 from lingbot_isaac import kit_adapter  # noqa: E402  (no omni import at module level)
 
@@ -39,6 +40,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--server", default="tcp://127.0.0.1:5570")
     parser.add_argument("--preset", help="send all settings of this [preset] of config/generation.toml")
     parser.add_argument("--frame-num", type=int)
+    parser.add_argument(
+        "--model",
+        choices=MODELS,
+        help="per job: base = the two experts with guidance; fast = LingBot-World-Fast (chunk by chunk) "
+        "(default: the server's preset)",
+    )
     parser.add_argument(
         "--first-frame",
         type=Path,
@@ -134,6 +141,7 @@ def generate(episode: Path, args: argparse.Namespace) -> int:
             size=None,
             shift=None,
             guide_scale=None,
+            model=args.model,
         )
     )
     meta = read_episode(episode).meta

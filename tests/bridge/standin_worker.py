@@ -69,7 +69,10 @@ class StandinEngine:
     def after_failure(self) -> None:
         pass
 
-    def generate(self, episode_dir: Path, settings: GenerationSettings, output: Path, progress) -> Path:
+    def generate(
+        self, episode_dir: Path, settings: GenerationSettings, output: Path, progress, on_chunk=None
+    ) -> Path:
+        # the Engine interface (worldgen.worker): on_chunk is for model fast; the stand-in makes no chunks
         prompt = (episode_dir / "prompt.txt").read_text(encoding="utf-8")
         if "[bad-input]" in prompt:
             raise InputError(f"{episode_dir / 'prompt.txt'}: the stand-in refuses this prompt")
