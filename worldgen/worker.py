@@ -38,6 +38,7 @@ from contracts.engine_options import EngineOptions, EngineOptionsError
 from contracts.episode import EpisodeError
 from contracts.provenance import sidecar_path
 from contracts.settings import GenerationSettings, SettingsError
+from contracts.video import read_mp4
 from worldgen.errors import CheckpointError, InputError
 from worldgen.metering import peak_rss_gib, rss_gib
 
@@ -242,18 +243,6 @@ def memory_info() -> dict[str, Any]:
     """Resident and peak memory of this process, in whole MiB (worldgen.metering; empty off Linux)."""
     figures = {"rss_mb": rss_gib(), "peak_rss_mb": peak_rss_gib()}
     return {key: int(gib * 1024) for key, gib in figures.items() if gib is not None}
-
-
-def decode_mp4_frames(path: Path):
-    """All frames of an mp4 as uint8 [F, H, W, 3] (for clients that asked for frames too)."""
-    import imageio_ffmpeg
-    import numpy as np
-
-    reader = imageio_ffmpeg.read_frames(str(path))
-    meta = next(reader)
-    width, height = meta["size"]
-    frames = [np.frombuffer(frame, np.uint8).reshape(height, width, 3) for frame in reader]
-    return np.stack(frames)
 
 
 class Worker:
@@ -484,7 +473,7 @@ class Worker:
     def write_frames(video: Path, target: Path) -> None:
         import numpy as np
 
-        frames = decode_mp4_frames(video)
+        frames, _ = read_mp4(video)  # for clients that asked for the frames too
         with atomic.atomic_open(target) as f:
             np.save(f, frames, allow_pickle=False)
 
