@@ -4,7 +4,8 @@ Builds the real-size expert (dim 5120, 40 layers, camera layers: 18.5 B paramete
 the GPU with random weights, times forwards in bf16, then quantizes every Linear to NF4 (as the
 community checkpoint stores it) and times again. Needs about 40 GiB of GPU memory.
 
-Usage: python bench/bench_dit.py [--frames 81] [--height 480] [--width 832] [--repeats 2] [--json OUT]
+Usage: python bench/bench_dit.py [--frames N] [--height H] [--width W] [--repeats 2] [--json OUT]
+(default: the model frame and the default frame count, from contracts)
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH  # noqa: E402
+from contracts.settings import FIELD_BY_NAME  # noqa: E402
 from worldgen.dit import DiTConfig, Linear, WanCameraDiT  # noqa: E402
 from worldgen.nf4 import NF4Linear, quantize_weight  # noqa: E402
 
@@ -70,9 +73,9 @@ def time_forward(model, inputs, repeats: int) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--frames", type=int, default=81)
-    parser.add_argument("--height", type=int, default=480)
-    parser.add_argument("--width", type=int, default=832)
+    parser.add_argument("--frames", type=int, default=FIELD_BY_NAME["frame_num"].default, help="video frames")
+    parser.add_argument("--height", type=int, default=MODEL_HEIGHT, help="frame height in pixels")
+    parser.add_argument("--width", type=int, default=MODEL_WIDTH, help="frame width in pixels")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--text-tokens", type=int, default=120, help="prompt length before padding to 512")
     parser.add_argument("--chunks", default="none,8192", help="feed-forward chunk sizes to time ('none': whole)")

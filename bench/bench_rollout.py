@@ -1,8 +1,8 @@
 """A full rollout under a VRAM budget, with peak VRAM and RSS per phase, and expert load throughput.
 
 Usage:
-  python bench/bench_rollout.py CKPT_DIR --action-path EXAMPLE_DIR --vram-budget 16 [--steps 40]
-      [--size 480*832] [--frame-num 81] [--load-throughput] [--json OUT] [--device cpu]
+  python bench/bench_rollout.py CKPT_DIR --action-path EXAMPLE_DIR --vram-budget 16 [--preset fast40]
+      [--steps N] [--size H*W] [--frame-num N] [--load-throughput] [--json OUT] [--device cpu]
 
 CKPT_DIR is a real or synthetic checkpoint (bench/synthetic_checkpoint.py). Prints the memory plan,
 the measured per-phase table, expert loads, and (with --load-throughput) cold-cache throughput of
@@ -22,12 +22,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from contracts.model_frame import MODEL_SIZE  # noqa: E402
-from contracts.settings import GenerationSettings  # noqa: E402
+from contracts.settings import load_settings  # noqa: E402
 from worldgen.camera import load_action  # noqa: E402
 from worldgen.checkpoint import find_checkpoint, load_expert  # noqa: E402
 from worldgen.pipeline import load_pipeline  # noqa: E402
 from worldgen.rollout import find_image, read_prompt  # noqa: E402
+
+BENCH_PRESET = "fast40"  # what docs/benchmarks.md's rollout figures were timed with (40 steps, shift 5)
 
 GiB = 2**30
 
@@ -77,9 +78,14 @@ def main() -> None:
     parser.add_argument("ckpt", type=Path)
     parser.add_argument("--action-path", type=Path, required=True)
     parser.add_argument("--vram-budget", type=float)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--size", default=MODEL_SIZE, help="max area as H*W")
-    parser.add_argument("--frame-num", type=int, default=81)
+    parser.add_argument(
+        "--preset",
+        default=BENCH_PRESET,
+        help="settings preset of config/generation.toml to time (the documented figures: fast40)",
+    )
+    parser.add_argument("--steps", type=int, help="denoising steps (default: the preset's)")
+    parser.add_argument("--size", help="max area as H*W (default: the preset's)")
+    parser.add_argument("--frame-num", type=int, help="video frames (default: the preset's)")
     parser.add_argument("--load-throughput", action="store_true")
     parser.add_argument("--t5-on-cpu", action="store_true")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (tiny checkpoint)")
@@ -99,7 +105,8 @@ def main() -> None:
     plans = [pipe.plan.describe()]
     pipe.on_plan = lambda text: (plans.append(text), print(f"re-planned for this job:\n{text}"))
     poses, intrinsics = load_action(args.action_path)
-    settings = GenerationSettings(size=args.size, frame_num=args.frame_num, steps=args.steps, shift=5.0)
+    given = {"size": args.size, "frame_num": args.frame_num, "steps": args.steps}
+    settings = load_settings(preset=args.preset).replace(**{k: v for k, v in given.items() if v is not None})
     last = [time.perf_counter()]
 
     def progress(phase: str, step: int, total: int) -> None:

@@ -2,7 +2,7 @@
 with peak VRAM and RSS per phase, and expert load throughput next to raw read throughput.
 
 Usage (on the GPU machine):
-  python bench/bench_runtime.py --ckpt /tmp/ckpt --action-path EXAMPLE_DIR [--vram-budget 24] [--steps 40]
+  python bench/bench_runtime.py --ckpt /tmp/ckpt --action-path EXAMPLE_DIR [--vram-budget 24] [--steps N]
       [--write-synthetic] [--out bench-results.json]
 
 --write-synthetic first writes a synthetic full-size NF4 checkpoint to --ckpt when it is not there
@@ -71,8 +71,8 @@ def main() -> None:
     parser.add_argument("--ckpt", type=Path, required=True, help="NF4 checkpoint folder (synthetic or real)")
     parser.add_argument("--action-path", type=Path, required=True, help="a LingBot example folder")
     parser.add_argument("--vram-budget", type=float, default=24)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--size", default="480*832")
+    parser.add_argument("--steps", type=int, help="denoising steps (default: bench_rollout.py's preset's)")
+    parser.add_argument("--size", help="max area H*W (default: bench_rollout.py's preset's, the model frame)")
     parser.add_argument("--write-synthetic", action="store_true")
     parser.add_argument("--dit-repeats", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("bench-runtime.json"))
@@ -89,10 +89,8 @@ def main() -> None:
                 str(args.action_path),
                 "--vram-budget",
                 str(args.vram_budget),
-                "--steps",
-                str(args.steps),
-                "--size",
-                args.size,
+                *(["--steps", str(args.steps)] if args.steps else []),
+                *(["--size", args.size] if args.size else []),
                 "--load-throughput",
             ],  # fmt: skip
             Path(tmp) / "rollout.json",

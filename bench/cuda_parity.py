@@ -1,6 +1,6 @@
 """Golden parity on CUDA in bf16 (and float32): every reference case through the public API.
 
-Usage: python bench/cuda_parity.py [--shared ../shared] [--dtype bfloat16] [--compute bf16,fp8] [--eager]
+Usage: python bench/cuda_parity.py [--shared ../shared] [--dtype bfloat16] [--compute exact,fp8] [--eager]
 Prints one line per case with the relative L2 error |a-b|/|b| against the CPU-float32 golden file.
 `--compute fp8` also runs the golden DiT cases through the FP8 GEMMs (every Linear of the tiny
 golden model, whatever its token count); `--eager` turns the fused elementwise CUDA kernels off (the old path).
@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from contracts.engine_options import canonical_compute  # noqa: E402
 from contracts.settings import GenerationSettings  # noqa: E402
 from worldgen.camera import camera_conditioning  # noqa: E402
 from worldgen.checkpoint import load_expert  # noqa: E402
@@ -42,14 +43,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parent.parent.parent / "shared")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--compute", default="bf16", help="comma-separated: bf16 (exact), fp8 (DiT cases only)")
+    parser.add_argument(
+        "--compute", default="exact", help="comma-separated: exact (bf16: its old name), fp8 (DiT cases only)"
+    )
     parser.add_argument("--eager", action="store_true", help="no fused elementwise kernels (the old path)")
     args = parser.parse_args()
     if args.eager:
         from worldgen import fused
 
         fused.enable(False)
-    computes = args.compute.split(",")
+    computes = [canonical_compute(c) for c in args.compute.split(",")]
     if "fp8" in computes:
         from worldgen import fp8
 
@@ -73,7 +76,7 @@ def main() -> None:
                     io["y"][None].to(dev),
                     io["cam"].to(dev),
                 )
-            tag = "" if compute == "bf16" else f" [{compute}]"
+            tag = "" if compute == "exact" else f" [{compute}]"
             results[f"dit {layout} cam t{t}{tag}"] = rel(out[0], ref[f"out_cam_t{t}"])
         del model
 
@@ -135,7 +138,7 @@ def main() -> None:
     )
     context, negative = pipe.encode_ids(pio["ids"], pio["mask"])
     settings = GenerationSettings(
-        size="64*112",
+        size=f"{spec['max_area'] // spec['width']}*{spec['width']}",  # the case's max area (64*112)
         frame_num=spec["frame_num"],
         steps=spec["steps"],
         shift=spec["shift"],
@@ -156,12 +159,12 @@ def main() -> None:
 
     for compute in computes:
         video = golden_rollout(compute)
-        tag = "" if compute == "bf16" else f" [{compute}]"
+        tag = "" if compute == "exact" else f" [{compute}]"
         results[f"pipeline end-to-end video{tag}"] = rel(video, pio["video"])
     # the two-device path (--gpus), both "devices" on this GPU: the same output as one device
-    one_device = golden_rollout("bf16")
+    one_device = golden_rollout("exact")
     pipe.second_device = second_device(g, dev, dtype)
-    results["pipeline, two devices vs one (rel-L2 between them)"] = rel(golden_rollout("bf16"), one_device)
+    results["pipeline, two devices vs one (rel-L2 between them)"] = rel(golden_rollout("exact"), one_device)
     pipe.second_device = None
 
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__} compute dtype {dtype}")

@@ -4,6 +4,11 @@ Write beside the target under a hidden temporary name, fsync the file, rename it
 fsync the folder. A reader (or a crash, or a power cut once the call returned) sees the old file or
 the new one, never half of one; a failed write leaves no temporary file behind. Temporary names
 keep the target's suffix, so tools that pick a container from it (ffmpeg) still work.
+
+Modes: what these helpers create gets the mode a plain `open()` / `mkdir()` would give it (0666 or
+0777 less the process umask), so a rollout, record or episode is as shared as any other output of
+the user's. Nothing here uses `mkstemp`/`mkdtemp` (always 0600/0700). Files that must be private
+(CURVE secret keys) are created by their own writer with an explicit mode (`bridge.security`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,16 @@ def temp_path(path: str | os.PathLike) -> Path:
     """A fresh hidden name in the target's folder, with the same suffix."""
     path = Path(path)
     return path.with_name(f".{path.stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp{path.suffix}")
+
+
+def staging_dir(target: str | os.PathLike) -> Path:
+    """A fresh hidden folder beside `target` (mode 0777 & ~umask, as `mkdir` makes it) to build a
+    folder in before `replace_dir` renames it onto `target`."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    staging.mkdir()
+    return staging
 
 
 def fsync_file(path: str | os.PathLike) -> None:

@@ -16,10 +16,23 @@ import math
 from typing import Any
 
 DTYPES = ("bf16", "fp16", "fp32")  # the one vocabulary of compute dtypes (torch names are mapped in worldgen)
-COMPUTES = ("bf16", "fp8")  # how the (quantized) experts' matmuls run
+# How the experts' matmuls run (the one vocabulary; `dtype` says which float type they run in):
+# exact = the reference's numerics in the engine's dtype (bf16 on CUDA, fp32 on the CPU);
+# fp8 = each large Linear as an FP8 GEMM (approximate: worldgen.fp8).
+COMPUTES = ("exact", "fp8")
+# Spellings still accepted wherever a compute is given (CLI, server.toml, job settings) and read as
+# the name they stand for: "bf16" named the exact path before records stated the dtype beside it.
+COMPUTE_ALIASES = {"bf16": "exact"}
+COMPUTE_CHOICES = (*COMPUTES, *COMPUTE_ALIASES)  # what CLIs and files accept
 ATTENTIONS = ("auto", "sdpa", "flash", "sage")
 MODELS = ("base", "fast")
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def canonical_compute(value: str | None) -> str | None:
+    """The name in COMPUTES for a compute given in any accepted spelling ("bf16" -> "exact");
+    None (the engine's choice) and unknown values pass through for the caller to refuse."""
+    return COMPUTE_ALIASES.get(value, value) if isinstance(value, str) else value
 
 
 class EngineOptionsError(ValueError):
@@ -34,7 +47,7 @@ class EngineOptions:
     model: str = "base"  # base (two experts, guided) | fast (LingBot-World-Fast, causal)
     devices: tuple[str, ...] = ("cpu",)  # "cpu", "cuda", "cuda:N"; more than one: one rollout over several GPUs
     dtype: str | None = None  # bf16 | fp16 | fp32; None: bf16 on CUDA, fp32 on the CPU
-    compute: str | None = None  # bf16 | fp8; None: the engine's choice
+    compute: str | None = None  # exact | fp8 (bf16: old name of exact); None: the engine's choice
     attention: str = "auto"  # auto | sdpa | flash | sage
     vram_budget_gb: float | None = None  # None: no budget (plan for the whole GPU)
     t5_on_cpu: bool = False  # run umT5 on the CPU, streamed block by block (no GPU memory)
@@ -55,10 +68,11 @@ class EngineOptions:
             if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
                 raise EngineOptionsError(f"{where}: device {device!r} must be 'cpu', 'cuda' or 'cuda:N'")
         object.__setattr__(self, "devices", tuple(devices))
-        for name, allowed in (("dtype", DTYPES), ("compute", COMPUTES)):
+        for name, allowed in (("dtype", DTYPES), ("compute", COMPUTE_CHOICES)):
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise EngineOptionsError(f"{where}: {name} must be one of {list(allowed)} or null (got {value!r})")
+        object.__setattr__(self, "compute", canonical_compute(self.compute))
         if self.attention not in ATTENTIONS:
             raise EngineOptionsError(f"{where}: attention must be one of {list(ATTENTIONS)} (got {self.attention!r})")
         budget = self.vram_budget_gb

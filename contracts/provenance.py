@@ -9,14 +9,15 @@ output is noise" banner follows the record (`is_random_weights`), whichever path
     {"schema": SCHEMA, "created": "2026-11-23T13:20:00Z", "producer": "generate" | "worker",
      "model": {"family", "variant" (base | fast), "weights" (tiny | real), "random_weights", "name"},
      "checkpoint": {"path", "layout", "fingerprint", "files", "bytes"},
-     "compute": {"device", "device_name", "dtype", "attention", ...},
+     "compute": {"device", "device_name", "dtype" (the float type the matmuls ran in: float32 on the
+                 CPU), "compute" (the path: exact | fp8, contracts.engine_options.COMPUTES), "attention", ...},
      "settings": every generation setting used (frame_num = frames generated),
      "requested": the settings as asked, "adjustments": ["81 frames asked, 33 poses: generating 33"],
      "output": {"frames", "height", "width", "fps"}, "inputs": {"prompt", "image", "poses", ...},
      "versions": {"lingbot_isaac", "torch", "python"}, "timings": {"load_s", "text_s", ...},
      "memory_plan": the plan as printed, "job": {...} (client side: server, job id, seconds) or null}
 
-Standard library only (the Isaac side reads and writes it; it never imports torch).
+Standard library and contracts only (the Isaac side reads and writes it; it never imports torch).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from contracts import atomic
+from contracts.engine_options import canonical_compute
 
 SCHEMA = "lingbot-isaac/provenance/1"
 PRODUCERS = ("generate", "worker")
@@ -163,22 +167,7 @@ def to_json(record: dict[str, Any]) -> bytes:
 def write_record(video: str | os.PathLike, record: dict[str, Any]) -> Path:
     """Write `record` beside `video` (temp file, fsync, rename, fsync the folder): never half a record."""
     path = sidecar_path(video)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:  # created with the process umask, like any output (0644 under 022)
-            f.write(to_json(check_record(record, str(path))))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return path
+    return atomic.write_bytes(path, to_json(check_record(record, str(path))))
 
 
 def read_record(video: str | os.PathLike) -> tuple[dict[str, Any] | None, str | None]:
@@ -204,11 +193,32 @@ def is_random_weights(record: dict[str, Any] | None) -> bool:
 
 
 def model_label(record: dict[str, Any] | None) -> str:
-    """One line naming the model, e.g. 'lingbot-world base, tiny (random weights) [bf16]'."""
+    """One line naming the model, e.g. 'lingbot-world base, tiny (random weights), base checkpoint layout'."""
     if not record:
         return "unknown (no provenance record beside the rollout)"
     model = record["model"]
     return f"{model.get('family')} {model.get('variant')}, {model.get('name')}"
+
+
+def compute_label(compute: dict[str, Any]) -> str:
+    """How the matmuls ran, e.g. 'exact in float32 on cpu; attention sdpa, text_encoder cpu' or
+    'fp8 (approximate) in bfloat16 on cuda:0 (NVIDIA H100 80GB HBM3); ...'. Records written before
+    the path was named 'exact' say 'bf16' for it: shown as exact, beside the dtype they recorded."""
+    rest = dict(compute)
+    path = canonical_compute(rest.pop("compute", None))
+    dtype, device, name = rest.pop("dtype", None), rest.pop("device", None), rest.pop("device_name", None)
+    head = " ".join(
+        part
+        for part in (
+            {"fp8": "fp8 (approximate)"}.get(path, path),
+            f"in {dtype}" if dtype else None,
+            f"on {device}" if device else None,
+            f"({name})" if name and name != device else None,
+        )
+        if part
+    )
+    tail = ", ".join(f"{k} {v}" for k, v in rest.items() if v is not None)
+    return "; ".join(part for part in (head, tail) if part) or "not recorded"
 
 
 def summary_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
@@ -220,7 +230,7 @@ def summary_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
         ("weights", "random (tiny model)" if model.get("random_weights") else str(model.get("weights"))),
         ("checkpoint", f"{ckpt.get('path')} ({ckpt.get('layout')} layout)"),
         ("fingerprint", f"{ckpt.get('fingerprint')} over {ckpt.get('files')} files, {ckpt.get('bytes')} bytes"),
-        ("compute", ", ".join(f"{k} {v}" for k, v in compute.items() if v is not None)),
+        ("compute", compute_label(compute)),
     ]
     rows += [(f"setting: {key}", _text(value)) for key, value in record["settings"].items()]
     if output:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from contracts.engine_options import COMPUTES, MODELS
+from contracts.engine_options import COMPUTE_ALIASES, COMPUTES, MODELS
 from contracts.model_frame import MODEL_SIZE, SizeError, parse_size
 
 if sys.version_info >= (3, 11):
@@ -45,6 +45,7 @@ class Field:
     open_low: bool = False  # True: `low` itself is refused (e.g. shift > 0)
     open_high: bool = False
     choices: tuple[Any, ...] = ()
+    aliases: tuple[tuple[Any, Any], ...] = ()  # (old spelling, its name in choices): accepted, stored as the name
 
 
 INT_MAX = 2**63 - 1
@@ -84,8 +85,10 @@ FIELDS: tuple[Field, ...] = (
         "compute",
         "choice",
         None,
-        "per-job compute of the experts: bf16 or fp8 (None: the engine's choice)",
+        "per-job compute of the experts: exact (the reference's numerics, in the engine's dtype) or fp8 "
+        "(approximate; bf16 = exact, its old name) (None: the engine's choice)",
         choices=(None, *COMPUTES),
+        aliases=tuple(COMPUTE_ALIASES.items()),
     ),
     # model = fast only (LingBot-World-Fast; steps, guide_scale, boundary, negative_prompt do not apply)
     Field(
@@ -114,6 +117,17 @@ FIELDS: tuple[Field, ...] = (
         low=0,
         high=1024,
     ),
+    Field(
+        "gpus",
+        "int",
+        1,
+        "GPUs for this rollout: 1, or 2 = guidance's conditional and unconditional passes on two GPUs at once "
+        "(exact: the same output as one GPU; model base only). It costs two of the server's GPUs: it waits "
+        "until two of its pool's workers are idle (jobs queued behind it wait too) and holds both while it denoises; "
+        "it pays off when the pool has nothing else to run (target <= 0.55x the one-GPU time, docs/benchmarks.md)",
+        low=1,
+        high=2,
+    ),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 
@@ -122,10 +136,12 @@ def _check(spec: Field, value: Any) -> Any:
     """`value` checked against one row of the table (strict: no coercion of strings or bools)."""
     name = spec.name
     if spec.kind == "choice":
-        if value not in spec.choices or isinstance(value, bool):
+        aliases = dict(spec.aliases)
+        if isinstance(value, bool) or (value not in spec.choices and not (isinstance(value, str) and value in aliases)):
             shown = ", ".join("null" if c is None else repr(c) for c in spec.choices)
-            raise SettingsError(f"{name} must be one of {shown} (got {value!r})")
-        return value
+            also = "".join(f" ({old!r} = {new!r})" for old, new in aliases.items())
+            raise SettingsError(f"{name} must be one of {shown}{also} (got {value!r})")
+        return aliases.get(value, value) if isinstance(value, str) else value
     if spec.kind in ("str", "size", "optional-str"):
         if value is None and spec.kind == "optional-str":
             return None
@@ -188,10 +204,14 @@ class GenerationSettings:
     kv_cache: str = FIELD_BY_NAME["kv_cache"].default
     attention_frames: int = FIELD_BY_NAME["attention_frames"].default
     sink_frames: int = FIELD_BY_NAME["sink_frames"].default
+    gpus: int = FIELD_BY_NAME["gpus"].default
 
     def __post_init__(self) -> None:
         for spec in FIELDS:
             object.__setattr__(self, spec.name, _check(spec, getattr(self, spec.name)))
+        if self.gpus == 2 and self.model == "fast":
+            raise SettingsError("gpus 2 splits classifier-free guidance over two GPUs; model fast has no guidance "
+                                "passes to split: use gpus 1 (or model base)")  # fmt: skip
 
     @property
     def height_width(self) -> tuple[int, int]:

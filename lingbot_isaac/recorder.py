@@ -24,7 +24,6 @@ import numpy as np
 
 from lingbot_isaac.lens import CameraError
 from lingbot_isaac.recording import CameraRecording, write_recording_episode
-from lingbot_isaac.resample import EPISODE_FPS
 
 Capture = Callable[[], "np.ndarray | None"]
 
@@ -141,6 +140,7 @@ class Recorder:
             meters_per_unit=float(UsdGeom.GetStageMetersPerUnit(self.stage)),
             source="isaac-sim recorder",
             first_frame=self._first_frame,
+            frames=list(samples.frames) if self.keep_frames and samples.frames else None,
             extra={"sim_time_start": float(times[0]), "sim_steps": len(times)},
         )
 
@@ -157,16 +157,12 @@ class Recorder:
         """Stop, resample to 16 fps / 4n+1 frames and write the episode folder (with sim frames if kept)."""
         recording = self.stop()
         recording.scene_id, recording.robot_id = scene_id, robot_id
-        sim_frames = None
-        if self.keep_frames and self._samples.frames:
-            sim_frames = _frames_at_episode_times(recording.times, self._samples.frames)
-        return write_recording_episode(
+        return write_recording_episode(  # kept frames become the sim frames (recording.frames_at_times)
             recording,
             directory,
             prompt,
             image=image,
             generation=generation,
-            sim_frames=sim_frames,
             overwrite=overwrite,
         )
 
@@ -183,18 +179,3 @@ def _rgb(frame: Any, resolution: tuple[int, int]) -> np.ndarray | None:
     if array.dtype != np.uint8:
         array = np.clip(array * (255.0 if array.dtype.kind == "f" else 1.0), 0, 255).astype(np.uint8)
     return np.ascontiguousarray(array[..., :3])
-
-
-def _frames_at_episode_times(times: np.ndarray, frames: list[np.ndarray]) -> list[np.ndarray]:
-    """The recorded frame nearest to each 16 fps episode time (frames are not interpolated)."""
-    from lingbot_isaac.resample import resample_trajectory
-
-    count = len(frames)
-    if count != len(times):
-        raise RecorderError(f"{count} frames for {len(times)} recorded steps")
-    eye = np.tile(np.eye(4), (count, 1, 1))
-    targets = resample_trajectory(times, eye, np.ones((count, 4)), EPISODE_FPS).times
-    nearest = np.clip(np.searchsorted(times, targets), 0, count - 1)
-    previous = np.clip(nearest - 1, 0, count - 1)
-    closer = np.abs(times[previous] - targets) < np.abs(times[nearest] - targets)
-    return [frames[i] for i in np.where(closer, previous, nearest)]

@@ -3,12 +3,16 @@
 Every source (the live recorder, a USD stage, an Isaac Sim or Isaac Lab HDF5 file) produces a
 `CameraRecording`: sim time stamps, OpenCV camera-to-world poses in metres and pinhole
 intrinsics in pixels of the recording's resolution. `write_recording_episode` resamples it to
-16 fps / 4n+1 frames and writes the episode folder.
+16 fps / 4n+1 frames and writes the episode folder. A recording that holds the camera's own
+frames (the live recorder with `keep_frames`, an Isaac Lab demo's image term) gets them as the
+episode's sim frames, the recorded frame nearest each episode time (`frames_at_times`): the one
+way every source turns its frames into what `lingbot-isaac compare` reads.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +21,16 @@ import numpy as np
 
 from contracts.episode import EpisodeError, EpisodeMeta, write_episode
 from lingbot_isaac.resample import EPISODE_FPS, ResampleError, resample_trajectory
+
+
+class FrameReader:
+    """Frames kept on disk until an episode needs them: `read(indices)` returns those frames."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def read(self, indices: Sequence[int]) -> list[np.ndarray]:
+        raise NotImplementedError
 
 
 @dataclass
@@ -33,6 +47,9 @@ class CameraRecording:
     scene_id: str | None = None
     robot_id: str | None = None
     first_frame: np.ndarray | None = None  # uint8 RGB [H, W, 3] when the source has one
+    # The camera's frames, one per entry of `times` (uint8 RGB [H, W, 3]): a list, or a reader with
+    # `__len__` and `read(indices) -> frames` that loads only the frames an episode uses (HDF5).
+    frames: Sequence[np.ndarray] | FrameReader | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -42,6 +59,29 @@ class CameraRecording:
                 f"{self.source or 'recording'}: need times [N], poses [N,4,4], intrinsics [N,4]; got "
                 f"{np.shape(self.times)}, {np.shape(self.poses)}, {np.shape(self.intrinsics)}"
             )
+        if self.frames is not None and len(self.frames) != n:
+            raise EpisodeError(f"{self.source or 'recording'}: {len(self.frames)} frames for {n} recorded steps")
+
+
+def nearest_samples(times: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Index of the sample time nearest to each target time (frames are picked, never interpolated)."""
+    times = np.asarray(times, dtype=np.float64)
+    count = len(times)
+    nearest = np.clip(np.searchsorted(times, targets), 0, count - 1)
+    previous = np.clip(nearest - 1, 0, count - 1)
+    closer = np.abs(times[previous] - targets) < np.abs(times[nearest] - targets)
+    return np.where(closer, previous, nearest)
+
+
+def frames_at_times(recording: CameraRecording, targets: np.ndarray) -> list[np.ndarray] | None:
+    """The recording's frame nearest to each episode time (None: the recording has no frames)."""
+    frames = recording.frames
+    if frames is None:
+        return None
+    indices = [int(i) for i in nearest_samples(recording.times, targets)]
+    if isinstance(frames, FrameReader):
+        return frames.read(indices)
+    return [frames[i] for i in indices]
 
 
 def write_recording_episode(
@@ -58,7 +98,8 @@ def write_recording_episode(
     """Resample `recording` to `fps` and 4n+1 frames and write it as an episode folder.
 
     `image` (the first frame) defaults to `recording.first_frame`. Its size must be the
-    recording's resolution. `sim_frames`, if given, must already match the resampled frames.
+    recording's resolution. `sim_frames`, if given, must already match the resampled frames; by
+    default they are the recording's own frames at the episode times (`frames_at_times`).
     """
     if image is None:
         image = recording.first_frame
@@ -71,6 +112,8 @@ def write_recording_episode(
         resampled = resample_trajectory(recording.times, recording.poses, recording.intrinsics, fps, max_frames)
     except ResampleError as exc:
         raise EpisodeError(f"{recording.source or 'recording'}: {exc}") from None
+    if sim_frames is None:
+        sim_frames = frames_at_times(recording, resampled.times)
     meta = EpisodeMeta(
         source_resolution=recording.resolution,
         fps=float(fps),

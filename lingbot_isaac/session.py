@@ -3,13 +3,17 @@
 No omni imports, so it runs (and is tested) outside Isaac Sim. The Kit side forwards sim steps
 (`on_step`) and reads `status()` once per frame; everything slow (writing the episode aside, the
 server round trip, the comparison report) happens on a worker thread, and results come back
-through the status object, never through a callback into the UI.
+through the status object. The one callback, `on_chunk`, hands each finished chunk of a Fast job
+(`ChunkPreview`: its place, its mp4 and a still of its last frame, on disk) to whoever shows it;
+it runs on the worker thread, so a UI only keeps the preview there and draws it on its own thread.
+The job itself is followed by `bridge.client.submit_and_follow`, the same loop as `submit` and
+`replay`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -39,6 +43,7 @@ class SessionSettings:
     steps: int | None = None
     seed: int | None = None
     preset: str | None = None  # send all settings of this preset instead of the server's
+    model: str | None = None  # base | fast (contracts.engine_options.MODELS), per job; None: the server's
     timeout: float = 10.0  # seconds per request to the server
     compare: bool = True  # build the sim-vs-rollout report when sim frames exist
     first_frame: Path | None = None  # a real photo to start the rollout from (`first_frame.with_photo`)
@@ -48,10 +53,31 @@ class SessionSettings:
         from contracts.settings import GenerationSettings, load_settings
 
         settings: dict[str, Any] = load_settings(preset=self.preset).to_dict() if self.preset else {}
-        flags = {"frame_num": self.frame_num, "steps": self.steps, "seed": self.seed}
+        flags = {"frame_num": self.frame_num, "steps": self.steps, "seed": self.seed, "model": self.model}
         settings.update({k: v for k, v in flags.items() if v is not None})
         GenerationSettings.from_dict(settings)  # SettingsError names a bad value now, not on the server
         return settings
+
+
+@dataclass(frozen=True)
+class ChunkPreview:
+    """One finished chunk of a Fast job, as the window shows it (files in the episode's
+    `preview/` folder, replaced by the next generation; the final rollout.mp4 holds every frame)."""
+
+    job: str
+    index: int  # 0-based, in order
+    total: int  # chunks in the whole video
+    frames: int  # video frames in this chunk
+    frames_so_far: int  # video frames in this chunk and every one before it
+    video: Path  # this chunk's mp4
+    image: Path | None  # its last frame as PNG (None: imageio-ffmpeg is not installed here)
+
+    @property
+    def label(self) -> str:
+        return f"Chunk {self.index + 1}/{self.total} ready: {self.frames_so_far} frames so far"
+
+
+PREVIEW_DIR = "preview"  # in the episode folder: the chunks of the generation under way
 
 
 @dataclass(frozen=True)
@@ -71,18 +97,19 @@ class Session:
         self,
         settings: SessionSettings | None = None,
         build_report: Callable[[Path, Path, Path], Path] | None = None,
+        on_chunk: Callable[[ChunkPreview], None] | None = None,
     ) -> None:
         """`build_report(episode, rollout, out_dir) -> report.html`: how comparison reports are made
         (default: `compare_with_cli`, the CLI in its own process; `SessionSettings.compare` turns
-        reports off)."""
+        reports off). `on_chunk(preview)`: each finished chunk of a Fast job, in order, before the
+        result (on the worker thread; keep it short); none after a cancel."""
         self.settings = settings or SessionSettings()
         self.build_report = build_report if build_report is not None else compare_with_cli
+        self.on_chunk = on_chunk
         self._lock = threading.Lock()
         self._status = Status()
         self._recorder: Recorder | None = None
         self._worker: threading.Thread | None = None
-        self._client = None
-        self._job_id: str | None = None
         self._cancelled = threading.Event()
         self._run = 0  # bumps on generate() and cancel(): a worker thread of an older run stays silent
 
@@ -172,6 +199,7 @@ class Session:
             raise RecorderError("no episode yet: record one (Record, play, Stop) or pick a folder")
         if self.busy:
             raise RecorderError(f"busy ({self.status().state}); wait for it to finish or cancel")
+        self.settings.generation()  # a bad setting (SettingsError names it) is refused here, not on the server
         with self._lock:
             self._run += 1
             run = self._run
@@ -220,16 +248,32 @@ class Session:
     def _generate(
         self, episode: Path, client_factory: Callable[[], Any] | None, run: int, cancelled: threading.Event
     ) -> None:
-        from bridge.client import Client, EpisodePayload, JobError, Progress, ServerUnavailable
+        from bridge.client import Client, EpisodePayload, ServerUnavailable, submit_and_follow
         from contracts.episode import read_episode, write_rollout
         from contracts.settings import job_settings
         from lingbot_isaac.first_frame import first_frame_record, parse_intrinsics, with_photo
 
         timeout = self.settings.timeout
+        previews = _Previews(episode / PREVIEW_DIR)
 
-        def on_event(event: Any) -> None:  # on the client's I/O thread; _set is thread-safe
-            if isinstance(event, Progress):
-                self._set(run, message=_describe(event), progress=event.step / max(event.total, 1))
+        def on_progress(event: Any) -> None:
+            done = event.step / max(event.total, 1)
+            if event.phase == "chunk":  # the chunk's own line (on_chunk, just before) says more
+                self._set(run, progress=done)
+            else:
+                self._set(run, message=_describe(event), progress=done)
+
+        def on_chunk(chunk: Any) -> None:  # on this worker thread, between the job's events
+            done = (chunk.index + 1) / max(chunk.total, 1)
+            try:
+                preview = previews.add(chunk)
+            except OSError as exc:  # a preview that cannot be written (disk full ...) never stops the job
+                self._set(run, message=f"Chunk {chunk.index + 1}/{chunk.total} ready; no preview: {exc}", progress=done)
+                return
+            self._set(run, message=preview.label, progress=done)
+            callback = self.on_chunk
+            if callback is not None and run == self._run:  # a cancelled run shows nothing more
+                callback(preview)
 
         try:
             if self.settings.first_frame is not None:
@@ -244,56 +288,38 @@ class Session:
                 check_listening(self.settings.server)  # "no server: start one with ..." at once
             factory = client_factory or (lambda: Client(self.settings.server, timeout=timeout))
             with factory() as client:
-                self._client = client
                 health = client.health()
                 started = time.monotonic()
-                job = client.submit(EpisodePayload.from_dir(episode), settings or None, on_event=on_event)
-                self._job_id = job.id
-                self._set(
-                    run,
-                    message=f"Queued as {job.id[:8]} (position {job.queue_position}) on "
-                    f"{health.get('model', 'the server')}",
+                job, outcome = submit_and_follow(
+                    client,
+                    EpisodePayload.from_dir(episode),
+                    settings or None,
+                    on_progress=on_progress,
+                    on_submitted=lambda job: self._set(
+                        run,
+                        message=f"Queued as {job.id[:8]} (position {job.queue_position}) on "
+                        f"{_server_model(health, settings.get('model'))}",
+                    ),
+                    on_chunk=on_chunk,
+                    # bounded: a dead server costs this thread `timeout` per request, never the UI
+                    cancelled=cancelled.is_set,
+                    check_alive_s=max(timeout, 5.0),
                 )
-                quiet_since = time.monotonic()
-                last = job.latest
-                while True:
-                    if cancelled.is_set():
-                        # bounded: a dead server costs this thread `timeout`, never the UI; if it
-                        # fails, the job still ends on the server when it hears of it
-                        with contextlib.suppress(Exception):
-                            client.cancel(job.id, timeout=timeout)
-                        return
-                    try:
-                        outcome = job.wait(timeout=0.1)
-                        break
-                    except TimeoutError:
-                        pass
-                    if job.latest is not last:
-                        last, quiet_since = job.latest, time.monotonic()
-                    elif time.monotonic() - quiet_since > max(timeout, 5.0):
-                        # Nothing for a while: is the server still there? (raises ServerUnavailable)
-                        client.health(timeout=timeout)
-                        quiet_since = time.monotonic()
-                if isinstance(outcome, JobError):
-                    job.result(timeout=0)  # raises JobFailed with the server's reason
-                video = job.result(timeout=0)
                 info = {
                     "id": job.id,
                     "server": self.settings.server,
                     "asked": settings,
                     "seconds": round(time.monotonic() - started, 3),
                     "episode": str(episode),
-                    "provenance": job.provenance,
+                    "provenance": outcome.provenance,
                     "first_frame": first_frame_record(read_episode(episode)),
                 }
-                result = write_rollout(episode, video, info, client="extension")
-            self._client = self._job_id = None
+                result = write_rollout(episode, outcome.video, info, client="extension")
             report = self._report(episode, result, run)
             self._set(
                 run, state="done", message=f"Rollout written: {result}", progress=1.0, result=result, report=report
             )
         except Exception as exc:
-            self._client = self._job_id = None
             if isinstance(exc, ServerUnavailable):
                 message = f"Generation failed: the server at {self.settings.server} stopped answering ({exc})"
             else:
@@ -327,6 +353,76 @@ def compare_with_cli(episode: Path, rollout: Path, out: Path) -> Path:
         last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [f"exit status {done.returncode}"]
         raise RuntimeError(f"`lingbot-isaac compare` failed: {last[0]}")
     return Path(reports[0])
+
+
+class _Previews:
+    """The chunks of one generation as files the window can show: `chunk_NNN.mp4` and, when
+    imageio-ffmpeg is installed, `chunk_NNN.png` (the chunk's last frame; omni.ui.Image shows
+    PNG files, not videos). A new generation starts with an empty folder."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.frames = 0
+        self._fresh = False
+
+    def add(self, chunk: Any) -> ChunkPreview:
+        from contracts import atomic
+
+        self.frames += chunk.frames  # counted even if its preview cannot be written
+        if not self._fresh:  # the first chunk of this run: drop an earlier run's previews
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._fresh = True
+        stem = f"chunk_{chunk.index:03d}"
+        video = atomic.write_bytes(self.folder / f"{stem}.mp4", chunk.video, durable=False)  # a preview
+        image = _last_frame_png(video, self.folder / f"{stem}.png")
+        return ChunkPreview(chunk.job, chunk.index, chunk.total, chunk.frames, self.frames, video, image)
+
+
+def _last_frame_png(video: Path, out: Path) -> Path | None:
+    """The video's last frame as a PNG at `out`; None where imageio-ffmpeg is not installed (it is
+    optional on the Isaac side) or the video cannot be read."""
+    try:
+        import imageio_ffmpeg
+    except ImportError:
+        return None
+    import collections
+
+    import numpy as np
+    from PIL import Image
+
+    from contracts import atomic
+
+    try:
+        reader = imageio_ffmpeg.read_frames(str(video))
+        width, height = next(reader)["size"]
+        last = collections.deque(reader, maxlen=1)  # reads to the end (ffmpeg exits), keeps one
+    except (OSError, RuntimeError, StopIteration):
+        return None
+    if not last:
+        return None
+    pixels = np.frombuffer(last[0], np.uint8).reshape(height, width, 3)
+    with atomic.atomic_path(out, durable=False) as tmp:
+        Image.fromarray(pixels).save(tmp, format="PNG")
+    return out
+
+
+def model_choices() -> list[tuple[str, str | None]]:
+    """The Settings panel's model list as (label, value): the server's own choice (None: nothing
+    sent), then every model `contracts` knows (one home: `contracts.engine_options.MODELS`)."""
+    from contracts.engine_options import MODELS
+
+    return [(SERVER_MODEL_LABEL, None), *((name, name) for name in MODELS)]
+
+
+SERVER_MODEL_LABEL = "server's choice"
+
+
+def _server_model(health: dict[str, Any], asked: str | None) -> str:
+    """'tiny, model fast' for the status line, from the server's health answer."""
+    model = health.get("model") if isinstance(health.get("model"), dict) else {}
+    name = model.get("model") or "the server"
+    return f"{name}, model {asked}" if asked else f"{name}, the server's model"
 
 
 def _describe(event) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import omni.ui as ui
 
 from lingbot_isaac import kit_adapter
-from lingbot_isaac.session import Session, safe_name
+from lingbot_isaac.session import ChunkPreview, Session, model_choices, safe_name
 
 TITLE = "LingBot World"
 
@@ -22,6 +22,12 @@ class LingBotWindow:
         self._cameras: list[str] = []
         self._last_serial = -1
         self._opened: Path | None = None
+        # Fast jobs: the session hands each finished chunk over on its worker thread; the window
+        # keeps the newest and draws it on the UI thread (update), never from that thread.
+        self._chunk: ChunkPreview | None = None
+        self._shown_chunk: ChunkPreview | None = None
+        session.on_chunk = self._keep_chunk
+        self._models = model_choices()  # (label, value): the server's choice, then contracts' models
         settings = session.settings
         self.camera = ui.SimpleStringModel("")
         self.prompt = ui.SimpleStringModel("")
@@ -35,7 +41,8 @@ class LingBotWindow:
         self.first_frame = ui.SimpleStringModel(str(settings.first_frame or ""))
         self.photo_intrinsics = ui.SimpleStringModel(settings.photo_intrinsics or "")
         self.progress = ui.SimpleFloatModel(0.0)
-        self.window = ui.Window(TITLE, width=460, height=520, visible=False)
+        self.model_index = next((i for i, (_, value) in enumerate(self._models) if value == settings.model), 0)
+        self.window = ui.Window(TITLE, width=460, height=720, visible=False)
         self._build()
 
     # -- layout -------------------------------------------------------------------------------
@@ -55,7 +62,10 @@ class LingBotWindow:
             with ui.HStack(height=22):
                 ui.Label("Frames (4n+1)", width=100)
                 ui.IntField(self.frames, width=80)
-                ui.Spacer()
+                ui.Spacer(width=20)
+                ui.Label("Model", width=50)  # base | fast per job; the server's choice sends nothing
+                self.model_combo = ui.ComboBox(self.model_index, *(label for label, _ in self._models))
+                self.model_combo.model.add_item_changed_fn(lambda model, _item: self._pick_model(model))
             with ui.HStack(height=22):
                 ui.Label("First frame photo", width=100)  # optional: the real camera at the start pose
                 ui.StringField(self.first_frame)
@@ -69,6 +79,9 @@ class LingBotWindow:
                 ui.Button("Cancel", width=60, clicked_fn=self.session.cancel)
             self.status_label = ui.Label("", word_wrap=True, height=36)
             ui.ProgressBar(self.progress, height=16)
+            # Fast jobs: the newest finished chunk (its last frame) while the next is made
+            self.chunk_label = ui.Label("", height=18)
+            self.chunk_image = ui.Image(height=0, fill_policy=ui.FillPolicy.PRESERVE_ASPECT_FIT)
             with ui.HStack(height=22):
                 ui.Label("Result", width=60)
                 self.result_label = ui.Label("", word_wrap=True)
@@ -116,6 +129,13 @@ class LingBotWindow:
         if 0 <= index < len(self._cameras):
             self.camera.set_value(self._cameras[index])
 
+    def _pick_model(self, model) -> None:
+        self.model_index = model.get_item_value_model().as_int
+
+    def _keep_chunk(self, preview: ChunkPreview) -> None:
+        """The session's on_chunk (its worker thread): keep it; update() draws it."""
+        self._chunk = preview
+
     def _use_selection(self) -> None:
         selected = kit_adapter.selected_prim_paths()
         if selected:
@@ -129,6 +149,7 @@ class LingBotWindow:
         settings.sample_on = "physics" if self.physics.as_bool else "render"
         settings.keep_sim_frames = self.keep_frames.as_bool
         settings.frame_num = self.frames.as_int or None
+        settings.model = self._models[self.model_index][1] if 0 <= self.model_index < len(self._models) else None
         photo = self.first_frame.as_string.strip()
         settings.first_frame = Path(photo).expanduser() if photo else None
         settings.photo_intrinsics = self.photo_intrinsics.as_string.strip() or None
@@ -143,6 +164,8 @@ class LingBotWindow:
 
     def generate(self) -> None:
         self._apply_settings()
+        self._chunk = None  # the previews of an earlier job go
+        self._show_chunk(None)
         self._guard(self.session.generate)
 
     # set by the extension: the Kit glue (subscriptions, capture) lives there
@@ -166,6 +189,9 @@ class LingBotWindow:
 
     def update(self) -> None:
         """Called every app update: redraw the status when it changed; open results once."""
+        chunk = self._chunk
+        if chunk is not self._shown_chunk:
+            self._show_chunk(chunk)
         status = self.session.status()
         if status.serial == self._last_serial:
             return
@@ -178,5 +204,15 @@ class LingBotWindow:
             self._opened = status.result
             self._open_result()
 
+    def _show_chunk(self, chunk: ChunkPreview | None) -> None:
+        self._shown_chunk = chunk
+        self.chunk_label.text = f"{chunk.label} ({chunk.video.name})" if chunk else ""
+        if chunk is not None and chunk.image is not None:
+            self.chunk_image.source_url = str(chunk.image)  # a new file per chunk: never a cached one
+            self.chunk_image.height = ui.Pixel(180)
+        else:
+            self.chunk_image.height = ui.Pixel(0)
+
     def destroy(self) -> None:
+        self.session.on_chunk = None
         self.window.destroy()

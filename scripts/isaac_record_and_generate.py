@@ -21,6 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from contracts.engine_options import MODELS  # noqa: E402
+from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH  # noqa: E402
 from lingbot_isaac import kit_adapter  # noqa: E402  (no omni import at module level)
 
 
@@ -31,13 +33,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt", required=True, help="what the scene is and how the camera moves")
     parser.add_argument("--out", type=Path, required=True, help="episode folder to write")
     parser.add_argument("--seconds", type=float, default=5.0, help="sim time to record")
-    parser.add_argument("--width", type=int, default=832)
-    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--width", type=int, default=MODEL_WIDTH, help="render width in pixels")
+    parser.add_argument("--height", type=int, default=MODEL_HEIGHT, help="render height in pixels")
     parser.add_argument("--keep-frames", action="store_true", help="also keep every frame (for comparison)")
     parser.add_argument("--warmup-updates", type=int, default=30, help="app updates before recording starts")
     parser.add_argument("--server", default="tcp://127.0.0.1:5570")
     parser.add_argument("--preset", help="send all settings of this [preset] of config/generation.toml")
     parser.add_argument("--frame-num", type=int)
+    parser.add_argument(
+        "--model",
+        choices=MODELS,
+        help="per job: base = the two experts with guidance; fast = LingBot-World-Fast (chunk by chunk) "
+        "(default: the server's preset)",
+    )
     parser.add_argument(
         "--first-frame",
         type=Path,
@@ -133,6 +141,7 @@ def generate(episode: Path, args: argparse.Namespace) -> int:
             size=None,
             shift=None,
             guide_scale=None,
+            model=args.model,
         )
     )
     meta = read_episode(episode).meta

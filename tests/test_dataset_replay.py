@@ -200,9 +200,43 @@ def test_forty_demo_dataset_interrupted_resumed_and_reported(tmp_path):
             assert row["translation_error_deg"] == rollout["first_to_k"]["translation_error_deg"]["median"]
             assert row["estimation_failures"] == rollout["first_to_k"]["failed"] + rollout["consecutive"]["failed"]
             assert row["psnr_db"] == report["image_metrics"]["summary"]["psnr_db"]["mean"]
+            assert row["ssim"] == report["image_metrics"]["summary"]["ssim"]["mean"]
+            assert isinstance(row["psnr_db"], float) and isinstance(row["ssim"], float)  # the demos' frames
         assert (tmp_path / "report" / "dataset.html").is_file()
     finally:
         pool.close()
+    print(f"dataset written by {writer}")
+
+
+def test_demo_camera_frames_give_the_dataset_report_psnr_and_ssim(tmp_path):
+    """An Isaac Lab dataset's image term is each episode's sim video: the dataset report has PSNR and
+    SSIM for every demo, equal to the demo's own report."""
+    writer = write_lab_dataset(tmp_path / "lab.hdf5", demos=3)
+    pool = ServerPool(tmp_path / "servers")
+    try:
+        server = pool.start(worker=TINY)
+        out, report_dir = tmp_path / "out", tmp_path / "report"
+        done = subprocess.run(
+            [sys.executable, "-m", "lingbot_cli", *replay_args(tmp_path / "lab.hdf5", out, server.endpoint, *SMALL,
+                                                               "--report", str(report_dir), "--no-progress")],
+            cwd=REPO, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    finally:
+        pool.close()
+    for i in range(3):  # one sim frame per pose (0.77 s at 16 fps)
+        folder = out / f"lab-demo_{i}"
+        assert len(list((folder / "frames").glob("*.jpg"))) == len(np.load(folder / "poses.npy")) == 13
+    dataset = json.loads((report_dir / "dataset.json").read_text())
+    assert dataset["totals"]["compared"] == 3
+    for row in dataset["episodes"]:
+        report = json.loads((report_dir / row["report_json"]).read_text())
+        image = report["image_metrics"]["summary"]
+        assert isinstance(row["psnr_db"], float) and isinstance(row["ssim"], float), row
+        assert row["psnr_db"] == image["psnr_db"]["mean"] and row["ssim"] == image["ssim"]["mean"]
+        assert report["compared_frames"] == 5  # the rollout's 5 frames against the first 5 sim frames
+    psnr = dataset["totals"]["across_episodes"]["psnr_db"]
+    assert psnr["mean"] == pytest.approx(np.mean([r["psnr_db"] for r in dataset["episodes"]]))
     print(f"dataset written by {writer}")
 
 

@@ -20,7 +20,6 @@ functions of `worldgen.fused`: the code below on the CPU, one fused kernel each 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +30,7 @@ from torch import nn
 
 from worldgen import fused
 from worldgen.attention import attention
+from worldgen.config_json import read_config
 from worldgen.errors import CheckpointError
 from worldgen.fp8 import QuantizedRows, fp8_linear, quantize_input, wants_fp8
 
@@ -66,20 +66,11 @@ class DiTConfig:
 
     @classmethod
     def from_json(cls, path: Path) -> DiTConfig:
-        try:
-            raw = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{path}: cannot read the DiT config ({exc}); re-download config.json") from None
-        fields = {f.name for f in dataclasses.fields(cls)}
-        optional = {"window_size", "qk_norm", "cross_attn_norm", "eps", "model_type", "local_attn_size", "sink_size"}
-        missing = sorted(fields - set(raw) - optional)
-        if missing:
-            raise CheckpointError(f"{path}: DiT config lacks {missing}; is this a LingBot-World expert folder?")
-        kwargs = {k: v for k, v in raw.items() if k in fields}
-        for key in ("patch_size", "window_size"):
-            if key in kwargs:
-                kwargs[key] = tuple(kwargs[key])
-        config = cls(**kwargs)
+        # the reference's WanModel keeps patch_size, cross_attn_norm, qk_norm, text_dim and window_size
+        # out of config.json (diffusers' ignore_for_config) and always builds them from its defaults,
+        # which are ours; the Fast DiT's local_attn_size / sink_size do not exist in base configs
+        optional = {"patch_size", "text_dim", "window_size", "qk_norm", "cross_attn_norm", "eps", "model_type"}
+        config = read_config(cls, path, "DiT", optional | {"local_attn_size", "sink_size"})
         if config.model_type != "i2v" or config.in_dim != 36:
             raise CheckpointError(
                 f"{path}: expected an i2v model with in_dim 36, got {config.model_type} / {config.in_dim}"
@@ -95,7 +86,7 @@ class Linear(nn.Linear):
     `compute = "fp8"` (set by `WanCameraDiT.set_compute`) runs large bf16 calls as an FP8 GEMM.
     """
 
-    compute = "bf16"
+    compute = "exact"
 
     def forward(self, x: torch.Tensor | QuantizedRows, dtype: torch.dtype | None = None) -> torch.Tensor:
         dtype = dtype or self.weight.dtype
@@ -318,9 +309,11 @@ class WanCameraDiT(nn.Module):
                 module.attention_backend = backend
 
     def set_compute(self, compute: str) -> None:
-        """'bf16' (exact: the reference's numerics) or 'fp8' (large Linears as FP8 GEMMs; see worldgen.fp8)."""
-        from worldgen.fp8 import COMPUTES
+        """'exact' (the reference's numerics; 'bf16' is its old name) or 'fp8' (large Linears as FP8
+        GEMMs; see worldgen.fp8)."""
+        from contracts.engine_options import COMPUTES, canonical_compute
 
+        compute = canonical_compute(compute)
         if compute not in COMPUTES:
             raise ValueError(f"compute must be one of {COMPUTES}, got {compute!r}")
         for module in self.modules():

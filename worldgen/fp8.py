@@ -44,16 +44,16 @@ def unsupported_reason(device: torch.device | str) -> str | None:
     if device.type != "cuda":
         return (
             f"--compute fp8 needs an NVIDIA GPU with FP8 tensor cores (Ada RTX 40xx / L40, Hopper H100); "
-            f"this job runs on {device.type}: use --compute bf16"
+            f"this job runs on {device.type}: use --compute exact"
         )
     if not hasattr(torch, "_scaled_mm"):
-        return f"--compute fp8: this PyTorch ({torch.__version__}) has no torch._scaled_mm; use --compute bf16"
+        return f"--compute fp8: this PyTorch ({torch.__version__}) has no torch._scaled_mm; use --compute exact"
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < (8, 9):
         name = torch.cuda.get_device_name(device)
         return (
             f"--compute fp8: {name} (compute capability {major}.{minor}) has no FP8 tensor cores; they start "
-            f"with Ada (8.9). On Ampere use --compute bf16; the only lower-precision option there is INT8 "
+            f"with Ada (8.9). On Ampere use --compute exact; the only lower-precision option there is INT8 "
             f"attention (--attention sage, approximate)"
         )
     return None
@@ -155,7 +155,7 @@ class QuantizedRows:
 def quantize_input(x: torch.Tensor, linear: torch.nn.Module) -> torch.Tensor | QuantizedRows:
     """x quantized once when `linear` (and the Linears sharing x) would take the FP8 path, else x."""
     dtype = getattr(linear, "compute_dtype", None) or linear.weight.dtype
-    if not wants_fp8(x, getattr(linear, "compute", "bf16"), dtype):
+    if not wants_fp8(x, getattr(linear, "compute", "exact"), dtype):
         return x
     data, scale = quantize_rows(x.reshape(-1, x.shape[-1]))
     return QuantizedRows(data, scale, tuple(x.shape[:-1]))

@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from contracts.engine_options import COMPUTE_CHOICES
 from contracts.episode import EpisodeError
 from contracts.provenance import sidecar_path, write_record
 from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
@@ -94,10 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     run.add_argument(
         "--compute",
-        choices=("bf16", "fp8"),
-        default="bf16",
-        help="how the DiT's matmuls run. bf16 (default): exact, the reference's numerics (NF4 weights are "
-        "dequantized to bf16). fp8: approximate, each large Linear as an FP8 GEMM (per-token and per-channel "
+        choices=COMPUTE_CHOICES,
+        default="exact",
+        help="how the DiT's matmuls run. exact (default; bf16 is its old name): the reference's numerics in "
+        "--dtype (NF4 weights are dequantized to it). fp8: approximate, each large Linear as an FP8 GEMM (per-token and per-channel "
         "scales; weights stay NF4 in memory): 0.84x the exact forward's time on an H100 (2.80 s vs "
         "3.34 s), output ~5%% different per forward (docs/benchmarks.md); needs FP8 tensor cores (RTX 40xx, L40, H100), refused elsewhere",
     )
@@ -230,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         text_encoder_on_cpu=args.t5_on_cpu,
         attention=args.attention,
         model=settings.model,
-        compute=getattr(args, "compute", None) or "bf16",
+        compute=getattr(args, "compute", None),
         devices=devices,
     )
     load_s = time.perf_counter() - started

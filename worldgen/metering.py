@@ -1,7 +1,9 @@
 """What a run cost: this process's peak RSS (Linux /proc) and the GPU's peak VRAM, phase by phase.
 
 `PhaseMeter` measures; it decides nothing (the plan is `worldgen.memory`, the loading and freeing
-`worldgen.residency`). Printed at the end of every run and recorded by the benchmarks.
+`worldgen.residency`). Printed at the end of every run and recorded by the benchmarks. The one
+reader of this process's /proc figures (the worker's health answers use `rss_gib`/`peak_rss_gib`);
+torch is imported only where a GPU is measured, so the worker's protocol side stays light.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 GiB = 2**30
 
@@ -25,6 +29,12 @@ def _proc_status_kib(field: str) -> int | None:
         return None
     match = re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE)
     return int(match.group(1)) if match else None
+
+
+def rss_gib() -> float | None:
+    """This process's resident set (VmRSS) now, or None off Linux."""
+    kib = _proc_status_kib("VmRSS")
+    return None if kib is None else kib / 2**20
 
 
 def peak_rss_gib() -> float | None:
@@ -53,12 +63,16 @@ class PhaseMeter:
     """Peak RSS and VRAM per phase (`with meter.phase("denoise"): ...`)."""
 
     def __init__(self, device: torch.device):
+        import torch
+
         self.device = torch.device(device)
         self.records: list[PhaseRecord] = []
         self.rss_split: dict[str, tuple[float, float]] = {}  # phase -> (anonymous, file-backed) GiB at its end
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        import torch
+
         can_reset = _reset_peak_rss()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -40,7 +40,7 @@ class NF4Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.compute_dtype = compute_dtype
-        self.compute = "bf16"  # or "fp8": see worldgen.fp8
+        self.compute = "exact"  # or "fp8": see worldgen.fp8
         self.quant_type = "nf4"
         self.blocksize = 64
         self.weight_dtype = torch.bfloat16

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from contracts.engine_options import MODELS, TORCH_DTYPE_NAMES, EngineOptions
+from contracts.engine_options import MODELS, TORCH_DTYPE_NAMES, EngineOptions, canonical_compute
 from contracts.settings import GenerationSettings
 from worldgen.camera import camera_conditioning, frames_for_poses, validate_action
 from worldgen.dit import DiTConfig
@@ -91,7 +91,7 @@ class Pipeline:
         is_random_weights: bool = False,
         text_dtype: torch.dtype | None = None,
         residency: ResidencyPolicy | None = None,
-        compute: str = "bf16",
+        compute: str = "exact",
         second_device: SecondDevice | None = None,
     ):
         self.tokenizer = tokenizer
@@ -233,10 +233,10 @@ class Pipeline:
         return latent
 
     def job_compute(self, settings: GenerationSettings) -> str:
-        """The experts' compute for this job ('bf16' exact, 'fp8' approximate), refused where unsupported."""
+        """The experts' compute for this job ('exact' or 'fp8', approximate), refused where unsupported."""
         from worldgen.fp8 import COMPUTES, check_supported
 
-        compute = getattr(settings, "compute", None) or self.compute
+        compute = canonical_compute(getattr(settings, "compute", None) or self.compute)
         if compute not in COMPUTES:
             raise InputError(f"compute {compute!r} is unknown: use one of {', '.join(COMPUTES)}")
         if compute == "fp8":
@@ -387,7 +387,7 @@ def load_pipeline(
     text_encoder_on_cpu: bool = False,
     attention: str = "auto",
     model: str = "base",
-    compute: str | None = "bf16",
+    compute: str | None = "exact",
     devices: list[str] | tuple[str, ...] | None = None,
 ) -> Pipeline:
     """Recognise the checkpoint, make the memory plan and return a pipeline whose models load lazily.
@@ -395,7 +395,7 @@ def load_pipeline(
     `dtype` is the DiT/T5 compute dtype: bfloat16 on CUDA, float32 on the CPU by default. The VAE
     runs in float32 as in the reference. `attention` picks the DiT's attention kernel
     (`worldgen.attention`: auto, sdpa, flash, sage). `model`: "base" (the two experts) or "fast"
-    (LingBot-World-Fast, a `worldgen.fast.FastPipeline`). `compute`: "bf16" (exact) or "fp8"
+    (LingBot-World-Fast, a `worldgen.fast.FastPipeline`). `compute`: "exact" ("bf16", its old name) or "fp8"
     (approximate, Ada/Hopper only: `worldgen.fp8`), a job's settings may override it. `devices`:
     one device (as `device`) or two, the second running each step's unconditional pass
     (`worldgen.multi_gpu`; `devices_for_gpus` turns `--gpus 0,1` into them). What was applied is
@@ -419,7 +419,7 @@ def load_pipeline(
     device = torch.device(device) if device is not None else default_device()
     from worldgen.fp8 import COMPUTES, check_supported
 
-    compute = compute or "bf16"  # None: the engine's choice, the exact path
+    compute = canonical_compute(compute) or "exact"  # None: the engine's choice, the exact path
     if compute not in COMPUTES:
         raise InputError(f"compute {compute!r} is unknown: use one of {', '.join(COMPUTES)}")
     if compute == "fp8":
@@ -434,16 +434,22 @@ def load_pipeline(
 
         ensure_tiny_fast(root)
     layout = find_fast_checkpoint(root) if model == "fast" else find_checkpoint(root)
-    plan = plan_memory(
-        device,
-        vram_budget_gb,
-        ram_budget_gb,
-        expert_gib=layout.expert_gib,
-        checkpoint_kind=layout.kind,
-        gpu_total_gib=gpu_total_gib(device) if vram_budget_gb is not None else None,
-        text_encoder_on_cpu=text_encoder_on_cpu,
-    )
-    apply_memory_cap(plan)  # the one side effect of the budget: the CUDA allocator's cap
+
+    def planned(on: torch.device, t5_on_cpu: bool) -> MemoryPlan:
+        """The plan for one device, its CUDA cap applied (the one side effect of the budget)."""
+        plan = plan_memory(
+            on,
+            vram_budget_gb,
+            ram_budget_gb,
+            expert_gib=layout.expert_gib,
+            checkpoint_kind=layout.kind,
+            gpu_total_gib=gpu_total_gib(on) if vram_budget_gb is not None else None,
+            text_encoder_on_cpu=t5_on_cpu,
+        )
+        apply_memory_cap(plan)
+        return plan
+
+    plan = planned(device, text_encoder_on_cpu)
     backend = resolve_backend(attention)
     dit_config = DiTConfig.from_json(next(iter(layout.experts.values())) / "config.json")
     text_len = dit_config.text_len
@@ -465,16 +471,7 @@ def load_pipeline(
         from worldgen.multi_gpu import SecondDevice
 
         other = torch.device(devices[1])
-        plan2 = plan_memory(
-            other,
-            vram_budget_gb,
-            ram_budget_gb,
-            expert_gib=layout.expert_gib,
-            checkpoint_kind=layout.kind,
-            gpu_total_gib=gpu_total_gib(other) if vram_budget_gb is not None else None,
-            text_encoder_on_cpu=True,  # the second GPU holds experts only
-        )
-        apply_memory_cap(plan2)
+        plan2 = planned(other, t5_on_cpu=True)  # the second GPU holds experts only
         experts2 = {
             name: ModelSlot(
                 f"{name}-noise expert on {other}",
@@ -548,7 +545,7 @@ def load_pipeline_from_options(options: EngineOptions, **kwargs: Any) -> Pipelin
 
 
 def _prepared_expert(
-    model: torch.nn.Module, plan: MemoryPlan, attention_backend: str, compute: str = "bf16"
+    model: torch.nn.Module, plan: MemoryPlan, attention_backend: str, compute: str = "exact"
 ) -> torch.nn.Module:
     model.set_ffn_chunk_tokens(plan.ffn_chunk_tokens)
     model.set_attention_backend(attention_backend)

@@ -116,7 +116,9 @@ def rollout_record(
             "device": str(pipe.device),
             "device_name": _device_name(pipe),
             "dtype": identity.get("dtype"),
-            "compute": getattr(pipe, "compute", None),
+            # the path this job's matmuls took (exact | fp8) beside the dtype they ran in: a job's own
+            # compute overrides the engine's; the Fast DiT keeps the one it was loaded with
+            "compute": pipe.compute if identity.get("variant") == "fast" else pipe.job_compute(settings),
             "attention": identity.get("attention"),
             "text_encoder": identity.get("text_encoder"),
             "second_device": str(pipe.second_device.device) if getattr(pipe, "second_device", None) else None,

@@ -27,16 +27,15 @@ which is exactly what `UMT5Encoder.forward` does.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worldgen.errors import CheckpointError
+from worldgen.config_json import read_config
 
 RELATIVE_MAX_DISTANCE = 128
 
@@ -57,17 +56,7 @@ class T5Config:
 
     @classmethod
     def from_json(cls, path: str | Path) -> T5Config:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"cannot read T5 config {path}: {exc}") from exc
-        names = {f.name for f in fields(cls)}
-        required = {f.name for f in fields(cls) if f.name not in ("shared_pos", "dropout")}
-        missing = sorted(required - data.keys())
-        if missing:
-            raise CheckpointError(f"T5 config {path} lacks field(s) {missing}; expected {sorted(names)}")
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return read_config(cls, path, "umT5")
 
 
 UMT5_XXL = T5Config(vocab=256384, dim=4096, dim_attn=4096, dim_ffn=10240, num_heads=64, num_layers=24, num_buckets=32)

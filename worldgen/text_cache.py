@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from contracts import atomic
 
@@ -44,6 +44,6 @@ class TextCache:
 
     def put(self, prompt: str, text_len: int, context: torch.Tensor) -> None:
         path = self._path(prompt, text_len)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic.atomic_path(path, durable=False) as tmp:  # a cache: a lost entry is recomputed
-            save_file({"context": context.float().contiguous().cpu()}, str(tmp))
+        # bytes through the atomic writer, not save_file (which creates 0600 files whatever the umask);
+        # not durable: a cache entry lost in a crash is recomputed
+        atomic.write_bytes(path, save({"context": context.float().contiguous().cpu()}), durable=False)

@@ -8,15 +8,16 @@ atomically (a temporary folder renamed into place).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
-import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from contracts import atomic
 from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, INDEX_FILE, T5_FILE, VAE_FILE
@@ -53,20 +54,20 @@ def _random_state(module: torch.nn.Module, generator: torch.Generator) -> dict[s
 
 
 def _write_expert_bf16(folder: Path, state: dict[str, torch.Tensor], class_name: str = "WanModel") -> None:
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps({"_class_name": class_name, **dataclasses.asdict(DIT)}, indent=1))
     keys = sorted(state)
     halves = (keys[: len(keys) // 2], keys[len(keys) // 2 :])
     weight_map = {}
     for i, part in enumerate(halves, start=1):
         shard = f"diffusion_pytorch_model-{i:05d}-of-{len(halves):05d}.safetensors"
-        save_file({k: state[k].to(torch.bfloat16) for k in part}, folder / shard)
+        (folder / shard).write_bytes(save({k: state[k].to(torch.bfloat16) for k in part}))  # umask mode
         weight_map.update({k: shard for k in part})
     (folder / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
 
 
 def _write_expert_nf4(folder: Path, state: dict[str, torch.Tensor], model: WanCameraDiT) -> None:
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(dataclasses.asdict(DIT), indent=1))
     meta = {"quant": {"format": "bnb_nf4", "quant_type": "nf4", "double_quant": True,
                       "compute_dtype": "bfloat16", "blocksize": 64}}  # fmt: skip
@@ -79,7 +80,7 @@ def _write_expert_nf4(folder: Path, state: dict[str, torch.Tensor], model: WanCa
             out.update({f"{owner}.{k}": v for k, v in quantize_weight(value.to(torch.bfloat16)).items()})
         else:
             out[key] = value.to(torch.bfloat16)
-    save_file(out, folder / "model.safetensors")
+    (folder / "model.safetensors").write_bytes(save(out))  # not save_file: it makes 0600 files
 
 
 def _write_shared_parts(root: Path, generator: torch.Generator, tokenizer_dir: str) -> None:
@@ -98,6 +99,23 @@ def _write_shared_parts(root: Path, generator: torch.Generator, tokenizer_dir: s
     (root / "README.txt").write_text(f"lingbot-isaac built-in tiny model ({VERSION}): {NOISE_NOTE}.\n")
 
 
+@contextlib.contextmanager
+def _built_once(target: Path, marker: str) -> Iterator[Path]:
+    """A staging folder to build `target` in, renamed into place when the block ends. Several
+    processes may build it at once: the first rename wins and the others drop theirs (`marker`, a
+    file of the finished folder, tells that it was won, not lost)."""
+    staging = atomic.staging_dir(target)  # not mkdtemp: the folder keeps the umask's mode, not 0700
+    try:
+        yield staging
+        try:
+            atomic.replace_dir(staging, target)
+        except OSError:  # another process finished first (FileExistsError, or ENOTEMPTY in a race)
+            if not (target / marker).exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def ensure_tiny_checkpoint(kind: str = "bf16") -> Path:
     """Path of the tiny checkpoint in the `bf16` (original) or `nf4` (community) layout; made once."""
     if kind not in ("bf16", "nf4"):
@@ -105,9 +123,7 @@ def ensure_tiny_checkpoint(kind: str = "bf16") -> Path:
     target = cache_root() / VERSION / kind
     if (target / "README.txt").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{kind}-"))
-    try:
+    with _built_once(target, "README.txt") as tmp:
         generator = torch.Generator().manual_seed(SEED)
         model = WanCameraDiT(DIT)
         for expert in ("high", "low"):
@@ -117,13 +133,6 @@ def ensure_tiny_checkpoint(kind: str = "bf16") -> Path:
             else:
                 _write_expert_nf4(tmp / f"{expert}_noise_model_bnb_nf4", state, model)
         _write_shared_parts(tmp, generator, "google/umt5-xxl" if kind == "bf16" else "tokenizer")
-        try:
-            atomic.replace_dir(tmp, target)
-        except OSError:  # another process finished first (FileExistsError, or ENOTEMPTY in a race)
-            if not (target / "README.txt").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
@@ -134,19 +143,11 @@ def ensure_tiny_fast(root: Path) -> Path:
     target = root / (FAST_NF4_DIR if nf4 else FAST_DIR)
     if (target / "config.json").exists():
         return target
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".fast-"))
-    try:
+    with _built_once(target, "config.json") as tmp:
         model = WanCameraDiT(DIT)
         state = _random_state(model, torch.Generator().manual_seed(FAST_SEED))
         if nf4:
-            _write_expert_nf4(tmp / "dit", state, model)
+            _write_expert_nf4(tmp, state, model)
         else:
-            _write_expert_bf16(tmp / "dit", state, class_name="WanModelFast")
-        try:
-            atomic.replace_dir(tmp / "dit", target)
-        except OSError:  # another process finished first (FileExistsError, or ENOTEMPTY in a race)
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            _write_expert_bf16(tmp, state, class_name="WanModelFast")
     return target

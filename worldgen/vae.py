@@ -17,8 +17,7 @@ sums without reshaping the video into a batch of images.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worldgen.config_json import read_config
 from worldgen.errors import CheckpointError, InputError
 
 CACHE_FRAMES = 2
@@ -58,16 +58,7 @@ class VAEConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> VAEConfig:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"cannot read VAE config {path}: {exc}") from exc
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(data.keys() - known)
-        if unknown:
-            raise CheckpointError(f"VAE config {path} has unknown field(s) {unknown}; known: {sorted(known)}")
-        cfg = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        cfg = read_config(cls, path, "VAE")
         if len(cfg.mean) != cfg.z_dim or len(cfg.std) != cfg.z_dim:
             raise CheckpointError(f"VAE config {path}: mean and std need z_dim={cfg.z_dim} values each")
         return cfg

@@ -10,9 +10,10 @@ as observation terms with a common prefix (a group `obs/<cam>/...` or names `obs
       or <prefix>quat_w_opengl           USD camera axes (-Z forward, +Y up)
       or <prefix>quat_w_world            +X forward, +Z up
     <prefix>intrinsic_matrices   [N, 3, 3] (or [3, 3]) pinhole K in pixels of the image
-    <cam>  or <prefix>rgb        optional [N, H, W, 3|4] uint8 frames: the first frame and resolution
-                                 (`<cam>` is how Isaac Lab's own configs name an `mdp.image` /
-                                 `mdp.image_rgb` term, e.g. `wrist_cam`)
+    <cam>  or <prefix>rgb        optional [N, H, W, 3|4] uint8 frames: the first frame, the resolution
+                                 and the episode's sim frames (what `compare` measures PSNR/SSIM
+                                 against; `<cam>` is how Isaac Lab's own configs name an
+                                 `mdp.image` / `mdp.image_rgb` term, e.g. `wrist_cam`)
 
 Quaternion order: Isaac Lab 2.x stored (w, x, y, z); Isaac Lab 3.x stores (x, y, z, w). Isaac
 Lab 3.x's handler marks its files with the root attribute `format_version` (1 = xyzw; Isaac Lab
@@ -33,7 +34,7 @@ import numpy as np
 from scipy.spatial.transform import Rotation
 
 from contracts.episode import EpisodeError
-from lingbot_isaac.recording import CameraRecording
+from lingbot_isaac.recording import CameraRecording, FrameReader
 
 # Camera-axes -> OpenCV-axes change of basis for each Isaac Lab orientation convention.
 CONVENTIONS = {
@@ -114,34 +115,58 @@ def find_cameras(demo) -> dict[str, tuple[str, str]]:
     return cameras
 
 
-def _first_frame(demo, prefix: str, label: str, where: str) -> np.ndarray | None:
-    """The first RGB frame of the camera, from an image term recorded beside its poses.
+def _rgb_frames(images: np.ndarray, where: str) -> np.ndarray:
+    """Frames of an image term [n, H, W, C] (or [n, 1, H, W, C], or channel-first) -> uint8 RGB [n, H, W, 3].
+
+    Frame-stacked terms hold the frames oldest to newest along channels: the newest is the last
+    three channels.
+    """
+    if images.ndim == 5 and images.shape[1] == 1:  # [N, 1, H, W, C]: one sensor per env
+        images = images[:, 0]
+    if images.ndim != 4:
+        raise EpisodeError(f"{where}: expected image frames [N, H, W, C] (got {images.shape})")
+    if images.shape[-1] % 3 and images.shape[-1] != 4 and images.shape[1] in (3, 4, 6, 9, 12):
+        images = np.moveaxis(images, 1, -1)  # channel_first=True terms
+    channels = images.shape[-1]
+    if images.dtype != np.uint8 or not (channels == 4 or channels % 3 == 0):
+        raise EpisodeError(
+            f"{where}: {images.dtype} images with {channels} channels are not RGB frames; record the "
+            "camera term with normalize=False (uint8 RGB) or give the first frame with --image"
+        )
+    rgb = images[..., :3] if channels in (3, 4) else images[..., -3:]
+    return np.ascontiguousarray(rgb)
+
+
+class DemoFrames(FrameReader):
+    """The frames of one demo's image term, read from the file only when an episode is written
+    (a dataset of hundreds of demos is never held in memory)."""
+
+    def __init__(self, path: Path, name: str, count: int) -> None:
+        self.path, self.name, self.count = Path(path), name, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def read(self, indices) -> list[np.ndarray]:
+        import h5py
+
+        wanted = sorted({int(i) for i in indices})  # h5py reads increasing, distinct indices
+        with h5py.File(self.path, "r") as h5:
+            images = _rgb_frames(h5[self.name][wanted], f"{self.path}:{self.name}")
+        at = {index: frame for index, frame in zip(wanted, images, strict=True)}
+        return [at[int(i)] for i in indices]
+
+
+def _image_term(demo, prefix: str, label: str, where: str) -> str | None:
+    """The demo's image term of the camera (its dataset name in the demo), or None.
 
     Isaac Lab's configs name the term after the camera (`wrist_cam = ObsTerm(func=mdp.image_rgb,
-    ...)` in 3.x, `func=mdp.image` in 2.x); we also take `<prefix>rgb`. Frame-stacked terms hold
-    the frames oldest to newest along channels: the newest is the last three channels.
+    ...)` in 3.x, `func=mdp.image` in 2.x); we also take `<prefix>rgb` and `<prefix>image`.
     """
     group = prefix.rstrip("/_").rsplit("/", 1)[0] + "/" if "/" in prefix.rstrip("/_") else ""
     for name in (prefix + "rgb", group + label, prefix + "image"):
-        if name not in demo or not hasattr(demo[name], "shape"):
-            continue
-        images = demo[name]
-        if images.ndim == 5 and images.shape[1] == 1:  # [N, 1, H, W, C]: one sensor per env
-            frame = np.asarray(images[0, 0])
-        elif images.ndim == 4:
-            frame = np.asarray(images[0])
-        else:
-            raise EpisodeError(f"{where}/{name}: expected image frames [N, H, W, C] (got {images.shape})")
-        if frame.shape[-1] % 3 and frame.shape[-1] != 4 and frame.shape[0] in (3, 4, 6, 9, 12):
-            frame = np.moveaxis(frame, 0, -1)  # channel_first=True terms
-        channels = frame.shape[-1]
-        if frame.dtype != np.uint8 or not (channels == 4 or channels % 3 == 0):
-            raise EpisodeError(
-                f"{where}/{name}: {frame.dtype} images with {channels} channels are not RGB frames; record the "
-                "camera term with normalize=False (uint8 RGB) or give the first frame with --image"
-            )
-        rgb = frame[..., :3] if channels in (3, 4) else frame[..., -3:]
-        return np.ascontiguousarray(rgb)
+        if name in demo and hasattr(demo[name], "shape"):
+            return name
     return None
 
 
@@ -207,9 +232,14 @@ def read_isaaclab_dataset(
             if n < 2:
                 raise EpisodeError(f"{where}: only {n} camera sample(s)")
 
-            first_frame = _first_frame(demo, prefix, label, where)
-            if first_frame is not None:
+            # The camera's frames: the first frame, and (one per step) the episode's sim frames.
+            first_frame, frames = None, None
+            term = _image_term(demo, prefix, label, where)
+            if term is not None:
+                first_frame = _rgb_frames(demo[term][:1], f"{where}/{term}")[0]
                 resolution = first_frame.shape[:2]
+                if len(demo[term]) >= n:
+                    frames = DemoFrames(Path(path), f"{demo.name}/{term}", n)
             if resolution is None:
                 raise EpisodeError(
                     f"{where}: no image term ({label} or {prefix}rgb) to take the image size from; "
@@ -247,6 +277,7 @@ def read_isaaclab_dataset(
                         source=where,
                         scene_id=env_name,
                         first_frame=first_frame,
+                        frames=frames,
                         extra={
                             "orientation_convention": convention,
                             "dataset_prefix": prefix,

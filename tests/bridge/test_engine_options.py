@@ -24,12 +24,13 @@ def test_attention_t5_on_cpu_compute_and_budget_reach_the_pipeline(servers, epis
         health = wait_for(lambda: (h := client.health())["ok"] and h, 180, interval=0.5, what="the tiny worker")
         reported = health["worker"]["reported"]
         sent = reported["options"]
-        assert {k: sent[k] for k in engine_keys} == engine_keys
+        # compute "bf16" (the old name of the exact path, as an older server.toml says) arrives as "exact"
+        assert {k: sent[k] for k in engine_keys} == {**engine_keys, "compute": "exact"}
         assert sent["ckpt"] == "tiny" and sent["devices"] == ["cpu"]
         applied = reported["pipeline"]
         assert applied["attention"] == "sdpa"
         assert applied["text_encoder_device"] == "cpu" and applied["text_encoder_streamed"] is True
-        assert applied["compute"] == "bf16" and applied["vram_budget_gb"] == 12.5
+        assert applied["compute"] == "exact" and applied["vram_budget_gb"] == 12.5
         assert applied["dtype"] == "float32" and health["model"]["dtype"] == "float32"
         # and the pipeline so loaded generates
         assert client.submit(EpisodePayload.from_dir(episode), {"steps": 1, "size": "48*80", "frame_num": 5}).result(

@@ -120,7 +120,7 @@ def test_fp8_compute_per_job_is_refused_on_a_cpu_worker(client, tiny_episode):
     with pytest.raises(JobFailed) as info:
         job.result(timeout=60)
     assert info.value.code == "bad_input" and "FP8 tensor cores" in info.value.message
-    assert "--compute bf16" in info.value.message
+    assert "--compute exact" in info.value.message
     assert client.submit(EpisodePayload.from_dir(tiny_episode), {**SMALL, "compute": "bf16"}).result(timeout=60)
     assert client.health()["worker"]["restarts"] == 0
 

@@ -143,6 +143,25 @@ def test_image_term_named_after_the_camera_gives_the_first_frame(tmp_path, gener
     assert read_episode(out).image().shape == (H, W, 3)
 
 
+@pytest.mark.parametrize("generation", ["2", "3"])
+def test_demo_frames_become_the_episode_sim_frames(tmp_path, generation):
+    """The camera's recorded frames (30 Hz) become the episode's sim frames (16 fps): for each episode
+    time the recorded frame nearest to it, the frames compare measures PSNR/SSIM against."""
+    from comparison.episode_input import read_episode_input
+
+    write_dataset(tmp_path / "d.hdf5", generation, "quat_w_ros", image_term="wrist_cam")
+    order = {"2": "wxyz", "3": None}[generation]
+    [source] = open_source(tmp_path / "d.hdf5", SourceOptions(rate=RATE, quat_order=order))
+    out = write_recording_episode(source.recording, tmp_path / "ep", "A wrist camera sweeps.")
+    episode = read_episode_input(out)
+    recorded = frames().astype(np.float32)
+    assert episode.sim_source == "frames/" and episode.sim_frames.shape == (len(episode.poses), H, W, 3)
+    for k, frame in enumerate(episode.sim_frames):  # JPEG-coded noise: nearest to its own frame by far
+        errors = np.abs(recorded - frame.astype(np.float32)).mean(axis=(1, 2, 3))
+        assert errors.min() < 0.8 * np.median(errors), k
+        assert abs(int(errors.argmin()) / RATE - k / 16) <= 0.5 / RATE + 1e-9, k  # the nearest (a tie: either)
+
+
 def test_normalized_image_term_names_the_fix(tmp_path):
     write_dataset(tmp_path / "d.hdf5", "3", "quat_w_ros", image_term="")
     with h5py.File(tmp_path / "d.hdf5", "a") as h5:  # a normalize=True term: float images

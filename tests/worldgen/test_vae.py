@@ -106,6 +106,6 @@ def test_config_from_json_round_trip_and_errors(tmp_path, golden):
     assert cfg.mean == WAN21_VAE.mean and cfg.std == WAN21_VAE.std
     assert (cfg.dim, cfg.num_res_blocks, cfg.temperal_downsample) == (8, 1, (False, True, True))
     bad = tmp_path / "config.json"
-    bad.write_text(json.dumps({"dim": 8, "z_dimm": 16}))
-    with pytest.raises(CheckpointError, match="z_dimm"):
+    bad.write_text(json.dumps({"dim": 8, "z_dim": 4}))
+    with pytest.raises(CheckpointError, match="mean and std need z_dim=4"):
         VAEConfig.from_json(bad)

@@ -1,0 +1,29 @@
+"""`lingbot-isaac submit` writes the rollout and its record like any output: mode 0666 & ~umask
+(a group-shared folder with umask 002 gets group-writable files; umask 077 keeps them private)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from tests.bridge.conftest import REPO
+
+
+@pytest.mark.parametrize("umask", [0o002, 0o077])
+def test_submit_writes_the_mp4_and_record_with_the_umask(servers, episode, tmp_path, umask):
+    server = servers()  # the stand-in engine: a real server, a real mp4, in a second
+    out = tmp_path / "out" / "rollout.mp4"
+    out.parent.mkdir()
+    command = [sys.executable, "-m", "lingbot_cli", "submit", str(episode), "--server", server.endpoint,
+               "--out", str(out), "--steps", "1"]  # fmt: skip
+    done = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=120, preexec_fn=lambda: os.umask(umask)
+    )
+    assert done.returncode == 0, done.stderr
+    for path in (out, out.with_suffix(".json")):
+        assert path.is_file(), path
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, (path, oct(path.stat().st_mode))

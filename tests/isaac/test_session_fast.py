@@ -1,0 +1,148 @@
+"""The window's session with LingBot-World-Fast: the model choice per job, each finished chunk
+handed to the window (in order, before the result), a cancel between chunks, a bad model refused.
+
+A real server subprocess with its real worker (the built-in tiny model, model fast, CPU) over
+loopback ZeroMQ, as in tests/bridge/test_fast_streaming.py; the session follows its job with
+`bridge.client.submit_and_follow`, the loop `submit` and `replay` use."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import imageio_ffmpeg
+import numpy as np
+import pytest
+from PIL import Image
+
+from bridge.client import Client
+from contracts.engine_options import MODELS
+from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO, EpisodeMeta
+from contracts.settings import SettingsError
+from lingbot_isaac.session import PREVIEW_DIR, ChunkPreview, Session, SessionSettings, model_choices
+from tests.bridge.conftest import TINY, ServerPool, make_episode, wait_for
+
+# 33 poses and frames at 48x80: 9 latent frames = 3 chunks of 3 (9, 12 and 12 video frames)
+FAST_FRAMES, CHUNK_FRAMES = 33, [9, 12, 12]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    pool = ServerPool(tmp_path_factory.mktemp("fast-session"))
+    started = pool.start(worker=TINY)
+    with Client(started.endpoint, timeout=10) as client:
+        wait_for(lambda: client.health()["ok"], 120, interval=0.5, what="the tiny model to load")
+    yield started
+    pool.close()
+
+
+def fast_episode(folder: Path, size: str = "48*80") -> Path:
+    """An episode whose own settings (episode.json `generation`, as the recorder writes them) ask
+    for a small frame; the model is left to the session's setting."""
+    make_episode(folder, n=FAST_FRAMES)
+    meta = EpisodeMeta(source_resolution=(96, 160), generation={"size": size, "frame_num": FAST_FRAMES})
+    (folder / "episode.json").write_text(json.dumps(meta.to_json(FAST_FRAMES)))
+    return folder
+
+
+def count_frames(path: Path) -> int:
+    return imageio_ffmpeg.count_frames_and_secs(str(path))[0]
+
+
+def read_frames(path: Path) -> np.ndarray:
+    reader = imageio_ffmpeg.read_frames(str(path))
+    width, height = next(reader)["size"]
+    return np.stack([np.frombuffer(f, np.uint8).reshape(height, width, 3) for f in reader])
+
+
+def test_the_model_list_is_the_contracts_one_and_nothing_is_sent_by_default():
+    assert [value for _, value in model_choices()] == [None, *MODELS]  # the server's choice first
+    assert "model" not in SessionSettings().generation()  # default: the server's model
+    assert SessionSettings(model="fast").generation() == {"model": "fast"}
+
+
+def test_a_bad_model_is_refused_before_anything_is_sent(tmp_path):
+    episode = fast_episode(tmp_path / "ep")
+    # no server at all: a refusal that reached for the network would fail differently
+    session = Session(SessionSettings(server="tcp://127.0.0.1:9", model="turbo", compare=False))
+    before = session.status()
+    with pytest.raises(SettingsError, match=r"^model must be one of 'base', 'fast' \(got 'turbo'\)"):
+        session.generate(episode)
+    assert session.status() is before and not session.busy  # nothing started
+    assert not (episode / ROLLOUT_VIDEO).exists()
+
+
+@pytest.mark.slow
+def test_a_fast_job_hands_every_chunk_to_the_window_in_order_before_the_result(server, tmp_path):
+    episode = fast_episode(tmp_path / "ep")
+    seen: list[tuple[ChunkPreview, str, bool, int, int | None]] = []
+
+    def on_chunk(preview: ChunkPreview) -> None:  # what the window's thin callback gets
+        status = session.status()
+        frames = count_frames(preview.video)  # the file is there, whole, when the window is told
+        image = np.asarray(Image.open(preview.image)).shape if preview.image else None
+        seen.append((preview, status.state, status.result is None, frames, image))
+
+    session = Session(SessionSettings(server=server.endpoint, model="fast", timeout=10.0, compare=False), on_chunk=on_chunk)
+    session.generate(episode)
+    status = session.wait(timeout=240)
+    assert status.state == "done", status.error
+    previews = [s[0] for s in seen]
+    assert [(p.index, p.total) for p in previews] == [(0, 3), (1, 3), (2, 3)]
+    assert [p.frames for p in previews] == CHUNK_FRAMES
+    assert [p.frames_so_far for p in previews] == [9, 21, 33]
+    assert all(state == "generating" and no_result for _, state, no_result, _, _ in seen)  # before the result
+    assert [frames for *_, frames, _ in seen] == CHUNK_FRAMES
+    assert [p.video.parent for p in previews] == [episode / PREVIEW_DIR] * 3
+    assert len({p.job for p in previews}) == 1
+    # the still the window shows is the chunk's last frame, at the video's size
+    result = read_frames(status.result)
+    assert len(result) == FAST_FRAMES
+    assert [s[4] for s in seen] == [result.shape[1:]] * 3
+    for preview in previews:
+        still = np.asarray(Image.open(preview.image)).astype(float)
+        last = read_frames(preview.video)[-1].astype(float)
+        assert np.array_equal(still, last)
+    # the model choice reached the server: the worker ran Fast, and the record says so
+    record = json.loads((episode / ROLLOUT_INFO).read_text())
+    assert record["model"]["variant"] == "fast"
+    assert record["settings"]["model"] == "fast" and record["job"]["asked"]["model"] == "fast"
+    assert record["job"]["client"] == "extension"
+    with Client(server.endpoint, timeout=10) as client:
+        assert client.health()["model"]["engine"] == "fast"
+
+
+@pytest.mark.slow
+def test_a_cancel_between_chunks_stops_the_job_within_one_chunk(server, tmp_path):
+    # 96x160: chunks slow enough (4x the tokens) that a cancel lands between them
+    episode = fast_episode(tmp_path / "ep", size="96*160")
+    first = threading.Event()
+    calls: list[tuple[int, float, str]] = []
+
+    def on_chunk(preview: ChunkPreview) -> None:
+        calls.append((preview.index, time.monotonic(), preview.job))
+        first.set()
+
+    session = Session(SessionSettings(server=server.endpoint, model="fast", timeout=10.0, compare=False), on_chunk=on_chunk)
+    session.generate(episode)
+    assert first.wait(240), session.status()
+    job = calls[0][2]
+    session.cancel()  # what the Cancel button runs on Kit's UI thread
+    cancelled_at = time.monotonic()
+    assert session.status().state == "failed" and session.status().message == "Cancelled."
+    with Client(server.endpoint, timeout=10) as client:
+        state = wait_for(
+            lambda: (s := client.status(job))["state"] not in ("queued", "running") and s, 60, what="the job to end"
+        )
+    assert state["state"] == "cancelled", state
+    # the worker stopped at its next step: within the chunk after the first (5 steps a chunk here)
+    step, total = map(int, re.search(r"step (\d+)/(\d+)", state["error"]["message"]).groups())
+    per_chunk = total // 3
+    assert step <= 2 * per_chunk, state
+    session.wait(timeout=30)
+    assert all(at < cancelled_at for _, at, _ in calls) and calls[0][0] == 0  # nothing shown after the cancel
+    assert not (episode / ROLLOUT_VIDEO).exists()
+
