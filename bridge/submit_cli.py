@@ -14,6 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from bridge.client import (
     DEFAULT_ENDPOINT,
     Chunk,
@@ -29,7 +31,7 @@ from bridge.client import (
 )
 from bridge.reach import check_listening, explain_no_answer
 from bridge.security import SecurityError
-from contracts import atomic
+from contracts import atomic, video
 from contracts.episode import ROLLOUT_VIDEO
 from contracts.provenance import with_job, write_record
 from contracts.settings import SettingsError
@@ -108,28 +110,16 @@ class GrowingVideo:
     """`submit --follow`: after each chunk, `path` is rewritten (atomically) as one mp4 of every frame
     received so far, so a player can open it at any time; the final result replaces it."""
 
-    def __init__(self, path: Path, fps: int = 16) -> None:
-        self.path, self.fps = path, fps
-        self.chunks: list[bytes] = []  # each chunk's frames as raw RGB24
-        self.size: tuple[int, int] | None = None
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.chunks: list[np.ndarray] = []  # every frame received so far, uint8 [H, W, 3]
         self.frames = 0
 
     def add(self, chunk: Chunk) -> None:
-        import imageio_ffmpeg
-
         with tempfile.TemporaryDirectory() as tmp:
             source = Path(tmp) / "chunk.mp4"
             source.write_bytes(chunk.video)
-            reader = imageio_ffmpeg.read_frames(str(source))
-            meta = next(reader)
-            self.size, self.fps = meta["size"], round(meta.get("fps") or self.fps)
-            frames = list(reader)
+            frames, fps = video.read_mp4(source)
         self.chunks.extend(frames)
         self.frames = len(self.chunks)
-        with atomic.atomic_path(self.path, durable=False) as tmp:  # a preview: the result replaces it
-            writer = imageio_ffmpeg.write_frames(str(tmp), self.size, fps=self.fps, codec="libx264", quality=8,
-                                                 macro_block_size=1, ffmpeg_log_level="error")  # fmt: skip
-            writer.send(None)
-            for frame in self.chunks:
-                writer.send(frame)
-            writer.close()
+        video.write_mp4(self.path, self.chunks, fps=fps, durable=False)  # a preview: the result replaces it

@@ -106,7 +106,7 @@ def build(out: Path, sim_video: bool = True) -> Path:
         first = render_room(recording.poses[0], tuple(recording.intrinsics[0]), HEIGHT, WIDTH)
         write_recording_episode(recording, staging, PROMPT, image=first)
         if sim_video:
-            from lingbot_isaac.sim_video import write_mp4
+            from contracts.video import write_mp4
 
             # Render from the poses exactly as stored (float32), then write the episode again with them.
             episode = read_episode(staging)

@@ -434,16 +434,22 @@ def load_pipeline(
 
         ensure_tiny_fast(root)
     layout = find_fast_checkpoint(root) if model == "fast" else find_checkpoint(root)
-    plan = plan_memory(
-        device,
-        vram_budget_gb,
-        ram_budget_gb,
-        expert_gib=layout.expert_gib,
-        checkpoint_kind=layout.kind,
-        gpu_total_gib=gpu_total_gib(device) if vram_budget_gb is not None else None,
-        text_encoder_on_cpu=text_encoder_on_cpu,
-    )
-    apply_memory_cap(plan)  # the one side effect of the budget: the CUDA allocator's cap
+
+    def planned(on: torch.device, t5_on_cpu: bool) -> MemoryPlan:
+        """The plan for one device, its CUDA cap applied (the one side effect of the budget)."""
+        plan = plan_memory(
+            on,
+            vram_budget_gb,
+            ram_budget_gb,
+            expert_gib=layout.expert_gib,
+            checkpoint_kind=layout.kind,
+            gpu_total_gib=gpu_total_gib(on) if vram_budget_gb is not None else None,
+            text_encoder_on_cpu=t5_on_cpu,
+        )
+        apply_memory_cap(plan)
+        return plan
+
+    plan = planned(device, text_encoder_on_cpu)
     backend = resolve_backend(attention)
     dit_config = DiTConfig.from_json(next(iter(layout.experts.values())) / "config.json")
     text_len = dit_config.text_len
@@ -465,16 +471,7 @@ def load_pipeline(
         from worldgen.multi_gpu import SecondDevice
 
         other = torch.device(devices[1])
-        plan2 = plan_memory(
-            other,
-            vram_budget_gb,
-            ram_budget_gb,
-            expert_gib=layout.expert_gib,
-            checkpoint_kind=layout.kind,
-            gpu_total_gib=gpu_total_gib(other) if vram_budget_gb is not None else None,
-            text_encoder_on_cpu=True,  # the second GPU holds experts only
-        )
-        apply_memory_cap(plan2)
+        plan2 = planned(other, t5_on_cpu=True)  # the second GPU holds experts only
         experts2 = {
             name: ModelSlot(
                 f"{name}-noise expert on {other}",

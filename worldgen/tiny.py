@@ -8,10 +8,12 @@ atomically (a temporary folder renamed into place).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -52,7 +54,7 @@ def _random_state(module: torch.nn.Module, generator: torch.Generator) -> dict[s
 
 
 def _write_expert_bf16(folder: Path, state: dict[str, torch.Tensor], class_name: str = "WanModel") -> None:
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps({"_class_name": class_name, **dataclasses.asdict(DIT)}, indent=1))
     keys = sorted(state)
     halves = (keys[: len(keys) // 2], keys[len(keys) // 2 :])
@@ -65,7 +67,7 @@ def _write_expert_bf16(folder: Path, state: dict[str, torch.Tensor], class_name:
 
 
 def _write_expert_nf4(folder: Path, state: dict[str, torch.Tensor], model: WanCameraDiT) -> None:
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(dataclasses.asdict(DIT), indent=1))
     meta = {"quant": {"format": "bnb_nf4", "quant_type": "nf4", "double_quant": True,
                       "compute_dtype": "bfloat16", "blocksize": 64}}  # fmt: skip
@@ -97,6 +99,23 @@ def _write_shared_parts(root: Path, generator: torch.Generator, tokenizer_dir: s
     (root / "README.txt").write_text(f"lingbot-isaac built-in tiny model ({VERSION}): {NOISE_NOTE}.\n")
 
 
+@contextlib.contextmanager
+def _built_once(target: Path, marker: str) -> Iterator[Path]:
+    """A staging folder to build `target` in, renamed into place when the block ends. Several
+    processes may build it at once: the first rename wins and the others drop theirs (`marker`, a
+    file of the finished folder, tells that it was won, not lost)."""
+    staging = atomic.staging_dir(target)  # not mkdtemp: the folder keeps the umask's mode, not 0700
+    try:
+        yield staging
+        try:
+            atomic.replace_dir(staging, target)
+        except OSError:  # another process finished first (FileExistsError, or ENOTEMPTY in a race)
+            if not (target / marker).exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def ensure_tiny_checkpoint(kind: str = "bf16") -> Path:
     """Path of the tiny checkpoint in the `bf16` (original) or `nf4` (community) layout; made once."""
     if kind not in ("bf16", "nf4"):
@@ -104,9 +123,7 @@ def ensure_tiny_checkpoint(kind: str = "bf16") -> Path:
     target = cache_root() / VERSION / kind
     if (target / "README.txt").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = atomic.staging_dir(target)  # not mkdtemp: the folder keeps the umask's mode, not 0700
-    try:
+    with _built_once(target, "README.txt") as tmp:
         generator = torch.Generator().manual_seed(SEED)
         model = WanCameraDiT(DIT)
         for expert in ("high", "low"):
@@ -116,13 +133,6 @@ def ensure_tiny_checkpoint(kind: str = "bf16") -> Path:
             else:
                 _write_expert_nf4(tmp / f"{expert}_noise_model_bnb_nf4", state, model)
         _write_shared_parts(tmp, generator, "google/umt5-xxl" if kind == "bf16" else "tokenizer")
-        try:
-            atomic.replace_dir(tmp, target)
-        except OSError:  # another process finished first (FileExistsError, or ENOTEMPTY in a race)
-            if not (target / "README.txt").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
@@ -133,19 +143,11 @@ def ensure_tiny_fast(root: Path) -> Path:
     target = root / (FAST_NF4_DIR if nf4 else FAST_DIR)
     if (target / "config.json").exists():
         return target
-    tmp = atomic.staging_dir(target)
-    try:
+    with _built_once(target, "config.json") as tmp:
         model = WanCameraDiT(DIT)
         state = _random_state(model, torch.Generator().manual_seed(FAST_SEED))
         if nf4:
-            _write_expert_nf4(tmp / "dit", state, model)
+            _write_expert_nf4(tmp, state, model)
         else:
-            _write_expert_bf16(tmp / "dit", state, class_name="WanModelFast")
-        try:
-            atomic.replace_dir(tmp / "dit", target)
-        except OSError:  # another process finished first (FileExistsError, or ENOTEMPTY in a race)
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            _write_expert_bf16(tmp, state, class_name="WanModelFast")
     return target

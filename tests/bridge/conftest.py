@@ -215,6 +215,15 @@ def wait_for(predicate, timeout: float, interval: float = 0.05, what: str = "con
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def rss_mb(pid: int) -> float:
+    """Resident memory of another process (a server under test), in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -30,7 +30,7 @@ import zmq
 from bridge import protocol
 from bridge.client import Client, EpisodePayload, JobFailed, RequestFailed
 from bridge.spool import Spool
-from tests.bridge.conftest import make_episode, standin_command, wait_for
+from tests.bridge.conftest import make_episode, rss_mb, standin_command, wait_for
 from tests.bridge.test_server import RawDealer, record_of
 
 
@@ -59,14 +59,6 @@ def ask(endpoint: str, frames: list, timeout: float = 10.0) -> protocol.Message:
         return dealer.ask(frames, timeout)
     finally:
         dealer.close()
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def healthy(client: Client) -> dict:

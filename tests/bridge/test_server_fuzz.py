@@ -13,16 +13,8 @@ from hypothesis import HealthCheck, given, settings
 
 from bridge import protocol
 from bridge.client import Client
-from tests.bridge.conftest import TINY, wait_for
+from tests.bridge.conftest import TINY, rss_mb, wait_for
 from tests.bridge.strategies import server_frames
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 class Prober:

@@ -13,9 +13,10 @@ from comparison.episode_input import EpisodeError
 from comparison.report import SCHEMA, TINY_NOTE, compare_episode, write_summary
 from comparison.side_by_side import GAP, label_height
 from comparison.video_io import read_video, write_video
-from contracts.provenance import make_record, with_job, write_record
+from contracts.provenance import with_job, write_record
 from tests.comparison.conftest import FRAMES, HEIGHT, WIDTH
 from tests.comparison.scene import write_episode
+from tests.report_checks import tiny_record
 
 
 def strict_json(path):
@@ -168,35 +169,7 @@ def test_rollout_sidecar_and_episode_json_sim_frames(tmp_path, commanded_poses, 
     episode = write_episode(tmp_path / "ep", commanded_poses[:count], rendered[:count])
     rollout = write_video(episode / "rollout.mp4", rendered[:count])  # as `lingbot-isaac replay` leaves it
     record = with_job(
-        make_record(
-            producer="worker",
-            model={
-                "family": "lingbot-world",
-                "variant": "base",
-                "weights": "tiny",
-                "random_weights": True,
-                "name": "tiny (random weights), bf16 checkpoint layout",
-            },
-            checkpoint={
-                "path": "/cache/tiny-v1/bf16",
-                "layout": "bf16",
-                "fingerprint": "sha256:ab",
-                "files": 9,
-                "bytes": 1,
-            },
-            compute={"device": "cpu", "dtype": "float32"},
-            settings={
-                "size": "96*160",
-                "frame_num": 5,
-                "steps": 4,
-                "shift": 5.0,
-                "guide_scale": [5.0, 5.0],
-                "seed": 42,
-            },
-            output={"frames": 5, "height": 80, "width": 160, "fps": 16},
-            timings={"generate_s": 9.5},
-            adjustments=["81 frames asked, 5 poses: generating 5"],
-        ),
+        {**tiny_record(frame_num=5), "adjustments": ["81 frames asked, 5 poses: generating 5"]},
         {"client": "replay", "id": "j-1", "seconds": 12.5, "server_seconds": 11.0},
     )
     write_record(rollout, record)  # as `lingbot-isaac replay` leaves it

@@ -11,10 +11,10 @@ pytest.importorskip("pxr", reason="usd-core (pxr) is not installed")
 from pxr import Usd  # noqa: E402
 
 from contracts.episode import read_episode  # noqa: E402
+from contracts.video import have_codec  # noqa: E402
 from lingbot_isaac.camera import camera_intrinsics, camera_pose  # noqa: E402
 from lingbot_isaac.lens import CameraError  # noqa: E402
 from lingbot_isaac.recorder import Recorder, RecorderError  # noqa: E402
-from lingbot_isaac.sim_video import have_mp4_writer  # noqa: E402
 from tests.room_render import render_room  # noqa: E402
 
 STAGE = Path(__file__).resolve().parents[2] / "data" / "sample_room" / "room.usda"
@@ -49,7 +49,7 @@ def test_record_then_write_episode(tmp_path):
     stage = Usd.Stage.Open(str(STAGE))
     prim = stage.GetPrimAtPath("/World/Camera")
     product = FakeRenderProduct(prim)
-    recorder = Recorder(stage, "/World/Camera", (H, W), capture=product.read, keep_frames=have_mp4_writer())
+    recorder = Recorder(stage, "/World/Camera", (H, W), capture=product.read, keep_frames=have_codec())
     recorder.start()
     run_sim(recorder, product, steps=100, pause_at=50)
     assert recorder.sample_count == 98  # 2 warm-up steps dropped, the paused step skipped
@@ -70,7 +70,7 @@ def test_record_then_write_episode(tmp_path):
     same, later = np.abs(image - render_at(2.0)).mean(), np.abs(image - render_at(32.0)).mean()
     assert same < 5 and later > 3 * same  # JPEG noise vs. a different pose
     assert episode.meta.camera_prim == "/World/Camera" and episode.meta.meters_per_unit == 0.01
-    if have_mp4_writer():
+    if have_codec():
         assert episode.sim_frames_path is not None
 
 

@@ -162,7 +162,7 @@ def server(tmp_path):
 @needs_server
 @pytest.mark.slow
 def test_replay_sample_against_a_local_tiny_server(tmp_path, server):
-    from lingbot_isaac.sim_video import read_mp4
+    from contracts.video import read_mp4
 
     out = tmp_path / "results"
     result = subprocess.run(
@@ -191,7 +191,7 @@ def test_replay_sample_against_a_local_tiny_server(tmp_path, server):
     assert result.returncode == 0, result.stderr[-3000:]
     video = out / "sample_room" / "rollout.mp4"
     assert video.is_file() and str(video) in result.stdout
-    frames = read_mp4(video)
+    frames, _ = read_mp4(video)
     assert frames.shape[0] == 17 and frames.dtype == np.uint8  # the tiny preset's frame_num
     info = json.loads((out / "sample_room" / "rollout.json").read_text())
     assert info["job"]["id"] and info["job"]["client"] == "replay" and info["settings"]["size"] == "96*160"

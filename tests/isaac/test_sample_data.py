@@ -51,14 +51,14 @@ def test_sample_is_what_the_script_makes(regenerated):
 
 
 def test_sample_episode_is_valid_and_its_frames_follow_its_poses():
-    from lingbot_isaac.sim_video import read_mp4
+    from contracts.video import read_mp4
 
     episode = read_episode(SAMPLE)
     assert episode.frame_count == 33 and (episode.frame_count - 1) % 4 == 0
     assert episode.meta.source_resolution == (480, 832) and episode.meta.meters_per_unit == 0.01
     assert episode.sim_frames_path == SAMPLE / "sim.mp4"
     assert sum(p.stat().st_size for p in SAMPLE.iterdir()) < 3_000_000  # keep data/ small
-    frames = read_mp4(SAMPLE / "sim.mp4")
+    frames, _ = read_mp4(SAMPLE / "sim.mp4")
     assert frames.shape == (33, 480, 832, 3)
     k = tuple(from_model_intrinsics(episode.intrinsics[0], 480, 832))
     luma = np.array([0.299, 0.587, 0.114])  # yuv420p halves chroma, so compare brightness

@@ -1,0 +1,117 @@
+"""Video files: uint8 RGB frames [F, H, W, 3] <-> H.264 mp4, read and written in one place.
+
+Every video of the project is this format: rollouts (worldgen), sim videos (the Isaac side's
+recorder and the sample episode), comparison side-by-sides, `submit --follow`'s growing preview.
+H.264 in yuv420p (plays in every browser and player), `+faststart` (the index first: a browser
+starts playing before the whole file has arrived), one quality (`CRF`), written atomically
+(`contracts.atomic`: temp file beside it, rename; durable unless asked otherwise). yuv420p needs
+even sides: odd frames are padded by repeating their last row or column, never rescaled.
+
+imageio-ffmpeg (it bundles an ffmpeg binary) is imported only when a video is read or written: it
+is an optional dependency (the `gen` and `compare` extras); `have_codec()` says whether it is here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from contracts import atomic
+from contracts.settings import FIELD_BY_NAME
+
+DEFAULT_FPS = FIELD_BY_NAME["fps"].default  # a video without a rate of its own plays at LingBot's
+CRF = 18  # x264 constant rate factor: near-transparent at 480x832 (lower: larger files)
+
+
+class VideoError(ValueError):
+    """A video that cannot be read, or frames that cannot be written; the message names the file."""
+
+
+def have_codec() -> bool:
+    """Whether videos can be read and written here (imageio-ffmpeg installed)."""
+    try:
+        import imageio_ffmpeg  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def pad_to_even(frame: np.ndarray) -> np.ndarray:
+    """Repeat the last row/column where a side is odd (H.264 yuv420p needs even sizes)."""
+    height, width = frame.shape[:2]
+    if not (height % 2 or width % 2):
+        return frame
+    return np.pad(frame, ((0, height % 2), (0, width % 2), (0, 0)), mode="edge")
+
+
+def write_mp4(
+    path: str | os.PathLike, frames: Iterable[np.ndarray], fps: float = DEFAULT_FPS, durable: bool = True
+) -> Path:
+    """Encode uint8 RGB frames [H, W, 3] (any iterable: they are streamed to ffmpeg) to `path`,
+    atomically; returns the path. Refused (VideoError, nothing written): no frames, frames that are
+    not uint8 RGB, frames of different shapes."""
+    import imageio_ffmpeg
+
+    path = Path(path)
+    frames = iter(frames)
+    first = next(frames, None)
+    if first is None:
+        raise VideoError(f"{path}: no frames to write")
+    first = np.asarray(first)
+    if first.ndim != 3 or first.shape[2] != 3 or first.dtype != np.uint8:
+        raise VideoError(f"{path}: frames must be uint8 [H, W, 3] RGB, got {first.dtype} {first.shape}")
+    height, width = pad_to_even(first).shape[:2]
+    with atomic.atomic_path(path, durable) as tmp:
+        writer = imageio_ffmpeg.write_frames(
+            str(tmp),
+            (width, height),
+            fps=fps,
+            codec="libx264",
+            pix_fmt_out="yuv420p",
+            quality=None,  # the rate is CRF's
+            macro_block_size=1,  # keep the exact (even) size
+            output_params=["-crf", str(CRF), "-movflags", "+faststart"],
+            ffmpeg_log_level="error",
+        )
+        try:
+            writer.send(None)  # start ffmpeg
+            for index, frame in enumerate(_chain(first, frames)):
+                frame = np.asarray(frame)
+                if frame.shape != first.shape or frame.dtype != np.uint8:
+                    raise VideoError(
+                        f"{path}: frame {index} is {frame.dtype} {frame.shape}; every frame must be uint8 {first.shape}"
+                    )
+                writer.send(np.ascontiguousarray(pad_to_even(frame)))
+        finally:
+            writer.close()
+    return path
+
+
+def _chain(first: np.ndarray, rest: Iterable[np.ndarray]) -> Iterable[np.ndarray]:
+    yield first
+    yield from rest
+
+
+def read_mp4(path: str | os.PathLike) -> tuple[np.ndarray, float]:
+    """Decode every frame of `path`: (uint8 RGB frames [F, H, W, 3], frames per second)."""
+    import imageio_ffmpeg
+
+    path = Path(path)
+    if not path.is_file():
+        raise VideoError(f"{path}: no such video file")
+    try:
+        reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24")
+        meta = next(reader)
+        width, height = meta["size"]
+        frames = [np.frombuffer(buf, np.uint8).reshape(height, width, 3) for buf in reader]
+    except (RuntimeError, OSError, StopIteration) as exc:
+        # ffmpeg's message is its whole banner; its last line says what went wrong
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = lines[-1] if lines else type(exc).__name__
+        raise VideoError(f"{path}: cannot decode video ({reason}); expected an mp4 video file") from exc
+    if not frames:
+        raise VideoError(f"{path}: the video has no frames")
+    return np.stack(frames), float(meta.get("fps") or DEFAULT_FPS)
