@@ -52,5 +52,4 @@ def test_only_contracts_video_runs_the_codec():
         for path in (REPO / package).rglob("*.py")
         if codec.search(path.read_text())
     )
-    # lingbot_isaac/session.py (W's this session) reads a chunk's last frame itself: listed in tidy's report
-    assert [w for w in where if w != "lingbot_isaac/session.py"] == ["contracts/video.py"]
+    assert where == ["contracts/video.py"]
