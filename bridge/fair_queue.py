@@ -60,6 +60,10 @@ class FairQueue:
         del self._client_of[job_id]
         return job_id
 
+    def peek(self) -> str | None:
+        """The job `pop` would return, left in the queue."""
+        return self._jobs[self._turns[0]][0] if self._turns else None
+
     def remove(self, job_id: str) -> bool:
         client = self._client_of.pop(job_id, None)
         if client is None:

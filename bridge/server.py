@@ -453,6 +453,9 @@ class Server:
                 f"settings: size {settings.size} is above the server's cap of {limits.max_area} pixels",
                 "bad_settings",
             )
+        refusal = self.supervisor.refusal(settings.gpus)  # e.g. two GPUs from a one-device server
+        if refusal:
+            raise ProtocolError(f"settings: {refusal}", "bad_settings")
         return settings
 
     def _reply_accepted(self, peer: bytes, rid: str, job: Job) -> None:
@@ -592,15 +595,34 @@ class Server:
     # The worker
 
     def _dispatch(self) -> None:
-        """Hand queued jobs to an idle worker. A job moves to "running" only once its state is on
-        disk and the worker has its message; otherwise it is requeued or failed, never left."""
-        while self.supervisor.idle() and len(self.queue) and not self.storage_error:
-            job = self.jobs[self.queue.pop()]
+        """Hand queued jobs to idle workers, strictly in the queue's fair order: the job at the head
+        starts when the workers it needs are idle (two for a `gpus = 2` job: until then the jobs
+        behind it wait too, so it is never passed over; bridge/worker_pool.py). A job moves to
+        "running" only once its state is on disk and the worker has its message; otherwise it is
+        requeued or failed, never left."""
+        pool = self.supervisor
+        pool.hold(None)
+        while pool.idle() and len(self.queue) and not self.storage_error:
+            job = self.jobs[self.queue.peek()]
             try:
-                self._job_settings(job.settings)  # a job spooled by an older, laxer server
+                settings = self._job_settings(job.settings)  # a job spooled by an older, laxer server
             except ProtocolError as exc:
+                self.queue.pop()  # the head (peek): its client's turn ends
                 self._finish(job, "failed", {"code": "bad_settings", "message": f"not run: {exc}"})
                 continue
+            workers = pool.workers_for(settings.gpus)
+            if workers > pool.capacity():
+                self.queue.pop()  # the head (peek): its client's turn ends
+                reasons = self.unavailable or "; ".join(
+                    f"{w['name']}: {w['unavailable']}" for w in pool.status() if w["unavailable"]
+                )
+                self._finish(job, "failed", {"code": "unavailable", "message": f"gpus {settings.gpus} needs "
+                             f"{workers} workers and only {pool.capacity()} can serve ({reasons})"})  # fmt: skip
+                continue
+            if pool.idle_count() < workers:
+                pool.hold(job.id)  # the head waits for a second idle worker; nothing passes it
+                return
+            self.queue.pop()  # the head (peek): its client's turn ends
             job.move("running")
             if not self._save(job):
                 job.move("queued")
@@ -608,7 +630,7 @@ class Server:
                 self.queue.push(job.client, job.id, front=True)
                 return
             try:
-                worker = self.supervisor.run_job(
+                worker = pool.run_job(
                     job.id,
                     {
                         "episode_dir": str(job.episode_dir),
@@ -618,6 +640,7 @@ class Server:
                         "frames_output": str(job.frames_path) if job.want_frames else None,
                         "want_chunks": bool(job.chunk_peers),
                     },
+                    workers=workers,
                 )
             except wp.WorkerProtocolError as exc:
                 self._finish(job, "failed", {"code": "bad_settings", "message": str(exc)})

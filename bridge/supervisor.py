@@ -193,12 +193,13 @@ class Supervisor:
                 worker.wait(timeout=timeout)
         worker.close()
 
-    def run_job(self, job: str, message: dict[str, Any]) -> None:
+    def run_job(self, job: str, message: dict[str, Any], kind: str = "run") -> None:
         """Hand a job to the idle worker. The message is encoded first: if it cannot be (a value
-        msgpack cannot carry), wp.WorkerProtocolError is raised and the worker stays idle."""
+        msgpack cannot carry), wp.WorkerProtocolError is raised and the worker stays idle.
+        `kind` "guide": the worker serves another worker's two-GPU job (bridge/worker_pool.py)."""
         if self.state != "idle" or self.worker is None:
             raise RuntimeError(f"run_job while the worker is {self.state}")
-        run = {"type": "run", "job": job, **message}
+        run = {"type": kind, "job": job, **message}
         try:
             wp.encode(run)  # a value msgpack cannot carry fails here, before anything changes
         except (TypeError, ValueError, OverflowError) as exc:  # msgpack's own errors for such values

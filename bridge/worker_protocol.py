@@ -7,7 +7,12 @@ a "type" key; the worker reads them on stdin and writes them on stdout, and logs
 Supervisor -> worker
     load      {options}               first message: `contracts.engine_options.EngineOptions` as a
                                       dict; the worker loads its engine with them, then `ready`
-    run       {job, episode_dir, output, settings, want_frames, frames_output, want_chunks}
+    run       {job, episode_dir, output, settings, want_frames, frames_output, want_chunks, peer?}
+                                      peer {address, token, device, name}: a two-GPU job of a pool;
+                                      the job's unconditional passes run on that worker (`guide`)
+    guide     {job, address, token}   be the second worker of another worker's two-GPU job: listen
+                                      on `address` (a Unix socket), serve its unconditional passes
+                                      until it closes, then `result` {job, guidance_steps} or `error`
     cancel    {job}                   stop that job at the next progress call (denoising step)
     health    {id}                    answered by a `health` message with the same id
     shutdown  {}                      finish nothing, exit 0
@@ -36,7 +41,7 @@ import msgpack
 MAX_MESSAGE_BYTES = 1 << 20
 LENGTH = struct.Struct(">I")
 
-TO_WORKER = ("load", "run", "cancel", "health", "shutdown")
+TO_WORKER = ("load", "run", "guide", "cancel", "health", "shutdown")
 FROM_WORKER = ("ready", "fatal", "progress", "chunk", "result", "error", "health")
 
 # Error codes a worker reports for a job (the server passes them on to the client).
@@ -47,7 +52,7 @@ ERROR_CODES = (
     "storage",  # the job's files cannot be written (disk full, read-only): the server requeues it
     "worker_error",  # any other exception inside the job
 )
-PHASES = ("text", "encode", "denoise", "decode", "write")
+PHASES = ("text", "encode", "denoise", "decode", "write", "guidance")  # guidance: a `guide` job's passes
 
 
 class WorkerProtocolError(ValueError):

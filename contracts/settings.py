@@ -117,6 +117,17 @@ FIELDS: tuple[Field, ...] = (
         low=0,
         high=1024,
     ),
+    Field(
+        "gpus",
+        "int",
+        1,
+        "GPUs for this rollout: 1, or 2 = guidance's conditional and unconditional passes on two GPUs at once "
+        "(exact: the same output as one GPU; model base only). It costs two of the server's GPUs: it waits "
+        "until two of its pool's workers are idle (jobs queued behind it wait too) and holds both while it denoises; "
+        "it pays off when the pool has nothing else to run (target <= 0.55x the one-GPU time, docs/benchmarks.md)",
+        low=1,
+        high=2,
+    ),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 
@@ -193,10 +204,14 @@ class GenerationSettings:
     kv_cache: str = FIELD_BY_NAME["kv_cache"].default
     attention_frames: int = FIELD_BY_NAME["attention_frames"].default
     sink_frames: int = FIELD_BY_NAME["sink_frames"].default
+    gpus: int = FIELD_BY_NAME["gpus"].default
 
     def __post_init__(self) -> None:
         for spec in FIELDS:
             object.__setattr__(self, spec.name, _check(spec, getattr(self, spec.name)))
+        if self.gpus == 2 and self.model == "fast":
+            raise SettingsError("gpus 2 splits classifier-free guidance over two GPUs; model fast has no guidance "
+                                "passes to split: use gpus 1 (or model base)")  # fmt: skip
 
     @property
     def height_width(self) -> tuple[int, int]:

@@ -34,7 +34,14 @@ from PIL import Image
 
 from contracts import atomic
 from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO, EpisodeError, read_episode, write_rollout
-from contracts.settings import GenerationSettings, SettingsError, job_settings, load_settings, parse_guide_scale
+from contracts.settings import (
+    FIELD_BY_NAME,
+    GenerationSettings,
+    SettingsError,
+    job_settings,
+    load_settings,
+    parse_guide_scale,
+)
 from lingbot_isaac.first_frame import describe_first_frame, first_frame_record, fit_photo, parse_intrinsics, with_photo
 from lingbot_isaac.lens import CameraError
 from lingbot_isaac.recording import write_recording_episode
@@ -149,6 +156,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="per job: base = the two experts with guidance; fast = LingBot-World-Fast (chunk by chunk, 4 steps; "
         "progress shows each finished chunk) (default: the server's preset)",
     )
+    gen.add_argument("--gpus", type=int, choices=(1, 2), help="per job: " + FIELD_BY_NAME["gpus"].help)
     gen.add_argument("--frame-num", type=int, help="frames to generate (4n+1)")
     gen.add_argument("--steps", type=int, help="denoising steps")
     gen.add_argument("--seed", type=int, help="random seed of the initial noise")
@@ -224,6 +232,7 @@ def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "shift": args.shift,
         "compute": getattr(args, "compute", None),
         "model": getattr(args, "model", None),
+        "gpus": getattr(args, "gpus", None),
     }
     settings.update({k: v for k, v in flags.items() if v is not None})
     if args.guide_scale:

@@ -19,13 +19,26 @@ Each GPU holds its own copy of the experts under its own memory plan (a 24 GB ca
 experts resident, exactly as the one-GPU plan decides), so nothing is reloaded at the boundary.
 Both GPUs run the same kernels on the same inputs, so the output equals the one-GPU path's (on GPUs
 of one model, bit for bit; tests/worldgen/test_multi_gpu.py checks the logic on the CPU).
+
+A server's pool of one-GPU workers runs a job that asks for two GPUs (setting `gpus = 2`) without
+loading anything: the job's first worker runs it as above, but its "second device" is a
+`PeerDevice`, the unconditional passes sent to another worker of the pool (`serve_guidance`), whose
+own experts are already warm on its own GPU. The exchange is the same as between two threads (the
+latent in, the prediction out, per step; the job's fixed inputs once), over a Unix socket between
+the two processes (`bridge/worker_pool.py` pairs them and says why in its docstring).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import hmac
+import io
+import socket
+import struct
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import torch
 
@@ -113,19 +126,12 @@ class SecondDevice:
         """Start the unconditional prediction of this step; `.result()` is [16, F, H, W] on x's device."""
         return self._pool.submit(self._predict, which, list(upcoming), x, timestep, compute)
 
-    @torch.no_grad()
     def _predict(
         self, which: str, upcoming: list[str], x: torch.Tensor, timestep: torch.Tensor, compute: str
     ) -> torch.Tensor:
-        home = x.device
-        model = self.residency.use(which, upcoming=upcoming)
-        model.set_compute(compute)
-        inputs = self._inputs
-        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
-            out = model(x.to(self.device), timestep.to(self.device), [inputs["negative"]], inputs["y"], inputs["cam"])[
-                0
-            ]
-        return out.to(home)
+        return unconditional(self.residency, self.device, self._inputs, which, upcoming, x, timestep, compute).to(
+            x.device
+        )
 
     def end_job(self) -> None:
         self._inputs = {}
@@ -133,3 +139,212 @@ class SecondDevice:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+@torch.no_grad()
+def unconditional(
+    residency: ResidencyPolicy,
+    device: torch.device,
+    inputs: dict[str, torch.Tensor | None],
+    which: str,
+    upcoming: Sequence[str],
+    x: torch.Tensor,
+    timestep: torch.Tensor,
+    compute: str,
+) -> torch.Tensor:
+    """One step's unconditional prediction [16, F, H, W] on `device`, by its own copy of expert `which`
+    (the one body of both a second device in this process and a peer worker's)."""
+    model = residency.use(which, upcoming=list(upcoming))
+    model.set_compute(compute)
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        return model(x.to(device), timestep.to(device), [inputs["negative"]], inputs["y"], inputs["cam"])[0]
+
+
+# -- a second device in another worker process -------------------------------------------------------
+
+PEER_CONNECT_S = 60.0  # how long the job's worker tries to reach its peer (it may still be setting up)
+PEER_ACCEPT_S = 120.0  # how long the peer waits for the job's worker before giving the job up
+_LENGTH = struct.Struct(">Q")
+
+
+class PeerLost(RuntimeError):
+    """The other worker of a two-GPU job went away (died, or ended the job) mid-job."""
+
+
+def _send(conn: socket.socket, message: dict[str, Any]) -> None:
+    """One message: an 8-byte length, then `torch.save` of a dict of tensors, strings and numbers."""
+    buffer = io.BytesIO()
+    torch.save(message, buffer)
+    data = buffer.getbuffer()
+    conn.sendall(_LENGTH.pack(len(data)))
+    conn.sendall(data)
+
+
+def _receive(conn: socket.socket) -> dict[str, Any] | None:
+    """The next message, or None when the other side closed the connection between messages."""
+    head = _read_exactly(conn, _LENGTH.size)
+    if head is None:
+        return None
+    body = _read_exactly(conn, _LENGTH.unpack(head)[0])
+    if body is None:
+        raise PeerLost("the connection closed in the middle of a message")
+    # weights_only: tensors, strings, numbers and containers only (never arbitrary pickled objects)
+    return torch.load(io.BytesIO(body), weights_only=True)
+
+
+def _read_exactly(conn: socket.socket, count: int) -> bytearray | None:
+    data = bytearray(count)
+    view, have = memoryview(data), 0
+    while have < count:
+        got = conn.recv_into(view[have:])
+        if not got:
+            if have:
+                raise PeerLost("the connection closed in the middle of a message")
+            return None
+        have += got
+    return data
+
+
+def _cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.detach().to("cpu").contiguous()
+
+
+class PeerDevice:
+    """`SecondDevice`'s interface, served by another worker process (`serve_guidance`) over a Unix
+    socket: the two-GPU job of a pool of one-GPU workers. Every call waits for the peer's answer,
+    so a peer that died is known at once (PeerLost, naming it)."""
+
+    def __init__(self, address: str, token: str, device: str, name: str = "peer",
+                 connect_s: float = PEER_CONNECT_S) -> None:  # fmt: skip
+        self.device = torch.device(device)  # the peer's device (what `job_compute` checks for fp8)
+        self.name = name
+        deadline = time.monotonic() + connect_s
+        while True:  # the peer is told to listen at the same moment as we are told to connect
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                conn.connect(address)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                conn.close()
+                if time.monotonic() > deadline:
+                    raise PeerLost(f"the second worker of this two-GPU job ({name}) did not listen "
+                                   f"within {connect_s:g} s") from None  # fmt: skip
+                time.sleep(0.02)
+        self._conn = conn
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"peer-{name}")
+        self._call({"type": "hello", "token": token})
+
+    def _call(self, message: dict[str, Any]) -> dict[str, Any]:
+        try:
+            _send(self._conn, message)
+            reply = _receive(self._conn)
+        except OSError as exc:
+            raise PeerLost(f"the second worker of this two-GPU job ({self.name}) is gone: {exc}") from None
+        if reply is None:
+            raise PeerLost(f"the second worker of this two-GPU job ({self.name}) closed the connection")
+        if reply.get("error"):
+            raise PeerLost(f"the second worker of this two-GPU job ({self.name}) failed: {reply['error']}")
+        return reply
+
+    def fit(self, tokens: int, pixels: int) -> None:
+        self._call({"type": "fit", "tokens": int(tokens), "pixels": int(pixels)})
+
+    def start_job(self, negative_context: torch.Tensor, y: torch.Tensor, cam: torch.Tensor | None) -> None:
+        self._call({"type": "start", "negative": _cpu(negative_context), "y": _cpu(y), "cam": _cpu(cam)})
+
+    def submit(
+        self, which: str, upcoming: Sequence[str], x: torch.Tensor, timestep: torch.Tensor, compute: str
+    ) -> Future:
+        return self._pool.submit(self._predict, which, list(upcoming), x, timestep, compute)
+
+    def _predict(
+        self, which: str, upcoming: list[str], x: torch.Tensor, timestep: torch.Tensor, compute: str
+    ) -> torch.Tensor:
+        message = {"type": "step", "which": which, "upcoming": upcoming, "x": _cpu(x), "timestep": _cpu(timestep),
+                   "compute": compute}  # fmt: skip
+        return self._call(message)["out"].to(x.device)
+
+    def end_job(self) -> None:
+        """Denoising is over: the peer is released now (this worker decodes alone)."""
+        self._call({"type": "end"})
+        self.close()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        with contextlib.suppress(OSError):
+            self._conn.close()
+
+
+def serve_guidance(
+    load: Callable[[], tuple[ResidencyPolicy, torch.device | str]],
+    address: str,
+    token: str,
+    on_step: Callable[[int], None] | None = None,
+    stop: Callable[[], bool] | None = None,
+    accept_s: float = PEER_ACCEPT_S,
+) -> int:
+    """Serve a two-GPU job's unconditional passes with this worker's warm experts, for the one
+    connection that knows `token`, until it closes; returns the steps served.
+
+    Listens at once (the job's worker is connecting right now), then `load()` gives this worker's
+    (residency policy, device) (a worker holding the Fast model switches to the base one here).
+    `on_step(n)` after each pass: the worker's heartbeat and cancel point; `stop()` ends the wait
+    for the connection (the job ended before it connected)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(4)
+    deadline = time.monotonic() + accept_s
+    try:
+        while True:
+            if stop is not None and stop():
+                raise PeerLost("the job ended before its worker connected")
+            if time.monotonic() > deadline:
+                raise PeerLost(f"the job's first worker did not connect within {accept_s:g} s")
+            listener.settimeout(0.25)
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(None)
+            try:
+                hello = _receive(conn)
+            except Exception:
+                hello = None
+            if hello and hello.get("type") == "hello" and hmac.compare_digest(str(hello.get("token")), token):
+                break
+            conn.close()  # not the job's worker: keep waiting for it
+    finally:
+        listener.close()
+    steps = 0
+    inputs: dict[str, torch.Tensor | None] = {}
+    with conn:
+        residency, device = load()
+        device = torch.device(device)
+        _send(conn, {"ok": True})
+        while (message := _receive(conn)) is not None:
+            kind = message.get("type")
+            try:
+                if kind == "fit":
+                    residency.fit(int(message["tokens"]), int(message["pixels"]))
+                    reply: dict[str, Any] = {"ok": True}
+                elif kind == "start":
+                    inputs = {k: None if message[k] is None else message[k].to(device) for k in ("negative", "y", "cam")}
+                    reply = {"ok": True}
+                elif kind == "step":
+                    out = unconditional(residency, device, inputs, message["which"], message["upcoming"],
+                                        message["x"], message["timestep"], message["compute"])  # fmt: skip
+                    reply = {"out": _cpu(out)}
+                elif kind == "end":
+                    inputs = {}
+                    residency.phase_done("denoise")
+                    reply = {"ok": True}
+                else:
+                    reply = {"error": f"unknown request {kind!r}"}
+            except Exception as exc:  # the job's worker reports it (PeerLost); this worker serves on
+                reply = {"error": f"{type(exc).__name__}: {exc}"}
+            _send(conn, reply)
+            if kind == "step":
+                steps += 1
+                if on_step is not None:
+                    on_step(steps)
+    return steps

@@ -77,7 +77,14 @@ class Engine(Protocol):
         output: Path,
         progress: ProgressFn,
         on_chunk: ChunkFn | None = None,
+        peer: dict[str, Any] | None = None,  # a two-GPU job of a pool: who runs its unconditional passes
     ) -> Path: ...
+
+    # A two-GPU job of a pool, on its second worker: serve the job's unconditional passes to the
+    # worker that runs it (peer {address, token}) until it closes; `on_step(n)` after each pass.
+    def guide(
+        self, address: str, token: str, on_step: Callable[[int], None], stop: Callable[[], bool] | None = None
+    ) -> int: ...
 
     def probe(self) -> dict[str, Any]: ...
 
@@ -143,10 +150,36 @@ class PipelineEngine:
         output: Path,
         progress: ProgressFn,
         on_chunk: ChunkFn | None = None,
+        peer: dict[str, Any] | None = None,
     ) -> Path:
+        pipe = self._pipeline_for(settings.model)
+        if peer is not None:  # a two-GPU job: the unconditional passes run on the peer's warm experts
+            from worldgen.multi_gpu import PeerDevice
+
+            if getattr(pipe, "second_device", None) is not None:
+                raise InputError("this worker already runs every rollout on two GPUs; it takes no second worker")
+            pipe.second_device = PeerDevice(peer["address"], peer["token"], peer["device"], peer.get("name", "peer"))
+            try:
+                return self._generate(pipe, episode_dir, settings, output, progress, on_chunk)
+            finally:
+                second, pipe.second_device = pipe.second_device, None
+                second.close()
+        return self._generate(pipe, episode_dir, settings, output, progress, on_chunk)
+
+    def guide(
+        self, address: str, token: str, on_step: Callable[[int], None], stop: Callable[[], bool] | None = None
+    ) -> int:
+        from worldgen.multi_gpu import serve_guidance
+
+        def load():
+            pipe = self._pipeline_for("base")  # guidance passes are the base model's
+            return pipe.residency, pipe.device
+
+        return serve_guidance(load, address, token, on_step, stop)
+
+    def _generate(self, pipe, episode_dir, settings, output, progress, on_chunk) -> Path:
         from worldgen.rollout import generate_episode
 
-        pipe = self._pipeline_for(settings.model)
         chunk_fn = None
         if on_chunk is not None and settings.model == "fast":
             from worldgen.video_out import write_mp4
@@ -246,7 +279,7 @@ class Worker:
             kind = message["type"]
             if kind == "load":
                 self.commands.put(message)
-            elif kind == "run":
+            elif kind in ("run", "guide"):
                 self.cancel.clear()
                 self.cancel_job = message.get("job")
                 self.commands.put(message)
@@ -320,6 +353,8 @@ class Worker:
                 self.send(self.health(message.get("id"), probe))
             elif kind == "run":
                 self.run_job(message)
+            elif kind == "guide":
+                self.guide_job(message)
 
     def run_job(self, message: dict[str, Any]) -> None:
         job = message.get("job")
@@ -344,10 +379,10 @@ class Worker:
         try:
             settings = GenerationSettings.from_dict(message["settings"])
             generate_args = (Path(message["episode_dir"]), settings, partial, progress)
-            if message.get("want_chunks"):
-                written = self.engine.generate(*generate_args, on_chunk=on_chunk)
-            else:
-                written = self.engine.generate(*generate_args)
+            extra: dict[str, Any] = {"on_chunk": on_chunk} if message.get("want_chunks") else {}
+            if message.get("peer"):  # a two-GPU job of a pool (bridge/worker_pool.py)
+                extra["peer"] = message["peer"]
+            written = self.engine.generate(*generate_args, **extra)
             if self.cancel.is_set():
                 raise JobCancelled("cancelled after the last step")
             record = sidecar_path(written)
@@ -393,6 +428,33 @@ class Worker:
                 log.warning("cannot remove %s: %s", partial, exc)
             self.job, self.state, self.progress = None, "idle", {}
             with contextlib.suppress(Exception):  # health then says which model is resident now
+                self.info.update(self.engine.describe())
+
+    def guide_job(self, message: dict[str, Any]) -> None:
+        """Be the second worker of a two-GPU job: serve its unconditional passes until the job's own
+        worker closes the connection; then `result` (or `error`) frees this worker."""
+        job = message.get("job")
+        self.job, self.state, self.progress = job, "busy", {}
+        started = time.monotonic()
+
+        def on_step(step: int) -> None:  # the supervisor hears from us every step (its stall timer)
+            if self.cancel.is_set():
+                raise JobCancelled(f"cancelled after {step} guidance pass(es)")
+            self.progress = {"phase": "guidance", "step": int(step), "total": 0}
+            self.send({"type": "progress", "job": job, **self.progress})
+
+        try:
+            steps = self.engine.guide(str(message["address"]), str(message["token"]), on_step, self.cancel.is_set)
+            self.send({"type": "result", "job": job, "guidance_steps": steps,
+                       "seconds": round(time.monotonic() - started, 3)})  # fmt: skip
+        except JobCancelled as exc:
+            self.send({"type": "error", "job": job, "code": "cancelled", "message": str(exc)})
+        except Exception as exc:
+            log.error("job %s (guidance passes) failed:\n%s", job, traceback.format_exc())
+            self.send({"type": "error", "job": job, "code": "worker_error", "message": f"{type(exc).__name__}: {exc}"})
+        finally:
+            self.job, self.state, self.progress = None, "idle", {}
+            with contextlib.suppress(Exception):
                 self.info.update(self.engine.describe())
 
     def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int | None:

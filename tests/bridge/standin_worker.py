@@ -12,6 +12,10 @@ frame count the engine would write, and an `mdat` holding the record, so the ser
 every result (bridge.mp4) runs on it. `--truncate` leaves out the `moov` (a write cut short by a
 full disk); `--result-mb N` pads the `mdat` to N MiB.
 
+A two-GPU job (`gpus = 2` in a pool) runs as the real engine's does, minus the tensors: the job's
+worker connects to its peer's Unix socket (`guide`), proves the token, and waits for the peer's
+answer at every denoising step, so killing either worker mid-job breaks the job as it would.
+
 Prompts containing "[bad-input]" raise worldgen's InputError; "[explode]" raises RuntimeError.
 `--fail-load` makes loading fail with worldgen's CheckpointError, as a missing checkpoint would.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import socket
 import struct
 import sys
 import time
@@ -69,10 +74,57 @@ class StandinEngine:
     def after_failure(self) -> None:
         pass
 
+    def guide(self, address: str, token: str, on_step, stop=None) -> int:
+        """The second worker of a two-GPU job: answer one byte per step until the job's worker closes."""
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(address)
+        listener.listen(1)
+        listener.settimeout(0.25)
+        deadline = time.monotonic() + 60
+        while True:
+            if (stop and stop()) or time.monotonic() > deadline:
+                raise RuntimeError("the job's worker never connected")
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(None)
+            if conn.recv(len(token)) == token.encode():
+                break
+            conn.close()
+        listener.close()
+        steps = 0
+        with conn:
+            conn.sendall(b"k")
+            while conn.recv(1):
+                conn.sendall(b"k")
+                steps += 1
+                on_step(steps)
+        return steps
+
     def generate(
-        self, episode_dir: Path, settings: GenerationSettings, output: Path, progress, on_chunk=None
+        self, episode_dir: Path, settings: GenerationSettings, output: Path, progress, on_chunk=None, peer=None
     ) -> Path:
         # the Engine interface (worldgen.worker): on_chunk is for model fast; the stand-in makes no chunks
+        conn = None
+        if peer is not None:
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            for _ in range(600):
+                try:
+                    conn.connect(peer["address"])
+                    break
+                except (FileNotFoundError, ConnectionRefusedError):
+                    time.sleep(0.05)
+            conn.sendall(peer["token"].encode())
+            if conn.recv(1) != b"k":
+                raise RuntimeError(f"the second worker ({peer['name']}) did not answer")
+        try:
+            return self._generate(episode_dir, settings, output, progress, conn, peer)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _generate(self, episode_dir: Path, settings: GenerationSettings, output: Path, progress, conn, peer) -> Path:
         prompt = (episode_dir / "prompt.txt").read_text(encoding="utf-8")
         if "[bad-input]" in prompt:
             raise InputError(f"{episode_dir / 'prompt.txt'}: the stand-in refuses this prompt")
@@ -87,6 +139,10 @@ class StandinEngine:
         for step in range(settings.steps):
             progress("denoise", step, settings.steps)
             time.sleep(self.step_s)
+            if conn is not None:  # the unconditional pass, on the peer
+                conn.sendall(b"s")
+                if conn.recv(1) != b"k":
+                    raise RuntimeError(f"the second worker of this two-GPU job ({peer['name']}) is gone")
         progress("denoise", settings.steps, settings.steps)
         progress("decode", 1, 1)
         progress("write", 1, 1)
@@ -98,6 +154,7 @@ class StandinEngine:
             "image_name": image.name,
             "image_sha256": hashlib.sha256(image.read_bytes()).hexdigest(),
             "settings": settings.to_dict(),
+            "peer": None if peer is None else peer["name"],
         }
         frames = self.expected_frames(episode_dir, settings)
         padding = b"\0" * max(0, self.result_bytes)

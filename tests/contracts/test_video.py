@@ -42,5 +42,4 @@ def test_bad_frames_are_refused_and_nothing_is_left(tmp_path):
 def test_only_contracts_video_runs_the_codec():
     """One reader and one writer of mp4 files: nobody else calls imageio-ffmpeg's frame reader/writer."""
     where = files_matching(r"imageio_ffmpeg\.(?:read_frames|write_frames)\(")
-    # lingbot_isaac/session.py (W's this session) reads a chunk's last frame itself: listed in tidy's report
-    assert [w for w in where if w != "lingbot_isaac/session.py"] == ["contracts/video.py"]
+    assert where == ["contracts/video.py"]

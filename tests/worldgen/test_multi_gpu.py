@@ -7,6 +7,11 @@ fused kernels, the FP8 GEMMs' speed) are measured by bench/bench_speed.py and be
 
 from __future__ import annotations
 
+import os
+import socket
+import struct
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -14,7 +19,7 @@ import torch
 from contracts.settings import load_settings
 from worldgen.errors import InputError
 from worldgen.fp8 import fp8_linear, unsupported_reason
-from worldgen.multi_gpu import devices_for_gpus, parse_gpus
+from worldgen.multi_gpu import PeerDevice, PeerLost, devices_for_gpus, parse_gpus, serve_guidance
 from worldgen.pipeline import load_pipeline
 
 
@@ -35,6 +40,40 @@ def test_two_devices_give_the_one_device_output(lingbot_examples, tmp_path):
     second = two.second_device
     assert second is not None and second.experts["high"].loads == 1  # the unconditional passes ran there
     assert one.second_device is None
+
+
+@pytest.mark.slow
+def test_a_peer_worker_serving_the_unconditional_passes_gives_the_one_device_output(lingbot_examples, tmp_path):
+    """A pool's two-GPU job: the second worker's own warm experts serve the unconditional passes over
+    a Unix socket (what bridge/worker_pool.py pairs); only the job's token is served."""
+    one = load_pipeline("tiny", device="cpu", text_cache_dir=tmp_path)
+    peer = load_pipeline("tiny", device="cpu", text_cache_dir=tmp_path)  # another worker's pipeline
+    expected = _rollout(one, lingbot_examples / "00")
+    address = f"\0lingbot-isaac-test/{os.getpid()}/{tmp_path.name}"
+    served: list = []
+    thread = threading.Thread(target=lambda: served.append(
+        serve_guidance(lambda: (peer.residency, peer.device), address, "the-token", accept_s=60)))  # fmt: skip
+    thread.start()
+    stranger = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    for _ in range(100):
+        try:
+            stranger.connect(address)
+            break
+        except ConnectionRefusedError:
+            threading.Event().wait(0.05)
+    stranger.sendall(struct.pack(">Q", 5) + b"hello")  # not the job's worker: closed, the wait goes on
+    assert stranger.recv(1) == b""
+    one.second_device = PeerDevice(address, "the-token", "cpu", "peer")
+    try:
+        got = _rollout(one, lingbot_examples / "00")
+    finally:
+        one.second_device = None
+    thread.join(timeout=60)
+    assert torch.equal(got, expected)
+    assert served == [3]  # one unconditional pass per step, on the peer
+    assert peer.experts["high"].loads == 1  # the peer's own experts ran them
+    with pytest.raises(PeerLost, match="did not listen"):  # nobody at that address any more
+        PeerDevice(address, "the-token", "cpu", "peer", connect_s=0.2)
 
 
 def test_gpus_flag_is_parsed_and_refused_without_cuda():
