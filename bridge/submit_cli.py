@@ -32,6 +32,7 @@ from bridge.client import (
 from bridge.reach import check_listening, explain_no_answer
 from bridge.security import SecurityError
 from contracts import atomic, video
+from contracts.engine_options import MODELS
 from contracts.episode import ROLLOUT_VIDEO
 from contracts.provenance import with_job, write_record
 from contracts.settings import SettingsError
@@ -49,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", help="max area as H*W, e.g. 480*832")
     parser.add_argument("--seed", type=int, help="random seed of the initial noise (default: the server's preset)")
     parser.add_argument(
-        "--model", choices=("base", "fast"), help="base or fast (LingBot-World-Fast) (default: the server's preset)"
+        "--model", choices=MODELS, help="base or fast (LingBot-World-Fast) (default: the server's preset)"
     )
     parser.add_argument(
         "--follow",

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from contracts.engine_options import COMPUTE_CHOICES
+from contracts.engine_options import COMPUTE_CHOICES, MODELS
 from contracts.episode import EpisodeError
 from contracts.provenance import sidecar_path, write_record
 from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     gen.add_argument(
         "--model",
-        choices=("base", "fast"),
+        choices=MODELS,
         help="base = LingBot-World's two experts with guidance; fast = LingBot-World-Fast (causal, chunk by chunk, "
         "4 steps, no guidance; its DiT in lingbot_world_fast/ inside --ckpt-dir) (default: base)",
     )
