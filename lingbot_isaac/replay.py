@@ -33,6 +33,7 @@ import numpy as np
 from PIL import Image
 
 from contracts import atomic
+from contracts.engine_options import MODELS
 from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO, EpisodeError, read_episode, write_rollout
 from contracts.settings import (
     FIELD_BY_NAME,
@@ -152,7 +153,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     gen.add_argument(
         "--model",
-        choices=("base", "fast"),
+        choices=MODELS,
         help="per job: base = the two experts with guidance; fast = LingBot-World-Fast (chunk by chunk, 4 steps; "
         "progress shows each finished chunk) (default: the server's preset)",
     )
@@ -326,6 +327,12 @@ class _ProgressBar:
 
     def update(self, phase: str, step: int, total: int) -> None:
         if not self.enabled:
+            return
+        if phase == "chunk":  # a Fast job's finished chunk: said on the bar it interrupts, not a bar of its own
+            if self.bar is not None:
+                self.bar.set_postfix_str(f"chunk {step}/{total} done")
+            else:
+                print(f"{self.label}: chunk {step}/{total} done", file=sys.stderr)
             return
         if self._tqdm is None:
             if phase != self.phase:

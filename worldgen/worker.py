@@ -181,13 +181,17 @@ class PipelineEngine:
         from worldgen.rollout import generate_episode
 
         chunk_fn = None
-        if on_chunk is not None and settings.model == "fast":
+        if settings.model == "fast":
             from worldgen.video_out import write_mp4
 
             def chunk_fn(index: int, total: int, frames) -> None:
-                path = output.with_name(f"{output.stem}.chunk{index:03d}.mp4")
-                write_mp4(frames, path, fps=settings.fps)
-                on_chunk(index, total, path, int(frames.shape[1]))
+                # every Fast job reports its chunks as progress (replay's bar, the window); the chunk's
+                # mp4 is written and sent only to a client that asked for it (want_chunks)
+                if on_chunk is not None:
+                    path = output.with_name(f"{output.stem}.chunk{index:03d}.mp4")
+                    write_mp4(frames, path, fps=settings.fps)
+                    on_chunk(index, total, path, int(frames.shape[1]))
+                progress("chunk", index + 1, total)
 
         return Path(generate_episode(pipe, episode_dir, settings, output, progress=progress, on_chunk=chunk_fn))
 
@@ -374,7 +378,6 @@ class Worker:
             self.send(
                 {"type": "chunk", "job": job, "index": index, "total": total, "path": str(path), "frames": frames}
             )
-            progress("chunk", index + 1, total)
 
         try:
             settings = GenerationSettings.from_dict(message["settings"])

@@ -77,6 +77,9 @@ def test_a_client_that_did_not_ask_gets_no_chunks(server, episode):
     with Client(server.endpoint, timeout=10) as client:
         events = list(client.submit(EpisodePayload.from_dir(episode), FAST).events(timeout=180))
     assert isinstance(events[-1], Result) and not any(isinstance(e, Chunk) for e in events)
+    # but the chunks still show as progress (what replay's bar shows): no video sent, none written
+    chunk_progress = [(e.step, e.total) for e in events if isinstance(e, Progress) and e.phase == "chunk"]
+    assert chunk_progress == [(1, 3), (2, 3), (3, 3)]
 
 
 def test_submit_follow_writes_a_growing_mp4(server, episode, tmp_path):
