@@ -312,7 +312,15 @@ class FastPipeline(Pipeline):
             if best is None or score > best[0]:
                 best = (score, spec, why, cut, stream_encode)
         if best is None:
-            raise refusal
+            smallest = min(
+                cut.decode_cache_gib + max(act, cut.decode_push_gib) for cut in stream_vae_cuts(height, width)
+            )
+            raise ValueError(
+                f"{refusal}. At {height}x{width} the Fast DiT ({self.plan.expert_gib:.1f} GiB), its text keys/values "
+                f"({cross:.1f} GiB), the VAE ({VAE_WEIGHTS_GIB:.1f} GiB) with its smallest streamed cut and one "
+                f"chunk's activations ({smallest:.1f} GiB) and a {LOOP_MARGIN_GIB:g} GiB margin leave no room for "
+                f"a KV cache in {usable:.1f} usable GiB"
+            )
         return best[1:]
 
     def describe_plan(self) -> str:

@@ -216,6 +216,32 @@ def test_cache_plan_prefers_the_reference_then_fp8_then_rolling():
         plan_cache(21, 1560, 3, room_bytes=1 * gib, **FULL_SIZE)
 
 
+def _full_size_plan(budget_gib: float):
+    """A FastPipeline with the real 14B config under a VRAM budget: planning only, no model loaded."""
+    from worldgen.dit import DiTConfig
+    from worldgen.memory import plan_memory
+    from worldgen.residency import ModelSlot
+
+    plan = plan_memory(torch.device("cuda"), budget_gib, expert_gib=8.9, checkpoint_kind="nf4", gpu_total_gib=80)
+    empty = ModelSlot("none", lambda: None)
+    return FastPipeline(
+        dit=empty, dit_config=DiTConfig(), dtype=torch.bfloat16, tokenizer=None, text_encoder=empty, vae=empty,
+        device=torch.device("cuda"), text_len=512, name="full size", plan=plan,
+    )  # fmt: skip
+
+
+def test_full_size_plan_at_24_gib_streams_in_strips_with_a_rolling_window():
+    pipe = _full_size_plan(24)
+    spec = pipe.plan_job(21, 58, 104, FastOptions())  # 480p, 81 frames (what the H100 run measured)
+    assert spec.storage == "fp8" and spec.rolling and spec.capacity_tokens == 10 * 1508
+    assert pipe.vae_cut.tiles == 2 and pipe.stream_encode
+    assert "2 spatial tiles" in pipe.describe_plan() and "the first chunk's frames first" in pipe.describe_plan()
+    with pytest.raises(InputError, match=r"At 720x1280 the Fast DiT \(8.9 GiB\).*no room for a KV cache"):
+        _full_size_plan(24).plan_job(21, 90, 160, FastOptions())  # 720p does not fit 24 GiB, and says why
+    pipe = _full_size_plan(40)
+    assert pipe.plan_job(21, 90, 160, FastOptions()).rolling  # with more memory it does
+
+
 def test_rolling_cache_runs_a_video_longer_than_itself(loop_case):
     pipe, io, _ = loop_case
     pipe.cache_spec = CacheSpec(70, 10, storage="fp8", rolling=True, sink_frames=1)  # 7 frames for 9
