@@ -31,7 +31,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bridge.settings import GenerationSettings  # noqa: E402
+from contracts.settings import GenerationSettings  # noqa: E402
 from worldgen.camera import load_action  # noqa: E402
 from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, load_expert  # noqa: E402
 from worldgen.cuda_memory import free_device_memory  # noqa: E402
@@ -112,21 +112,29 @@ def ensure_synthetic(ckpt: Path) -> None:
     print(f"synthetic Fast checkpoint built in {time.perf_counter() - start:.0f} s", flush=True)
 
 
-def rollout(pipe: FastPipeline, args, image, prompt, poses, intrinsics, frames: int) -> dict:
+def rollout(pipe: FastPipeline, args, image, prompt, poses, intrinsics, frames: int, context=None) -> dict:
     settings = GenerationSettings(size=args.size, frame_num=frames, seed=42)
     if pipe.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(pipe.device)
     first_records = len(pipe.meter.records)
     chunks = []
     start = time.perf_counter()
+    trace = []  # (phase, step, seconds, allocated GiB): where the memory goes, at each progress event
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if pipe.device.type == "cuda" and (phase != "denoise" or done <= 6):
+            trace.append((phase, done, round(time.perf_counter() - start, 2),
+                          round(torch.cuda.memory_allocated(pipe.device) / GiB, 2)))  # fmt: skip
+
     video = pipe.generate(
-        image, prompt, poses, intrinsics, settings,
+        image, prompt, poses, intrinsics, settings, context=context, progress=progress,
         on_chunk=lambda i, n, f: chunks.append((i, n, time.perf_counter() - start, tuple(f.shape))),
     )  # fmt: skip
     wall = time.perf_counter() - start
     records = pipe.meter.records[first_records:]
     result = {
         "frames_asked": frames,
+        "prompt": "cached (umT5 skipped, as on a prompt-cache hit)" if context is not None else "new (umT5 runs)",
         "frames": int(video.shape[1]),
         "size": f"{video.shape[2]}x{video.shape[3]}",
         "kv_cache": pipe.cache_spec.describe() if pipe.cache_spec else None,
@@ -137,6 +145,7 @@ def rollout(pipe: FastPipeline, args, image, prompt, poses, intrinsics, frames: 
         "chunks": len(chunks),
         "peak_rss_gib": round(max((r.peak_rss_gib or 0) for r in records), 2),
         "finite": bool(torch.isfinite(video).all()),
+        "memory_trace": trace,
         "loads": {name: round(slot.load_seconds, 2) for name, slot in (("dit", pipe.dit), ("vae", pipe.vae))},
     }
     if pipe.device.type == "cuda":
@@ -152,7 +161,12 @@ def main() -> None:
     parser.add_argument("--action-path", type=Path, required=True, help="poses.npy, intrinsics.npy, image, prompt")
     parser.add_argument("--vram-budget", type=float, help="GiB, as `generate --vram-budget`")
     parser.add_argument("--size", default="480*832", help="max area H*W")
-    parser.add_argument("--frames", default="81,161", help="comma-separated frame counts, one rollout each")
+    parser.add_argument(
+        "--frames",
+        default="81,161",
+        help="comma-separated frame counts, one rollout each; a trailing c (81c) reuses the prompt's embedding "
+        "from the run before, as the server's prompt cache does",
+    )
     parser.add_argument("--golden", type=Path, help="golden/fast folder: parity in bf16 on this device first")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", type=Path, help="write all results here (rewritten after each step)")
@@ -187,9 +201,13 @@ def main() -> None:
     plans = []
     pipe.on_plan = plans.append
     results["rollouts"] = []
-    for frames in [int(f) for f in args.frames.split(",")]:
+    context = None
+    for entry in args.frames.split(","):
+        frames, cached = int(entry.rstrip("c")), entry.endswith("c")
+        if cached and context is None:
+            (context,) = pipe.encode_text([prompt])
         try:
-            result = rollout(pipe, args, image, prompt, poses, intrinsics, frames)
+            result = rollout(pipe, args, image, prompt, poses, intrinsics, frames, context if cached else None)
         except Exception as exc:
             traceback.print_exc()
             results["rollouts"].append({"frames_asked": frames, "error": repr(exc)[:2000]})
@@ -197,12 +215,16 @@ def main() -> None:
             free_device_memory(device)
             continue
         result["plan"] = plans[-1] if plans else pipe.describe_plan()
+        result["notes_after_the_job"] = list(pipe.plan.notes)  # a decode fallback is noted during the job
+        print(f"  memory trace (phase, step, s, GiB allocated): {result['memory_trace']}", flush=True)
+        for note in pipe.plan.notes:
+            print(f"  note after the job: {note}", flush=True)
         results["rollouts"].append(result)
         save()
         print(result["plan"], flush=True)
         s = result["seconds"]
         print(
-            f"rollout {frames} frames -> {result['frames']} at {result['size']}: first chunk {s['first_chunk']:.2f} s, "
+            f"rollout {frames} frames ({result['prompt']}) -> {result['frames']} at {result['size']}: first chunk {s['first_chunk']:.2f} s, "
             f"whole video {s['total']:.2f} s (text {s['text']:.2f}, encode {s['encode']:.2f}, DiT loop {s['dit']:.2f}, "
             f"decode {s['decode']:.2f}); peak VRAM {result.get('peak_vram_reserved_gib', '-')} GiB reserved "
             f"({result.get('peak_vram_allocated_gib', '-')} allocated), peak RSS {result['peak_rss_gib']} GiB; "

@@ -382,28 +382,19 @@ class _Previews:
 def _last_frame_png(video: Path, out: Path) -> Path | None:
     """The video's last frame as a PNG at `out`; None where imageio-ffmpeg is not installed (it is
     optional on the Isaac side) or the video cannot be read."""
-    try:
-        import imageio_ffmpeg
-    except ImportError:
-        return None
-    import collections
-
-    import numpy as np
     from PIL import Image
 
     from contracts import atomic
+    from contracts.video import VideoError, have_codec, read_mp4
 
+    if not have_codec():
+        return None
     try:
-        reader = imageio_ffmpeg.read_frames(str(video))
-        width, height = next(reader)["size"]
-        last = collections.deque(reader, maxlen=1)  # reads to the end (ffmpeg exits), keeps one
-    except (OSError, RuntimeError, StopIteration):
+        frames, _ = read_mp4(video)  # a chunk: at most a dozen frames
+    except VideoError:
         return None
-    if not last:
-        return None
-    pixels = np.frombuffer(last[0], np.uint8).reshape(height, width, 3)
     with atomic.atomic_path(out, durable=False) as tmp:
-        Image.fromarray(pixels).save(tmp, format="PNG")
+        Image.fromarray(frames[-1]).save(tmp, format="PNG")
     return out
 
 

@@ -7,6 +7,7 @@ allocator, called once by whoever starts the engine (`worldgen.pipeline.load_pip
 from __future__ import annotations
 
 import gc
+import os
 
 import torch
 
@@ -26,8 +27,31 @@ def apply_memory_cap(plan: MemoryPlan) -> None:
     card is emulated on a larger GPU and a GPU shared with Isaac Sim is respected. No budget: no-op."""
     if plan.vram_budget_gb is None or plan.device.type != "cuda":
         return
+    if use_expandable_segments():
+        plan.notes += ("CUDA allocator: expandable segments (less fragmentation under the budget)",)
     total = gpu_total_gib(plan.device)
-    torch.cuda.set_per_process_memory_fraction(min(1.0, plan.vram_budget_gb / total), plan.device)
+    # the allocator wants an index: plain "cuda" means the current device
+    index = plan.device.index if plan.device.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(min(1.0, plan.vram_budget_gb / total), index)
+
+
+ALLOCATOR_SETTINGS = "expandable_segments:True"
+
+
+def use_expandable_segments() -> bool:
+    """Let the CUDA caching allocator grow one mapping instead of adding fixed segments, so memory the
+    DiT frees between forwards is reusable by the VAE and back. Without it a Fast rollout under
+    --vram-budget 24 lost ~1.1 GiB to fragmentation (23.8 GiB reserved for 22.7 GiB allocated) and
+    the chunk decode beside the KV cache ran out of memory. A user's own PYTORCH_CUDA_ALLOC_CONF
+    (or PYTORCH_ALLOC_CONF) wins; returns whether the setting was applied."""
+    if os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF"):
+        return False
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    setter = setter or getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    if setter is None:
+        return False
+    setter(ALLOCATOR_SETTINGS)
+    return True
 
 
 def free_device_memory(device: torch.device) -> None:

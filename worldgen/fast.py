@@ -7,7 +7,8 @@ denoise phase differs (the reference's `WanI2VFast.generate`):
       flow = DiT(x_t, t_s, chunk condition, chunk camera, KV cache)
       x0   = x_t - sigma(t_s) * flow                (float64, cast back to float32)
       x_t  = (1 - sigma') * x0 + sigma' * noise      (sigma' of t_{s+1}; fresh noise from the seed)
-    the chunk is the last x0; one more forward of it at t = 0 refreshes the cache with clean K/V.
+    the chunk is the last x0 (handed out here); one more forward of it at t = 0 refreshes the cache with
+    clean K/V (skipped after the last chunk: nothing reads it).
 Frame counts: 4n+1 video frames as the base model, then the latent frames are rounded DOWN to whole
 chunks (a warning says so); the camera path spans the poses of the 4n+1 frames asked for.
 `rollout_chunks` yields each finished chunk so it can be decoded and shown while the next is made.
@@ -40,9 +41,6 @@ from worldgen.dit import DiTConfig
 from worldgen.errors import InputError
 from worldgen.kv_cache import MODES, CacheSpec, KVCache, plan_cache
 from worldgen.memory import (
-    MIN_TILE_PIXELS,
-    REFERENCE_PIXELS,
-    VAE_PEAK_GIB,
     VAE_WEIGHTS_GIB,
     GiB,
     activation_gib,
@@ -52,22 +50,64 @@ from worldgen.memory import (
 from worldgen.pipeline import Pipeline, Progress, _no_progress, condition_mask, prepare_image
 from worldgen.residency import ModelSlot
 from worldgen.scheduler import FlowUniPCScheduler
-from worldgen.vae import StreamingDecoder
+from worldgen.vae import StreamingDecoder, StreamingEncoder, streamed_tiles
 
 TIMESTEP_INDICES = (0, 179, 358, 679)  # of the 1000-step schedule: 4 steps, as the model was distilled
 NUM_TRAIN_TIMESTEPS = 1000
 
 ChunkCallback = Callable[[int, int, torch.Tensor], None]  # (chunk index, chunks, its frames [3, f, H, W])
 LOOP_MARGIN_GIB = 0.5  # allocator fragmentation and small buffers during the loop
-# Decoding chunk by chunk beside the DiT and its cache. The decoder's causal caches (float32, every
-# tile's kept for the next chunk) are 3.4 GiB for a 464x832 frame (measured: 9,458 bytes per output
-# pixel) and do not shrink with tiles; tiles overlap, so they grow by about STREAM_TILE_OVERLAP. The
-# rest of the base plan's measured decode peak (VAE_PEAK_GIB) is activations, linear in tile area:
-# tiles are sized so those stay under STREAM_TILE_ACT_GIB. (An H100 run with a 2 GiB allowance for
-# all of it ran out of memory in the first chunk's decode: the caches had not been counted.)
-VAE_CACHE_BYTES_PER_PIXEL = 9_458
-STREAM_TILE_OVERLAP = 1.4
-STREAM_TILE_ACT_GIB = 1.0
+# The streamed VAE beside the DiT and its KV cache, measured on the H100 at 464x832, float32 as the VAE
+# runs (bench/bench_vae_stream.py, docs/benchmarks.md): the causal caches every tile keeps between
+# chunks, per pixel of all tiles together (tiles overlap), and the transient peak of one push above
+# them, per pixel of one tile. (The first plan guessed 2 GiB, then 6.3 GiB with small tiles: both ran
+# out of memory, small tiles hold 2.3x the caches of whole frames and decode 2x slower.)
+DECODE_CACHE_BYTES_PER_PIXEL = 9_460  # whole frames: 3.40 GiB; two strips 3.92 GiB
+DECODE_PUSH_BYTES_PER_PIXEL = 11_900  # whole frames: 4.19 GiB; two strips 2.47 GiB
+ENCODE_CACHE_BYTES_PER_PIXEL = 5_620  # whole frames: 2.02 GiB; two strips 2.33 GiB
+ENCODE_PUSH_BYTES_PER_PIXEL = 13_400  # whole frames: 4.75 GiB; two strips 2.77 GiB
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamVAE:
+    """One way to cut frames into tiles for the streamed VAE, and what it costs beside the DiT."""
+
+    tile_pixels: int | None  # the tiles' largest area (None: whole frames)
+    tiles: int
+    decode_cache_gib: float  # kept from the first decoded chunk to the end
+    decode_push_gib: float  # transient, while a chunk decodes
+    encode_cache_gib: float  # kept while conditioning frames are encoded
+    encode_push_gib: float  # transient, while frames encode
+
+    @classmethod
+    def cut(cls, height: int, width: int, tile_pixels: int | None) -> StreamVAE:
+        one, every, count = streamed_tiles(height, width, tile_pixels)
+        tile = None if count == 1 else tile_pixels
+        return cls(
+            tile,
+            count,
+            DECODE_CACHE_BYTES_PER_PIXEL * every / GiB,
+            DECODE_PUSH_BYTES_PER_PIXEL * one / GiB,
+            ENCODE_CACHE_BYTES_PER_PIXEL * every / GiB,
+            ENCODE_PUSH_BYTES_PER_PIXEL * one / GiB,
+        )
+
+
+def stream_vae_cuts(height: int, width: int) -> list[StreamVAE]:
+    """Whole frames, full-height strips (2 to 4: the cheapest tiles, measured), then ever smaller
+    tiles (2 to 12 per frame); one entry per distinct cut."""
+    h, w, overlap = height // 8, width // 8, 8  # in latent pixels (the streamed VAE's 64-pixel overlap)
+    # a tile is full height only when its area allows a square of that height (`worldgen.vae.tile_shape`)
+    areas = [None] + [64 * h * max(h, -(-(w + (k - 1) * overlap) // k)) for k in (2, 3, 4)]
+    areas += [height * width // parts for parts in range(2, 13)]
+    cuts, seen = [], set()
+    for area in areas:
+        cut = StreamVAE.cut(height, width, area)
+        key = (cut.tiles, round(cut.decode_cache_gib, 4), round(cut.decode_push_gib, 4))
+        if key not in seen:
+            seen.add(key)
+            cuts.append(cut)
+    return cuts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,82 +235,141 @@ class FastPipeline(Pipeline):
 
     # -- memory ------------------------------------------------------------------------------------
     def plan_job(self, latent_frames: int, lat_h: int, lat_w: int, options: FastOptions) -> CacheSpec:
-        """Fit the memory plan to this job and choose its KV cache (see `worldgen.kv_cache.plan_cache`)."""
+        """Fit the memory plan to this job: the KV cache (`worldgen.kv_cache.plan_cache`), how the VAE
+        cuts frames while it streams beside the DiT, and whether conditioning frames are encoded chunk
+        by chunk (the first chunk's preview comes sooner) or all before the loop."""
         frame_tokens = (lat_h // 2) * (lat_w // 2)
-        pixels = lat_h * lat_w * 64
+        height, width = lat_h * 8, lat_w * 8
         chunk_tokens = options.chunk_frames * frame_tokens
-        self._frame_pixels = pixels
-        self.residency.fit(chunk_tokens, pixels)
-        # the VAE decodes each chunk while the DiT is resident: the room below is made for it
-        self.plan.experts_beside_vae = True
+        self._frame_pixels = height * width
+        self.residency.fit(chunk_tokens, height * width)
+        # notes are per job: the load's own notes, then what this job adds (a decode fallback)
+        self._load_notes = getattr(self, "_load_notes", self.plan.notes)
+        self.plan.notes = self._load_notes
+        self.plan.experts_beside_vae = True  # the VAE decodes each chunk while the DiT is resident
         cfg = self.dit_config
-        room = None
-        self.encode_tile_pixels = self.decode_tile_pixels = self.plan.vae_tile_pixels
-        if self.plan.usable_gib is not None:
-            # what the loop needs beside the weights and the cache: one chunk's activations, the text
-            # keys/values, and the VAE decoding each finished chunk (stream_decode_plan)
-            cross = 2 * cfg.num_layers * cfg.text_len * cfg.dim * torch.empty(0, dtype=self.dtype).element_size() / GiB
-            transient = activation_gib(chunk_tokens) + cross + LOOP_MARGIN_GIB
-            self.decode_tile_pixels, self.vae_room_gib = stream_decode_plan(pixels)
-            room = (self.plan.usable_gib - self.plan.expert_gib - transient - self.vae_room_gib) * GiB
-        try:
-            spec, why = plan_cache(
+        dims = {"num_layers": cfg.num_layers, "num_heads": cfg.num_heads, "head_dim": cfg.head_dim}
+
+        def cache_for(room_gib: float | None) -> tuple[CacheSpec, str]:
+            return plan_cache(
                 latent_frames,
                 frame_tokens,
                 options.chunk_frames,
-                room_bytes=room,
-                num_layers=cfg.num_layers,
-                num_heads=cfg.num_heads,
-                head_dim=cfg.head_dim,
+                room_bytes=None if room_gib is None else room_gib * GiB,
                 compute_dtype=self.dtype,
                 mode=options.kv_cache,
                 sink_frames=options.sink_frames,
                 max_attention_tokens=options.max_attention_tokens,
+                **dims,
             )
+
+        usable = self.plan.usable_gib
+        try:
+            if usable is None:  # no budget: whole frames, the reference's cache, conditioning chunk by chunk
+                (spec, why), cut, stream_encode = cache_for(None), StreamVAE.cut(height, width, None), True
+            else:
+                spec, why, cut, stream_encode = self._fit_loop(usable, chunk_tokens, height, width, cache_for)
         except ValueError as exc:
             raise InputError(str(exc)) from None
-        if room is not None:
-            # encode runs before the cache exists (beside the DiT at most); decode beside both
-            encode_room = self.plan.usable_gib - self.plan.expert_gib - LOOP_MARGIN_GIB
-            self.encode_tile_pixels = None if vae_peak_gib(pixels) <= encode_room else vae_tile_pixels(encode_room)
+        self.vae_cut, self.stream_encode = cut, stream_encode
+        self.decode_tile_pixels = cut.tile_pixels
+        if stream_encode or usable is None:
+            self.encode_tile_pixels = cut.tile_pixels
+        else:  # all frames before the loop, beside the DiT only
+            room = usable - self.plan.expert_gib - LOOP_MARGIN_GIB
+            pixels = height * width
+            self.encode_tile_pixels = None if vae_peak_gib(pixels) <= room else vae_tile_pixels(room)
         self.plan.vae_tile_pixels = self.decode_tile_pixels
         self.cache_spec, self.cache_reason = spec, why
         if self.on_plan is not None:
             self.on_plan(self.describe_plan())
         return spec
 
+    def _fit_loop(self, usable: float, chunk_tokens: int, height: int, width: int, cache_for) -> tuple:
+        """Under a budget: for each way to cut frames, the KV cache that fits beside the DiT, the text
+        keys/values, the streamed VAE and one chunk's activations; keep the largest cache, then the cut
+        that also lets conditioning frames stream, then the fewest tiles (faster, closest to the reference)."""
+        cfg = self.dit_config
+        elem = torch.empty(0, dtype=self.dtype).element_size()
+        cross = 2 * cfg.num_layers * cfg.text_len * cfg.dim * elem / GiB
+        fixed = self.plan.expert_gib + cross + VAE_WEIGHTS_GIB + LOOP_MARGIN_GIB
+        act = activation_gib(chunk_tokens)
+        best, refusal = None, None
+        for cut in stream_vae_cuts(height, width):
+            # decoding happens between forwards: its peak and the DiT's activations never coincide
+            room = usable - fixed - cut.decode_cache_gib - max(act, cut.decode_push_gib)
+            try:
+                spec, why = cache_for(room)
+            except ValueError as exc:
+                refusal = refusal or exc
+                continue
+            # the rest of the conditioning frames encode after the first chunk, in a one-chunk cache
+            first_kv = spec.bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype) / GiB
+            first_kv *= min(1.0, chunk_tokens / spec.capacity_tokens)
+            encode_need = fixed + first_kv + cut.decode_cache_gib + cut.encode_cache_gib + cut.encode_push_gib
+            stream_encode = encode_need <= usable
+            score = (spec.capacity_tokens, stream_encode, -cut.tiles)
+            if best is None or score > best[0]:
+                best = (score, spec, why, cut, stream_encode)
+        if best is None:
+            smallest = min(
+                cut.decode_cache_gib + max(act, cut.decode_push_gib) for cut in stream_vae_cuts(height, width)
+            )
+            raise ValueError(
+                f"{refusal}. At {height}x{width} the Fast DiT ({self.plan.expert_gib:.1f} GiB), its text keys/values "
+                f"({cross:.1f} GiB), the VAE ({VAE_WEIGHTS_GIB:.1f} GiB) with its smallest streamed cut and one "
+                f"chunk's activations ({smallest:.1f} GiB) and a {LOOP_MARGIN_GIB:g} GiB margin leave no room for "
+                f"a KV cache in {usable:.1f} usable GiB"
+            )
+        return best[1:]
+
     def describe_plan(self) -> str:
         """The base plan's lines with the denoise line for the chunk loop and the KV cache added."""
+        cut = getattr(self, "vae_cut", None)
+
+        def tiles(pixels: int | None) -> str:
+            if pixels is None:
+                return "whole frames"
+            count = f"{cut.tiles} " if cut is not None and cut.tile_pixels == pixels else ""
+            return f"{count}spatial tiles of <= {pixels:,} pixels, blended at the seams"
+
         lines = []
         for line in self.plan.describe().splitlines():
             if line.startswith("  denoise"):
                 ffn = line.rsplit("; ", 1)[-1]
-                line = f"  denoise Fast DiT resident, chunk by chunk (4 steps + 1 cache refresh each); {ffn}"
+                line = f"  denoise Fast DiT resident, chunk by chunk (4 steps, then 1 cache refresh before the next chunk); {ffn}"
             elif line.startswith("  encode"):
-                tiles = self.encode_tile_pixels
-                line = line.split(",")[0] + (
-                    ", whole frames" if tiles is None else f", spatial tiles of <= {tiles:,} pixels"
+                when = (
+                    "the first chunk's frames first, the rest after its preview"
+                    if getattr(self, "stream_encode", False)
+                    else "every frame before the loop"
                 )
+                line = line.split(",")[0] + f", {tiles(self.encode_tile_pixels)}; {when}"
             elif line.startswith("  decode"):
-                line = line.replace(" (experts freed first)", "") + "; chunk by chunk, each as soon as it is made"
+                line = (
+                    line.split(",")[0]
+                    + f", {tiles(self.decode_tile_pixels)}; chunk by chunk, each as soon as it is made"
+                )
             lines.append(line)
             if line.startswith("  denoise") and self.cache_spec is not None:
                 lines += [f"  kv cache {self.cache_spec.describe()}", f"           ({self.cache_reason})"]
         return "\n".join(lines)
 
     def new_cache(self, latent_frames: int, frame_tokens: int, options: FastOptions, dtype: torch.dtype) -> KVCache:
+        """The job's cache, allocated for one chunk at first (`KVCache.grow` makes it whole)."""
         cfg = self.dit_config
         spec = self.cache_spec
         if spec is None or spec.frame_tokens != frame_tokens:  # no plan for this size: the reference's cache
             spec = full_cache_spec(latent_frames, frame_tokens, options)
-        return KVCache(spec, cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype, self.device)
+        start = options.chunk_frames * frame_tokens
+        return KVCache(spec, cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype, self.device, start_tokens=start)
 
     # -- denoise -----------------------------------------------------------------------------------
     @torch.no_grad()
     def rollout_chunks(
         self,
         noise: torch.Tensor,
-        y: torch.Tensor,
+        y: torch.Tensor | Callable[[int], torch.Tensor],
         context: torch.Tensor,
         plucker: torch.Tensor | None,
         options: FastOptions,
@@ -280,8 +379,11 @@ class FastPipeline(Pipeline):
     ) -> Iterator[torch.Tensor]:
         """Yield each chunk's final latent [16, chunk_frames, lat_h, lat_w] (float32, on the device) in order.
 
-        Re-noising draws come from `generator` (CPU, so the result does not depend on the device),
-        or from `renoise_draws` [chunks, steps-1, 16, chunk_frames, lat_h, lat_w] when given.
+        `y` is the whole conditioning [20, lat_f, lat_h, lat_w], or a function giving chunk c's
+        [20, chunk_frames, lat_h, lat_w] (called in order, chunk 1's call while the cache still holds
+        one chunk: see `ChunkConditioning`). Re-noising draws come from `generator` (CPU, so the
+        result does not depend on the device), or from `renoise_draws`
+        [chunks, steps-1, 16, chunk_frames, lat_h, lat_w] when given.
         """
         schedule = fast_schedule(options.shift, options.timestep_indices)
         _, lat_f, lat_h, lat_w = noise.shape
@@ -294,12 +396,14 @@ class FastPipeline(Pipeline):
         cache = self.new_cache(lat_f, frame_tokens, options, model.compute_dtype)
         device, steps = self.device, len(schedule.timesteps)
         context = [context.to(device)]
-        total = chunks * (steps + 1)
+        total = chunks * (steps + 1) - 1  # no refresh after the last chunk
         progress("denoise", 0, total)
         try:
             for c in range(chunks):
                 frames = slice(c * n, (c + 1) * n)
-                y_c = y[:, frames].to(device)[None]
+                y_c = (y(c) if callable(y) else y[:, frames]).to(device)[None]
+                if c > 0:  # chunk 0 runs in a one-chunk cache (the rest of the conditioning encodes beside it)
+                    cache.grow()
                 cam_c = None if plucker is None else plucker[:, :, frames].to(device)
                 start = c * n * frame_tokens
                 x_t = noise[:, frames].to(device, torch.float32)
@@ -315,11 +419,14 @@ class FastPipeline(Pipeline):
                             draw = torch.randn(x0.shape, generator=generator, dtype=torch.float32).to(device)
                         x_t = renoise(x0, draw, schedule.sigmas_add_noise[s + 1])
                     progress("denoise", c * (steps + 1) + s + 1, total)
-                # refresh: the cache gets the clean chunk's keys/values (output discarded)
-                zero = torch.zeros(1, dtype=torch.int64, device=device)
-                model(x0[None], zero, context, y_c, cam_c, cache=cache, current_start=start)
-                progress("denoise", (c + 1) * (steps + 1), total)
+                # the chunk is final: hand it out (to be decoded and shown) before the refresh, which
+                # only changes the cache; the last chunk's refresh is skipped (nothing reads it)
                 yield x0
+                if c + 1 < chunks:
+                    # refresh: the cache gets the clean chunk's keys/values (output discarded)
+                    zero = torch.zeros(1, dtype=torch.int64, device=device)
+                    model(x0[None], zero, context, y_c, cam_c, cache=cache, current_start=start)
+                    progress("denoise", (c + 1) * (steps + 1), total)
         finally:  # also when the consumer stops early (a cancelled job)
             cache.close()
             free_device_memory(device)
@@ -373,13 +480,16 @@ class FastPipeline(Pipeline):
         self.plan_job(frames.latent_frames, lat_h, lat_w, options)
         plucker = None if poses is None else fast_camera(poses, intrinsics, frames, h, w)
 
-        with self.meter.phase("encode"):
-            progress("encode", 0, 1)
-            self.plan.vae_tile_pixels = self.encode_tile_pixels
-            y = self.condition(image_resized, frames.frames)
-            self.plan.vae_tile_pixels = self.decode_tile_pixels
-            progress("encode", 1, 1)
-        clock.lap("encode")
+        if self.stream_encode:  # chunk 0's frames inside the loop, the rest after chunk 0's preview
+            y = ChunkConditioning(self, image_resized, frames.frames, options.chunk_frames, clock, progress)
+        else:
+            with self.meter.phase("encode"):
+                progress("encode", 0, 1)
+                self.plan.vae_tile_pixels = self.encode_tile_pixels
+                y = self.condition(image_resized, frames.frames)
+                self.plan.vae_tile_pixels = self.decode_tile_pixels
+                progress("encode", 1, 1)
+            clock.lap("encode")
 
         generator = torch.Generator("cpu").manual_seed(settings.seed)
         shape = (16, frames.latent_frames, lat_h, lat_w)
@@ -409,13 +519,14 @@ class FastPipeline(Pipeline):
                     try:
                         decoder = decoder or StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels)
                         piece = decoder.push(latent[None].to(next(decoder.vae.parameters()).device))[0].cpu()
-                    except torch.OutOfMemoryError:
+                    except torch.OutOfMemoryError as exc:
                         # the plan's estimate was short: finish the loop, then decode every chunk again
                         # with the same tiles once the KV cache is gone (so the same video)
                         streaming, decoder = False, None
                         free_device_memory(self.device)
                         self.plan.notes += (
-                            "decoding beside the KV cache ran out of memory: chunks decoded after the loop",
+                            f"decoding chunk {len(latents) - 1} beside the KV cache ran out of memory "
+                            f"({str(exc).splitlines()[0][:240]}): chunks decoded after the loop",
                         )
                     else:
                         emit(piece)
@@ -437,18 +548,49 @@ class FastPipeline(Pipeline):
         return torch.cat(pieces, dim=1)
 
 
-def stream_decode_plan(pixels: int) -> tuple[int | None, float]:
-    """(tile pixels or None for whole frames, GiB) for decoding chunks of `pixels`-pixel frames during
-    the loop: weights + every tile's causal caches + one tile's activations (see the constants)."""
-    caches = VAE_CACHE_BYTES_PER_PIXEL * pixels / GiB
-    act_per_pixel = (
-        VAE_PEAK_GIB - VAE_WEIGHTS_GIB - VAE_CACHE_BYTES_PER_PIXEL * REFERENCE_PIXELS / GiB
-    ) / REFERENCE_PIXELS
-    whole = VAE_WEIGHTS_GIB + caches + act_per_pixel * pixels
-    if act_per_pixel * pixels <= STREAM_TILE_ACT_GIB:
-        return None, whole
-    tile = max(MIN_TILE_PIXELS, int(STREAM_TILE_ACT_GIB / act_per_pixel))
-    return tile, VAE_WEIGHTS_GIB + caches * STREAM_TILE_OVERLAP + act_per_pixel * tile
+class ChunkConditioning:
+    """y [20, chunk_frames, lat_h, lat_w] of chunk c, encoded as the loop goes (`StreamingEncoder`:
+    the same latents as encoding the whole video at once): chunk 0 encodes its own 4(n-1)+1 frames,
+    chunk 1 encodes every remaining frame and frees the encoder's caches, so the first preview waits
+    for 9 frames' encoding instead of the whole video's and the loop does not carry the caches."""
+
+    def __init__(self, pipe: Pipeline, image: torch.Tensor, frames: int, chunk_frames: int, clock, progress: Progress):
+        self.pipe, self.clock, self.progress = pipe, clock, progress
+        self.image, self.frames, self.n = image, frames, chunk_frames
+        _, _, h, w = image.shape
+        self.mask = condition_mask(frames, h // 8, w // 8)
+        self.latents: list[torch.Tensor] = []
+        self.encoder: StreamingEncoder | None = None
+
+    def _encode(self, first: int, count: int) -> None:
+        """Push frames [first, first + count) of the conditioning video (the image, then black)."""
+        device = self.pipe.device
+        video = torch.zeros(1, 3, count, *self.image.shape[-2:], device=device)
+        if first == 0:
+            video[0, :, :1] = self.image.to(device)
+        self.latents.append(self.encoder.push(video)[0].float().cpu())
+
+    def __call__(self, c: int) -> torch.Tensor:
+        n = self.n
+        if c == 0 or (c == 1 and self.encoder is not None):
+            self.clock.lap("dit")
+            # no meter phase here: it would reset the CUDA peak of the loop it runs inside
+            self.progress("encode", c, 2)
+            if c == 0:
+                vae = self.pipe.residency.use("vae")
+                self.encoder = StreamingEncoder(vae, self.pipe.encode_tile_pixels)
+                self._encode(0, 4 * (n - 1) + 1)
+            else:
+                step = 4 * n
+                for first in range(4 * (n - 1) + 1, self.frames, step):
+                    self._encode(first, min(step, self.frames - first))
+                self.encoder = None  # its caches go now, before the KV cache grows
+                free_device_memory(self.pipe.device)
+            self.progress("encode", c + 1, 2)
+            self.clock.lap("encode")
+        latent = torch.cat(self.latents, dim=1)
+        frames = slice(c * n, (c + 1) * n)
+        return torch.cat([self.mask[:, frames], latent[:, frames]])
 
 
 class _Clock:

@@ -85,6 +85,16 @@ class LayerKV:
     def _tensors(self) -> list[torch.Tensor]:
         return [self.k, self.v, self.k_scale, self.v_scale] if self.fp8 else [self.k, self.v]
 
+    def grow(self, capacity: int, used: int) -> None:
+        """Reallocate at `capacity` slots, keeping slots [0, used)."""
+        for name in ("k", "v", "k_scale", "v_scale") if self.fp8 else ("k", "v"):
+            old = getattr(self, name)
+            alloc = torch.empty if old.dtype == torch.float8_e4m3fn else torch.zeros
+            new = alloc((old.shape[0], capacity, *old.shape[2:]), dtype=old.dtype, device=old.device)
+            new[:, :used] = old[:, :used]
+            setattr(self, name, new)
+            del old
+
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this call's rotated keys and values [1, L, n, d]; return the window to attend to."""
         step = self.owner.step
@@ -120,7 +130,13 @@ class _Step:
 
 
 class KVCache:
-    """Per-layer self-attention slots for one rollout (batch 1), plus each layer's text keys/values."""
+    """Per-layer self-attention slots for one rollout (batch 1), plus each layer's text keys/values.
+
+    `start_tokens` allocates fewer slots at first (the Fast loop starts with one chunk's worth, so the
+    rest of the conditioning frames can be encoded beside it); `grow` then reallocates at the spec's
+    capacity. Until then nothing can have been evicted, so the slots and windows are those of a cache
+    allocated whole from the start.
+    """
 
     def __init__(
         self,
@@ -130,9 +146,11 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        start_tokens: int | None = None,
     ):
         self.spec = spec
-        shape = (1, spec.capacity_tokens, num_heads, head_dim)
+        self.capacity = spec.capacity_tokens if start_tokens is None else min(start_tokens, spec.capacity_tokens)
+        shape = (1, self.capacity, num_heads, head_dim)
         self.layers = [LayerKV(self, shape, dtype, torch.device(device)) for _ in range(num_layers)]
         self.global_end = 0  # one past the last video token written so far
         self.local_end = 0  # one past the last slot written so far
@@ -147,10 +165,18 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for layer in self.layers for t in layer._tensors())
 
+    def grow(self) -> None:
+        """Reallocate every layer at the spec's capacity, keeping the slots written so far."""
+        if self.capacity == self.spec.capacity_tokens:
+            return
+        for layer in self.layers:
+            layer.grow(self.spec.capacity_tokens, self.local_end)
+        self.capacity = self.spec.capacity_tokens
+
     def begin(self, current_start: int, num_tokens: int) -> None:
         """Decide where a call on tokens [current_start, current_start + num_tokens) writes and reads."""
         spec = self.spec
-        capacity = spec.capacity_tokens
+        capacity = self.capacity
         current_end = current_start + num_tokens
         evict = kept = sink = 0
         if spec.rolling and current_end > self.global_end and num_tokens + self.local_end > capacity:

@@ -7,7 +7,6 @@ the 10.6 GB text encoder is never loaded for that job.
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import torch
@@ -17,8 +16,9 @@ from contracts import atomic
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("LINGBOT_ISAAC_CACHE") or Path.home() / ".cache" / "lingbot-isaac"
-    return Path(root) / "text-embeddings"
+    from worldgen.tiny import cache_root  # the one cache root (LINGBOT_ISAAC_CACHE)
+
+    return cache_root() / "text-embeddings"
 
 
 class TextCache:

@@ -35,6 +35,7 @@ VAE_OVERRIDES = {"dim": 8, "num_res_blocks": 1}
 
 
 def cache_root() -> Path:
+    """Where the project caches what it can rebuild (tiny checkpoints, prompt embeddings)."""
     return Path(os.environ.get("LINGBOT_ISAAC_CACHE") or Path.home() / ".cache" / "lingbot-isaac")
 
 

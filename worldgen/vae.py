@@ -420,16 +420,28 @@ def decode_tiled(vae: WanVAE, latent: torch.Tensor, max_tile_pixels: int | None,
     return _tiled(vae.decode, latent, 8, tile, min(overlap // 8, min(tile) // 4), unit=1)
 
 
-class StreamingDecoder:
-    """`decode_tiled` a few latent frames at a time, each tile's causal frame cache carried from one
-    call to the next: the pieces, concatenated, are exactly `decode_tiled(vae, whole latent, tile)`
-    (same tiles, same per-frame arithmetic), so a streamed video equals a decoded-at-the-end one."""
+class _Streaming:
+    """Run a VAE half a few frames at a time over fixed spatial tiles, each tile's causal frame cache
+    carried from one call to the next, so the pieces, concatenated, equal the whole-video tiled result
+    (same tiles, same per-frame arithmetic)."""
 
-    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int = 64):
+    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int):
         self.vae = vae
         self.max_tile_pixels = max_tile_pixels
         self.overlap = overlap
         self.caches: dict[tuple[int, int], FrameCache] = {}
+
+    def cache_bytes(self) -> int:
+        """Bytes held by every tile's causal caches (what a streamed VAE keeps between calls)."""
+        return sum(t.numel() * t.element_size() for c in self.caches.values() for t in c.values() if t is not None)
+
+
+class StreamingDecoder(_Streaming):
+    """`decode_tiled` a few latent frames at a time (see `_Streaming`): a streamed video equals a
+    decoded-at-the-end one."""
+
+    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int = 64):
+        super().__init__(vae, max_tile_pixels, overlap)
 
     def _run(self, key: tuple[int, int], latent: torch.Tensor) -> torch.Tensor:
         cache = self.caches.setdefault(key, {})
@@ -446,6 +458,56 @@ class StreamingDecoder:
         overlap = min(self.overlap // 8, min(tile) // 4)
         positions = iter(_tile_positions(h, w, tile, overlap, unit=1))
         return _tiled(lambda piece: self._run(next(positions), piece), latent, 8, tile, overlap, unit=1)
+
+
+class StreamingEncoder(_Streaming):
+    """`encode_tiled` a few frames at a time (see `_Streaming`): the first push holds 4k+1 frames
+    (frame 0 is encoded alone, as `WanVAE.encode` does), every later one 4k frames; the latents,
+    concatenated, equal `encode_tiled` of the whole video."""
+
+    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int = 64):
+        super().__init__(vae, max_tile_pixels, overlap)
+        self.frames_seen = 0
+
+    def _run(self, key: tuple[int, int], video: torch.Tensor) -> torch.Tensor:
+        cache = self.caches.setdefault(key, {})
+        first = self.frames_seen == 0
+        starts = [0, *range(1, video.shape[2], 4)] if first else list(range(0, video.shape[2], 4))
+        sizes = [1 if first and s == 0 else 4 for s in starts]
+        return torch.cat(
+            [self.vae.encode_chunk(video[:, :, s : s + n], cache) for s, n in zip(starts, sizes, strict=True)], dim=2
+        )
+
+    @torch.no_grad()
+    def push(self, video: torch.Tensor) -> torch.Tensor:
+        """The next frames [B, 3, f, H, W] in [-1, 1] -> their latent frames [B, z, t, H/8, W/8]."""
+        frames, height, width = video.shape[2:]
+        if (frames - (1 if self.frames_seen == 0 else 0)) % 4 or height % 8 or width % 8:
+            raise InputError(
+                f"streamed VAE encode takes 4k+1 frames first, then 4k frames, H and W multiples of 8; got "
+                f"{frames} frames (after {self.frames_seen}) of {height}x{width}"
+            )
+        if self.max_tile_pixels is None or height * width <= self.max_tile_pixels:
+            latent = self._run((0, 0), video)
+        else:
+            tile = tile_shape(height, width, self.max_tile_pixels, unit=8)
+            overlap = min(self.overlap, min(tile) // 4)
+            positions = iter(_tile_positions(height, width, tile, overlap, unit=8))
+            latent = _tiled(lambda piece: self._run(next(positions), piece), video, 1 / 8, tile, overlap, unit=8)
+        self.frames_seen += frames
+        return latent
+
+
+def streamed_tiles(height: int, width: int, max_tile_pixels: int | None, overlap: int = 64) -> tuple[int, int, int]:
+    """(pixels of one tile, pixels of all tiles, tiles) of a `height` x `width` frame as `StreamingDecoder`
+    cuts it (`StreamingEncoder`'s cut is the same to within rounding): what their memory scales with."""
+    if max_tile_pixels is None or height * width <= max_tile_pixels:
+        return height * width, height * width, 1
+    h, w = height // 8, width // 8
+    tile = tile_shape(h, w, max_tile_pixels // 64, unit=1)
+    count = len(_tile_positions(h, w, tile, min(overlap // 8, min(tile) // 4), unit=1))
+    one = tile[0] * tile[1] * 64
+    return one, one * count, count
 
 
 def _tile_positions(

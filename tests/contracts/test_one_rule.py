@@ -20,6 +20,7 @@ from bridge.client import EpisodePayload, PayloadError
 from bridge.spool import Spool
 from contracts import episode
 from contracts.episode import EpisodeError, EpisodeMeta, write_episode
+from tests.conftest import files_matching
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("contracts", "lingbot_isaac", "bridge", "worldgen", "comparison", "lingbot_cli")
@@ -127,15 +128,10 @@ NOT_YET = {"bench/bench_fast.py", "bench/bench_speed.py"}
 def test_benches_and_scripts_take_their_defaults_from_contracts():
     """No bench or script restates a generation default or the model frame (steps, shift, sizes, frame
     counts): they import contracts.settings / contracts.model_frame or name a preset."""
-    literal = re.compile(
+    literal = (
         r"default\s*=\s*(?:480|832|81|70|40|17|4)\b"  # argparse defaults: frame sides, frame counts, steps
         r"|default\s*=\s*\"\d+\*\d+\""  # a size string
         r"|\b(?:steps|shift|frame_num|size)\s*=\s*(?:\d|\"\d)"  # a setting passed as a literal
     )
-    where = sorted(
-        str(path.relative_to(REPO))
-        for folder in ("bench", "scripts")
-        for path in (REPO / folder).glob("*.py")
-        if str(path.relative_to(REPO)) not in NOT_YET and literal.search(path.read_text())
-    )
+    where = [path for path in files_matching(literal, ("bench", "scripts")) if path not in NOT_YET]
     assert where == []

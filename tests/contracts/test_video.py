@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 
 from contracts.video import DEFAULT_FPS, VideoError, read_mp4, write_mp4
-from tests.conftest import REPO
-
-SOURCES = ("contracts", "lingbot_isaac", "bridge", "worldgen", "comparison", "lingbot_cli", "bench", "scripts")
+from tests.conftest import files_matching
 
 
 def frames(count: int, height: int, width: int):
@@ -45,12 +41,5 @@ def test_bad_frames_are_refused_and_nothing_is_left(tmp_path):
 
 def test_only_contracts_video_runs_the_codec():
     """One reader and one writer of mp4 files: nobody else calls imageio-ffmpeg's frame reader/writer."""
-    codec = re.compile(r"imageio_ffmpeg\.(?:read_frames|write_frames)\(")
-    where = sorted(
-        str(path.relative_to(REPO))
-        for package in SOURCES
-        for path in (REPO / package).rglob("*.py")
-        if codec.search(path.read_text())
-    )
-    # lingbot_isaac/session.py (W's this session) reads a chunk's last frame itself: listed in tidy's report
-    assert [w for w in where if w != "lingbot_isaac/session.py"] == ["contracts/video.py"]
+    where = files_matching(r"imageio_ffmpeg\.(?:read_frames|write_frames)\(")
+    assert where == ["contracts/video.py"]

@@ -6,17 +6,14 @@ The server address is a closed port: had replay contacted it first, the error wo
 
 from __future__ import annotations
 
-import resource
 import shutil
 import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO, run_cli_measured
+
 SAMPLE = REPO / "data" / "sample_room"
 
 
@@ -24,11 +21,6 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _cpu_seconds_of_children() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 @pytest.mark.parametrize("case", ["missing image", "bad poses", "bad setting"])
@@ -46,30 +38,10 @@ def test_replay_fails_on_bad_input_before_contacting_the_server(tmp_path, case):
     else:
         extra = ["--steps", "0"]
         expected = "steps must be in [1, 1000] (got 0)"
-    before = _cpu_seconds_of_children()
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-X",
-            "importtime",
-            "-m",
-            "lingbot_cli",
-            "replay",
-            str(episode),
-            "--server",
-            f"tcp://127.0.0.1:{_closed_port()}",
-            *extra,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    cpu = _cpu_seconds_of_children() - before
-    errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    result = run_cli_measured(["replay", str(episode), "--server", f"tcp://127.0.0.1:{_closed_port()}", *extra])
+    errors = result.errors
     assert result.returncode == 2 and errors[-1].startswith("error: ") and expected in errors[-1], errors
     assert "no server" not in result.stderr, "the server was contacted before the input was checked"
-    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
-    assert "torch" not in imported, "nothing of the generation side was needed"
-    assert cpu < 2.0, f"{cpu:.2f} s of CPU"
+    assert "torch" not in result.imported, "nothing of the generation side was needed"
+    assert result.cpu_s < 2.0, f"{result.cpu_s:.2f} s of CPU"
     assert not (episode / "rollout.mp4").exists()

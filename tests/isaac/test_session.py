@@ -109,3 +109,10 @@ def test_first_frame_photo_from_the_window_is_fitted_into_the_episode_before_sen
     fitted, _, _ = fit_photo(tmp_path / "photo.png", 480, 832)
     assert np.abs(written.image().astype(float) - fitted).mean() < 6  # the photo (as JPEG), not the render
     assert written.sim_frames_path is not None
+
+
+def test_the_model_chosen_while_recording_is_kept_in_the_episode(tmp_path):
+    session = Session(SessionSettings(output_dir=tmp_path, width=W, height=H, frame_num=17, model="fast"))
+    record(session)
+    folder = session.stop_recording("A walk through a patterned room.", name="cam")
+    assert read_episode(folder).meta.generation == {"frame_num": 17, "model": "fast"}

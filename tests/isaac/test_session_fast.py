@@ -22,6 +22,7 @@ from bridge.client import Client
 from contracts.engine_options import MODELS
 from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO, EpisodeMeta
 from contracts.settings import SettingsError
+from contracts.video import read_mp4
 from lingbot_isaac.session import PREVIEW_DIR, ChunkPreview, Session, SessionSettings, model_choices
 from tests.bridge.conftest import TINY, ServerPool, make_episode, wait_for
 
@@ -53,9 +54,7 @@ def count_frames(path: Path) -> int:
 
 
 def read_frames(path: Path) -> np.ndarray:
-    reader = imageio_ffmpeg.read_frames(str(path))
-    width, height = next(reader)["size"]
-    return np.stack([np.frombuffer(f, np.uint8).reshape(height, width, 3) for f in reader])
+    return read_mp4(path)[0]
 
 
 def test_the_model_list_is_the_contracts_one_and_nothing_is_sent_by_default():

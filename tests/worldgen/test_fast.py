@@ -163,8 +163,13 @@ def test_loop_progress_counts_steps_and_refreshes(loop_case):
         progress=lambda phase, step, total: seen.append((step, total)),
     )  # fmt: skip
     next(chunks)
-    assert seen[-1] == (5, 15)  # 4 steps + 1 cache refresh per chunk, 3 chunks
-    chunks.close()
+    # a chunk is handed out after its 4 steps, before its cache refresh; 3 chunks: 4+1, 4+1, 4 forwards
+    assert seen[-1] == (4, 14)
+    next(chunks)
+    assert seen[-1] == (9, 14)
+    next(chunks)
+    assert seen[-1] == (14, 14)
+    assert next(chunks, None) is None and seen[-1] == (14, 14)  # no refresh after the last chunk
 
 
 def test_fp8_cache_stays_close(dit, chunks_io):
@@ -209,6 +214,32 @@ def test_cache_plan_prefers_the_reference_then_fp8_then_rolling():
     assert spec.bytes(**FULL_SIZE) <= 8 * gib and "rolling" in why
     with pytest.raises(ValueError, match="smallest rolling KV cache"):
         plan_cache(21, 1560, 3, room_bytes=1 * gib, **FULL_SIZE)
+
+
+def _full_size_plan(budget_gib: float):
+    """A FastPipeline with the real 14B config under a VRAM budget: planning only, no model loaded."""
+    from worldgen.dit import DiTConfig
+    from worldgen.memory import plan_memory
+    from worldgen.residency import ModelSlot
+
+    plan = plan_memory(torch.device("cuda"), budget_gib, expert_gib=8.9, checkpoint_kind="nf4", gpu_total_gib=80)
+    empty = ModelSlot("none", lambda: None)
+    return FastPipeline(
+        dit=empty, dit_config=DiTConfig(), dtype=torch.bfloat16, tokenizer=None, text_encoder=empty, vae=empty,
+        device=torch.device("cuda"), text_len=512, name="full size", plan=plan,
+    )  # fmt: skip
+
+
+def test_full_size_plan_at_24_gib_streams_in_strips_with_a_rolling_window():
+    pipe = _full_size_plan(24)
+    spec = pipe.plan_job(21, 58, 104, FastOptions())  # 480p, 81 frames (what the H100 run measured)
+    assert spec.storage == "fp8" and spec.rolling and spec.capacity_tokens == 10 * 1508
+    assert pipe.vae_cut.tiles == 2 and pipe.stream_encode
+    assert "2 spatial tiles" in pipe.describe_plan() and "the first chunk's frames first" in pipe.describe_plan()
+    with pytest.raises(InputError, match=r"At 720x1280 the Fast DiT \(8.9 GiB\).*no room for a KV cache"):
+        _full_size_plan(24).plan_job(21, 90, 160, FastOptions())  # 720p does not fit 24 GiB, and says why
+    pipe = _full_size_plan(40)
+    assert pipe.plan_job(21, 90, 160, FastOptions()).rolling  # with more memory it does
 
 
 def test_rolling_cache_runs_a_video_longer_than_itself(loop_case):
@@ -285,6 +316,26 @@ def test_streamed_decode_equals_whole_decode(tile_pixels):
     assert torch.equal(torch.cat(pieces, dim=2), whole)
 
 
+@pytest.mark.parametrize("tile_pixels", [None, 24 * 24])
+def test_streamed_encode_equals_whole_encode(tile_pixels):
+    """The Fast loop encodes each chunk's conditioning frames as it goes: 9 frames, then 12 at a time."""
+    from worldgen.vae import WAN21_VAE, StreamingEncoder, WanVAE, encode_tiled
+
+    torch.manual_seed(0)
+    import dataclasses
+
+    vae = WanVAE(dataclasses.replace(WAN21_VAE, dim=8, num_res_blocks=1)).eval()
+    video = torch.rand(1, 3, 21, 32, 48) * 2 - 1
+    whole = encode_tiled(vae, video, tile_pixels, overlap=16)
+    encoder = StreamingEncoder(vae, tile_pixels, overlap=16)
+    pieces = [encoder.push(video[:, :, a:b]) for a, b in ((0, 9), (9, 21))]
+    assert [p.shape[2] for p in pieces] == [3, 3]
+    assert torch.equal(torch.cat(pieces, dim=2), whole)
+    assert encoder.cache_bytes() > 0
+    with pytest.raises(InputError, match="4k frames"):
+        encoder.push(video[:, :, :3])
+
+
 @pytest.mark.slow
 def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
     from contracts.settings import GenerationSettings
@@ -306,6 +357,26 @@ def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
         example / "image.jpg", "a room", np.load(example / "poses.npy"), np.load(example / "intrinsics.npy"), settings
     )
     assert torch.equal(again, video)  # seeded: a non-streamed run is the same video
+    assert "the first chunk's frames first" in plans[-1]  # conditioning encoded as the loop goes
+    pipe.plan_job = _encoding_up_front(pipe.plan_job, pipe)
+    up_front = pipe.generate(
+        example / "image.jpg", "a room", np.load(example / "poses.npy"), np.load(example / "intrinsics.npy"), settings
+    )
+    assert "every frame before the loop" in plans[-1]
+    assert torch.equal(up_front, video)  # the streamed encoder gives the whole-video encoder's latents
+
+
+def _encoding_up_front(plan_job, pipe):
+    """The plan as chosen, except that every conditioning frame is encoded before the loop (what a
+    budget too small for the streamed encoder gets)."""
+
+    def plan(*args, **kwargs):
+        spec = plan_job(*args, **kwargs)
+        pipe.stream_encode = False
+        pipe.on_plan(pipe.describe_plan())
+        return spec
+
+    return plan
 
 
 def test_doctor_reports_the_fast_folder(tmp_path, fast_root):

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import html
 import json
-import resource
 import shutil
 import subprocess
 import sys
-import time
 
 import imageio_ffmpeg
 import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli_measured
 
 
 def run_cli(*args, env_cache, timeout=240):
@@ -148,11 +146,6 @@ def test_generate_writes_its_provenance_record_and_the_report_shows_it(tmp_path,
     assert "81 frames asked, 33 poses: generating 33" in top
 
 
-def _cpu_seconds_of_children() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 @pytest.mark.parametrize("case", ["missing image", "bad poses", "bad setting", "too few frames"])
 def test_bad_input_fails_in_a_second_without_loading_a_model(lingbot_examples, tmp_path, cache, case):
     """Checked before anything heavy: the checkpoint path does not exist, so a model load (or even the
@@ -176,36 +169,16 @@ def test_bad_input_fails_in_a_second_without_loading_a_model(lingbot_examples, t
     else:
         args += ["--frame-num", "3"]
     env = {"LINGBOT_ISAAC_CACHE": str(cache), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-    before, started = _cpu_seconds_of_children(), time.monotonic()
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-X",
-            "importtime",
-            "-m",
-            "lingbot_cli",
-            "generate",
-            *args,
-            "--ckpt-dir",
-            str(tmp_path / "no-such-checkpoint"),
-            "-o",
-            str(tmp_path / "o.mp4"),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = run_cli_measured(
+        ["generate", *args, "--ckpt-dir", str(tmp_path / "no-such-checkpoint"), "-o", str(tmp_path / "o.mp4")], env=env
     )
-    cpu, wall = _cpu_seconds_of_children() - before, time.monotonic() - started
-    errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    errors = result.errors
     assert result.returncode == 2 and errors[-1].startswith("error: ") and expected in errors[-1], errors
     assert "does not exist" not in result.stderr, "the checkpoint was looked at before the input"
-    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
-    assert not {"torch", "worldgen.pipeline", "worldgen.checkpoint", "bitsandbytes"} & imported, (
+    assert not {"torch", "worldgen.pipeline", "worldgen.checkpoint", "bitsandbytes"} & result.imported, (
         "a model was on its way"
     )
-    assert cpu < 2.0, f"{cpu:.2f} s of CPU ({wall:.2f} s wall on a shared machine)"
+    assert result.cpu_s < 2.0, f"{result.cpu_s:.2f} s of CPU ({result.wall_s:.2f} s wall on a shared machine)"
     assert not (tmp_path / "o.mp4").exists()
 
 

@@ -3,23 +3,14 @@ the only code that reads this process's /proc figures; the worker's protocol sid
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 
-from tests.conftest import REPO
-
-SOURCES = ("contracts", "lingbot_isaac", "bridge", "worldgen", "comparison", "lingbot_cli", "bench", "scripts")
+from tests.conftest import REPO, files_matching
 
 
 def test_only_metering_reads_this_process_proc_status():
-    reads = re.compile(r"/proc/self/")
-    where = sorted(
-        str(path.relative_to(REPO))
-        for package in SOURCES
-        for path in (REPO / package).rglob("*.py")
-        if reads.search(path.read_text())
-    )
+    where = files_matching(r"/proc/self/")
     assert where == ["worldgen/metering.py"]
 
 

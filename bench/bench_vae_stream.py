@@ -1,0 +1,86 @@
+"""The streamed VAE of the Fast loop: memory and time per chunk for each spatial tiling.
+
+Usage:
+  python bench/bench_vae_stream.py [--size 464x832] [--chunks 7] [--tiles none,222720,148480,58496] [--json OUT]
+
+A full-size Wan2.1 VAE (random weights, float32, as the pipeline runs it) decodes `--chunks` chunks of
+3 latent frames with `StreamingDecoder` and encodes the matching conditioning frames (9, then 12 at a
+time) with `StreamingEncoder`, once per tile setting (`none` = whole frames, else the largest tile
+area in pixels). Per setting it prints: seconds per chunk, the causal caches kept between chunks
+(GiB), and the peak memory a push needs above what was allocated before it (caches included), which
+is what the Fast memory plan (`worldgen.fast.stream_vae_plan`) must leave room for beside the DiT and
+the KV cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from worldgen.vae import WAN21_VAE, StreamingDecoder, StreamingEncoder, WanVAE  # noqa: E402
+
+GiB = 2**30
+
+
+def measure(stream, pieces, device) -> dict:
+    base = torch.cuda.memory_allocated(device)
+    seconds, peaks, tops = [], [], []
+    for piece in pieces:
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        out = stream.push(piece.to(device))
+        torch.cuda.synchronize(device)
+        seconds.append(time.perf_counter() - start)
+        peaks.append((torch.cuda.max_memory_allocated(device) - before) / GiB)
+        tops.append((torch.cuda.max_memory_allocated(device) - base) / GiB)
+        del out
+    return {
+        "seconds_per_chunk": [round(s, 3) for s in seconds],
+        "seconds_total": round(sum(seconds), 2),
+        "cache_gib": round(stream.cache_bytes() / GiB, 3),
+        "peak_above_before_push_gib": round(max(peaks), 3),
+        "peak_above_start_gib": round(max(tops), 3),  # caches of earlier chunks + this push
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="464x832", help="frame HxW in pixels (multiples of 16)")
+    parser.add_argument("--chunks", type=int, default=7, help="chunks of 3 latent frames")
+    parser.add_argument("--tiles", default="none,222720,148480,58496", help="tile areas in pixels; none = whole frames")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    height, width = (int(v) for v in args.size.split("x"))
+    vae = WanVAE(WAN21_VAE).to(device).eval()
+    weights = sum(p.numel() * p.element_size() for p in vae.parameters()) / GiB
+    latents = [torch.randn(1, 16, 3, height // 8, width // 8) for _ in range(args.chunks)]
+    video = torch.rand(1, 3, 1 + 12 * args.chunks - 3, height, width) * 2 - 1
+    frames = [video[:, :, :9]] + [video[:, :, 9 + 12 * i : 21 + 12 * i] for i in range(args.chunks - 1)]
+    results = {"device": torch.cuda.get_device_name(device), "size": args.size, "vae_weights_gib": round(weights, 3)}
+    for tiles in args.tiles.split(","):
+        tile = None if tiles == "none" else int(tiles)
+        for name, cls, pieces in (("decode", StreamingDecoder, latents), ("encode", StreamingEncoder, frames)):
+            torch.cuda.empty_cache()
+            try:
+                result = measure(cls(vae, tile), pieces, device)
+            except torch.OutOfMemoryError as exc:
+                result = {"error": str(exc)[:300]}
+            results[f"{name} tiles={tiles}"] = result
+            print(f"{name:6} tiles={tiles:>7}: {result}", flush=True)
+            torch.cuda.empty_cache()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
