@@ -9,7 +9,7 @@ Usage:
 
   One rollout on two GPUs of a pool (setting gpus = 2) vs the same rollout on one GPU:
     python bench/bench_pool.py --jobs 1 --job-gpus 2 --ckpt /tmp/ckpt --devices cuda:0,cuda:1 \
-        --baseline-devices cuda:0 --preset default --warmup --startup-timeout 1800
+        --baseline-devices cuda:0 --preset default --steps 10 --warmup --startup-timeout 1800
 
 Each configuration runs a real `lingbot-isaac serve` subprocess (its workers loaded and warm
 before the clock starts: `health` ok for every worker), one client submits all N jobs at once,
@@ -34,6 +34,10 @@ sys.path.insert(0, str(REPO))
 
 from bridge.client import Client, EpisodePayload, Result  # noqa: E402
 from contracts.settings import load_presets, load_settings  # noqa: E402
+
+# Warm-up steps: with the presets' shifts (5, 10) a 4-step schedule crosses the boundary, so both
+# experts (high noise, then low) run once and stay resident.
+WARMUP_STEPS = 4
 
 
 def start_server(
@@ -95,7 +99,7 @@ def measure(
                         raise SystemExit(f"workers not ready after {args.startup_timeout} s")
                     time.sleep(0.5)
                 if args.warmup:  # every worker loads its experts (they load on first use) before the clock
-                    warm = [client.submit(payload, {**settings, "steps": 1, "seed": 10_000 + i})
+                    warm = [client.submit(payload, {**settings, "steps": WARMUP_STEPS, "seed": 10_000 + i})
                             for i in range(max(1, len(devices) // gpus))]  # fmt: skip
                     if not all(isinstance(job.wait(), Result) for job in warm):
                         raise SystemExit("a warm-up job failed; see the server log")
@@ -146,8 +150,8 @@ def main() -> int:
     parser.add_argument(
         "--warmup",
         action="store_true",
-        help="before the clock starts, run one 1-step job per worker (a two-GPU job per pair), so the "
-        "experts, which load on first use, are resident in every worker",
+        help=f"before the clock starts, run one {WARMUP_STEPS}-step job per worker (a two-GPU job per pair), so "
+        "both experts, which load on first use, are resident in every worker",
     )
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds for the workers to load")
     parser.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")

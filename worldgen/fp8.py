@@ -59,6 +59,17 @@ def unsupported_reason(device: torch.device | str) -> str | None:
     return None
 
 
+def check_dtype(dtype: torch.dtype | str | None) -> None:
+    """Refuse fp8 with a compute dtype other than bf16: only bf16 calls take the FP8 GEMM
+    (`wants_fp8`), so the run would stay exact while its provenance record said fp8."""
+    name = str(dtype).removeprefix("torch.") if dtype is not None else None
+    if name not in (None, "bfloat16"):
+        raise InputError(
+            f"--compute fp8 runs bf16 matmuls as FP8 GEMMs; this engine computes in {name}: use --dtype bf16 "
+            "with fp8, or --compute exact"
+        )
+
+
 def check_supported(device: torch.device | str) -> None:
     reason = unsupported_reason(device)
     if reason:

@@ -180,12 +180,15 @@ def _send(conn: socket.socket, message: dict[str, Any]) -> None:
     conn.sendall(data)
 
 
-def _receive(conn: socket.socket) -> dict[str, Any] | None:
+def _receive(conn: socket.socket, max_bytes: int | None = None) -> dict[str, Any] | None:
     """The next message, or None when the other side closed the connection between messages."""
     head = _read_exactly(conn, _LENGTH.size)
     if head is None:
         return None
-    body = _read_exactly(conn, _LENGTH.unpack(head)[0])
+    (length,) = _LENGTH.unpack(head)
+    if max_bytes is not None and length > max_bytes:
+        raise PeerLost(f"a message of {length} bytes where at most {max_bytes} are expected")
+    body = _read_exactly(conn, length)
     if body is None:
         raise PeerLost("the connection closed in the middle of a message")
     # weights_only: tensors, strings, numbers and containers only (never arbitrary pickled objects)
@@ -305,12 +308,13 @@ def serve_guidance(
                 conn, _ = listener.accept()
             except TimeoutError:
                 continue
-            conn.settimeout(None)
+            conn.settimeout(5.0)  # whoever connects proves the token at once, in a small message
             try:
-                hello = _receive(conn)
+                hello = _receive(conn, max_bytes=1 << 16)
             except Exception:
                 hello = None
             if hello and hello.get("type") == "hello" and hmac.compare_digest(str(hello.get("token")), token):
+                conn.settimeout(None)
                 break
             conn.close()  # not the job's worker: keep waiting for it
     finally:

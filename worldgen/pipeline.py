@@ -234,7 +234,7 @@ class Pipeline:
 
     def job_compute(self, settings: GenerationSettings) -> str:
         """The experts' compute for this job ('exact' or 'fp8', approximate), refused where unsupported."""
-        from worldgen.fp8 import COMPUTES, check_supported
+        from worldgen.fp8 import COMPUTES, check_dtype, check_supported
 
         compute = canonical_compute(getattr(settings, "compute", None) or self.compute)
         if compute not in COMPUTES:
@@ -242,6 +242,7 @@ class Pipeline:
         if compute == "fp8":
             for device in [self.device] + ([self.second_device.device] if self.second_device else []):
                 check_supported(device)
+            check_dtype(self.identity.get("dtype"))  # what load_pipeline recorded (None: not known)
         return compute
 
     # -- decode -----------------------------------------------------------------------------------
@@ -417,12 +418,14 @@ def load_pipeline(
         check_devices(devices)
         device = devices[0]
     device = torch.device(device) if device is not None else default_device()
-    from worldgen.fp8 import COMPUTES, check_supported
+    from worldgen.fp8 import COMPUTES, check_dtype, check_supported
 
     compute = canonical_compute(compute) or "exact"  # None: the engine's choice, the exact path
     if compute not in COMPUTES:
         raise InputError(f"compute {compute!r} is unknown: use one of {', '.join(COMPUTES)}")
     if compute == "fp8":
+        if dtype is not None:  # asked for explicitly: say so before the device (a CPU's float32 is no choice)
+            check_dtype(dtype)
         for name in devices or [device]:
             check_supported(name)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)

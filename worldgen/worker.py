@@ -12,6 +12,11 @@ idle, `health` is answered by the main thread after probing the device, so a rep
 process that holds the model still works. If stdin closes (the server died), the worker exits at
 once rather than holding GPU memory for nobody.
 
+A pool's two-GPU job (setting `gpus = 2`, bridge/worker_pool.py) involves two workers: the one
+sent `run` with a `peer` runs the job with a `worldgen.multi_gpu.PeerDevice` as its second device;
+the one sent `guide` serves that job's unconditional passes (`serve_guidance`) with its own warm
+experts until the first closes the connection, then answers `result` and is free again.
+
 Engine-agnostic core (`serve(load_engine)`): the real engine is `PipelineEngine` (worldgen.pipeline
 + worldgen.rollout, imports torch); anything with the same four methods can be served.
 """

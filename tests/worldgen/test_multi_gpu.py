@@ -63,6 +63,10 @@ def test_a_peer_worker_serving_the_unconditional_passes_gives_the_one_device_out
             threading.Event().wait(0.05)
     stranger.sendall(struct.pack(">Q", 5) + b"hello")  # not the job's worker: closed, the wait goes on
     assert stranger.recv(1) == b""
+    greedy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    greedy.connect(address)
+    greedy.sendall(struct.pack(">Q", 1 << 40))  # a terabyte "hello": refused before any allocation
+    assert greedy.recv(1) == b""
     one.second_device = PeerDevice(address, "the-token", "cpu", "peer")
     try:
         got = _rollout(one, lingbot_examples / "00")

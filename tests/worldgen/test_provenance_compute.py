@@ -47,3 +47,14 @@ def test_the_report_row_names_path_dtype_and_device():
     # a record written before the path was named: its "bf16" meant the exact path, whatever the dtype
     old = _record({"device": "cpu", "dtype": "float32", "compute": "bf16"})
     assert dict(summary_rows(old))["compute"] == "exact in float32 on cpu"
+
+
+def test_fp8_with_a_dtype_it_cannot_take_is_refused_not_recorded():
+    """Only bf16 calls take the FP8 GEMM: fp8 with --dtype fp32 would run exact under an fp8 record."""
+    import pytest
+    import torch
+
+    from worldgen.errors import InputError
+
+    with pytest.raises(InputError, match="computes in float32: use --dtype bf16 with fp8, or --compute exact"):
+        load_pipeline("tiny", device="cpu", dtype=torch.float32, compute="fp8")
