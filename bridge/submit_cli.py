@@ -35,7 +35,7 @@ from contracts import atomic, video
 from contracts.engine_options import MODELS
 from contracts.episode import ROLLOUT_VIDEO
 from contracts.provenance import with_job, write_record
-from contracts.settings import SettingsError
+from contracts.settings import FIELD_BY_NAME, SettingsError
 
 USER_ERRORS = (PayloadError, SettingsError, RequestFailed, JobFailed, ServerUnavailable, Unauthorized,
                SecurityError, TimeoutError)  # fmt: skip
@@ -52,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", choices=MODELS, help="base or fast (LingBot-World-Fast) (default: the server's preset)"
     )
+    parser.add_argument("--gpus", type=int, choices=(1, 2), help="per job: " + FIELD_BY_NAME["gpus"].help)
     parser.add_argument(
         "--follow",
         action="store_true",
@@ -67,7 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     payload = EpisodePayload.from_dir(args.episode)
     settings = {k: v for k, v in (("steps", args.steps), ("frame_num", args.frame_num), ("size", args.size),
-                                   ("seed", args.seed), ("model", args.model)) if v is not None}  # fmt: skip
+                                   ("seed", args.seed), ("model", args.model), ("gpus", args.gpus))
+                if v is not None}  # fmt: skip
     out = args.out or args.episode / ROLLOUT_VIDEO
     growing = GrowingVideo(out) if args.follow else None
 

@@ -27,3 +27,14 @@ def test_submit_writes_the_mp4_and_record_with_the_umask(servers, episode, tmp_p
     for path in (out, out.with_suffix(".json")):
         assert path.is_file(), path
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, (path, oct(path.stat().st_mode))
+
+
+def test_submit_gpus_2_reaches_the_server_which_refuses_it_without_a_pool(servers, episode, tmp_path):
+    """`submit --gpus 2` sends the per-job setting; a one-device server refuses it, naming `gpus`."""
+    server = servers()
+    out = tmp_path / "rollout.mp4"
+    command = [sys.executable, "-m", "lingbot_cli", "submit", str(episode), "--server", server.endpoint,
+               "--out", str(out), "--steps", "1", "--gpus", "2"]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "gpus" in done.stderr, done.stderr
+    assert not out.exists()
