@@ -303,11 +303,12 @@ class FastPipeline(Pipeline):
             except ValueError as exc:
                 refusal = refusal or exc
                 continue
-            # the rest of the conditioning frames encode after the first chunk, in a one-chunk cache
+            # streamed conditioning: the encoder's caches live through chunk 0 (its forwards and its
+            # decode) in a one-chunk cache, then the rest of the frames encode beside the decoder's caches
             first_kv = spec.bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype) / GiB
             first_kv *= min(1.0, chunk_tokens / spec.capacity_tokens)
-            encode_need = fixed + first_kv + cut.decode_cache_gib + cut.encode_cache_gib + cut.encode_push_gib
-            stream_encode = encode_need <= usable
+            with_encoder = fixed + first_kv + cut.encode_cache_gib + cut.decode_cache_gib
+            stream_encode = with_encoder + max(act, cut.decode_push_gib, cut.encode_push_gib) <= usable
             score = (spec.capacity_tokens, stream_encode, -cut.tiles)
             if best is None or score > best[0]:
                 best = (score, spec, why, cut, stream_encode)
