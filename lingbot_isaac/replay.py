@@ -33,7 +33,7 @@ import numpy as np
 from PIL import Image
 
 from contracts import atomic
-from contracts.engine_options import MODELS
+from contracts.engine_options import COMPUTE_CHOICES, MODELS
 from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO, EpisodeError, read_episode, write_rollout
 from contracts.settings import (
     FIELD_BY_NAME,
@@ -146,10 +146,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     gen.add_argument(
         "--compute",
-        choices=("bf16", "fp8"),
-        help="per job: bf16 = exact (the reference's numerics); fp8 = approximate (FP8 GEMMs: 0.84x the time "
-        "of an exact forward on an H100, output ~5%% different per forward; the server's GPU needs FP8 tensor cores) "
-        "(default: the server's choice)",
+        choices=COMPUTE_CHOICES,
+        help=FIELD_BY_NAME["compute"].help + "; fp8 costs 0.84x the time of an exact forward on an "
+        "H100 and changes each forward's output by ~5%%; the server's GPU needs FP8 tensor cores",
     )
     gen.add_argument(
         "--model",
