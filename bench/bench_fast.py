@@ -31,6 +31,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from contracts.model_frame import MODEL_SIZE  # noqa: E402
 from contracts.settings import GenerationSettings  # noqa: E402
 from worldgen.camera import load_action  # noqa: E402
 from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, load_expert  # noqa: E402
@@ -160,7 +161,7 @@ def main() -> None:
     parser.add_argument("--build-synthetic", action="store_true", help="write a full-size synthetic one at --ckpt")
     parser.add_argument("--action-path", type=Path, required=True, help="poses.npy, intrinsics.npy, image, prompt")
     parser.add_argument("--vram-budget", type=float, help="GiB, as `generate --vram-budget`")
-    parser.add_argument("--size", default="480*832", help="max area H*W")
+    parser.add_argument("--size", default=MODEL_SIZE, help="max area H*W")
     parser.add_argument(
         "--frames",
         default="81,161",

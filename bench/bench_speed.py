@@ -34,6 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_dit import random_model, to_nf4  # noqa: E402
+from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH  # noqa: E402
+from contracts.settings import FIELD_BY_NAME  # noqa: E402
 from worldgen import fused  # noqa: E402
 from worldgen.dit import DiTConfig  # noqa: E402
 
@@ -233,7 +235,7 @@ def rollout_step_seconds(
     ctx = torch.randn(text_tokens, cfg.text_dim, device=dev, generator=gen)
     neg = torch.randn(text_tokens // 2, cfg.text_dim, device=dev, generator=gen)
     cam = torch.randn(1, 384, f, h, w, device=dev, generator=gen)
-    settings = GenerationSettings(steps=70, shift=10.0, compute=compute)
+    settings = GenerationSettings(compute=compute)  # the reference's defaults (70 steps, shift 10)
     stamps: list[float] = []
 
     def progress(phase: str, step: int, total: int) -> None:
@@ -250,9 +252,9 @@ def rollout_step_seconds(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--frames", type=int, default=81)
-    parser.add_argument("--height", type=int, default=480)
-    parser.add_argument("--width", type=int, default=832)
+    parser.add_argument("--frames", type=int, default=FIELD_BY_NAME["frame_num"].default)
+    parser.add_argument("--height", type=int, default=MODEL_HEIGHT)
+    parser.add_argument("--width", type=int, default=MODEL_WIDTH)
     parser.add_argument("--repeats", type=int, default=2, help="timed forwards per variant (median)")
     parser.add_argument("--rollout-steps", type=int, default=3, help="denoising steps timed after the first")
     parser.add_argument("--text-tokens", type=int, default=120, help="prompt length before padding to 512")

@@ -121,10 +121,6 @@ def test_the_settings_defaults_are_stated_once():
     assert where == ["contracts/settings.py"] and len(FIELDS) >= 11
 
 
-# The lead's files this session (issue 16/10 benches): their literal defaults are listed in tidy's report.
-NOT_YET = {"bench/bench_fast.py", "bench/bench_speed.py"}
-
-
 def test_benches_and_scripts_take_their_defaults_from_contracts():
     """No bench or script restates a generation default or the model frame (steps, shift, sizes, frame
     counts): they import contracts.settings / contracts.model_frame or name a preset."""
@@ -133,5 +129,5 @@ def test_benches_and_scripts_take_their_defaults_from_contracts():
         r"|default\s*=\s*\"\d+\*\d+\""  # a size string
         r"|\b(?:steps|shift|frame_num|size)\s*=\s*(?:\d|\"\d)"  # a setting passed as a literal
     )
-    where = [path for path in files_matching(literal, ("bench", "scripts")) if path not in NOT_YET]
+    where = files_matching(literal, ("bench", "scripts"))
     assert where == []
