@@ -332,7 +332,9 @@ def serve_guidance(
                     residency.fit(int(message["tokens"]), int(message["pixels"]))
                     reply: dict[str, Any] = {"ok": True}
                 elif kind == "start":
-                    inputs = {k: None if message[k] is None else message[k].to(device) for k in ("negative", "y", "cam")}
+                    inputs = {
+                        k: None if message[k] is None else message[k].to(device) for k in ("negative", "y", "cam")
+                    }
                     reply = {"ok": True}
                 elif kind == "step":
                     out = unconditional(residency, device, inputs, message["which"], message["upcoming"],

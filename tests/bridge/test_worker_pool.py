@@ -235,7 +235,9 @@ def test_sigkill_of_either_worker_of_a_two_gpu_job(servers, episode, victim):
         assert all(isinstance(r, Result) for r in results.values()), results
         assert sorted(record_of(r.video)["settings"]["seed"] for r in results.values()) == [1, 2, 3]
         health = healthy(client)
-        assert [w["restarts"] for w in health["workers"]] == [int(w["name"] == killed["name"]) for w in health["workers"]]
+        assert [w["restarts"] for w in health["workers"]] == [
+            int(w["name"] == killed["name"]) for w in health["workers"]
+        ]
         assert spool_states(server)[pair.id]["state"] == "failed"
 
 
@@ -289,4 +291,7 @@ def test_sigkill_of_the_second_tiny_worker_mid_two_gpu_job_retries_it(servers, t
         killed = next(w for w in health["workers"] if w["name"] == second["name"])
         assert killed["restarts"] == 1 and "SIGKILL" in killed["last_exit"]
     log = server.log()
-    assert f"job {pair.id}: its worker died" in log and f"the second worker of this two-GPU job ({second['name']}) died" in log
+    assert (
+        f"job {pair.id}: its worker died" in log
+        and f"the second worker of this two-GPU job ({second['name']}) died" in log
+    )

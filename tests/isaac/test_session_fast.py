@@ -85,7 +85,9 @@ def test_a_fast_job_hands_every_chunk_to_the_window_in_order_before_the_result(s
         image = np.asarray(Image.open(preview.image)).shape if preview.image else None
         seen.append((preview, status.state, status.result is None, frames, image))
 
-    session = Session(SessionSettings(server=server.endpoint, model="fast", timeout=10.0, compare=False), on_chunk=on_chunk)
+    session = Session(
+        SessionSettings(server=server.endpoint, model="fast", timeout=10.0, compare=False), on_chunk=on_chunk
+    )
     session.generate(episode)
     status = session.wait(timeout=240)
     assert status.state == "done", status.error
@@ -125,7 +127,9 @@ def test_a_cancel_between_chunks_stops_the_job_within_one_chunk(server, tmp_path
         calls.append((preview.index, time.monotonic(), preview.job))
         first.set()
 
-    session = Session(SessionSettings(server=server.endpoint, model="fast", timeout=10.0, compare=False), on_chunk=on_chunk)
+    session = Session(
+        SessionSettings(server=server.endpoint, model="fast", timeout=10.0, compare=False), on_chunk=on_chunk
+    )
     session.generate(episode)
     assert first.wait(240), session.status()
     job = calls[0][2]
@@ -149,4 +153,3 @@ def test_a_cancel_between_chunks_stops_the_job_within_one_chunk(server, tmp_path
     session.wait(timeout=30)
     assert all(at < cancelled_at for _, at, _ in calls) and calls[0][0] == 0  # nothing shown after the cancel
     assert not (episode / ROLLOUT_VIDEO).exists()
-
