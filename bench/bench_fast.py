@@ -144,6 +144,8 @@ def rollout(pipe: FastPipeline, args, image, prompt, poses, intrinsics, frames: 
         "wall_seconds": round(wall, 2),
         "first_chunk_callback_seconds": round(chunks[0][2], 2),
         "chunks": len(chunks),
+        # the loop's forwards: 4 steps a chunk and a cache refresh between chunks
+        "dit_seconds_per_forward": round(pipe.timings["dit"] / (5 * len(chunks) - 1), 3),
         "peak_rss_gib": round(max((r.peak_rss_gib or 0) for r in records), 2),
         "finite": bool(torch.isfinite(video).all()),
         "memory_trace": trace,
@@ -227,7 +229,7 @@ def main() -> None:
         print(
             f"rollout {frames} frames ({result['prompt']}) -> {result['frames']} at {result['size']}: first chunk {s['first_chunk']:.2f} s, "
             f"whole video {s['total']:.2f} s (text {s['text']:.2f}, encode {s['encode']:.2f}, DiT loop {s['dit']:.2f}, "
-            f"decode {s['decode']:.2f}); peak VRAM {result.get('peak_vram_reserved_gib', '-')} GiB reserved "
+            f"decode {s['decode']:.2f}; {result['dit_seconds_per_forward']:.3f} s per DiT forward); peak VRAM {result.get('peak_vram_reserved_gib', '-')} GiB reserved "
             f"({result.get('peak_vram_allocated_gib', '-')} allocated), peak RSS {result['peak_rss_gib']} GiB; "
             f"DiT load {result['loads']['dit']:.1f} s (cumulative)",
             flush=True,
