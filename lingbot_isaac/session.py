@@ -44,6 +44,7 @@ class SessionSettings:
     seed: int | None = None
     preset: str | None = None  # send all settings of this preset instead of the server's
     model: str | None = None  # base | fast (contracts.engine_options.MODELS), per job; None: the server's
+    gpus: int | None = None  # 1 | 2 GPUs per job (contracts.settings `gpus`); None: the server's preset
     timeout: float = 10.0  # seconds per request to the server
     compare: bool = True  # build the sim-vs-rollout report when sim frames exist
     first_frame: Path | None = None  # a real photo to start the rollout from (`first_frame.with_photo`)
@@ -53,7 +54,13 @@ class SessionSettings:
         from contracts.settings import GenerationSettings, load_settings
 
         settings: dict[str, Any] = load_settings(preset=self.preset).to_dict() if self.preset else {}
-        flags = {"frame_num": self.frame_num, "steps": self.steps, "seed": self.seed, "model": self.model}
+        flags = {
+            "frame_num": self.frame_num,
+            "steps": self.steps,
+            "seed": self.seed,
+            "model": self.model,
+            "gpus": self.gpus,
+        }
         settings.update({k: v for k, v in flags.items() if v is not None})
         GenerationSettings.from_dict(settings)  # SettingsError names a bad value now, not on the server
         return settings
@@ -248,7 +255,7 @@ class Session:
     def _generate(
         self, episode: Path, client_factory: Callable[[], Any] | None, run: int, cancelled: threading.Event
     ) -> None:
-        from bridge.client import Client, EpisodePayload, ServerUnavailable, submit_and_follow
+        from bridge.client import Client, EpisodePayload, RequestFailed, ServerUnavailable, submit_and_follow
         from contracts.episode import read_episode, write_rollout
         from contracts.settings import job_settings
         from lingbot_isaac.first_frame import first_frame_record, parse_intrinsics, with_photo
@@ -322,6 +329,8 @@ class Session:
         except Exception as exc:
             if isinstance(exc, ServerUnavailable):
                 message = f"Generation failed: the server at {self.settings.server} stopped answering ({exc})"
+            elif isinstance(exc, RequestFailed) and exc.code == "bad_settings":  # e.g. gpus 2 on one device
+                message = f"The server refused the settings: {exc.message.removeprefix('settings: ')}"
             else:
                 message = "Cancelled." if cancelled.is_set() else f"Generation failed: {exc}"
             self._set(run, state="failed", message=message,
@@ -407,6 +416,16 @@ def model_choices() -> list[tuple[str, str | None]]:
 
 
 SERVER_MODEL_LABEL = "server's choice"
+
+
+def gpu_choices() -> list[tuple[str, int | None]]:
+    """The window's GPUs list as (label, value): the server's choice (None: nothing sent), then
+    every count the one `gpus` setting allows (`contracts.settings`: 1, or 2 for a base job split
+    over two of the server's GPUs; a server that cannot do it refuses with `bad_settings`)."""
+    from contracts.settings import FIELD_BY_NAME
+
+    spec = FIELD_BY_NAME["gpus"]
+    return [(SERVER_MODEL_LABEL, None), *((str(n), n) for n in range(int(spec.low), int(spec.high) + 1))]
 
 
 def _server_model(health: dict[str, Any], asked: str | None) -> str:
