@@ -33,7 +33,7 @@ from worldgen.errors import InputError
 from worldgen.image_input import load_image
 from worldgen.memory import MemoryPlan
 from worldgen.metering import PhaseMeter
-from worldgen.multi_gpu import SecondDevice
+from worldgen.multi_gpu import GuidanceDevice
 from worldgen.request import latent_size  # noqa: F401  (re-exported: the rule is defined there)
 from worldgen.residency import ModelSlot, ResidencyPolicy
 from worldgen.scheduler import FlowUniPCScheduler
@@ -92,7 +92,7 @@ class Pipeline:
         text_dtype: torch.dtype | None = None,
         residency: ResidencyPolicy | None = None,
         compute: str = "exact",
-        second_device: SecondDevice | None = None,
+        second_device: GuidanceDevice | None = None,
     ):
         self.tokenizer = tokenizer
         self.text_encoder = text_encoder
