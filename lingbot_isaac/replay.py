@@ -43,16 +43,12 @@ from contracts.settings import (
     load_settings,
     parse_guide_scale,
 )
+from contracts.toml_file import read_toml
 from lingbot_isaac.first_frame import describe_first_frame, first_frame_record, fit_photo, parse_intrinsics, with_photo
 from lingbot_isaac.lens import CameraError
 from lingbot_isaac.recording import write_recording_episode
 from lingbot_isaac.sources import SourceOptions, TrajectorySource, kind_of, open_source
 from lingbot_isaac.sources.isaaclab_hdf5 import QUAT_ORDERS
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 ISAAC_CONFIG = Path(__file__).resolve().parent.parent / "config" / "isaac.toml"
 
@@ -210,10 +206,7 @@ def config_quat_order(path: Path = ISAAC_CONFIG) -> str | None:
     """`[isaaclab] quat_order` of config/isaac.toml ("" or a missing file: None, i.e. ask)."""
     if not path.is_file():
         return None
-    try:
-        value = tomllib.loads(path.read_text(encoding="utf-8")).get("isaaclab", {}).get("quat_order", "")
-    except tomllib.TOMLDecodeError as exc:
-        raise ReplayError(f"{path}: not valid TOML ({exc})") from None
+    value = read_toml(path, error=ReplayError).get("isaaclab", {}).get("quat_order", "")
     if value not in ("", *QUAT_ORDERS):
         raise ReplayError(f'{path}: [isaaclab] quat_order must be "", "wxyz" or "xyzw" (got {value!r})')
     return value or None
