@@ -570,16 +570,24 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
 
     # Read and validate every source before sending anything.
     sources: list[tuple[TrajectorySource, int]] = []
+    frameless: list[Path] = []  # recorder sessions: they cannot hold camera frames
     for path in args.sources:
         if path.name == "episode.json" and path.is_file():  # `replay DIR/**/episode.json`
             path = path.parent
         found = open_source(path, options)
         siblings = len(found)
-        if kind_of(path) == "isaaclab-hdf5":
+        kind = kind_of(path)
+        if kind == "isaaclab-hdf5":
             found = select_demos(found, demos, path)
+        elif kind == "isaacsim-hdf5":
+            frameless.append(path)
         sources += [(source, siblings) for source in found]
     if not sources:
         raise ReplayError(f"--demos {args.demos}: no demo of {', '.join(map(str, args.sources))} matches")
+    if frameless:
+        from lingbot_isaac.sources.isaacsim_hdf5 import no_frames_note
+
+        print(no_frames_note(frameless), file=sys.stderr)  # once, for all of them
     photo_k = parse_intrinsics(args.photo_intrinsics)
     if photo_k is not None and args.first_frame is None:
         raise ReplayError("--photo-intrinsics describes the --first-frame photo; give --first-frame PHOTO too")
