@@ -27,7 +27,7 @@ from PIL import Image
 
 from contracts.engine_options import MODELS, TORCH_DTYPE_NAMES, EngineOptions, canonical_compute
 from contracts.settings import GenerationSettings
-from worldgen.camera import camera_conditioning, frames_for_poses, validate_action
+from worldgen.camera import camera_conditioning, frames_for_poses, validate_camera
 from worldgen.dit import DiTConfig
 from worldgen.errors import InputError
 from worldgen.image_input import load_image
@@ -300,11 +300,9 @@ class Pipeline:
         settings = settings or GenerationSettings()
         progress = progress or _no_progress
         self.job_compute(settings)  # an unusable compute (fp8 without FP8 tensor cores) is refused before any work
-        if (poses is None) != (intrinsics is None):
-            raise InputError("camera control needs both poses.npy and intrinsics.npy (or neither)")
+        poses, intrinsics = validate_camera(poses, intrinsics)
         frames = settings.frame_num
         if poses is not None:
-            poses, intrinsics = validate_action(poses, intrinsics)
             frames = frames_for_poses(frames, len(poses))
         elif (frames - 1) % 4:
             import warnings
