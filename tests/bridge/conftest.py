@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +221,25 @@ def wait_for(predicate, timeout: float, interval: float = 0.05, what: str = "con
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def concurrently(fn: Callable[[int], None], count: int, timeout: float) -> list[BaseException]:
+    """fn(0) ... fn(count - 1), each in a thread of its own, all at once (e.g. `count` clients of one
+    server); -> what they raised, and a TimeoutError for each still running `timeout` s after joining."""
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            fn(index)
+        except Exception as exc:  # returned to the test, which asserts there is none
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    return errors + [TimeoutError(f"{t.name} still running after {timeout} s") for t in threads if t.is_alive()]
 
 
 def rss_mb(pid: int) -> float:

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import signal
-import threading
 import time
 
 import msgpack
@@ -32,7 +31,7 @@ from bridge.client import (
     ServerUnavailable,
 )
 from contracts.settings import SettingsError, load_settings
-from tests.bridge.conftest import make_episode, pid_alive, standin_command, wait_for
+from tests.bridge.conftest import concurrently, make_episode, pid_alive, standin_command, wait_for
 
 MAGIC = b"STANDIN-VIDEO\n"
 
@@ -280,22 +279,14 @@ def test_eight_clients_three_jobs_each(servers, episode):
     server = servers(worker=standin_command(step_s=0.005))
     payload = EpisodePayload.from_dir(episode)
     results: dict[int, list] = {}
-    errors = []
 
     def one_client(index: int) -> None:
-        try:
-            with Client(server.endpoint, timeout=10, heartbeat_s=0.5) as client:
-                jobs = [client.submit(payload, {"steps": 3, "seed": 100 * index + k}) for k in range(3)]
-                results[index] = [record_of(job.result(timeout=60))["settings"]["seed"] for job in jobs]
-        except Exception as exc:  # surfaced below
-            errors.append(exc)
+        with Client(server.endpoint, timeout=10, heartbeat_s=0.5) as client:
+            jobs = [client.submit(payload, {"steps": 3, "seed": 100 * index + k}) for k in range(3)]
+            results[index] = [record_of(job.result(timeout=60))["settings"]["seed"] for job in jobs]
 
-    threads = [threading.Thread(target=one_client, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=90)
-    assert not errors
+    errors = concurrently(one_client, 8, timeout=90)
+    assert not errors, errors
     assert results == {i: [100 * i, 100 * i + 1, 100 * i + 2] for i in range(8)}
 
 

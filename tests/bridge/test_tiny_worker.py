@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 
 from bridge.client import Client, EpisodePayload, JobFailed, Progress, Result
 from contracts.settings import load_settings
-from tests.bridge.conftest import REPO, TINY, ServerPool, make_episode, pid_alive, wait_for
+from tests.bridge.conftest import REPO, TINY, ServerPool, concurrently, make_episode, pid_alive, wait_for
 
 SMALL = {"size": "48*80", "frame_num": 5, "steps": 2}
 
@@ -156,21 +155,13 @@ def test_tiny_worker_sigkill_mid_job(client, tiny_episode):
 def test_tiny_eight_clients_three_jobs_each(tiny_server, tiny_episode):
     payload = EpisodePayload.from_dir(tiny_episode)
     videos: dict[int, list[bytes]] = {}
-    errors: list[Exception] = []
 
     def one_client(index: int) -> None:
-        try:
-            with Client(tiny_server.endpoint, timeout=10, heartbeat_s=1.0) as client:
-                jobs = [client.submit(payload, {**SMALL, "seed": 10 * index + k}) for k in range(3)]
-                videos[index] = [job.result(timeout=400) for job in jobs]
-        except Exception as exc:
-            errors.append(exc)
+        with Client(tiny_server.endpoint, timeout=10, heartbeat_s=1.0) as client:
+            jobs = [client.submit(payload, {**SMALL, "seed": 10 * index + k}) for k in range(3)]
+            videos[index] = [job.result(timeout=400) for job in jobs]
 
-    threads = [threading.Thread(target=one_client, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=420)
+    errors = concurrently(one_client, 8, timeout=420)
     assert not errors, errors
     assert sorted(videos) == list(range(8))
     assert all(len(v) == 3 and all(is_mp4(x) for x in v) for v in videos.values())
