@@ -408,6 +408,8 @@ class Server:
         job.subscribers.add(peer)
         if request.want_chunks:
             job.chunk_peers.add(peer)
+            if request.want_stills:
+                job.still_peers.add(peer)
         self.queue.push(client, job.id)
         log.info("job %s accepted from %s (%d waiting)", job.id, client, len(self.queue))
         self._reply_accepted(peer, rid, job)  # the loop hands it to the worker after this turn
@@ -690,12 +692,14 @@ class Server:
 
     def _worker_chunk(self, event: Event) -> None:
         """A finished chunk (model = fast): its mp4, written by the worker in the job's folder, goes to
-        the subscribers that asked for chunks, then is deleted (the result holds every frame)."""
+        the subscribers that asked for chunks, then is deleted (the result holds every frame); its
+        still (a PNG of its last frame) goes along to those that asked for stills too."""
         job = self.jobs.get(event.job)
         if job is None or job.state != "running":
             return
         data = event.data
         path = Path(str(data.get("path", "")))
+        still = self._chunk_still(job, data.get("still"))
         if path.parent != job.dir or not path.name.endswith(".mp4"):
             log.warning("job %s: chunk path %s is outside the job's folder; ignored", job.id, path)
             return
@@ -712,8 +716,26 @@ class Server:
         fields = {"job": job.id, "chunk_v": protocol.CHUNK_VERSION, "index": _count(data.get("index")),
                   "total": _count(data.get("total")), "frame_count": _count(data.get("frames"))}  # fmt: skip
         message = protocol.encode("chunk", fields, blobs={"video": video})
+        with_still = protocol.encode("chunk", fields, blobs={"video": video, "still": still}) if still else message
         for peer in list(job.chunk_peers & job.subscribers):
-            self._send(peer, message)
+            self._send(peer, with_still if peer in job.still_peers else message)
+
+    def _chunk_still(self, job: Job, named: Any) -> bytes | None:
+        """The PNG still the worker wrote beside a chunk (read, then deleted), or None."""
+        if not named:
+            return None
+        path = Path(str(named))
+        if path.parent != job.dir or path.suffix != ".png":
+            log.warning("job %s: chunk still %s is outside the job's folder; ignored", job.id, path)
+            return None
+        try:
+            size = path.stat().st_size
+            still = path.read_bytes() if size <= self.limits.max_image_bytes else None
+            path.unlink()
+        except OSError as exc:
+            log.warning("job %s: chunk still %s unreadable (%s); not streamed", job.id, path.name, exc)
+            return None
+        return still if still is not None and still.startswith(protocol.PNG_MAGIC) else None
 
     def _worker_result(self, event: Event) -> None:
         job = self.jobs.get(event.job)
