@@ -25,20 +25,10 @@ from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO, EpisodeMeta
 from contracts.settings import SettingsError
 from contracts.video import have_codec, read_mp4, still_png, write_mp4
 from lingbot_isaac.session import PREVIEW_DIR, ChunkPreview, Session, SessionSettings, _Previews, model_choices
-from tests.bridge.conftest import TINY, ServerPool, make_episode, wait_for
+from tests.bridge.conftest import make_episode, wait_for
 
 # 33 poses and frames at 48x80: 9 latent frames = 3 chunks of 3 (9, 12 and 12 video frames)
 FAST_FRAMES, CHUNK_FRAMES = 33, [9, 12, 12]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    pool = ServerPool(tmp_path_factory.mktemp("fast-session"))
-    started = pool.start(worker=TINY)
-    with Client(started.endpoint, timeout=10) as client:
-        wait_for(lambda: client.health()["ok"], 120, interval=0.5, what="the tiny model to load")
-    yield started
-    pool.close()
 
 
 def fast_episode(folder: Path, size: str = "48*80") -> Path:
@@ -72,7 +62,7 @@ def test_a_bad_model_is_refused_before_anything_is_sent(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_fast_job_hands_every_chunk_to_the_window_in_order_before_the_result(server, tmp_path, monkeypatch):
+def test_a_fast_job_hands_every_chunk_to_the_window_in_order_before_the_result(tiny_server, tmp_path, monkeypatch):
     episode = fast_episode(tmp_path / "ep")
     seen: list[tuple[ChunkPreview, str, bool, bytes, tuple | None]] = []
 
@@ -84,7 +74,7 @@ def test_a_fast_job_hands_every_chunk_to_the_window_in_order_before_the_result(s
         seen.append((preview, status.state, status.result is None, frames, image))
 
     session = Session(
-        SessionSettings(server=server.endpoint, model="fast", timeout=10.0, compare=False), on_chunk=on_chunk
+        SessionSettings(server=tiny_server.endpoint, model="fast", timeout=10.0, compare=False), on_chunk=on_chunk
     )
     with monkeypatch.context() as isaac_python:  # as in Isaac Sim's Python: no imageio-ffmpeg to import
         isaac_python.setitem(sys.modules, "imageio_ffmpeg", None)
@@ -115,12 +105,12 @@ def test_a_fast_job_hands_every_chunk_to_the_window_in_order_before_the_result(s
     assert record["model"]["variant"] == "fast"
     assert record["settings"]["model"] == "fast" and record["job"]["asked"]["model"] == "fast"
     assert record["job"]["client"] == "extension"
-    with Client(server.endpoint, timeout=10) as client:
+    with Client(tiny_server.endpoint, timeout=10) as client:
         assert client.health()["model"]["engine"] == "fast"
 
 
 @pytest.mark.slow
-def test_a_cancel_between_chunks_stops_the_job_within_one_chunk(server, tmp_path):
+def test_a_cancel_between_chunks_stops_the_job_within_one_chunk(tiny_server, tmp_path):
     # 96x160: chunks slow enough (4x the tokens) that a cancel lands between them
     episode = fast_episode(tmp_path / "ep", size="96*160")
     first = threading.Event()
@@ -131,7 +121,7 @@ def test_a_cancel_between_chunks_stops_the_job_within_one_chunk(server, tmp_path
         first.set()
 
     session = Session(
-        SessionSettings(server=server.endpoint, model="fast", timeout=10.0, compare=False), on_chunk=on_chunk
+        SessionSettings(server=tiny_server.endpoint, model="fast", timeout=10.0, compare=False), on_chunk=on_chunk
     )
     session.generate(episode)
     assert first.wait(240), session.status()
@@ -139,7 +129,7 @@ def test_a_cancel_between_chunks_stops_the_job_within_one_chunk(server, tmp_path
     session.cancel()  # what the Cancel button runs on Kit's UI thread
     cancelled_at = time.monotonic()
     assert session.status().state == "failed" and session.status().message == "Cancelled."
-    with Client(server.endpoint, timeout=10) as client:
+    with Client(tiny_server.endpoint, timeout=10) as client:
         state = wait_for(
             lambda: (s := client.status(job))["state"] not in ("queued", "running") and s, 60, what="the job to end"
         )
