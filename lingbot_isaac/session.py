@@ -417,10 +417,10 @@ def model_choices() -> list[tuple[str, str | None]]:
     sent), then every model `contracts` knows (one home: `contracts.engine_options.MODELS`)."""
     from contracts.engine_options import MODELS
 
-    return [(SERVER_MODEL_LABEL, None), *((name, name) for name in MODELS)]
+    return [(SERVER_CHOICE_LABEL, None), *((name, name) for name in MODELS)]
 
 
-SERVER_MODEL_LABEL = "server's choice"
+SERVER_CHOICE_LABEL = "server's choice"  # first in the Model and GPUs lists: nothing sent
 
 
 def gpu_choices() -> list[tuple[str, int | None]]:
@@ -430,7 +430,7 @@ def gpu_choices() -> list[tuple[str, int | None]]:
     from contracts.settings import FIELD_BY_NAME
 
     spec = FIELD_BY_NAME["gpus"]
-    return [(SERVER_MODEL_LABEL, None), *((str(n), n) for n in range(int(spec.low), int(spec.high) + 1))]
+    return [(SERVER_CHOICE_LABEL, None), *((str(n), n) for n in range(int(spec.low), int(spec.high) + 1))]
 
 
 def _server_model(health: dict[str, Any], asked: str | None) -> str:
