@@ -20,13 +20,13 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, INDEX_FILE, T5_FILE, VAE_FILE  # noqa: E402
 from worldgen.dit import DiTConfig, Linear, WanCameraDiT  # noqa: E402
 from worldgen.nf4 import quantize_weight  # noqa: E402
+from worldgen.safetensors_writer import save_file  # noqa: E402  (not safetensors': it makes 0600 files)
 from worldgen.t5 import UMT5_XXL, UMT5Encoder  # noqa: E402
 from worldgen.tokenizer import build_tiny_tokenizer  # noqa: E402
 from worldgen.vae import WAN21_VAE, WanVAE  # noqa: E402

@@ -15,12 +15,7 @@ from typing import Any
 
 from bridge.protocol import DEFAULT_PORT, Limits
 from contracts.engine_options import EngineOptions, EngineOptionsError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
+from contracts.toml_file import read_toml
 
 BACKENDS = ("local", "ray")
 DEVICE_RE = re.compile(r"cpu|cuda(:\d+)?")
@@ -103,13 +98,7 @@ def load_server_config(path: Path | None, overrides: dict[str, Any] | None = Non
     table: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"server config {path} not found (try config/server.toml)")
-        try:
-            with open(path, "rb") as f:
-                table = tomllib.load(f)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        table = read_toml(path, "server config", "try config/server.toml", ConfigError)
     for dotted, value in (overrides or {}).items():
         section, key = dotted.split(".")
         table.setdefault(section, {})[key] = value

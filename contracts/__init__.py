@@ -8,4 +8,5 @@ bridge, worldgen, comparison or lingbot_cli. One module per contract:
 - `settings`: `GenerationSettings` (one table of fields, defaults, ranges) and the presets.
 - `engine_options`: `EngineOptions`, how a worker's engine is loaded, as data (JSON).
 - `atomic`: the one atomic-write helper (temp file, fsync, rename, fsync the folder).
+- `toml_file`: the one reader of the TOML config files (a missing or malformed file named).
 """

@@ -11,17 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 from contracts.engine_options import COMPUTE_ALIASES, COMPUTES, MODELS
 from contracts.model_frame import MODEL_SIZE, SizeError, parse_size
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from contracts.toml_file import read_toml
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
 PRESETS_FILE = CONFIG_DIR / "generation.toml"
@@ -269,15 +264,9 @@ def parse_guide_scale(value: Any) -> tuple[float, float]:
 def load_presets(path: Path | None = None) -> dict[str, dict[str, Any]]:
     """Every `[preset]` table of a generation TOML (default: config/generation.toml), checked."""
     path = Path(path) if path else PRESETS_FILE
-    if not path.is_file():
-        if path == PRESETS_FILE:  # an installed package without the config folder: defaults only
-            return {DEFAULT_PRESET: {}}
-        raise SettingsError(f"generation presets file {path} not found")
-    try:
-        with open(path, "rb") as f:
-            table = tomllib.load(f)
-    except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path}: not valid TOML: {exc}") from None
+    if path == PRESETS_FILE and not path.is_file():  # an installed package without the config folder
+        return {DEFAULT_PRESET: {}}  # defaults only
+    table = read_toml(path, "generation presets file", error=SettingsError)
     presets = {}
     for name, values in table.items():
         try:

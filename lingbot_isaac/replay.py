@@ -43,16 +43,12 @@ from contracts.settings import (
     load_settings,
     parse_guide_scale,
 )
+from contracts.toml_file import read_toml
 from lingbot_isaac.first_frame import describe_first_frame, first_frame_record, fit_photo, parse_intrinsics, with_photo
 from lingbot_isaac.lens import CameraError
 from lingbot_isaac.recording import write_recording_episode
 from lingbot_isaac.sources import SourceOptions, TrajectorySource, kind_of, open_source
 from lingbot_isaac.sources.isaaclab_hdf5 import QUAT_ORDERS
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 ISAAC_CONFIG = Path(__file__).resolve().parent.parent / "config" / "isaac.toml"
 
@@ -210,10 +206,7 @@ def config_quat_order(path: Path = ISAAC_CONFIG) -> str | None:
     """`[isaaclab] quat_order` of config/isaac.toml ("" or a missing file: None, i.e. ask)."""
     if not path.is_file():
         return None
-    try:
-        value = tomllib.loads(path.read_text(encoding="utf-8")).get("isaaclab", {}).get("quat_order", "")
-    except tomllib.TOMLDecodeError as exc:
-        raise ReplayError(f"{path}: not valid TOML ({exc})") from None
+    value = read_toml(path, error=ReplayError).get("isaaclab", {}).get("quat_order", "")
     if value not in ("", *QUAT_ORDERS):
         raise ReplayError(f'{path}: [isaaclab] quat_order must be "", "wxyz" or "xyzw" (got {value!r})')
     return value or None
@@ -577,16 +570,24 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
 
     # Read and validate every source before sending anything.
     sources: list[tuple[TrajectorySource, int]] = []
+    frameless: list[Path] = []  # recorder sessions: they cannot hold camera frames
     for path in args.sources:
         if path.name == "episode.json" and path.is_file():  # `replay DIR/**/episode.json`
             path = path.parent
         found = open_source(path, options)
         siblings = len(found)
-        if kind_of(path) == "isaaclab-hdf5":
+        kind = kind_of(path)
+        if kind == "isaaclab-hdf5":
             found = select_demos(found, demos, path)
+        elif kind == "isaacsim-hdf5":
+            frameless.append(path)
         sources += [(source, siblings) for source in found]
     if not sources:
         raise ReplayError(f"--demos {args.demos}: no demo of {', '.join(map(str, args.sources))} matches")
+    if frameless:
+        from lingbot_isaac.sources.isaacsim_hdf5 import no_frames_note
+
+        print(no_frames_note(frameless), file=sys.stderr)  # once, for all of them
     photo_k = parse_intrinsics(args.photo_intrinsics)
     if photo_k is not None and args.first_frame is None:
         raise ReplayError("--photo-intrinsics describes the --first-frame photo; give --first-frame PHOTO too")

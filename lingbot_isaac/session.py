@@ -44,6 +44,7 @@ class SessionSettings:
     seed: int | None = None
     preset: str | None = None  # send all settings of this preset instead of the server's
     model: str | None = None  # base | fast (contracts.engine_options.MODELS), per job; None: the server's
+    gpus: int | None = None  # 1 | 2 GPUs per job (contracts.settings `gpus`); None: the server's preset
     timeout: float = 10.0  # seconds per request to the server
     compare: bool = True  # build the sim-vs-rollout report when sim frames exist
     first_frame: Path | None = None  # a real photo to start the rollout from (`first_frame.with_photo`)
@@ -53,7 +54,13 @@ class SessionSettings:
         from contracts.settings import GenerationSettings, load_settings
 
         settings: dict[str, Any] = load_settings(preset=self.preset).to_dict() if self.preset else {}
-        flags = {"frame_num": self.frame_num, "steps": self.steps, "seed": self.seed, "model": self.model}
+        flags = {
+            "frame_num": self.frame_num,
+            "steps": self.steps,
+            "seed": self.seed,
+            "model": self.model,
+            "gpus": self.gpus,
+        }
         settings.update({k: v for k, v in flags.items() if v is not None})
         GenerationSettings.from_dict(settings)  # SettingsError names a bad value now, not on the server
         return settings
@@ -70,7 +77,7 @@ class ChunkPreview:
     frames: int  # video frames in this chunk
     frames_so_far: int  # video frames in this chunk and every one before it
     video: Path  # this chunk's mp4
-    image: Path | None  # its last frame as PNG (None: imageio-ffmpeg is not installed here)
+    image: Path | None  # its last frame as PNG, small (None: an older server sent none and no decoder here)
 
     @property
     def label(self) -> str:
@@ -248,7 +255,7 @@ class Session:
     def _generate(
         self, episode: Path, client_factory: Callable[[], Any] | None, run: int, cancelled: threading.Event
     ) -> None:
-        from bridge.client import Client, EpisodePayload, ServerUnavailable, submit_and_follow
+        from bridge.client import Client, EpisodePayload, RequestFailed, ServerUnavailable, submit_and_follow
         from contracts.episode import read_episode, write_rollout
         from contracts.settings import job_settings
         from lingbot_isaac.first_frame import first_frame_record, parse_intrinsics, with_photo
@@ -304,6 +311,7 @@ class Session:
                     # bounded: a dead server costs this thread `timeout` per request, never the UI
                     cancelled=cancelled.is_set,
                     check_alive_s=max(timeout, 5.0),
+                    want_stills=True,  # the server's PNG of each chunk: no video decoder needed here
                 )
                 info = {
                     "id": job.id,
@@ -322,6 +330,8 @@ class Session:
         except Exception as exc:
             if isinstance(exc, ServerUnavailable):
                 message = f"Generation failed: the server at {self.settings.server} stopped answering ({exc})"
+            elif isinstance(exc, RequestFailed) and exc.code == "bad_settings":  # e.g. gpus 2 on one device
+                message = f"The server refused the settings: {exc.message.removeprefix('settings: ')}"
             else:
                 message = "Cancelled." if cancelled.is_set() else f"Generation failed: {exc}"
             self._set(run, state="failed", message=message,
@@ -356,9 +366,12 @@ def compare_with_cli(episode: Path, rollout: Path, out: Path) -> Path:
 
 
 class _Previews:
-    """The chunks of one generation as files the window can show: `chunk_NNN.mp4` and, when
-    imageio-ffmpeg is installed, `chunk_NNN.png` (the chunk's last frame; omni.ui.Image shows
-    PNG files, not videos). A new generation starts with an empty folder."""
+    """The chunks of one generation as files the window can show: `chunk_NNN.mp4` and
+    `chunk_NNN.png`, the chunk's last frame (omni.ui.Image shows PNG files, not videos). The PNG is
+    the still the server sends with the chunk (`want_stills`), so Isaac Sim's Python needs no video
+    decoder; from an older server that sends none, it is decoded here when imageio-ffmpeg is
+    installed, else there is none (the window shows the chunk's line alone). A new generation
+    starts with an empty folder."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -375,17 +388,20 @@ class _Previews:
             self._fresh = True
         stem = f"chunk_{chunk.index:03d}"
         video = atomic.write_bytes(self.folder / f"{stem}.mp4", chunk.video, durable=False)  # a preview
-        image = _last_frame_png(video, self.folder / f"{stem}.png")
+        image = self.folder / f"{stem}.png"
+        if chunk.still:
+            atomic.write_bytes(image, chunk.still, durable=False)
+        else:
+            image = _last_frame_png(video, image)
         return ChunkPreview(chunk.job, chunk.index, chunk.total, chunk.frames, self.frames, video, image)
 
 
 def _last_frame_png(video: Path, out: Path) -> Path | None:
-    """The video's last frame as a PNG at `out`; None where imageio-ffmpeg is not installed (it is
-    optional on the Isaac side) or the video cannot be read."""
-    from PIL import Image
-
+    """The video's last frame as the server's stills are (`contracts.video.still_png`) at `out`;
+    None where imageio-ffmpeg is not installed (it is optional on the Isaac side) or the video
+    cannot be read."""
     from contracts import atomic
-    from contracts.video import VideoError, have_codec, read_mp4
+    from contracts.video import VideoError, have_codec, read_mp4, still_png
 
     if not have_codec():
         return None
@@ -393,9 +409,7 @@ def _last_frame_png(video: Path, out: Path) -> Path | None:
         frames, _ = read_mp4(video)  # a chunk: at most a dozen frames
     except VideoError:
         return None
-    with atomic.atomic_path(out, durable=False) as tmp:
-        Image.fromarray(frames[-1]).save(tmp, format="PNG")
-    return out
+    return atomic.write_bytes(out, still_png(frames[-1]), durable=False)
 
 
 def model_choices() -> list[tuple[str, str | None]]:
@@ -407,6 +421,16 @@ def model_choices() -> list[tuple[str, str | None]]:
 
 
 SERVER_MODEL_LABEL = "server's choice"
+
+
+def gpu_choices() -> list[tuple[str, int | None]]:
+    """The window's GPUs list as (label, value): the server's choice (None: nothing sent), then
+    every count the one `gpus` setting allows (`contracts.settings`: 1, or 2 for a base job split
+    over two of the server's GPUs; a server that cannot do it refuses with `bad_settings`)."""
+    from contracts.settings import FIELD_BY_NAME
+
+    spec = FIELD_BY_NAME["gpus"]
+    return [(SERVER_MODEL_LABEL, None), *((str(n), n) for n in range(int(spec.low), int(spec.high) + 1))]
 
 
 def _server_model(health: dict[str, Any], asked: str | None) -> str:

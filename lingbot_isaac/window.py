@@ -11,9 +11,10 @@ from pathlib import Path
 import omni.ui as ui
 
 from lingbot_isaac import kit_adapter
-from lingbot_isaac.session import ChunkPreview, Session, model_choices, safe_name
+from lingbot_isaac.session import ChunkPreview, Session, gpu_choices, model_choices, safe_name
 
 TITLE = "LingBot World"
+FAILED_COLOR = 0xFF5050FF  # omni.ui colours are 0xAABBGGRR: a light red for failures and refusals
 
 
 class LingBotWindow:
@@ -28,6 +29,7 @@ class LingBotWindow:
         self._shown_chunk: ChunkPreview | None = None
         session.on_chunk = self._keep_chunk
         self._models = model_choices()  # (label, value): the server's choice, then contracts' models
+        self._gpus = gpu_choices()  # (label, value): the server's choice, 1, 2 (contracts' `gpus` range)
         settings = session.settings
         self.camera = ui.SimpleStringModel("")
         self.prompt = ui.SimpleStringModel("")
@@ -42,6 +44,7 @@ class LingBotWindow:
         self.photo_intrinsics = ui.SimpleStringModel(settings.photo_intrinsics or "")
         self.progress = ui.SimpleFloatModel(0.0)
         self.model_index = next((i for i, (_, value) in enumerate(self._models) if value == settings.model), 0)
+        self.gpus_index = next((i for i, (_, value) in enumerate(self._gpus) if value == settings.gpus), 0)
         self.window = ui.Window(TITLE, width=460, height=720, visible=False)
         self._build()
 
@@ -67,6 +70,10 @@ class LingBotWindow:
                 self.model_combo = ui.ComboBox(self.model_index, *(label for label, _ in self._models))
                 self.model_combo.model.add_item_changed_fn(lambda model, _item: self._pick_model(model))
             with ui.HStack(height=22):
+                ui.Label("GPUs", width=100)  # 2: guidance's two passes on two of the server's GPUs (base)
+                self.gpus_combo = ui.ComboBox(self.gpus_index, *(label for label, _ in self._gpus))
+                self.gpus_combo.model.add_item_changed_fn(lambda model, _item: self._pick_gpus(model))
+            with ui.HStack(height=22):
                 ui.Label("First frame photo", width=100)  # optional: the real camera at the start pose
                 ui.StringField(self.first_frame)
             with ui.HStack(height=22):
@@ -77,7 +84,8 @@ class LingBotWindow:
                 ui.Button("Stop", clicked_fn=self.stop)
                 ui.Button("Generate rollout", clicked_fn=self.generate)
                 ui.Button("Cancel", width=60, clicked_fn=self.session.cancel)
-            self.status_label = ui.Label("", word_wrap=True, height=36)
+            # height 0: as tall as its wrapped text, so a server's refusal is shown whole
+            self.status_label = ui.Label("", word_wrap=True, height=0)
             ui.ProgressBar(self.progress, height=16)
             # Fast jobs: the newest finished chunk (its last frame) while the next is made
             self.chunk_label = ui.Label("", height=18)
@@ -132,6 +140,9 @@ class LingBotWindow:
     def _pick_model(self, model) -> None:
         self.model_index = model.get_item_value_model().as_int
 
+    def _pick_gpus(self, model) -> None:
+        self.gpus_index = model.get_item_value_model().as_int
+
     def _keep_chunk(self, preview: ChunkPreview) -> None:
         """The session's on_chunk (its worker thread): keep it; update() draws it."""
         self._chunk = preview
@@ -150,6 +161,7 @@ class LingBotWindow:
         settings.keep_sim_frames = self.keep_frames.as_bool
         settings.frame_num = self.frames.as_int or None
         settings.model = self._models[self.model_index][1] if 0 <= self.model_index < len(self._models) else None
+        settings.gpus = self._gpus[self.gpus_index][1] if 0 <= self.gpus_index < len(self._gpus) else None
         photo = self.first_frame.as_string.strip()
         settings.first_frame = Path(photo).expanduser() if photo else None
         settings.photo_intrinsics = self.photo_intrinsics.as_string.strip() or None
@@ -176,7 +188,7 @@ class LingBotWindow:
         try:
             action()
         except Exception as exc:  # show it in the window; the log has the rest
-            self.status_label.text = f"{type(exc).__name__}: {exc}"
+            self._show_status(f"{type(exc).__name__}: {exc}", failed=True)
             kit_adapter.log_warn(str(exc))
 
     def _open_result(self) -> None:
@@ -196,13 +208,18 @@ class LingBotWindow:
         if status.serial == self._last_serial:
             return
         self._last_serial = status.serial
-        self.status_label.text = status.message
+        self._show_status(status.message, failed=status.state == "failed")
         self.progress.set_value(status.progress)
         shown = status.report or status.result or status.episode
         self.result_label.text = str(shown) if shown else ""
         if status.state == "done" and status.result is not None and self._opened != status.result:
             self._opened = status.result
             self._open_result()
+
+    def _show_status(self, message: str, failed: bool) -> None:
+        """The status line; failures (a refused setting names the setting and why) in red."""
+        self.status_label.text = message
+        self.status_label.set_style({"color": FAILED_COLOR} if failed else {})
 
     def _show_chunk(self, chunk: ChunkPreview | None) -> None:
         self._shown_chunk = chunk

@@ -1,4 +1,4 @@
-"""Shared test fixtures: where the reference material lives."""
+"""Shared test fixtures: where the reference material lives, a loaded tiny-model server."""
 
 from __future__ import annotations
 
@@ -32,6 +32,19 @@ def lingbot_examples() -> Path:
     if not path.is_dir():
         pytest.skip(f"reference examples not found at {path} (../shared beside the repo)")
     return path
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory):
+    """A real `serve` subprocess with its real worker (`python -m worldgen.worker`, the built-in tiny
+    model on the CPU), loaded, shared by the tests of one module (loading takes ~10 s on 2 cores)."""
+    from tests.bridge.conftest import TINY, ServerPool
+
+    pool = ServerPool(tmp_path_factory.mktemp("tiny-server"))
+    try:
+        yield pool.start(worker=TINY).wait_loaded()
+    finally:
+        pool.close()
 
 
 @dataclasses.dataclass

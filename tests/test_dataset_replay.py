@@ -158,11 +158,7 @@ def test_forty_demo_dataset_interrupted_resumed_and_reported(tmp_path):
     writer = write_lab_dataset(tmp_path / "lab.hdf5", demos=40)
     pool = ServerPool(tmp_path / "servers")
     try:
-        server = pool.start(worker=TINY, worker_keys={"devices": ["cpu", "cpu"]})
-        from bridge.client import Client
-
-        with Client(server.endpoint, timeout=10) as client:
-            wait_for(lambda: client.health()["ok"], 180, interval=0.5, what="two tiny workers")
+        server = pool.start(worker=TINY, worker_keys={"devices": ["cpu", "cpu"]}).wait_loaded(180, "two tiny workers")
         out = tmp_path / "out"
         command = [sys.executable, "-m", "lingbot_cli", *replay_args(tmp_path / "lab.hdf5", out, server.endpoint,
                                                                       *SMALL, "--window", "6")]  # fmt: skip

@@ -92,6 +92,16 @@ def validate_action(
     return poses.astype(np.float32), intrinsics.astype(np.float32)
 
 
+def validate_camera(
+    poses: np.ndarray | None, intrinsics: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
+    """A generate call's camera: both poses and intrinsics (checked by `validate_action`), or neither
+    (None, None: the model runs unconditioned on camera); one without the other is refused."""
+    if (poses is None) != (intrinsics is None):
+        raise InputError("camera control needs both poses.npy and intrinsics.npy (or neither)")
+    return (None, None) if poses is None else validate_action(poses, intrinsics)
+
+
 # --- frame counts -----------------------------------------------------------------------------------
 
 

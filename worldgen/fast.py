@@ -34,7 +34,7 @@ from worldgen.camera import (
     relative_poses,
     resample_poses,
     scale_intrinsics,
-    validate_action,
+    validate_camera,
 )
 from worldgen.cuda_memory import free_device_memory
 from worldgen.dit import DiTConfig
@@ -458,10 +458,7 @@ class FastPipeline(Pipeline):
         settings = settings or GenerationSettings(model="fast")
         progress = progress or _no_progress
         clock = _Clock(self.device)
-        if (poses is None) != (intrinsics is None):
-            raise InputError("camera control needs both poses.npy and intrinsics.npy (or neither)")
-        if poses is not None:
-            poses, intrinsics = validate_action(poses, intrinsics)
+        poses, intrinsics = validate_camera(poses, intrinsics)
         chunk_frames = (options or FastOptions()).chunk_frames
         frames = fast_frames(settings.frame_num, None if poses is None else len(poses), chunk_frames)
 

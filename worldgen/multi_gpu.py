@@ -98,14 +98,33 @@ def check_devices(devices: Sequence[str]) -> None:
         raise InputError(f"devices {names}: this machine has {count} CUDA GPU(s) (indices 0..{count - 1})")
 
 
-class SecondDevice:
-    """The unconditional pass of each step, on another device, in a thread of its own."""
+class GuidanceDevice:
+    """Where a job's unconditional passes run, beside the first device: `SecondDevice` (another GPU
+    of this process) or `PeerDevice` (another worker's GPU). The pipeline calls `fit` once per job,
+    `start_job` with the job's fixed inputs, `submit` each step, then `end_job`. Each pass runs in
+    the device's one thread (`_predict`, defined by each kind), so it overlaps the conditional pass."""
+
+    def __init__(self, device: torch.device | str, thread_name: str) -> None:
+        self.device = torch.device(device)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
+
+    def submit(
+        self, which: str, upcoming: Sequence[str], x: torch.Tensor, timestep: torch.Tensor, compute: str
+    ) -> Future:
+        """Start the unconditional prediction of this step; `.result()` is [16, F, H, W] on x's device."""
+        return self._pool.submit(self._predict, which, list(upcoming), x, timestep, compute)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class SecondDevice(GuidanceDevice):
+    """The unconditional pass of each step, on another device of this process, in a thread of its own."""
 
     def __init__(self, device: torch.device | str, residency: ResidencyPolicy):
-        self.device = torch.device(device)
+        super().__init__(device, f"guidance-{torch.device(device)}")
         self.residency = residency  # this device's own plan (its budget) over its own copies of the experts
         self.experts = residency.experts
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"guidance-{self.device}")
         self._inputs: dict[str, torch.Tensor | None] = {}
 
     def fit(self, tokens: int, pixels: int) -> None:
@@ -120,12 +139,6 @@ class SecondDevice:
             "cam": None if cam is None else cam.to(self.device),
         }
 
-    def submit(
-        self, which: str, upcoming: Sequence[str], x: torch.Tensor, timestep: torch.Tensor, compute: str
-    ) -> Future:
-        """Start the unconditional prediction of this step; `.result()` is [16, F, H, W] on x's device."""
-        return self._pool.submit(self._predict, which, list(upcoming), x, timestep, compute)
-
     def _predict(
         self, which: str, upcoming: list[str], x: torch.Tensor, timestep: torch.Tensor, compute: str
     ) -> torch.Tensor:
@@ -136,9 +149,6 @@ class SecondDevice:
     def end_job(self) -> None:
         self._inputs = {}
         self.residency.phase_done("denoise")
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
 
 
 @torch.no_grad()
@@ -212,14 +222,14 @@ def _cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return None if tensor is None else tensor.detach().to("cpu").contiguous()
 
 
-class PeerDevice:
-    """`SecondDevice`'s interface, served by another worker process (`serve_guidance`) over a Unix
+class PeerDevice(GuidanceDevice):
+    """A `GuidanceDevice` served by another worker process (`serve_guidance`) over a Unix
     socket: the two-GPU job of a pool of one-GPU workers. Every call waits for the peer's answer,
     so a peer that died is known at once (PeerLost, naming it)."""
 
     def __init__(self, address: str, token: str, device: str, name: str = "peer",
                  connect_s: float = PEER_CONNECT_S) -> None:  # fmt: skip
-        self.device = torch.device(device)  # the peer's device (what `job_compute` checks for fp8)
+        super().__init__(device, f"peer-{name}")  # the peer's device (what `job_compute` checks for fp8)
         self.name = name
         deadline = time.monotonic() + connect_s
         while True:  # the peer is told to listen at the same moment as we are told to connect
@@ -234,7 +244,6 @@ class PeerDevice:
                                    f"within {connect_s:g} s") from None  # fmt: skip
                 time.sleep(0.02)
         self._conn = conn
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"peer-{name}")
         self._call({"type": "hello", "token": token})
 
     def _call(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -255,11 +264,6 @@ class PeerDevice:
     def start_job(self, negative_context: torch.Tensor, y: torch.Tensor, cam: torch.Tensor | None) -> None:
         self._call({"type": "start", "negative": _cpu(negative_context), "y": _cpu(y), "cam": _cpu(cam)})
 
-    def submit(
-        self, which: str, upcoming: Sequence[str], x: torch.Tensor, timestep: torch.Tensor, compute: str
-    ) -> Future:
-        return self._pool.submit(self._predict, which, list(upcoming), x, timestep, compute)
-
     def _predict(
         self, which: str, upcoming: list[str], x: torch.Tensor, timestep: torch.Tensor, compute: str
     ) -> torch.Tensor:
@@ -273,7 +277,7 @@ class PeerDevice:
         self.close()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        super().close()
         with contextlib.suppress(OSError):
             self._conn.close()
 

@@ -27,13 +27,13 @@ from PIL import Image
 
 from contracts.engine_options import MODELS, TORCH_DTYPE_NAMES, EngineOptions, canonical_compute
 from contracts.settings import GenerationSettings
-from worldgen.camera import camera_conditioning, frames_for_poses, validate_action
+from worldgen.camera import camera_conditioning, frames_for_poses, validate_camera
 from worldgen.dit import DiTConfig
 from worldgen.errors import InputError
 from worldgen.image_input import load_image
 from worldgen.memory import MemoryPlan
 from worldgen.metering import PhaseMeter
-from worldgen.multi_gpu import SecondDevice
+from worldgen.multi_gpu import GuidanceDevice
 from worldgen.request import latent_size  # noqa: F401  (re-exported: the rule is defined there)
 from worldgen.residency import ModelSlot, ResidencyPolicy
 from worldgen.scheduler import FlowUniPCScheduler
@@ -92,7 +92,7 @@ class Pipeline:
         text_dtype: torch.dtype | None = None,
         residency: ResidencyPolicy | None = None,
         compute: str = "exact",
-        second_device: SecondDevice | None = None,
+        second_device: GuidanceDevice | None = None,
     ):
         self.tokenizer = tokenizer
         self.text_encoder = text_encoder
@@ -300,11 +300,9 @@ class Pipeline:
         settings = settings or GenerationSettings()
         progress = progress or _no_progress
         self.job_compute(settings)  # an unusable compute (fp8 without FP8 tensor cores) is refused before any work
-        if (poses is None) != (intrinsics is None):
-            raise InputError("camera control needs both poses.npy and intrinsics.npy (or neither)")
+        poses, intrinsics = validate_camera(poses, intrinsics)
         frames = settings.frame_num
         if poses is not None:
-            poses, intrinsics = validate_action(poses, intrinsics)
             frames = frames_for_poses(frames, len(poses))
         elif (frames - 1) % 4:
             import warnings

@@ -7,14 +7,16 @@ the header, appends each tensor's bytes as it comes, and at the end writes the h
 reserved room padded with spaces, which the format allows (its own writer pads to 8 bytes the
 same way). The file is written under a temporary name and renamed only when complete.
 
-Reserve with `header_bound`: an upper bound from the key names and tensor ranks alone.
+Reserve with `header_bound`: an upper bound from the key names and tensor ranks alone. `save_file`
+writes a whole dict the same way: unlike `safetensors.torch.save_file` (0600 whatever the umask),
+its file gets the mode any other output of the user's gets (`contracts.atomic`).
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -99,3 +101,12 @@ class SafetensorsWriter:
             self.close()
         else:
             self.abort()
+
+
+def save_file(tensors: Mapping[str, torch.Tensor], path: Path | str, metadata: dict[str, str] | None = None) -> Path:
+    """`safetensors.torch.save_file`'s job, atomically and with the umask's mode (0644 under 022)."""
+    reserve = header_bound(((key, tensor.ndim) for key, tensor in tensors.items()), metadata)
+    with SafetensorsWriter(path, reserve, metadata) as writer:
+        for key, tensor in tensors.items():
+            writer.add(key, tensor)
+    return Path(path)

@@ -1,6 +1,9 @@
 """Trajectory source: Isaac Sim 6 episode-recorder sessions (`isaacsim.replicator.episode_recorder`).
 
-Layout of such an HDF5 file (schema_version 2), as written by that extension's SessionStorage:
+Layout of such an HDF5 file (schema_version 2), as written by that extension's SessionStorage
+(Isaac Sim source, `source/extensions/isaacsim.replicator.episode_recorder/isaacsim/replicator/
+episode_recorder/`: `storage.py` "HDF5 V2 layout", `manifest.py`, `recordables/camera.py`,
+`recordables/sim_time.py`; read in the public mirror stevenf7/IsaacSim):
 
     @schema_version = 2
     manifest/tracks              JSON list: {"type": "camera", "group": ..., "prim_path": ...,
@@ -13,6 +16,14 @@ Layout of such an HDF5 file (schema_version 2), as written by that extension's S
 
 The recorder stores no aperture offsets (taken as 0) and no image, so the first frame comes from
 elsewhere (`--image`). Samples with a repeated sim time (a paused sim) are dropped.
+
+No camera frames: such a file cannot hold the camera's RGB. Its built-in recordables are sim time,
+articulations, rigid bodies, xforms, cameras and USD attributes, and `CameraRecordable` records
+only `position`, `orientation`, `focal_length`, `horizontal_aperture`, `vertical_aperture` and
+`clipping_range` per frame ("world pose + intrinsics"; `resolution` sits in the manifest). Its
+images are meant to be rendered again: "record a simulation, replay visuals via Replicator", a
+render product on the camera while `EpisodeReplayer` plays the session back. So the episodes made
+from it have no sim frames (`no_frames_note` says so, and how to get them).
 
 Units: `position` is in stage units (the recorder reads world transforms as they are); the
 manifest's "position_units": "meters" is the recorder's default label, not a measurement, so a
@@ -38,6 +49,19 @@ USD_TO_OPENCV_AXES = np.diag([1.0, -1.0, -1.0])
 # What `isaacsim.replicator.episode_recorder.export_stage_snapshot(output_dir)` writes beside the
 # sessions of that folder (the standalone example episode_record_replay.py expects these names).
 STAGE_SNAPSHOT = "stage_snapshot.usd"
+
+
+def no_frames_note(paths: list[Path]) -> str:
+    """What `replay` says once about recorder sessions: no sim frames in them, and how to get some."""
+    named = ", ".join(str(p) for p in paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    return (
+        f"note: {named}: an Isaac Sim episode-recorder session holds no camera images (its camera track "
+        "records pose and lens only), so these episodes get no sim frames and `lingbot-isaac compare` has no "
+        "sim video to compare with. To get them, record the camera with the LingBot World window (Settings > "
+        "Keep every sim frame) while Isaac Sim's Episode Recorder replays the session (Tools > Replicator > "
+        "Episode Recorder > Replay), or record the scene with that window or scripts/isaac_record_and_generate.py "
+        "--keep-frames instead of the episode recorder (docs/isaac-sim.md)"
+    )
 
 
 def stage_meters_per_unit(stage_path: Path, where: str) -> float:

@@ -113,6 +113,14 @@ class ServerProcess:
         threading.Thread(target=self._drain_stdout, args=(self.proc.stdout.fileno(),), daemon=True).start()
         return self
 
+    def wait_loaded(self, timeout: float = 120.0, what: str = "the tiny model to load") -> ServerProcess:
+        """Wait until the server's health is ok (its worker loaded its model); -> self."""
+        from bridge.client import Client
+
+        with Client(self.endpoint, timeout=10) as client:
+            wait_for(lambda: client.health()["ok"], timeout, interval=0.5, what=what)
+        return self
+
     def _drain_stdout(self, fd: int) -> None:
         with contextlib.suppress(OSError, ValueError), open(self.log_path, "ab") as log:
             for chunk in iter(lambda: os.read(fd, 65536), b""):

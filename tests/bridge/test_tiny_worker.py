@@ -36,16 +36,6 @@ def mp4_frame_count(path: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def tiny_server(tmp_path_factory):
-    pool = ServerPool(tmp_path_factory.mktemp("tiny"))
-    server = pool.start(worker=TINY)
-    with Client(server.endpoint, timeout=10) as client:
-        wait_for(lambda: client.health()["ok"], 120, interval=0.5, what="the tiny model to load")
-    yield server
-    pool.close()
-
-
-@pytest.fixture(scope="module")
 def tiny_episode(tmp_path_factory) -> Path:
     return make_episode(tmp_path_factory.mktemp("episode") / "ep", n=33)
 
@@ -190,9 +180,8 @@ def test_tiny_eight_clients_three_jobs_each(tiny_server, tiny_episode):
 def test_tiny_server_sigkill_with_queued_jobs(tmp_path, tiny_episode):
     pool = ServerPool(tmp_path)
     try:
-        server = pool.start(worker=TINY)
+        server = pool.start(worker=TINY).wait_loaded()
         with Client(server.endpoint, timeout=10, heartbeat_s=0.5, give_up_s=200) as client:
-            wait_for(lambda: client.health()["ok"], 120, interval=0.5, what="the tiny model to load")
             payload = EpisodePayload.from_dir(tiny_episode)
             jobs = [client.submit(payload, {**SMALL, "steps": 6, "seed": i}) for i in range(3)]
             wait_for(lambda: jobs[0].latest and jobs[0].latest.phase == "denoise", 60, what="the first job running")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +13,7 @@ from contracts.episode import EpisodeError, read_episode
 from contracts.model_frame import from_model_intrinsics, to_model_intrinsics
 from contracts.provenance import summary_rows
 from lingbot_isaac.first_frame import crop_box, fit_photo, parse_intrinsics, with_photo
-from tests.isaac.test_replay import REPO, SAMPLE, needs_server, server  # noqa: F401  (fixture)
+from tests.isaac.test_replay import SAMPLE, needs_server, run_replay, server  # noqa: F401  (fixture)
 from tests.room_render import render_room
 
 
@@ -99,31 +97,7 @@ def test_replay_with_first_frame_photo_sends_the_photo_and_says_so(tmp_path, ser
     from bridge.client import EpisodePayload
 
     real_photo(1600, 1200, (1150.0, 1150.0, 790.0, 610.0)).save(tmp_path / "photo.jpg", quality=95)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lingbot_cli",
-            "replay",
-            str(SAMPLE),
-            "--first-frame",
-            str(tmp_path / "photo.jpg"),
-            "--server",
-            server,
-            "--preset",
-            "tiny",
-            "--out",
-            str(tmp_path / "results"),
-            "--timeout",
-            "30",
-            "--job-timeout",
-            "600",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    result = run_replay(server, tmp_path / "results", "--first-frame", str(tmp_path / "photo.jpg"))
     assert result.returncode == 0, result.stderr[-3000:]
     folder = tmp_path / "results" / "sample_room"
     assert (folder / "rollout.mp4").is_file()

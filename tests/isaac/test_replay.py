@@ -159,35 +159,20 @@ def server(tmp_path):
             process.kill()
 
 
+def run_replay(server: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """`lingbot-isaac replay` of the sample room against `server` with the tiny preset, as a user runs it."""
+    command = [sys.executable, "-m", "lingbot_cli", "replay", str(SAMPLE), "--server", server, "--out", str(out),
+               "--preset", "tiny", "--timeout", "30", "--job-timeout", "600", *extra]  # fmt: skip
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+
+
 @needs_server
 @pytest.mark.slow
 def test_replay_sample_against_a_local_tiny_server(tmp_path, server):
     from contracts.video import read_mp4
 
     out = tmp_path / "results"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lingbot_cli",
-            "replay",
-            str(SAMPLE),
-            "--server",
-            server,
-            "--out",
-            str(out),
-            "--preset",
-            "tiny",
-            "--timeout",
-            "30",
-            "--job-timeout",
-            "600",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    result = run_replay(server, out)
     assert result.returncode == 0, result.stderr[-3000:]
     video = out / "sample_room" / "rollout.mp4"
     assert video.is_file() and str(video) in result.stdout

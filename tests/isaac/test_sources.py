@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,15 +141,23 @@ def wxyz(rotations: np.ndarray) -> np.ndarray:
 def write_isaacsim_session(path, t, poses, resolution=(640, 360), time_offset=3.0, meters_per_unit=1.0):
     """An HDF5 file laid out as isaacsim.replicator.episode_recorder (schema 2) writes it.
 
-    Follows the "HDF5 V2 layout" of that extension's SessionStorage as documented on its docs page
-    (docs/index.html: manifest-first, one group per episode, Recordable channels); the storage
-    module itself is not in the public index we could read, so the group and dataset names are
-    the ones our reader documents. Positions are world positions in stage units (what the
-    CameraRecordable samples from the stage): `meters_per_unit` sets the stage unit.
+    Follows that extension's own source (Isaac Sim, source/extensions/isaacsim.replicator.
+    episode_recorder/isaacsim/replicator/episode_recorder/, read in the public mirror
+    stevenf7/IsaacSim): `storage.py` (the "HDF5 V2 layout": root attrs schema_version, created_at,
+    num_episodes; episodes/episode_NNNNN with attrs episode_index, started_at, ended_at,
+    num_frames; one dataset per channel under the recordable's group), `manifest.py` (JSON
+    strings manifest/tracks, session, sampling, coord_conventions, sort_keys=True),
+    `recordables/sim_time.py` (group "meta/time": sim_time f8, physics_step i8, wall_time f8) and
+    `recordables/camera.py` (position, orientation wxyz, focal_length, horizontal_aperture,
+    vertical_aperture, clipping_range, all f4: no image channel). Positions are world positions
+    in stage units (what the CameraRecordable samples from the stage): `meters_per_unit` sets the
+    stage unit.
     """
     usd_rotations = poses[:, :3, :3] @ np.diag([1.0, -1.0, -1.0])  # OpenCV axes -> USD camera axes
     with h5py.File(path, "w") as h5:
         h5.attrs["schema_version"] = 2
+        h5.attrs["created_at"] = "2026-01-01T12:00:00+00:00"
+        h5.attrs["num_episodes"] = 2
         manifest = h5.create_group("manifest")
         tracks = [
             {"type": "sim_time", "group": "meta/time"},
@@ -173,12 +182,16 @@ def write_isaacsim_session(path, t, poses, resolution=(640, 360), time_offset=3.
             manifest.create_dataset(name, data=json.dumps(payload, sort_keys=True))
         for e in range(2):
             episode = h5.create_group(f"episodes/episode_{e:05d}")
+            episode.attrs["episode_index"] = e
+            episode.attrs["started_at"] = "2026-01-01T12:00:01+00:00"
+            episode.attrs["ended_at"] = "2026-01-01T12:00:09+00:00"
             episode.attrs["num_frames"] = len(t)
             time = episode.create_group("meta/time")
             sim_time = t + time_offset
             sim_time[10] = sim_time[9]  # a paused step: repeated sim time
             time["sim_time"] = sim_time
-            time["physics_step"] = np.arange(len(t))
+            time["physics_step"] = np.arange(len(t), dtype=np.int64)
+            time["wall_time"] = 1.767e9 + 2 * t
             cam = episode.create_group("cameras/head")
             cam["position"] = (poses[:, :3, 3] / meters_per_unit).astype(np.float32)
             cam["orientation"] = wxyz(usd_rotations).astype(np.float32)
@@ -216,6 +229,27 @@ def test_isaacsim_episode_recorder_session(tmp_path):
         open_source(tmp_path / "session.hdf5", SourceOptions(resolution=(480, 640), meters_per_unit=1))
     with pytest.raises(EpisodeError, match="no camera track matching 'nope'"):
         open_source(tmp_path / "session.hdf5", SourceOptions(camera="nope", meters_per_unit=1))
+
+
+def test_replay_says_once_that_recorder_sessions_hold_no_sim_frames(tmp_path, capsys):
+    from lingbot_cli.main import main as cli
+
+    t, poses = reference_trajectory()
+    sessions = [tmp_path / "a.hdf5", tmp_path / "b.hdf5"]
+    for session in sessions:
+        write_isaacsim_session(session, t, poses)
+    Image.fromarray(np.zeros((360, 640, 3), np.uint8)).save(tmp_path / "first.png")
+    args = ["replay", *map(str, sessions), "--export-only", "--out", str(tmp_path / "out")]
+    args += ["--image", str(tmp_path / "first.png"), "--prompt", "p", "--meters-per-unit", "1"]
+    assert cli(args) == 0
+    out, err = capsys.readouterr()
+    folders = [Path(line) for line in out.splitlines()]
+    assert len(folders) == 4  # two episodes in each session
+    assert all(read_episode(f).sim_frames_path is None for f in folders)
+    notes = [line for line in err.splitlines() if "holds no camera images" in line]
+    assert len(notes) == 1, err  # once for the whole command, naming both files
+    assert notes[0].startswith(f"note: {sessions[0]}, {sessions[1]}: an Isaac Sim episode-recorder session")
+    assert "Keep every sim frame" in notes[0] and "--keep-frames" in notes[0] and "compare" in notes[0]
 
 
 def test_centimetre_stage_recorder_session_exports_metres(tmp_path):

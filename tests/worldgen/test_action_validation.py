@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worldgen.camera import load_action, validate_action
+from worldgen.camera import load_action, validate_action, validate_camera
 from worldgen.errors import InputError
 
 
@@ -185,3 +185,15 @@ def test_validate_does_not_alias_the_input():
     checked, _ = validate_action(poses, np.array([500, 500, 416, 240], np.float32))
     checked[0, 0, 3] = 123.0
     assert poses[0, 0, 3] == 0.0
+
+
+def test_a_generate_camera_is_both_poses_and_intrinsics_or_neither():
+    """The one rule of both pipelines' `generate` (base and Fast)."""
+    assert validate_camera(None, None) == (None, None)
+    poses, intrinsics = validate_camera(walking_poses().tolist(), [500, 500, 416, 240])
+    assert poses.dtype == np.float32 and intrinsics.shape == (1, 4)
+    for args in ((walking_poses(), None), (None, np.array([500, 500, 416, 240]))):
+        with pytest.raises(InputError, match=r"^camera control needs both poses\.npy and intrinsics\.npy"):
+            validate_camera(*args)
+    with pytest.raises(InputError, match=r"poses has 3 poses"):  # then the action's own rules
+        validate_camera(walking_poses(3), np.array([500, 500, 416, 240]))

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.worldgen.golden import golden_cases
 from tests.worldgen.numerics import rel_l2
 from worldgen.camera import (
     CameraCondition,
@@ -26,8 +27,7 @@ TOLERANCE = 1e-5  # relative L2, the golden README's camera tolerance
 
 @pytest.fixture(scope="module")
 def camera_golden(golden):
-    cases = json.loads((golden / "camera" / "cases.json").read_text())
-    return {c["tag"]: c for c in cases["cases"]}, load_file(golden / "camera" / "io.safetensors")
+    return golden_cases(golden / "camera")
 
 
 def test_golden_cases_are_the_ones_tested(camera_golden):

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import stat
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from worldgen.safetensors_writer import SafetensorsWriter, header_bound
+from worldgen.safetensors_writer import SafetensorsWriter, header_bound, save_file
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.uint8, torch.int64, torch.int8, torch.bool]
 
@@ -63,3 +66,20 @@ def test_duplicate_keys_and_unstorable_dtypes_are_refused(tmp_path):
     with pytest.raises(ValueError, match="complex"), SafetensorsWriter(tmp_path / "b.safetensors", 256) as w:
         w.add("x", torch.ones(1, dtype=torch.complex64))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_save_file_writes_a_dict_atomically_with_the_umask_mode(tmp_path):
+    """`save_file` (bench/synthetic_checkpoint.py): the official reader reads it back, and it is
+    0666 & ~umask like any other output, not safetensors' own 0600."""
+    tensors = {"a.weight": torch.randn(3, 4).to(torch.bfloat16), "b.bias": torch.arange(5), "c": torch.ones(())}
+    old = os.umask(0o022)
+    try:
+        path = save_file(tensors, tmp_path / "model.safetensors", {"format": "pt"})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]  # no temporary file left
+    with safe_open(path, "pt") as f:
+        assert f.metadata() == {"format": "pt"}
+        assert sorted(f.keys()) == sorted(tensors)  # noqa: SIM118 (safe_open is not a dict)
+        assert all(torch.equal(f.get_tensor(k), v) and f.get_tensor(k).dtype == v.dtype for k, v in tensors.items())

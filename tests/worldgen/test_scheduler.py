@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.worldgen.golden import golden_cases
 from tests.worldgen.numerics import rel_l2
 from worldgen.scheduler import FlowUniPCScheduler
 
@@ -32,8 +33,7 @@ def run(scheduler: FlowUniPCScheduler, x: torch.Tensor) -> list[torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def scheduler_golden(golden):
-    cases = json.loads((golden / "scheduler" / "cases.json").read_text())
-    return {c["tag"]: c for c in cases["cases"]}, load_file(golden / "scheduler" / "io.safetensors")
+    return golden_cases(golden / "scheduler")
 
 
 def test_golden_cases_are_the_ones_tested(scheduler_golden):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.worldgen.golden import golden_model
 from tests.worldgen.numerics import rel_l2
 from worldgen.errors import CheckpointError
 from worldgen.t5 import UMT5_XXL, T5Config, UMT5Encoder, encode_prompts, relative_position_buckets
@@ -15,12 +16,7 @@ from worldgen.t5 import UMT5_XXL, T5Config, UMT5Encoder, encode_prompts, relativ
 
 @pytest.fixture(scope="module")
 def golden_t5(golden):
-    folder = golden / "t5"
-    cfg = T5Config.from_json(folder / "config.json")
-    with torch.device("meta"):
-        encoder = UMT5Encoder(cfg)
-    encoder.load_state_dict(torch.load(folder / "t5_encoder.pth", weights_only=True), assign=True)
-    return encoder.eval(), load_file(folder / "io.safetensors")
+    return golden_model(golden / "t5", T5Config, UMT5Encoder, "t5_encoder.pth")
 
 
 def test_hidden_matches_reference(golden_t5):

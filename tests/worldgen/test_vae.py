@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from tests.worldgen.golden import golden_model
 from tests.worldgen.numerics import rel_l2
 from worldgen.errors import CheckpointError, InputError
 from worldgen.vae import WAN21_VAE, VAEConfig, WanVAE
@@ -15,12 +15,7 @@ from worldgen.vae import WAN21_VAE, VAEConfig, WanVAE
 
 @pytest.fixture(scope="module")
 def golden_vae(golden):
-    folder = golden / "vae"
-    cfg = VAEConfig.from_json(folder / "config.json")
-    with torch.device("meta"):
-        vae = WanVAE(cfg)
-    vae.load_state_dict(torch.load(folder / "vae.pth", weights_only=True), assign=True)
-    return vae.eval(), load_file(folder / "io.safetensors")
+    return golden_model(golden / "vae", VAEConfig, WanVAE, "vae.pth")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,80 @@
+"""The window's `gpus` setting (1 or 2 GPUs per job), at the session level, against real server
+subprocesses: a one-device server refuses `gpus = 2` with `bad_settings` and the status line says
+so in the server's words; a server with a pool of two workers runs the job on both.
+
+The servers run the bridge's stand-in engine (tests/bridge/standin_worker.py: worldgen.worker's
+real loop and the real two-worker peer protocol, a known pace per step), so these are quick."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bridge.client import Client
+from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO
+from contracts.settings import FIELD_BY_NAME, SettingsError
+from lingbot_isaac.session import Session, SessionSettings, gpu_choices
+from tests.bridge.conftest import make_episode, servers, standin_command  # noqa: F401  (fixture)
+from tests.bridge.test_server import record_of
+from tests.bridge.test_worker_pool import POOL, healthy
+
+
+def session_for(server, **settings) -> Session:
+    return Session(SessionSettings(server=server.endpoint, timeout=10.0, compare=False, **settings))
+
+
+def test_the_gpus_choices_are_the_contracts_range_and_nothing_is_sent_by_default():
+    spec = FIELD_BY_NAME["gpus"]
+    assert [value for _, value in gpu_choices()] == [None, *range(int(spec.low), int(spec.high) + 1)] == [None, 1, 2]
+    assert "gpus" not in SessionSettings().generation()  # the server's preset decides
+    assert SessionSettings(gpus=2).generation() == {"gpus": 2}
+    with pytest.raises(SettingsError, match=r"^gpus must be in \[1, 2\] \(got 3\)"):
+        SessionSettings(gpus=3).generation()
+
+
+def test_gpus_2_with_model_fast_is_refused_before_anything_is_sent(tmp_path):
+    episode = make_episode(tmp_path / "ep")
+    session = Session(SessionSettings(server="tcp://127.0.0.1:9", gpus=2, model="fast", compare=False))
+    before = session.status()
+    with pytest.raises(SettingsError, match="model fast has no guidance"):
+        session.generate(episode)
+    assert session.status() is before and not session.busy
+
+
+def test_a_one_device_server_refuses_gpus_2_and_the_status_line_says_why(servers, tmp_path):  # noqa: F811
+    server = servers(worker=standin_command(step_s=0.01))
+    episode = make_episode(tmp_path / "ep")
+    session = session_for(server, gpus=2)
+    session.generate(episode)
+    status = session.wait(timeout=60)
+    assert status.state == "failed", status
+    # the server's own reason, whole, after a plain lead-in (no code, no "settings:" prefix)
+    assert status.message.startswith("The server refused the settings: gpus 2 needs two GPUs, and this server "
+                                     "has one worker on one device (0:cpu): use gpus 1"), status.message  # fmt: skip
+    assert "bad_settings" in status.error
+    assert not (episode / ROLLOUT_VIDEO).exists()
+    # the same server runs the job with gpus 1, sent as the job's setting
+    session.settings.gpus = 1
+    session.generate(episode)
+    status = session.wait(timeout=60)
+    assert status.state == "done", status
+    record = record_of(status.result.read_bytes())  # what the stand-in engine was asked
+    assert record["settings"]["gpus"] == 1 and record["peer"] is None
+
+
+def test_gpus_2_runs_the_job_on_two_workers_of_a_pool(servers, tmp_path):  # noqa: F811
+    server = servers(worker=standin_command(step_s=0.01), worker_keys=POOL)
+    with Client(server.endpoint, timeout=10) as client:
+        names = [w["name"] for w in healthy(client)["workers"]]
+    episode = make_episode(tmp_path / "ep")
+    session = session_for(server, gpus=2)
+    session.generate(episode)
+    status = session.wait(timeout=60)
+    assert status.state == "done", status
+    record = record_of(status.result.read_bytes())
+    assert record["settings"]["gpus"] == 2
+    assert record["peer"] in names  # the unconditional passes ran on the pool's other worker
+    job = json.loads((episode / ROLLOUT_INFO).read_text())["job"]
+    assert job["asked"]["gpus"] == 2 and job["client"] == "extension"
+    assert f"job {job['id']}: two GPUs" in server.log()
