@@ -127,12 +127,17 @@ def test_two_tiny_model_actors_and_an_actor_killed_mid_job(servers, tmp_path, ra
         health = healthy(client, timeout=240)
         assert all(w["reported"]["model"] == "tiny" for w in health["workers"])
         payload = EpisodePayload.from_dir(episode)
-        settings = {"size": "48*80", "frame_num": 5, "steps": 8}
+        # enough steps that the job seen denoising is still the actor's job when the kill lands,
+        # even on 2 busy cores (8 steps once finished in between)
+        settings = {"size": "48*80", "frame_num": 5, "steps": 40}
         jobs = [client.submit(payload, {**settings, "seed": i}) for i in range(6)]
 
         def denoising(h: dict) -> dict | None:
-            return next((w for w in h["workers"]
-                         if (w.get("reported") or {}).get("progress", {}).get("phase") == "denoise"), None)  # fmt: skip
+            def early(w: dict) -> bool:
+                progress = (w.get("reported") or {}).get("progress", {})
+                return progress.get("phase") == "denoise" and progress.get("step", 0) <= progress.get("total", 0) // 4
+
+            return next((w for w in h["workers"] if early(w)), None)
 
         victim = wait_for(lambda: denoising(client.health()), 120, interval=0.1, what="an actor denoising")
         ray.kill(ray.get_actor(victim["actor"], namespace="lingbot-isaac"), no_restart=True)
