@@ -115,6 +115,7 @@ class Chunk:
     total: int
     frames: int  # video frames in this chunk
     video: bytes  # an mp4 of just this chunk's frames
+    still: bytes | None = None  # a small PNG of its last frame (asked for with want_stills; None otherwise)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,6 +214,7 @@ def submit_and_follow(
     *,
     cancelled: Callable[[], bool] | None = None,
     check_alive_s: float | None = None,
+    want_stills: bool = False,
 ) -> tuple[Job, Result]:
     """Submit an episode and follow it to its end: the one loop of the CLI, replay and the window.
 
@@ -225,11 +227,14 @@ def submit_and_follow(
     caller) and JobFailed("cancelled") is raised without waiting for the job's end.
     `check_alive_s`: after this many seconds without an event, ask the server's health (raises
     ServerUnavailable when it is gone) instead of waiting for the client's `give_up_s`.
+    `want_stills`: each Chunk also brings `still`, a small PNG of its last frame (for a viewer
+    without a video decoder; an older server sends none).
 
     Raises JobFailed with the server's reason; TimeoutError when no event comes for `timeout`
     seconds, and KeyboardInterrupt or what a callback raised, after cancelling the job.
     """
-    job = client.submit(payload, settings, want_chunks=on_chunk is not None)
+    chunks = on_chunk is not None
+    job = client.submit(payload, settings, want_chunks=chunks, want_stills=chunks and want_stills)
     if on_submitted is not None:
         on_submitted(job)
     # Without a cancel check or a liveness check one wait per event is enough (as before).
@@ -467,14 +472,22 @@ class Client:
         *,
         want_frames: bool = False,
         want_chunks: bool = False,
+        want_stills: bool = False,
         on_event: EventCallback | None = None,
         timeout: float | None = None,
     ) -> Job:
         """Send an episode; returns once the server has it on disk (its queue position known).
         Raises RequestFailed (busy, bad_input, bad_settings ...) or ServerUnavailable.
-        `want_chunks`: get each finished chunk as a Chunk event (model = fast)."""
+        `want_chunks`: get each finished chunk as a Chunk event (model = fast); `want_stills`: with
+        a PNG of its last frame (`Chunk.still`)."""
         future = self.submit_async(
-            payload, settings, want_frames=want_frames, want_chunks=want_chunks, on_event=on_event, timeout=timeout
+            payload,
+            settings,
+            want_frames=want_frames,
+            want_chunks=want_chunks,
+            want_stills=want_stills,
+            on_event=on_event,
+            timeout=timeout,
         )
         return self._wait(future, timeout)
 
@@ -485,6 +498,7 @@ class Client:
         *,
         want_frames: bool = False,
         want_chunks: bool = False,
+        want_stills: bool = False,
         on_event: EventCallback | None = None,
         timeout: float | None = None,
     ) -> concurrent.futures.Future:
@@ -500,6 +514,8 @@ class Client:
         }
         if want_chunks:  # sent only when asked: older servers ignore it, older clients never see a chunk
             fields["want_chunks"] = True
+            if want_stills:  # the same: only a client that asked meets a chunk's `still` frame
+                fields["want_stills"] = True
         if payload.name:
             fields["name"] = payload.name[:200]
         frames = protocol.encode(
@@ -746,7 +762,9 @@ class Client:
             job._deliver(Progress(job_id, f["phase"], f["step"], f["total"], f.get("eta_s"), f.get("queue_position")))
         elif message.type == "chunk" and job is not None:
             f = message.fields
-            job._deliver(Chunk(job_id, f["index"], f["total"], f["frame_count"], message.blobs["video"]))
+            still = message.blobs.get("still")
+            still = still if still is not None and still.startswith(protocol.PNG_MAGIC) else None  # PNG or none
+            job._deliver(Chunk(job_id, f["index"], f["total"], f["frame_count"], message.blobs["video"], still))
         elif message.type == "result" and job is not None:
             frames = message.arrays.get("frames")
             self._jobs.pop(job_id, None)

@@ -71,6 +71,7 @@ class Job:
     # memory only
     subscribers: set[bytes] = dataclasses.field(default_factory=set, repr=False)
     chunk_peers: set[bytes] = dataclasses.field(default_factory=set, repr=False)  # subscribers that asked for chunks
+    still_peers: set[bytes] = dataclasses.field(default_factory=set, repr=False)  # ... and for their stills too
     live: Live | None = dataclasses.field(default=None, repr=False)
     sent_position: int | None = dataclasses.field(default=None, repr=False)
     dirty: bool = dataclasses.field(default=False, repr=False)  # state.json not yet written

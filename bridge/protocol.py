@@ -181,6 +181,7 @@ REQUESTS: dict[str, dict[str, tuple[str, bool]]] = {
         "settings": (MAP, False),
         "want_frames": (BOOL, False),
         "want_chunks": (BOOL, False),  # stream each finished chunk (model = fast) as a `chunk` message
+        "want_stills": (BOOL, False),  # with want_chunks: each `chunk` also carries `still` (a small PNG)
         "name": (TEXT, False),
     },
     "cancel": {"rid": (ID, True), "job": (ID, True)},
@@ -240,7 +241,12 @@ FRAMES: dict[str, dict[str, FrameSpec]] = {
         "poses": FrameSpec("array", True, ("float32", "float64"), (None, 4, 4), "max_poses"),
         "intrinsics": FrameSpec("array", True, ("float32", "float64"), (None, 4), "max_poses"),
     },
-    "chunk": {"video": FrameSpec("blob", True, max_bytes="max_chunk_bytes")},
+    "chunk": {
+        "video": FrameSpec("blob", True, max_bytes="max_chunk_bytes"),
+        # PNG of the chunk's last frame (contracts.video.still_png), only for a submit with want_stills:
+        # a client that never asked never meets this frame name (older decoders refuse unknown frames)
+        "still": FrameSpec("blob", False, max_bytes="max_image_bytes"),
+    },
     "result": {
         "video": FrameSpec("blob", True, max_bytes="max_video_bytes"),
         "frames": FrameSpec("array", False, ("uint8",), (None, None, None, 3), max_bytes="max_result_frames_bytes"),
@@ -447,6 +453,7 @@ class Submit:
     intrinsics: np.ndarray  # [N, 4], finite, fx, fy > 0
     want_frames: bool = False
     want_chunks: bool = False
+    want_stills: bool = False
     name: str | None = None
     client: str | None = None  # a label the client chose; never its identity (see docs/protocol.md)
 
@@ -490,6 +497,7 @@ def parse_request(frames: Sequence[Any], limits: Limits = Limits()) -> Request:
         intrinsics=intrinsics,
         want_frames=bool(fields.get("want_frames", False)),
         want_chunks=bool(fields.get("want_chunks", False)),
+        want_stills=bool(fields.get("want_stills", False)),
         name=fields.get("name"),
         client=fields.get("client"),
     )

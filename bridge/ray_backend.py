@@ -45,6 +45,7 @@ log = logging.getLogger("bridge.ray_backend")
 
 POLL_S = 0.1  # longest an actor's poll waits for the worker's next message
 NAMESPACE = "lingbot-isaac"
+RAY_CLIENT_ATTEMPTS = 3  # the Ray Client server's forked per-client server can crash at start: see connect
 ROOT = str(Path(__file__).resolve().parent.parent)
 
 
@@ -219,7 +220,7 @@ def connect(worker: WorkerConfig) -> None:
     if worker.ray_address.startswith("ray://"):
         # Ray Client: the actors run on the cluster's machines, which need lingbot-isaac installed
         # themselves (this checkout's path means nothing there).
-        ray.init(address=worker.ray_address, namespace=NAMESPACE)
+        _connect_through_ray_client(worker.ray_address)
         return
     pythonpath = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     ray.init(
@@ -229,6 +230,30 @@ def connect(worker: WorkerConfig) -> None:
         log_to_driver=True,
         configure_logging=False,
     )
+
+
+def _connect_through_ray_client(address: str) -> None:
+    """`ray.init("ray://...")`, tried RAY_CLIENT_ATTEMPTS times.
+
+    The Ray Client server forks one server per client; with gRPC's fork support on (grpcio's
+    default) that child can die of SIGSEGV before it starts (Ray 2.60, grpcio 1.85: half the
+    connections on 2 busy cores), and the client sees ConnectionAbortedError. A new connection
+    forks again, so a retry usually gets through; the lasting fix is on the cluster's side.
+    """
+    for attempt in range(1, RAY_CLIENT_ATTEMPTS + 1):
+        try:
+            ray.init(address=address, namespace=NAMESPACE)
+            return
+        except ConnectionAbortedError as exc:
+            if attempt == RAY_CLIENT_ATTEMPTS:
+                raise ConfigError(
+                    f"[worker] ray_address = {address!r}: the Ray Client server failed to start a "
+                    f"server for this client {attempt} times ({_first_line(str(exc))}). Its log is "
+                    "ray_client_server_<port>.err in the head node's Ray log folder; if it is empty, "
+                    "the forked server crashed: start the head with GRPC_ENABLE_FORK_SUPPORT=0 in "
+                    "its environment (GRPC_ENABLE_FORK_SUPPORT=0 ray start --head ...)"
+                ) from exc
+            log.warning("Ray Client connection to %s aborted (%s); trying again", address, exc)
 
 
 def ray_spawners(worker: WorkerConfig, devices: tuple[str, ...]) -> list[tuple[str, EngineOptions, Any]]:

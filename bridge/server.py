@@ -408,6 +408,8 @@ class Server:
         job.subscribers.add(peer)
         if request.want_chunks:
             job.chunk_peers.add(peer)
+            if request.want_stills:
+                job.still_peers.add(peer)
         self.queue.push(client, job.id)
         log.info("job %s accepted from %s (%d waiting)", job.id, client, len(self.queue))
         self._reply_accepted(peer, rid, job)  # the loop hands it to the worker after this turn
@@ -690,30 +692,43 @@ class Server:
 
     def _worker_chunk(self, event: Event) -> None:
         """A finished chunk (model = fast): its mp4, written by the worker in the job's folder, goes to
-        the subscribers that asked for chunks, then is deleted (the result holds every frame)."""
+        the subscribers that asked for chunks, then is deleted (the result holds every frame); its
+        still (a PNG of its last frame) goes along to those that asked for stills too."""
         job = self.jobs.get(event.job)
         if job is None or job.state != "running":
             return
         data = event.data
-        path = Path(str(data.get("path", "")))
-        if path.parent != job.dir or not path.name.endswith(".mp4"):
-            log.warning("job %s: chunk path %s is outside the job's folder; ignored", job.id, path)
-            return
-        try:
-            size = path.stat().st_size
-            video = path.read_bytes() if size <= self.limits.max_chunk_bytes else None
-            path.unlink()
-        except OSError as exc:
-            log.warning("job %s: chunk %s unreadable (%s); not streamed", job.id, path.name, exc)
-            return
+        still = self._take_chunk_file(job, data.get("still"), ".png", "max_image_bytes") if data.get("still") else None
+        video = self._take_chunk_file(job, data.get("path", ""), ".mp4", "max_chunk_bytes")
         if video is None:
-            log.warning("job %s: chunk %s is %d bytes, above max_chunk_bytes; not streamed", job.id, path.name, size)
             return
         fields = {"job": job.id, "chunk_v": protocol.CHUNK_VERSION, "index": _count(data.get("index")),
                   "total": _count(data.get("total")), "frame_count": _count(data.get("frames"))}  # fmt: skip
         message = protocol.encode("chunk", fields, blobs={"video": video})
+        if still is not None and not still.startswith(protocol.PNG_MAGIC):
+            log.warning("job %s: a chunk still is not a PNG; not streamed", job.id)
+            still = None
+        with_still = protocol.encode("chunk", fields, blobs={"video": video, "still": still}) if still else message
         for peer in list(job.chunk_peers & job.subscribers):
-            self._send(peer, message)
+            self._send(peer, with_still if peer in job.still_peers else message)
+
+    def _take_chunk_file(self, job: Job, named: Any, suffix: str, cap: str) -> bytes | None:
+        """A file the worker wrote in the job's folder for a chunk (its mp4 or still), read and
+        deleted; None (logged) when it is elsewhere, unreadable or above the `cap` limit."""
+        path = Path(str(named))
+        if path.parent != job.dir or path.suffix != suffix:
+            log.warning("job %s: chunk file %s is outside the job's folder; ignored", job.id, path)
+            return None
+        try:
+            size = path.stat().st_size
+            data = path.read_bytes() if size <= getattr(self.limits, cap) else None
+            path.unlink()
+        except OSError as exc:
+            log.warning("job %s: chunk file %s unreadable (%s); not streamed", job.id, path.name, exc)
+            return None
+        if data is None:
+            log.warning("job %s: chunk file %s is %d bytes, above %s; not streamed", job.id, path.name, size, cap)
+        return data
 
     def _worker_result(self, event: Event) -> None:
         job = self.jobs.get(event.job)

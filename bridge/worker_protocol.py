@@ -21,7 +21,8 @@ Worker -> supervisor
     ready     {pid, model, device, load_s, ...}   the model is loaded; jobs may be sent
     fatal     {code, message}                     the worker cannot start (bad checkpoint ...)
     progress  {job, phase, step, total}
-    chunk     {job, index, total, path, frames}  model fast, want_chunks: a finished chunk's mp4 in the job folder
+    chunk     {job, index, total, path, frames, still?}  model fast, want_chunks: a finished chunk's mp4 in the
+              job folder, and `still`, a PNG of its last frame beside it (contracts.video.still_png)
     result    {job, output, frames_output|None, seconds, frames}   frames: the count the mp4 must hold
     error     {job, code, message}                codes: ERROR_CODES below
     health    {id, state, job|None, ...}          `state` is "idle" or "busy"

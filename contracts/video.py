@@ -95,6 +95,30 @@ def _chain(first: np.ndarray, rest: Iterable[np.ndarray]) -> Iterable[np.ndarray
     yield from rest
 
 
+STILL_MAX_SIDE = 416  # a chunk's still (`still_png`): half the 832-pixel model frame on its long side
+
+
+def still_png(frame: np.ndarray, max_side: int = STILL_MAX_SIDE) -> bytes:
+    """One uint8 RGB frame [H, W, 3] as a small PNG: scaled down (never up) to fit `max_side` on its
+    long side, aspect kept. A chunk's preview still (the worker makes it from the frames it has, so a
+    client shows it without a video decoder: omni.ui.Image shows PNG files, not videos)."""
+    import io
+
+    from PIL import Image
+
+    frame = np.asarray(frame)
+    if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
+        raise VideoError(f"a still must be one uint8 [H, W, 3] RGB frame, got {frame.dtype} {frame.shape}")
+    image = Image.fromarray(frame)
+    height, width = frame.shape[:2]
+    scale = max_side / max(height, width)
+    if scale < 1:
+        image = image.resize((max(1, round(width * scale)), max(1, round(height * scale))), Image.Resampling.BOX)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 def read_mp4(path: str | os.PathLike) -> tuple[np.ndarray, float]:
     """Decode every frame of `path`: (uint8 RGB frames [F, H, W, 3], frames per second)."""
     import imageio_ffmpeg

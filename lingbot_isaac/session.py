@@ -77,7 +77,7 @@ class ChunkPreview:
     frames: int  # video frames in this chunk
     frames_so_far: int  # video frames in this chunk and every one before it
     video: Path  # this chunk's mp4
-    image: Path | None  # its last frame as PNG (None: imageio-ffmpeg is not installed here)
+    image: Path | None  # its last frame as PNG, small (None: an older server sent none and no decoder here)
 
     @property
     def label(self) -> str:
@@ -311,6 +311,7 @@ class Session:
                     # bounded: a dead server costs this thread `timeout` per request, never the UI
                     cancelled=cancelled.is_set,
                     check_alive_s=max(timeout, 5.0),
+                    want_stills=True,  # the server's PNG of each chunk: no video decoder needed here
                 )
                 info = {
                     "id": job.id,
@@ -365,9 +366,12 @@ def compare_with_cli(episode: Path, rollout: Path, out: Path) -> Path:
 
 
 class _Previews:
-    """The chunks of one generation as files the window can show: `chunk_NNN.mp4` and, when
-    imageio-ffmpeg is installed, `chunk_NNN.png` (the chunk's last frame; omni.ui.Image shows
-    PNG files, not videos). A new generation starts with an empty folder."""
+    """The chunks of one generation as files the window can show: `chunk_NNN.mp4` and
+    `chunk_NNN.png`, the chunk's last frame (omni.ui.Image shows PNG files, not videos). The PNG is
+    the still the server sends with the chunk (`want_stills`), so Isaac Sim's Python needs no video
+    decoder; from an older server that sends none, it is decoded here when imageio-ffmpeg is
+    installed, else there is none (the window shows the chunk's line alone). A new generation
+    starts with an empty folder."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -384,17 +388,20 @@ class _Previews:
             self._fresh = True
         stem = f"chunk_{chunk.index:03d}"
         video = atomic.write_bytes(self.folder / f"{stem}.mp4", chunk.video, durable=False)  # a preview
-        image = _last_frame_png(video, self.folder / f"{stem}.png")
+        image = self.folder / f"{stem}.png"
+        if chunk.still:
+            atomic.write_bytes(image, chunk.still, durable=False)
+        else:
+            image = _last_frame_png(video, image)
         return ChunkPreview(chunk.job, chunk.index, chunk.total, chunk.frames, self.frames, video, image)
 
 
 def _last_frame_png(video: Path, out: Path) -> Path | None:
-    """The video's last frame as a PNG at `out`; None where imageio-ffmpeg is not installed (it is
-    optional on the Isaac side) or the video cannot be read."""
-    from PIL import Image
-
+    """The video's last frame as the server's stills are (`contracts.video.still_png`) at `out`;
+    None where imageio-ffmpeg is not installed (it is optional on the Isaac side) or the video
+    cannot be read."""
     from contracts import atomic
-    from contracts.video import VideoError, have_codec, read_mp4
+    from contracts.video import VideoError, have_codec, read_mp4, still_png
 
     if not have_codec():
         return None
@@ -402,9 +409,7 @@ def _last_frame_png(video: Path, out: Path) -> Path | None:
         frames, _ = read_mp4(video)  # a chunk: at most a dozen frames
     except VideoError:
         return None
-    with atomic.atomic_path(out, durable=False) as tmp:
-        Image.fromarray(frames[-1]).save(tmp, format="PNG")
-    return out
+    return atomic.write_bytes(out, still_png(frames[-1]), durable=False)
 
 
 def model_choices() -> list[tuple[str, str | None]]:
@@ -412,10 +417,10 @@ def model_choices() -> list[tuple[str, str | None]]:
     sent), then every model `contracts` knows (one home: `contracts.engine_options.MODELS`)."""
     from contracts.engine_options import MODELS
 
-    return [(SERVER_MODEL_LABEL, None), *((name, name) for name in MODELS)]
+    return [(SERVER_CHOICE_LABEL, None), *((name, name) for name in MODELS)]
 
 
-SERVER_MODEL_LABEL = "server's choice"
+SERVER_CHOICE_LABEL = "server's choice"  # first in the Model and GPUs lists: nothing sent
 
 
 def gpu_choices() -> list[tuple[str, int | None]]:
@@ -425,7 +430,7 @@ def gpu_choices() -> list[tuple[str, int | None]]:
     from contracts.settings import FIELD_BY_NAME
 
     spec = FIELD_BY_NAME["gpus"]
-    return [(SERVER_MODEL_LABEL, None), *((str(n), n) for n in range(int(spec.low), int(spec.high) + 1))]
+    return [(SERVER_CHOICE_LABEL, None), *((str(n), n) for n in range(int(spec.low), int(spec.high) + 1))]
 
 
 def _server_model(health: dict[str, Any], asked: str | None) -> str:

@@ -69,7 +69,8 @@ class JobCancelled(Exception):
     """Raised inside the progress callback to stop a job the supervisor cancelled."""
 
 
-ChunkFn = Callable[[int, int, Path, int], None]  # (index, chunks, the chunk's mp4, its frames)
+# (index, chunks, the chunk's mp4, its frames, a PNG still of its last frame or None)
+ChunkFn = Callable[[int, int, Path, int, "Path | None"], None]
 
 
 class Engine(Protocol):
@@ -187,15 +188,19 @@ class PipelineEngine:
 
         chunk_fn = None
         if settings.model == "fast":
-            from worldgen.video_out import write_mp4
+            from contracts.video import still_png
+            from worldgen.video_out import to_uint8_frames, write_mp4
 
             def chunk_fn(index: int, total: int, frames) -> None:
                 # every Fast job reports its chunks as progress (replay's bar, the window); the chunk's
-                # mp4 is written and sent only to a client that asked for it (want_chunks)
+                # mp4 is written and sent only to a client that asked for it (want_chunks), with a
+                # small PNG of its last frame for a client that shows it without a video decoder
                 if on_chunk is not None:
+                    pixels = to_uint8_frames(frames)
                     path = output.with_name(f"{output.stem}.chunk{index:03d}.mp4")
-                    write_mp4(frames, path, fps=settings.fps)
-                    on_chunk(index, total, path, int(frames.shape[1]))
+                    write_mp4(pixels, path, fps=settings.fps)
+                    still = atomic.write_bytes(path.with_suffix(".png"), still_png(pixels[-1]), durable=False)
+                    on_chunk(index, total, path, len(pixels), still)
                 progress("chunk", index + 1, total)
 
         return Path(generate_episode(pipe, episode_dir, settings, output, progress=progress, on_chunk=chunk_fn))
@@ -378,11 +383,12 @@ class Worker:
             self.progress = {"phase": phase, "step": int(step), "total": int(total)}
             self.send({"type": "progress", "job": job, **self.progress})
 
-        def on_chunk(index: int, total: int, path: Path, frames: int) -> None:
+        def on_chunk(index: int, total: int, path: Path, frames: int, still: Path | None = None) -> None:
             # a finished, decoded part of the video (model = fast): the server streams it to the client
-            self.send(
-                {"type": "chunk", "job": job, "index": index, "total": total, "path": str(path), "frames": frames}
-            )
+            chunk = {"type": "chunk", "job": job, "index": index, "total": total, "path": str(path), "frames": frames}
+            if still is not None:
+                chunk["still"] = str(still)
+            self.send(chunk)
 
         try:
             settings = GenerationSettings.from_dict(message["settings"])

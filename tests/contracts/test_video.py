@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from contracts.video import DEFAULT_FPS, VideoError, read_mp4, write_mp4
+from contracts.video import DEFAULT_FPS, STILL_MAX_SIDE, VideoError, read_mp4, still_png, write_mp4
 from tests.conftest import files_matching
 
 
@@ -43,3 +43,22 @@ def test_only_contracts_video_runs_the_codec():
     """One reader and one writer of mp4 files: nobody else calls imageio-ffmpeg's frame reader/writer."""
     where = files_matching(r"imageio_ffmpeg\.(?:read_frames|write_frames)\(")
     assert where == ["contracts/video.py"]
+
+
+def test_a_still_is_a_png_scaled_down_to_fit_never_up():
+    import io
+
+    from PIL import Image
+
+    frame = next(frames(1, 480, 832))
+    still = Image.open(io.BytesIO(still_png(frame)))
+    assert still.format == "PNG" and still.size == (STILL_MAX_SIDE, 240)  # (W, H): half the model frame
+    # a box filter: each still pixel is the mean of its 2x2 block
+    block_means = frame.reshape(240, 2, 416, 2, 3).astype(float).mean(axis=(1, 3))
+    assert np.abs(np.asarray(still).astype(float) - block_means).max() <= 1
+    small = next(frames(1, 48, 80))
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(still_png(small)))), small)  # already small: as it is
+    tall = Image.open(io.BytesIO(still_png(next(frames(1, 833, 100)))))
+    assert tall.size == (50, STILL_MAX_SIDE)  # the long side fits, the aspect is kept
+    with pytest.raises(VideoError, match="uint8"):
+        still_png(np.zeros((8, 8), np.uint8))
