@@ -162,13 +162,16 @@ def test_forty_demo_dataset_interrupted_resumed_and_reported(tmp_path):
         out = tmp_path / "out"
         command = [sys.executable, "-m", "lingbot_cli", *replay_args(tmp_path / "lab.hdf5", out, server.endpoint,
                                                                       *SMALL, "--window", "6")]  # fmt: skip
-        first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 start_new_session=True)  # fmt: skip
-        wait_for(lambda: len(list(out.glob("*/rollout.mp4"))) >= 10, 300, interval=0.2, what="10 rollouts")
+        # its output goes to a file: a pipe nobody reads would block the client once full
+        with open(tmp_path / "first-client.log", "wb") as log:
+            first = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_for(lambda: len(list(out.glob("*/rollout.mp4"))) >= 10, 300, interval=0.2, what="10 rollouts")
+        except AssertionError as error:
+            client_log = (tmp_path / "first-client.log").read_text(errors="replace")
+            raise AssertionError(f"{error}\nclient:\n{client_log[-3000:]}\nserver:\n{server.log()[-3000:]}") from None
         os.killpg(first.pid, signal.SIGKILL)  # the client dies; the server and its jobs go on
         first.wait(timeout=10)
-        first.stdout.close()
-        first.stderr.close()
         finished = {p.parent.name: p.stat().st_mtime_ns for p in out.glob("*/rollout.mp4")}
         pending = {p.parent.name for p in out.glob("*/rollout.pending.json")} - set(finished)
         assert 10 <= len(finished) < 40 and pending, (len(finished), pending)

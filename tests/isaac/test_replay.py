@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -120,43 +118,16 @@ def _free_port() -> int:
 
 @pytest.fixture
 def server(tmp_path):
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "lingbot_cli",
-            "serve",
-            "--ckpt",
-            "tiny",
-            "--device",
-            "cpu",
-            "--bind",
-            endpoint,
-            "--spool-dir",
-            str(tmp_path / "spool"),
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    """A real `serve` subprocess (the built-in tiny model on the CPU) -> its endpoint. The server's
+    output goes to a log file (a pipe nobody reads would block a chatty server once full); a server
+    that does not start fails with that log in the message."""
+    from tests.bridge.conftest import TINY, ServerPool
+
+    pool = ServerPool(tmp_path / "server")
     try:
-        deadline = time.monotonic() + 60
-        line = ""
-        while time.monotonic() < deadline and "listening on" not in line:
-            line = process.stdout.readline()
-            if not line and process.poll() is not None:
-                raise RuntimeError(f"server exited: {process.stderr.read()[-2000:]}")
-        yield endpoint
+        yield pool.start(worker=TINY, start_timeout=60.0).endpoint
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        pool.close()
 
 
 def run_replay(server: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
