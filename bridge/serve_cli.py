@@ -18,7 +18,7 @@ from bridge.security import SecurityError
 from bridge.server import ListenError, Server
 from bridge.server_config import ConfigError, load_server_config
 from bridge.spool import SpoolError
-from contracts.engine_options import ATTENTIONS, COMPUTE_CHOICES, DTYPES, MODELS
+from contracts.engine_options import ATTENTIONS, COMPUTE_CHOICES, DTYPES, FP8_HELP, MODELS
 from contracts.settings import SettingsError
 
 USER_ERRORS = (ConfigError, SecurityError, SpoolError, SettingsError, ListenError)
@@ -53,9 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument(
         "--compute",
         choices=COMPUTE_CHOICES,
-        help="how the experts' matmuls run: exact (bf16 is its old name) = the reference's numerics in --dtype; fp8 = approximate (FP8 "
-        "GEMMs, 0.84x the exact forward's time on an H100, output ~5%% different per forward; needs FP8 tensor "
-        "cores) (default: exact; a job's own compute setting overrides it)",
+        help="how the experts' matmuls run: exact (bf16 is its old name) = the reference's numerics in --dtype; "
+        "fp8 = FP8 GEMMs. " + FP8_HELP + " (default: exact; a job's own compute setting overrides it)",
     )
     engine.add_argument(
         "--gpus",

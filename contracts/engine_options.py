@@ -24,6 +24,15 @@ COMPUTES = ("exact", "fp8")
 # the name they stand for: "bf16" named the exact path before records stated the dtype beside it.
 COMPUTE_ALIASES = {"bf16": "exact"}
 COMPUTE_CHOICES = (*COMPUTES, *COMPUTE_ALIASES)  # what CLIs and files accept
+# What fp8 costs and buys, as measured (docs/benchmarks.md, "Speed" and "FP8 distance"): the one
+# wording of every --compute help (generate, serve, replay). No "%": argparse formats help text.
+FP8_HELP = (
+    "fp8 is approximate: on one H100 (random weights of the real shapes) a forward took 2.80 s against "
+    "3.34 s exact (0.84x the time); on the golden DiT cases its output is 5.2e-2 to 5.3e-2 (rel-L2) from "
+    "the reference's, against 5.7e-3 to 1.1e-2 for exact; not yet checked on trained weights "
+    "(docs/benchmarks.md). The GPU that runs it needs FP8 tensor cores (compute capability 8.9+: RTX 40xx, "
+    "L40, H100); refused elsewhere"
+)
 ATTENTIONS = ("auto", "sdpa", "flash", "sage")
 MODELS = ("base", "fast")
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}

@@ -33,7 +33,7 @@ import numpy as np
 from PIL import Image
 
 from contracts import atomic
-from contracts.engine_options import COMPUTE_CHOICES, MODELS
+from contracts.engine_options import COMPUTE_CHOICES, FP8_HELP, MODELS
 from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO, EpisodeError, read_episode, write_rollout
 from contracts.settings import (
     FIELD_BY_NAME,
@@ -143,8 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument(
         "--compute",
         choices=COMPUTE_CHOICES,
-        help=FIELD_BY_NAME["compute"].help + "; fp8 costs 0.84x the time of an exact forward on an "
-        "H100 and changes each forward's output by ~5%%; the server's GPU needs FP8 tensor cores",
+        help=FIELD_BY_NAME["compute"].help + ". " + FP8_HELP,
     )
     gen.add_argument(
         "--model",

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
+from contracts.engine_options import FP8_HELP
 from lingbot_cli.main import COMMANDS, build_parser
-from tests.conftest import REPO
+from tests.conftest import REPO, files_matching
 
 
 def _parsers(parser: argparse.ArgumentParser):
@@ -57,3 +58,12 @@ def test_help_prints_and_exits_0(name):
     )
     assert result.returncode == 0 and f"usage: lingbot-isaac {name}" in result.stdout, result.stderr
     assert "Failed to load" not in result.stderr and not result.stderr.strip(), result.stderr
+
+
+@pytest.mark.parametrize("name", ["generate", "serve", "replay"])
+def test_every_compute_help_says_what_fp8_costs_in_the_measured_words(name):
+    """The three --compute helps carry contracts' one wording of fp8's measured cost and distance."""
+    (compute,) = [a for a in build_parser(name)[0]._actions if "--compute" in a.option_strings]
+    assert FP8_HELP in compute.help
+    assert "2.80 s against 3.34 s exact (0.84x" in FP8_HELP  # docs/benchmarks.md: NF4 + fp8 vs NF4 exact
+    assert files_matching(r"0\.84x|2\.80 s") == ["contracts/engine_options.py"]  # no copy of the figures

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from contracts.engine_options import COMPUTE_CHOICES, MODELS
+from contracts.engine_options import COMPUTE_CHOICES, FP8_HELP, MODELS
 from contracts.episode import EpisodeError
 from contracts.provenance import sidecar_path, write_record
 from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
@@ -98,9 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=COMPUTE_CHOICES,
         default="exact",
         help="how the DiT's matmuls run. exact (default; bf16 is its old name): the reference's numerics in "
-        "--dtype (NF4 weights are dequantized to it). fp8: approximate, each large Linear as an FP8 GEMM (per-token and per-channel "
-        "scales; weights stay NF4 in memory): 0.84x the exact forward's time on an H100 (2.80 s vs "
-        "3.34 s), output ~5%% different per forward (docs/benchmarks.md); needs FP8 tensor cores (RTX 40xx, L40, H100), refused elsewhere",
+        "--dtype (NF4 weights are dequantized to it). fp8: each large Linear as an FP8 GEMM (per-token and "
+        "per-channel scales; weights stay NF4 in memory). " + FP8_HELP,
     )
     run.add_argument(
         "--gpus",
