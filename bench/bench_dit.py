@@ -11,7 +11,6 @@ Usage: python bench/bench_dit.py [--frames N] [--height H] [--width W] [--repeat
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from contracts import atomic  # noqa: E402
 from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH  # noqa: E402
 from contracts.settings import FIELD_BY_NAME  # noqa: E402
 from worldgen.dit import DiTConfig, Linear, WanCameraDiT  # noqa: E402
@@ -136,7 +136,7 @@ def main() -> None:
     batched = (x.expand(2, -1, -1, -1, -1), t.expand(2), ctx * 2, y.expand(2, -1, -1, -1, -1), cam)
     record("nf4", 8192, 2, *time_forward(model, batched, 1))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        atomic.write_json(args.json, results, indent=1)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ DiT loop <= 17 s, whole rollout <= 25 s, first chunk <= 4 s at 480x832, 81 frame
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from contracts import atomic  # noqa: E402
 from contracts.model_frame import MODEL_SIZE  # noqa: E402
 from contracts.settings import GenerationSettings  # noqa: E402
 from worldgen.camera import load_action  # noqa: E402
@@ -180,7 +180,7 @@ def main() -> None:
 
     def save() -> None:
         if args.json:
-            args.json.write_text(json.dumps(results, indent=1))
+            atomic.write_json(args.json, results, indent=1)
 
     if args.golden:
         try:

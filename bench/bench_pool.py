@@ -20,7 +20,6 @@ writes them as JSON (--out).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -33,6 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bridge.client import Client, EpisodePayload, Result  # noqa: E402
+from contracts import atomic  # noqa: E402
 from contracts.settings import load_presets, load_settings  # noqa: E402
 
 # Warm-up steps: with the presets' shifts (5, 10) a 4-step schedule crosses the boundary, so both
@@ -170,7 +170,7 @@ def main() -> int:
     target = "issue 10's two-GPU target: <= 0.55" if args.job_gpus == 2 else "the issue's CPU target: <= 0.60"
     print(f"pool / baseline time: {ratio:.2f} ({target})")
     if args.out:
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        atomic.write_json(args.out, results, indent=1)
     return 0
 
 

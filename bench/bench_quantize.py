@@ -11,7 +11,6 @@ weights, and our `load_expert` onto the device.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from contracts import atomic  # noqa: E402
 from worldgen.checkpoint import load_expert, stream_bf16_expert  # noqa: E402
 from worldgen.metering import peak_rss_gib  # noqa: E402
 from worldgen.nf4 import QUANT_SUFFIXES  # noqa: E402
@@ -69,8 +69,10 @@ def main() -> None:
         f"load_expert of the output: {seconds:.1f} s, {sum(b.numel() for b in model.buffers()) / 1e9:.2f} G buffer elements"
     )
     if args.json:
-        args.json.write_text(
-            json.dumps({**stats, "peak_rss_gib": rss, "from_dict_rel_l2": errors, "load_seconds": seconds}, indent=1)
+        atomic.write_json(
+            args.json,
+            {**stats, "peak_rss_gib": rss, "from_dict_rel_l2": errors, "load_seconds": seconds},
+            indent=1,
         )
 
 

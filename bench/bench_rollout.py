@@ -12,7 +12,6 @@ loading one NF4 expert next to a raw sequential read of the same file.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -22,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from contracts import atomic  # noqa: E402
 from contracts.settings import load_settings  # noqa: E402
 from worldgen.camera import load_action  # noqa: E402
 from worldgen.checkpoint import find_checkpoint, load_expert  # noqa: E402
@@ -143,7 +143,7 @@ def main() -> None:
         peak_rss_gib=peak_rss,
     )
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        atomic.write_json(args.json, results, indent=1)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,10 @@ import tempfile
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+
+from contracts import atomic  # noqa: E402
+
 BF16_REFERENCE_SECONDS = 4.57  # the reference bf16 DiT forward at 480x832x81 on the lent H100
 
 
@@ -97,7 +101,7 @@ def main() -> None:
         )
     lines = summarize(dit, rollout, args.vram_budget)
     print("\n== runtime benchmark ==\n" + "\n".join(lines))
-    args.out.write_text(json.dumps({"dit": dit, "rollout": rollout, "summary": lines}, indent=1))
+    atomic.write_json(args.out, {"dit": dit, "rollout": rollout, "summary": lines}, indent=1)
     print(f"results: {args.out}")
 
 

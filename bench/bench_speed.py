@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from collections import defaultdict
@@ -34,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_dit import random_model, to_nf4  # noqa: E402
+from contracts import atomic  # noqa: E402
 from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH  # noqa: E402
 from contracts.settings import FIELD_BY_NAME  # noqa: E402
 from worldgen import fused  # noqa: E402
@@ -384,7 +384,7 @@ def main() -> None:
         profiles=profiles,
     )
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        atomic.write_json(args.json, results, indent=1)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ the KV cache.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from contracts import atomic  # noqa: E402
 from worldgen.vae import WAN21_VAE, StreamingDecoder, StreamingEncoder, WanVAE  # noqa: E402
 
 GiB = 2**30
@@ -79,7 +79,7 @@ def main() -> None:
             print(f"{name:6} tiles={tiles:>7}: {result}", flush=True)
             torch.cuda.empty_cache()
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        atomic.write_json(args.json, results, indent=1)
 
 
 if __name__ == "__main__":

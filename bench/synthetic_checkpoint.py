@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from contracts import atomic  # noqa: E402
 from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, INDEX_FILE, T5_FILE, VAE_FILE  # noqa: E402
 from worldgen.dit import DiTConfig, Linear, WanCameraDiT  # noqa: E402
 from worldgen.nf4 import quantize_weight  # noqa: E402
@@ -49,12 +49,12 @@ def write_expert(folder: Path, layout: str, device: torch.device, seed: int, cla
     linears = {n for n, m in model.named_modules() if isinstance(m, Linear)}
     gen = torch.Generator(device).manual_seed(seed)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps({"_class_name": class_name, **dataclasses.asdict(cfg)}, indent=1))
+    atomic.write_json(folder / "config.json", {"_class_name": class_name, **dataclasses.asdict(cfg)}, indent=1)
     shapes = meta_shapes(model)
     if layout == "nf4":
         meta = {"quant": {"format": "bnb_nf4", "quant_type": "nf4", "double_quant": True,
                           "compute_dtype": "bfloat16", "blocksize": 64}}  # fmt: skip
-        (folder / "quantization_meta.json").write_text(json.dumps(meta))
+        atomic.write_json(folder / "quantization_meta.json", meta)
         out = {}
         for key, shape in shapes.items():
             value = random_tensor(shape, key, device, gen)
@@ -79,7 +79,7 @@ def write_expert(folder: Path, layout: str, device: torch.device, seed: int, cla
         name = f"diffusion_pytorch_model-{i:05d}-of-{len(shards):05d}.safetensors"
         save_file(part, folder / name)
         weight_map.update({k: name for k in part})
-    (folder / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    atomic.write_json(folder / INDEX_FILE, {"metadata": {}, "weight_map": weight_map})
 
 
 def main() -> None:
