@@ -255,7 +255,7 @@ class Session:
     def _generate(
         self, episode: Path, client_factory: Callable[[], Any] | None, run: int, cancelled: threading.Event
     ) -> None:
-        from bridge.client import Client, EpisodePayload, RequestFailed, ServerUnavailable, submit_and_follow
+        from bridge.client import Client, EpisodePayload, JobFailed, RequestFailed, ServerUnavailable, submit_and_follow
         from contracts.episode import read_episode, write_rollout
         from contracts.settings import job_settings
         from lingbot_isaac.first_frame import first_frame_record, parse_intrinsics, with_photo
@@ -330,8 +330,8 @@ class Session:
         except Exception as exc:
             if isinstance(exc, ServerUnavailable):
                 message = f"Generation failed: the server at {self.settings.server} stopped answering ({exc})"
-            elif isinstance(exc, RequestFailed) and exc.code == "bad_settings":  # e.g. gpus 2 on one device
-                message = f"The server refused the settings: {exc.message.removeprefix('settings: ')}"
+            elif isinstance(exc, (RequestFailed, JobFailed)) and exc.code == "bad_settings":
+                message = refused_settings_line(exc.message)
             else:
                 message = "Cancelled." if cancelled.is_set() else f"Generation failed: {exc}"
             self._set(run, state="failed", message=message,
@@ -350,6 +350,13 @@ class Session:
         except Exception as exc:  # the rollout is still good; say why there is no report
             self._set(run, message=f"Rollout written; comparison failed: {exc}")
             return None
+
+
+def refused_settings_line(message: str) -> str:
+    """The status line of a `bad_settings` refusal, in the server's words after a plain lead-in:
+    at submit (e.g. gpus 2 on a one-device server) or of a queued job the server can no longer
+    run (e.g. spooled by a laxer server before a restart: "not run: settings: steps 8 > ...")."""
+    return f"The server refused the settings: {message.removeprefix('not run: ').removeprefix('settings: ')}"
 
 
 def compare_with_cli(episode: Path, rollout: Path, out: Path) -> Path:

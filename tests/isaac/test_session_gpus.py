@@ -1,6 +1,7 @@
 """The window's `gpus` setting (1 or 2 GPUs per job), at the session level, against real server
 subprocesses: a one-device server refuses `gpus = 2` with `bad_settings` and the status line says
-so in the server's words; a server with a pool of two workers runs the job on both.
+so in the server's words; a server with a pool of two workers runs the job on both. A job refused
+later (`bad_settings` from a restarted, stricter server) reads like the refusal at submit.
 
 The servers run the bridge's stand-in engine (tests/bridge/standin_worker.py: worldgen.worker's
 real loop and the real two-worker peer protocol, a known pace per step), so these are quick."""
@@ -15,7 +16,7 @@ from bridge.client import Client
 from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO
 from contracts.settings import FIELD_BY_NAME, SettingsError
 from lingbot_isaac.session import Session, SessionSettings, gpu_choices
-from tests.bridge.conftest import make_episode, servers, standin_command  # noqa: F401  (fixture)
+from tests.bridge.conftest import make_episode, servers, standin_command, wait_for  # noqa: F401  (fixture)
 from tests.bridge.test_server import record_of
 from tests.bridge.test_worker_pool import POOL, healthy
 
@@ -78,3 +79,24 @@ def test_gpus_2_runs_the_job_on_two_workers_of_a_pool(servers, tmp_path):  # noq
     job = json.loads((episode / ROLLOUT_INFO).read_text())["job"]
     assert job["asked"]["gpus"] == 2 and job["client"] == "extension"
     assert f"job {job['id']}: two GPUs" in server.log()
+
+
+def test_a_job_the_restarted_server_can_no_longer_run_reads_like_a_refusal_at_submit(servers, tmp_path):  # noqa: F811
+    """A job accepted under the server's caps, then the server is killed and restarted on the same
+    spool with a lower cap: it re-checks the resumed job and fails it with `bad_settings` ("not
+    run: ..."); the session follows it across the restart and shows the same line as at submit."""
+    server = servers(worker=standin_command(step_s=1.0))  # 30 steps: a job that is still running when killed
+    episode = make_episode(tmp_path / "ep")
+    session = Session(SessionSettings(server=server.endpoint, steps=30, timeout=30.0, compare=False))
+    session.generate(episode)
+    wait_for(lambda: session.status().progress > 0, 60, what="the job denoising")
+    server.kill_group()  # the server and its worker: the job stays "running" in the spool
+    server.tables["server"]["bind"] = server.endpoint  # same port, same spool
+    server.tables["limits"] = {"max_steps": 4}
+    server.start()
+    status = session.wait(timeout=120)
+    assert status.state == "failed", status
+    assert status.message == "The server refused the settings: steps 30 > the server's cap 4", status.message
+    assert "bad_settings" in status.error and "not run" in status.error
+    assert not (episode / ROLLOUT_VIDEO).exists()
+    assert "1 job(s) resumed" in server.log()
