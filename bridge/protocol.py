@@ -206,7 +206,7 @@ REPLIES: dict[str, dict[str, tuple[str, bool]]] = {
         "total": (COUNT, True),
         "frame_count": (COUNT, True),  # video frames in this chunk ("frames" is the header's frame list)
     },
-    "result": {"job": (ID, True), "rid": (ID, False), "seconds": (NUMBER, False), "provenance": (MAP, False)},
+    "result": {"job": (ID, True), "seconds": (NUMBER, False), "provenance": (MAP, False)},
     "error": {"code": (TEXT, True), "message": (TEXT, True), "rid": (ID, False), "job": (ID, False)},
     "status": {
         "rid": (ID, True),

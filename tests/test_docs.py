@@ -1,0 +1,171 @@
+"""The docs say what the code does: every option, path, config key, default and protocol field they
+name is checked here against the code itself (README.md, docs/*.md, config/*.toml)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+
+import pytest
+
+from bridge import protocol
+from bridge.server_config import ENGINE_KEYS, ServerConfig, WorkerConfig, load_server_config
+from contracts.settings import FIELDS
+from lingbot_cli.main import COMMANDS, build_parser
+from tests.conftest import REPO
+
+DOCS = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
+CONFIGS = ["extension.toml", *sorted(str(p.relative_to(REPO)) for p in (REPO / "config").glob("*.toml"))]
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def _text(name: str) -> str:
+    return (REPO / name).read_text(encoding="utf-8")
+
+
+def _options(name: str) -> set[str]:
+    """Every option string of a command and of its sub-commands (`keys server` ...)."""
+    found, todo = set(), [build_parser(name)[0]]
+    while todo:
+        parser = todo.pop()
+        for action in parser._actions:  # argparse keeps no public list of its actions
+            found |= set(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                todo += action.choices.values()
+    return found
+
+
+@pytest.fixture(scope="module")
+def options() -> dict[str, set[str]]:
+    return {name: _options(name) for name in COMMANDS}
+
+
+def _wrong_options(doc: str, text: str, options: dict[str, set[str]]) -> list[str]:
+    """`lingbot-isaac CMD ... --flag`, "`CMD --flag`", "`replay`/`submit --flag`" and the README's command
+    table rows: each flag that is not an option of that command."""
+    names = "|".join(COMMANDS)
+    wrong = []
+    for number, line in enumerate(text.splitlines(), 1):
+        uses = [(m[1], FLAG.findall(m[2])) for m in re.finditer(rf"lingbot-isaac ({names})\b([^`]*)", line)]
+        uses += [
+            (command, [m[2]])
+            for m in re.finditer(rf"`((?:{names})(?:`?/`?(?:{names}))*) (--[a-z][a-z0-9-]*)", line)
+            for command in re.split(r"`?/`?", m[1])
+        ]
+        if row := re.match(rf"\| `({names})` \|(.*)", line):
+            uses.append((row[1], FLAG.findall(row[2])))
+        wrong += [f"{doc}:{number}: {command} has no {flag}" for command, flags in uses for flag in flags
+                  if flag not in options[command]]  # fmt: skip
+    return wrong
+
+
+def test_every_option_the_docs_give_a_command_is_one_of_its_options(options):
+    wrong = [problem for doc in DOCS for problem in _wrong_options(doc, _text(doc), options)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_check_of_options_sees_a_wrong_one(options):
+    planted = (
+        "`lingbot-isaac replay EP --follow --steps 4` and `replay`/`submit --device cpu`\n"
+        "| `generate` | `--ckpt-dir DIR --no-such-flag` |\n"
+        "`submit --follow`, `lingbot-isaac serve --devices cpu,cpu`\n"
+    )
+    assert _wrong_options("planted", planted, options) == [
+        "planted:1: replay has no --follow",
+        "planted:1: replay has no --device",
+        "planted:1: submit has no --device",
+        "planted:2: generate has no --no-such-flag",
+    ]
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """`bridge/worker_pool.py`, `comparison/templates/`, `tests/x.py::test_y` ...: each is there."""
+    tops = {p.name for p in REPO.iterdir() if not p.name.startswith(".")}
+    missing = []
+    for doc in DOCS + CONFIGS:
+        for match in re.finditer(r"(?<![\w./~<-])((?:[\w.-]+/)+[\w.*-]*)(?:::(\w+))?", _text(doc)):
+            path, test = match[1].rstrip("."), match[2]
+            if path.split("/")[0] not in tops or "*" in path or re.search(r"(^|[/_])[A-Z]+\d*([/_.]|$)", path):
+                continue  # not a path of this repository (keys/clients, ~/models/...) or a pattern (data/demo_N/)
+            if not (REPO / path).exists():
+                missing.append(f"{doc}: {path}")
+            elif test and not re.search(rf"^def {test}\(", (REPO / path).read_text(), re.M):
+                missing.append(f"{doc}: {path} has no {test}")
+    assert not missing, "\n".join(missing)
+
+
+def _keys_named(toml_text: str) -> dict[str, set[str]]:
+    """`key = ...` lines per [table], commented-out ones included (they document a key not set)."""
+    tables: dict[str, set[str]] = {}
+    table = ""
+    for line in toml_text.splitlines():
+        if header := re.match(r"\[(\w+)\]", line):
+            table = header[1]
+        elif key := re.match(r"#?\s*(\w+)\s*=", line):
+            tables.setdefault(table, set()).add(key[1])
+    return tables
+
+
+def test_config_server_toml_holds_the_built_in_defaults_and_names_every_key():
+    """Its header says "the values below are the built-in defaults": what it sets equals ServerConfig(),
+    and every key the server reads is there (set, or commented out with what it does)."""
+    path = REPO / "config" / "server.toml"
+    assert load_server_config(path) == ServerConfig()
+    named = _keys_named(path.read_text())
+    expected = {
+        "server": {f.name for f in dataclasses.fields(ServerConfig)} - {"limits", "worker", "security"},
+        "worker": ({f.name for f in dataclasses.fields(WorkerConfig)} - {"engine"}) | set(ENGINE_KEYS),
+        "limits": {f.name for f in dataclasses.fields(protocol.Limits)},
+        "security": {"server_secret_key", "client_keys_dir"},
+    }
+    missing = {table: sorted(keys - named.get(table, set())) for table, keys in expected.items()}
+    assert not any(missing.values()), f"config/server.toml does not name {missing}"
+
+
+def _table_rows(doc: str, heading: str) -> dict[str, str]:
+    """First-column name -> the rest of the row, of the first table under `heading` in a doc."""
+    section = doc.split(heading, 1)[1]
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith("|"):
+            cells = line.split("|")
+            if name := re.fullmatch(r"\s*`(\w+)`\s*", cells[1]):
+                rows[name[1]] = "|".join(cells[2:])
+        elif rows:
+            break
+    return rows
+
+
+def test_protocol_doc_names_every_field_frame_and_error_code_of_bridge_protocol():
+    doc = _text("docs/protocol.md")
+    problems = []
+    for heading, schemas in (("## Client -> server", protocol.REQUESTS), ("## Server -> client", protocol.REPLIES)):
+        rows = _table_rows(doc, heading)
+        if set(rows) != set(schemas):
+            problems.append(f"{heading}: the doc has {sorted(rows)}, bridge/protocol.py {sorted(schemas)}")
+        for type_, fields in schemas.items():
+            problems += [f"{heading} `{type_}`: no `{f}`" for f in fields if f"`{f}`" not in rows.get(type_, "")]
+    codes = _table_rows(doc, "### Error codes")
+    if list(codes) != list(protocol.ERROR_CODES):
+        problems.append(f"error codes: the doc has {list(codes)}, bridge/protocol.py {list(protocol.ERROR_CODES)}")
+    frames = doc.split("### Allowed data frames", 1)[1].split("###", 1)[0]
+    for type_, specs in protocol.FRAMES.items():
+        for name, spec in specs.items():
+            row = re.search(rf"^\| `{type_}` \| `{name}`.*$", frames, re.M)
+            cap = spec.max_bytes or spec.max_rows
+            if row is None or cap not in row[0]:
+                problems.append(f"allowed data frames: no row for `{type_}` `{name}` naming its cap {cap}")
+    settings = doc.split("`settings` are", 1)[1].split(". They", 1)[0]
+    problems += [f"the settings list has no `{f.name}`" for f in FIELDS if f"`{f.name}`" not in settings]
+    assert not problems, "\n".join(problems)
+
+
+def test_protocol_doc_states_the_caps_bridge_protocol_uses():
+    """Each "`max_x` (N MiB)" figure of docs/protocol.md is the default in bridge.protocol.Limits."""
+    limits = protocol.Limits()
+    units = {"": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    stated = re.findall(r"`(max_\w+)` \((\d+)(?: (KiB|MiB|GiB))?\)", _text("docs/protocol.md"))
+    assert len(stated) >= 5
+    wrong = [f"{name} ({n} {unit})" for name, n, unit in stated if int(n) * units[unit] != getattr(limits, name)]
+    assert not wrong, f"docs/protocol.md states {wrong}; bridge.protocol.Limits: {limits}"
