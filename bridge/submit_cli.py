@@ -33,11 +33,13 @@ from bridge.reach import check_listening, explain_no_answer
 from bridge.security import SecurityError
 from contracts import atomic, video
 from contracts.engine_options import MODELS
-from contracts.episode import ROLLOUT_VIDEO
+from contracts.episode import ROLLOUT_VIDEO, EpisodeError, read_meta
 from contracts.provenance import with_job, write_record
-from contracts.settings import FIELD_BY_NAME, SettingsError
+from contracts.settings import FIELD_BY_NAME, SettingsError, job_settings
 
-USER_ERRORS = (PayloadError, SettingsError, RequestFailed, JobFailed, ServerUnavailable, Unauthorized,
+# Where a setting comes from when its flag is not given (`contracts.settings.job_settings`).
+FROM_EPISODE = "(default: episode.json's `generation`, else the server's preset)"
+USER_ERRORS = (PayloadError, EpisodeError, SettingsError, RequestFailed, JobFailed, ServerUnavailable, Unauthorized,
                SecurityError, TimeoutError)  # fmt: skip
 
 
@@ -45,14 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("episode", type=Path, help="episode folder: poses.npy, intrinsics.npy, image.jpg, prompt.txt")
     parser.add_argument("--server", default=DEFAULT_ENDPOINT, help="the server's endpoint")
     parser.add_argument("--out", type=Path, help="where to write the mp4 (default: EPISODE/rollout.mp4)")
-    parser.add_argument("--steps", type=int, help="denoising steps (default: the server's preset)")
-    parser.add_argument("--frame-num", type=int, help="frames to generate, 4n+1")
-    parser.add_argument("--size", help="max area as H*W, e.g. 480*832")
-    parser.add_argument("--seed", type=int, help="random seed of the initial noise (default: the server's preset)")
+    parser.add_argument("--steps", type=int, help="denoising steps " + FROM_EPISODE)
+    parser.add_argument("--frame-num", type=int, help="frames to generate, 4n+1 " + FROM_EPISODE)
+    parser.add_argument("--size", help="max area as H*W, e.g. 480*832 " + FROM_EPISODE)
+    parser.add_argument("--seed", type=int, help="random seed of the initial noise " + FROM_EPISODE)
+    parser.add_argument("--model", choices=MODELS, help="base or fast (LingBot-World-Fast) " + FROM_EPISODE)
     parser.add_argument(
-        "--model", choices=MODELS, help="base or fast (LingBot-World-Fast) (default: the server's preset)"
+        "--gpus", type=int, choices=(1, 2), help="per job: " + FIELD_BY_NAME["gpus"].help + " " + FROM_EPISODE
     )
-    parser.add_argument("--gpus", type=int, choices=(1, 2), help="per job: " + FIELD_BY_NAME["gpus"].help)
     parser.add_argument(
         "--follow",
         action="store_true",
@@ -60,16 +62,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "finished chunk (always a playable mp4 of every frame so far; the result replaces it)",
     )
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for each request to the server")
-    parser.add_argument("--wait", type=float, default=None, help="give up waiting for the job after this many s")
-    parser.add_argument("--server-key", type=Path, help="CurveZMQ: the server's public key file (server.key)")
-    parser.add_argument("--client-key", type=Path, help="CurveZMQ: this client's secret key file (NAME.key_secret)")
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        help="give up waiting for the job (and cancel it) after this many s without an event from it "
+        "(default: wait as long as the server answers)",
+    )
+    parser.add_argument(
+        "--server-key",
+        type=Path,
+        help="CurveZMQ: the server's public key file (server.key) (default: none, a plain loopback server)",
+    )
+    parser.add_argument(
+        "--client-key",
+        type=Path,
+        help="CurveZMQ: this client's secret key file (NAME.key_secret) (default: none, a plain loopback server)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     payload = EpisodePayload.from_dir(args.episode)
-    settings = {k: v for k, v in (("steps", args.steps), ("frame_num", args.frame_num), ("size", args.size),
-                                   ("seed", args.seed), ("model", args.model), ("gpus", args.gpus))
-                if v is not None}  # fmt: skip
+    flags = {k: v for k, v in (("steps", args.steps), ("frame_num", args.frame_num), ("size", args.size),
+                                ("seed", args.seed), ("model", args.model), ("gpus", args.gpus))
+             if v is not None}  # fmt: skip
+    # What the episode asks for (episode.json `generation`, e.g. the window's model) under the flags,
+    # as `replay`, the demo and the Isaac window send it; the server's preset fills the rest.
+    meta = read_meta(args.episode, len(payload.poses))
+    settings = job_settings(meta.generation if meta else None, flags)
     out = args.out or args.episode / ROLLOUT_VIDEO
     growing = GrowingVideo(out) if args.follow else None
 

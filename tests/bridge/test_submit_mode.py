@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -38,3 +39,21 @@ def test_submit_gpus_2_reaches_the_server_which_refuses_it_without_a_pool(server
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "gpus" in done.stderr, done.stderr
     assert not out.exists()
+
+
+def test_submit_sends_what_episode_json_asks_for_under_its_flags(servers, episode, tmp_path):
+    """episode.json's `generation` (what the window saved, e.g. its GPUs) is sent as the job's settings,
+    as `replay` sends it; a flag overrides it. A one-device server refuses `gpus = 2`, naming it."""
+    meta = json.loads((episode / "episode.json").read_text())
+    meta["generation"] = {"gpus": 2}
+    (episode / "episode.json").write_text(json.dumps(meta))
+    server = servers()
+    out = tmp_path / "rollout.mp4"
+    command = [sys.executable, "-m", "lingbot_cli", "submit", str(episode), "--server", server.endpoint,
+               "--out", str(out), "--steps", "1"]  # fmt: skip
+    asked = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert asked.returncode != 0 and "gpus" in asked.stderr, asked.stderr
+    assert not out.exists()
+    overridden = subprocess.run([*command, "--gpus", "1"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert overridden.returncode == 0, overridden.stderr
+    assert json.loads(out.with_suffix(".json").read_text())["settings"]["gpus"] == 1
