@@ -18,7 +18,7 @@ from bridge.security import SecurityError
 from bridge.server import ListenError, Server
 from bridge.server_config import ConfigError, load_server_config
 from bridge.spool import SpoolError
-from contracts.engine_options import ATTENTIONS, COMPUTE_CHOICES, DTYPES, FP8_HELP, MODELS
+from contracts.engine_options import ATTENTIONS, COMPUTE_CHOICES, DTYPES, FP8_HELP, MODELS, EngineOptions
 from contracts.settings import SettingsError
 
 USER_ERRORS = (ConfigError, SecurityError, SpoolError, SettingsError, ListenError)
@@ -46,7 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(overrides [worker] devices)",
     )
     engine = parser.add_argument_group("engine options (override [worker]; sent to each worker as data)")
-    engine.add_argument("--model", choices=MODELS, help="base (two experts) or fast (LingBot-World-Fast)")
+    engine.add_argument(
+        "--model",
+        choices=MODELS,
+        help="base (two experts) or fast (LingBot-World-Fast) (overrides [worker] model; default: "
+        f"{EngineOptions.model})",
+    )
     engine.add_argument(
         "--dtype", choices=DTYPES, help="compute dtype of the DiT and T5 (default: bf16 on CUDA, fp32 on CPU)"
     )

@@ -110,8 +110,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--window",
         type=int,
         default=None,
-        help="most jobs in flight at once; None: what the server takes from one client (its per-client "
-        "queue plus its workers), which is also the cap",
+        help="most jobs in flight at once, at most what the server takes from one client (its per-client "
+        "queue plus its workers) (default: that most)",
     )
     source = parser.add_argument_group("files without a first frame or prompt (USD, HDF5)")
     source.add_argument("--image", type=Path, help="first frame (png/jpg); its size is the render resolution")
@@ -119,11 +119,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--prompt-file", type=Path, help="text prompt from a file")
     source.add_argument("--camera", help="camera prim path, recorder group or Isaac Lab camera name")
     source.add_argument("--resolution", help="WxH the intrinsics are for, if no --image gives it")
-    source.add_argument("--rate", type=float, help="Isaac Lab env step rate in Hz (1 / (sim.dt * decimation))")
+    source.add_argument(
+        "--rate",
+        type=float,
+        help="Isaac Lab env step rate in Hz (1 / (sim.dt * decimation)) (default: none; "
+        "a demo without time stamps needs it)",
+    )
     source.add_argument(
         "--meters-per-unit",
         type=float,
-        help="Isaac Sim recorder positions' stage unit in metres (1 metre stage, 0.01 centimetre stage)",
+        help="Isaac Sim recorder positions' stage unit in metres (1 metre stage, 0.01 centimetre stage) "
+        "(default: from --stage, else the recorder's stage_snapshot.usd beside the file)",
     )
     source.add_argument(
         "--stage", type=Path, help="the USD stage an Isaac Sim recorder session was recorded on (for its units)"
@@ -149,7 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         choices=MODELS,
         help="per job: base = the two experts with guidance; fast = LingBot-World-Fast (chunk by chunk, 4 steps; "
-        "progress shows each finished chunk) (default: the server's preset)",
+        "progress shows each finished chunk)",
     )
     gen.add_argument("--gpus", type=int, choices=(1, 2), help="per job: " + FIELD_BY_NAME["gpus"].help)
     gen.add_argument("--frame-num", type=int, help="frames to generate (4n+1)")
@@ -163,7 +169,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--job-timeout",
         type=float,
         default=None,
-        help="cancel a job (and count it failed) after this many seconds without any progress from it",
+        help="cancel a job (and count it failed) after this many seconds without any progress from it "
+        "(default: no limit while the server answers)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 

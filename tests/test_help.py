@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from contracts.engine_options import FP8_HELP
+from contracts.settings import FIELD_BY_NAME
 from lingbot_cli.main import COMMANDS, build_parser
 from tests.conftest import REPO, files_matching
 
@@ -49,6 +50,25 @@ def _check(parser: argparse.ArgumentParser) -> list[str]:
         if meaningful and "default" not in text and (action.option_strings or action.nargs in ("?", "*")):
             problems.append(f"{flag}: default {action.default!r} not said: {text!r}")
     return problems
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_an_option_without_a_default_value_says_what_happens_without_it(name):
+    """A number or a generation setting left out still has a value (a preset's, the server's, "no limit"):
+    its help, or its group's title, says which, or that it overrides a config key (config/server.toml
+    states those defaults: tests/test_docs.py). Paths, prompts and modes need no such line."""
+    problems = []
+    for parser in _parsers(build_parser(name)[0]):
+        formatter = parser._get_formatter()
+        titles = {id(a): group.title or "" for group in parser._action_groups for a in group._group_actions}
+        for action in parser._actions:
+            numeric = action.type in (int, float)
+            if not action.option_strings or action.default is not None or action.nargs == 0:
+                continue
+            said = formatter._expand_help(action) + titles.get(id(action), "")
+            if (numeric or action.dest in FIELD_BY_NAME) and "default" not in said and "overrides [" not in said:
+                problems.append(f"{parser.prog} {'/'.join(action.option_strings)}: what is it when not given?")
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))

@@ -18,11 +18,19 @@ from pathlib import Path
 from contracts.engine_options import COMPUTE_CHOICES, FP8_HELP, MODELS
 from contracts.episode import EpisodeError
 from contracts.provenance import sidecar_path, write_record
-from contracts.settings import GenerationSettings, SettingsError, load_settings, parse_guide_scale
+from contracts.settings import FIELD_BY_NAME, GenerationSettings, SettingsError, load_settings, parse_guide_scale
 from worldgen.errors import InputError
 from worldgen.quiet import VERBOSE_ENV
 
 USER_ERRORS = (InputError, SettingsError, EpisodeError)
+
+
+def _preset_default(name: str) -> str:
+    """What a setting is when its flag is not given: the preset's value, else the one default of
+    contracts/settings.py (stated there, printed here)."""
+    value = FIELD_BY_NAME[name].default
+    shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+    return f"(default: the --preset's, else {shown})"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,22 +63,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         choices=MODELS,
         help="base = LingBot-World's two experts with guidance; fast = LingBot-World-Fast (causal, chunk by chunk, "
-        "4 steps, no guidance; its DiT in lingbot_world_fast/ inside --ckpt-dir) (default: base)",
+        "4 steps, no guidance; its DiT in lingbot_world_fast/ inside --ckpt-dir) " + _preset_default("model"),
     )
     gen.add_argument(
         "--kv-cache",
         choices=("auto", "full", "fp8", "rolling"),
-        help="fast: KV cache kind (default: "
-        "auto = whole video in bf16, else in FP8, else a rolling FP8 window, whichever fits --vram-budget)",
+        help="fast: KV cache kind: auto = whole video in bf16, else in FP8, else a rolling FP8 window, "
+        "whichever fits --vram-budget " + _preset_default("kv_cache"),
     )
-    gen.add_argument("--attention-frames", type=int, help="fast: latent frames a chunk attends to at most (0: all)")
-    gen.add_argument("--sink-frames", type=int, help="fast: frames a rolling KV cache never evicts (default: 1)")
-    gen.add_argument("--size", help="max area as H*W, e.g. 480*832 or 720*1280; the aspect follows the image")
-    gen.add_argument("--frame-num", type=int, help="frames, 4n+1 (rounded down), at most what the poses cover")
-    gen.add_argument("--steps", type=int, help="denoising steps")
-    gen.add_argument("--shift", type=float, help="noise schedule shift")
-    gen.add_argument("--guide-scale", help="classifier-free guidance: one value, or low,high per expert")
-    gen.add_argument("--seed", type=int, help="random seed of the initial noise")
+    gen.add_argument(
+        "--attention-frames",
+        type=int,
+        help="fast: latent frames a chunk attends to at most (0: all) " + _preset_default("attention_frames"),
+    )
+    gen.add_argument(
+        "--sink-frames",
+        type=int,
+        help="fast: frames a rolling KV cache never evicts " + _preset_default("sink_frames"),
+    )
+    gen.add_argument(
+        "--size",
+        help="max area as H*W, e.g. 480*832 or 720*1280; the aspect follows the image " + _preset_default("size"),
+    )
+    gen.add_argument(
+        "--frame-num",
+        type=int,
+        help="frames, 4n+1 (rounded down), at most what the poses cover " + _preset_default("frame_num"),
+    )
+    gen.add_argument("--steps", type=int, help="denoising steps " + _preset_default("steps"))
+    gen.add_argument("--shift", type=float, help="noise schedule shift " + _preset_default("shift"))
+    gen.add_argument(
+        "--guide-scale",
+        help="classifier-free guidance: one value, or low,high per expert " + _preset_default("guide_scale"),
+    )
+    gen.add_argument("--seed", type=int, help="random seed of the initial noise " + _preset_default("seed"))
     gen.add_argument("--negative-prompt", help="negative prompt (default: the i2v-A14B one)")
     run = parser.add_argument_group("runtime")
     run.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
@@ -83,9 +109,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--vram-budget",
         type=float,
         metavar="GB",
-        help="cap this process's GPU memory (e.g. 24 to emulate a 24 GB card, or to leave room for Isaac Sim)",
+        help="cap this process's GPU memory (e.g. 24 to emulate a 24 GB card, or to leave room for Isaac Sim) "
+        "(default: no cap, plan for the whole GPU)",
     )
-    run.add_argument("--ram-budget", type=float, metavar="GB", help="RAM budget reported against the measured peak")
+    run.add_argument(
+        "--ram-budget",
+        type=float,
+        metavar="GB",
+        help="warn when the measured peak RSS exceeds this many GiB (default: no warning)",
+    )
     run.add_argument(
         "--attention",
         choices=("auto", "sdpa", "flash", "sage"),
@@ -106,7 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="I,J",
         help="run one rollout on two GPUs, e.g. 0,1: each step's conditional pass on the first, the "
         "unconditional one on the second at the same time (exact: the same output as one GPU). Each GPU "
-        "holds its own copy of the experts under --vram-budget. Default: one device (--device)",
+        "holds its own copy of the experts under --vram-budget (default: one device, --device)",
     )
     run.add_argument(
         "--t5-on-cpu",
