@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # only h5py, numpy and torch). 3.0.0 declares Python 3.12; its datasets code runs on 3.10+.
 ISAACLAB := $(VENV)/isaaclab
 
-.PHONY: demo test lint bench-help clean extension-manifest
+.PHONY: demo test lint clean extension-manifest
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

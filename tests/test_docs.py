@@ -169,3 +169,25 @@ def test_protocol_doc_states_the_caps_bridge_protocol_uses():
     assert len(stated) >= 5
     wrong = [f"{name} ({n} {unit})" for name, n, unit in stated if int(n) * units[unit] != getattr(limits, name)]
     assert not wrong, f"docs/protocol.md states {wrong}; bridge.protocol.Limits: {limits}"
+
+
+def _command_lines(text: str) -> list[str]:
+    """Inline code spans (they may wrap) and the lines of fenced blocks (`\\` continuations joined)."""
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, re.M | re.S)
+    prose = re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.M | re.S)
+    lines = [span.replace("\n", " ") for span in re.findall(r"`([^`]+)`", prose)]
+    for block in blocks:
+        lines += block.replace("\\\n", " ").splitlines()
+    return lines
+
+
+def test_every_option_the_docs_give_a_script_is_one_of_its_options():
+    """`python3 bench/bench_fast.py ... --frames 81`, `scripts/isaac_record_and_generate.py --keep-frames`:
+    each flag is an argparse option of that script (its source says "--flag")."""
+    wrong = []
+    for doc in DOCS:
+        for command in (c for line in _command_lines(_text(doc)) for c in re.split(r"&&|;|\|", line)):
+            for script, rest in re.findall(r"((?:scripts|bench)/\w+\.py)(.*)", command):
+                source = (REPO / script).read_text()
+                wrong += [f"{doc}: {script} {flag}" for flag in FLAG.findall(rest) if f'"{flag}"' not in source]
+    assert not wrong, "\n".join(wrong)
