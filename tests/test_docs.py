@@ -191,3 +191,11 @@ def test_every_option_the_docs_give_a_script_is_one_of_its_options():
                 source = (REPO / script).read_text()
                 wrong += [f"{doc}: {script} {flag}" for flag in FLAG.findall(rest) if f'"{flag}"' not in source]
     assert not wrong, "\n".join(wrong)
+
+
+def test_protocol_doc_names_every_worker_pipe_message():
+    from bridge import worker_protocol
+
+    pipe = _text("docs/protocol.md").split("## The worker pipe", 1)[1]
+    missing = [m for m in (*worker_protocol.TO_WORKER, *worker_protocol.FROM_WORKER) if f"`{m}`" not in pipe]
+    assert not missing, f'docs/protocol.md, "The worker pipe", does not name {missing}'
