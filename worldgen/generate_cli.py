@@ -279,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
         print("note: the tiny model has random weights: its output is noise, not a prediction", file=sys.stderr)
     identity = pipe.identity
     print(f"model: {pipe.name}; computing in {identity['dtype']} on {pipe.device}", file=sys.stderr)
-    say(pipe.plan.describe(), file=sys.stderr)
+    say(pipe.describe_plan(), file=sys.stderr)
     pipe.on_plan = lambda text: say(f"re-planned for this job's size:\n{text}", file=sys.stderr)
     bars = ProgressBars(not args.quiet)
     try:

@@ -119,6 +119,10 @@ class Pipeline:
     def plan(self) -> MemoryPlan:
         return self.residency.plan
 
+    def describe_plan(self) -> str:
+        """The memory plan as printed and recorded (the Fast pipeline adds its DiT loop and KV cache)."""
+        return self.plan.describe()
+
     # -- text -------------------------------------------------------------------------------------
     @torch.no_grad()
     def encode_ids(self, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
@@ -331,7 +335,7 @@ class Pipeline:
         if self.second_device is not None:
             self.second_device.fit(tokens_for(frames, h, w), h * w)
         if self.residency.fit(tokens_for(frames, h, w), h * w) and self.on_plan is not None:
-            self.on_plan(self.plan.describe())
+            self.on_plan(self.describe_plan())
         plucker = None
         if poses is not None:
             plucker = camera_conditioning(poses, intrinsics, frames, h, w).plucker

@@ -129,7 +129,7 @@ def rollout_record(
         output={"frames": frames, "height": height, "width": width, "fps": settings.fps},
         inputs=inputs,
         timings={**(timings or {}), **phase_seconds, **{k: round(v, 3) for k, v in peaks.items() if v is not None}},
-        memory_plan=pipe.plan.describe(),
+        memory_plan=pipe.describe_plan(),
         torch_version=torch.__version__,
     )
 

@@ -229,6 +229,9 @@ def test_tiny_generate_with_the_fast_model(lingbot_examples, tmp_path, cache):
     record = json.loads(out.with_suffix(".json").read_text())
     assert record["model"]["variant"] == "fast" and record["settings"]["frame_num"] == 21
     assert any("generating 21 frames" in line for line in record["adjustments"])
+    # the record holds the Fast plan that ran (its DiT loop and this job's KV cache), not the base's experts
+    assert "Fast DiT resident" in record["memory_plan"] and "kv cache" in record["memory_plan"]
+    assert "experts" not in record["memory_plan"]
     meta, frames = read_frames(out)
     assert len(frames) == 21 and meta["size"] == (160, 80)
 
