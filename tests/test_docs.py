@@ -62,6 +62,9 @@ def _wrong_options(doc: str, text: str, options: dict[str, set[str]]) -> list[st
 
 def test_every_option_the_docs_give_a_command_is_one_of_its_options(options):
     wrong = [problem for doc in DOCS for problem in _wrong_options(doc, _text(doc), options)]
+    for name in COMMANDS:  # the examples in each command's own --help and module docstring too
+        parser, module = build_parser(name)
+        wrong += _wrong_options(f"{name} --help", f"{parser.format_help()}\n{module.__doc__ or ''}", options)
     assert not wrong, "\n".join(wrong)
 
 
