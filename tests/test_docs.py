@@ -202,3 +202,13 @@ def test_protocol_doc_names_every_worker_pipe_message():
     pipe = _text("docs/protocol.md").split("## The worker pipe", 1)[1]
     missing = [m for m in (*worker_protocol.TO_WORKER, *worker_protocol.FROM_WORKER) if f"`{m}`" not in pipe]
     assert not missing, f'docs/protocol.md, "The worker pipe", does not name {missing}'
+
+
+def test_isaac_sim_doc_states_the_window_defaults_the_session_uses():
+    from lingbot_isaac.session import SessionSettings
+
+    doc, settings = " ".join(_text("docs/isaac-sim.md").split()), SessionSettings()  # wrapping aside
+    assert f"after {settings.max_seconds:g} s of sim time (`SessionSettings.max_seconds`" in doc
+    assert f"render size (default {settings.width}x{settings.height}," in doc
+    assert "Record on render steps (default)" in doc and settings.sample_on == "render"
+    assert settings.server == f"tcp://127.0.0.1:{protocol.DEFAULT_PORT}"
