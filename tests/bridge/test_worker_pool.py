@@ -47,8 +47,10 @@ def test_health_reports_every_worker_and_two_jobs_run_at_once(servers, episode):
         payload = EpisodePayload.from_dir(episode)
         jobs = [client.submit(payload, {"steps": 30, "seed": i}) for i in range(3)]
         assert [j.queue_position for j in jobs] == [0, 1, 2]  # 0 and 1 start at once, 2 waits for both
-        busy = wait_for(lambda: len((h := client.health())["queue"]["running_jobs"]) == 2 and h, 10,
-                        what="both workers busy")  # fmt: skip
+        # the server's dispatch shows before the workers' own reports do: wait for both
+        busy = wait_for(lambda: len((h := client.health())["queue"]["running_jobs"]) == 2
+                        and None not in {w["reported"]["job"] for w in h["workers"]} and h, 10,
+                        what="both workers busy, as they report it")  # fmt: skip
         assert set(busy["queue"]["running_jobs"]) == {jobs[0].id, jobs[1].id}
         assert busy["queue"]["waiting"] == 1
         assert {w["reported"]["job"] for w in busy["workers"]} == {jobs[0].id, jobs[1].id}
