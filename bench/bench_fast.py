@@ -31,8 +31,10 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contracts import atomic  # noqa: E402
+from contracts.engine_options import ATTENTIONS  # noqa: E402
 from contracts.model_frame import MODEL_SIZE  # noqa: E402
 from contracts.settings import GenerationSettings  # noqa: E402
+from worldgen.attention import resolve_backend  # noqa: E402
 from worldgen.camera import load_action  # noqa: E402
 from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, load_expert  # noqa: E402
 from worldgen.cuda_memory import free_device_memory  # noqa: E402
@@ -52,9 +54,10 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def golden_parity(root: Path, device: torch.device, dtype: torch.dtype) -> dict[str, float]:
+def golden_parity(root: Path, device: torch.device, dtype: torch.dtype, attention: str = "sdpa") -> dict[str, float]:
     """Every golden/fast case with the DiT in `dtype` on `device` -> relative L2 errors."""
     dit = load_expert(root / "lingbot-world-base-cam" / FAST_DIR, device, dtype)
+    dit.set_attention_backend(attention)
     io = {k: v.to(device) for k, v in load_file(root / "dit_chunks" / "io.safetensors").items()}
     errors = {}
 
@@ -172,6 +175,7 @@ def main() -> None:
     )
     parser.add_argument("--golden", type=Path, help="golden/fast folder: parity in bf16 on this device first")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--attention", choices=ATTENTIONS, default="auto", help="attention kernel (default: auto)")
     parser.add_argument("--json", type=Path, help="write all results here (rewritten after each step)")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -184,7 +188,7 @@ def main() -> None:
 
     if args.golden:
         try:
-            errors = golden_parity(args.golden, device, dtype)
+            errors = golden_parity(args.golden, device, dtype, resolve_backend(args.attention, "fast"))
         except Exception:  # report and go on to the rollouts: one run of the device is precious
             traceback.print_exc()
             errors = {}
@@ -199,7 +203,15 @@ def main() -> None:
     image, prompt = find_image(args.action_path), read_prompt(args.action_path)
     start = time.perf_counter()
     # no prompt cache: every rollout pays for umT5, as a new prompt would
-    pipe = load_pipeline(args.ckpt, device=device, vram_budget_gb=args.vram_budget, model="fast", use_text_cache=False)
+    pipe = load_pipeline(
+        args.ckpt,
+        device=device,
+        vram_budget_gb=args.vram_budget,
+        model="fast",
+        use_text_cache=False,
+        attention=args.attention,
+    )
+    results["attention"] = pipe.engine.get("attention")
     results["pipeline_seconds"] = round(time.perf_counter() - start, 2)
     plans = []
     pipe.on_plan = plans.append

@@ -36,7 +36,8 @@ from bench.bench_dit import random_model, to_nf4  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH  # noqa: E402
 from contracts.settings import FIELD_BY_NAME  # noqa: E402
-from worldgen import fused  # noqa: E402
+from worldgen import attention, fused  # noqa: E402
+from worldgen.attention import BACKENDS, resolve_backend  # noqa: E402
 from worldgen.dit import DiTConfig  # noqa: E402
 
 GiB = 2**30
@@ -181,7 +182,9 @@ def distance_by_depth(model, inputs, blocks: list[int], setups: dict[str, tuple[
     for name, (fast, compute) in setups.items():
         fused.enable(fast)
         model.set_compute(compute)
+        attention.FP8_ATTENTION = "GEMMs" not in name
         traces[name] = trace_blocks(model, inputs, blocks)
+    attention.FP8_ATTENTION = True
     first, *others = traces
     out = {name: [rel(traces[name][i], traces[first][i]) for i in blocks] for name in others}
     del traces
@@ -258,14 +261,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed forwards per variant (median)")
     parser.add_argument("--rollout-steps", type=int, default=3, help="denoising steps timed after the first")
     parser.add_argument("--text-tokens", type=int, default=120, help="prompt length before padding to 512")
-    parser.add_argument("--profile-top", type=int, default=12, help="kernels listed per profile")
+    parser.add_argument("--profile-top", type=int, default=16, help="kernels listed per profile (default: 16)")
     parser.add_argument(
         "--experiments",
         action="store_true",
         help="also: FP8 with slow accumulation, GEMM and attention-kernel micro-benchmarks",
     )
+    parser.add_argument(
+        "--attention",
+        choices=BACKENDS,
+        default="auto",
+        help="attention kernel of every row but the '(before)' ones (default: auto, as generate)",
+    )
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args()
+    backend = resolve_backend(args.attention)
 
     dev = torch.device("cuda")
     cfg = DiTConfig()
@@ -281,13 +291,20 @@ def main() -> None:
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.height}x{args.width}x{args.frames} "
         f"-> {tokens} tokens"
     )
+    from worldgen.fp8 import attention_note
+
+    head += f"; attention {backend}"
     print(head, flush=True)
-    results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": tokens}
+    print(attention_note(dev), flush=True)
+    results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": tokens,
+                     "attention": backend, "fp8_attention": attention_note(dev)}  # fmt: skip
     rows: list[tuple[str, float, float | None, str]] = []
 
     def run(label: str, model, *, fast: bool, compute: str, reference: torch.Tensor | None = None, against=""):
         fused.enable(fast)
         model.set_compute(compute)
+        # the "(before)" rows keep the old path's kernel; the others run --attention's
+        model.set_attention_backend("sdpa" if "before" in label else backend)
         try:
             seconds, out = timed(model, inputs, args.repeats)
         except Exception as exc:  # noqa: BLE001  (one broken variant must not hide the others' figures)
@@ -308,13 +325,17 @@ def main() -> None:
     profiles = {"NF4 (before)": profile(model, inputs, args.profile_top)}
     nf4_fast = run("NF4 exact", model, fast=True, compute="bf16", reference=nf4_ref, against="NF4 (before)")
     profiles["NF4 exact"] = profile(model, inputs, args.profile_top)
+    attention.FP8_ATTENTION = False
+    run("NF4 + fp8 GEMMs", model, fast=True, compute="fp8", reference=nf4_fast, against="NF4 exact")
+    profiles["NF4 + fp8 GEMMs (attention bf16)"] = profile(model, inputs, args.profile_top)
+    attention.FP8_ATTENTION = True
     run("NF4 + fp8", model, fast=True, compute="fp8", reference=nf4_fast, against="NF4 exact")
     profiles["NF4 + fp8"] = profile(model, inputs, args.profile_top)
     depth = sorted({i for i in (0, 1, 4, 9, 19, 29) if i < len(model.blocks)} | {len(model.blocks) - 1})
     try:
         by_depth = distance_by_depth(
             model, inputs, depth, {"NF4 exact": (True, "bf16"), "NF4 + fp8": (True, "fp8"),
-                                   "NF4 (before)": (False, "bf16")})  # fmt: skip
+                                   "NF4 + fp8 GEMMs": (True, "fp8"), "NF4 (before)": (False, "bf16")})  # fmt: skip
     except Exception as exc:  # noqa: BLE001
         print(f"distance by depth failed: {type(exc).__name__}: {str(exc)[:300]}")
         by_depth = {}

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contracts.engine_options import canonical_compute  # noqa: E402
 from contracts.settings import GenerationSettings  # noqa: E402
+from worldgen.attention import BACKENDS, resolve_backend  # noqa: E402
 from worldgen.camera import camera_conditioning  # noqa: E402
 from worldgen.checkpoint import load_expert  # noqa: E402
 from worldgen.pipeline import Pipeline  # noqa: E402
@@ -47,7 +48,11 @@ def main() -> None:
         "--compute", default="exact", help="comma-separated: exact (bf16: its old name), fp8 (DiT cases only)"
     )
     parser.add_argument("--eager", action="store_true", help="no fused elementwise kernels (the old path)")
+    parser.add_argument(
+        "--attention", choices=BACKENDS, default="sdpa", help="the DiT cases' attention kernel (default: sdpa)"
+    )
     args = parser.parse_args()
+    backend = resolve_backend(args.attention)
     if args.eager:
         from worldgen import fused
 
@@ -66,6 +71,7 @@ def main() -> None:
     nio = load_file(g / "dit/nf4_io.safetensors")
     for layout, ref in (("bf16_layout", io), ("nf4_layout", nio)):
         model = load_expert(g / "dit" / layout, dev, dtype)
+        model.set_attention_backend(backend)
         for compute, t in ((c, t) for c in computes for t in (900, 250)):
             model.set_compute(compute)
             with torch.no_grad():

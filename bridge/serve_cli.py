@@ -18,7 +18,15 @@ from bridge.security import SecurityError
 from bridge.server import ListenError, Server
 from bridge.server_config import ConfigError, load_server_config
 from bridge.spool import SpoolError
-from contracts.engine_options import ATTENTIONS, COMPUTE_CHOICES, DTYPES, FP8_HELP, MODELS, EngineOptions
+from contracts.engine_options import (
+    ATTENTION_HELP,
+    ATTENTIONS,
+    COMPUTE_CHOICES,
+    DTYPES,
+    FP8_HELP,
+    MODELS,
+    EngineOptions,
+)
 from contracts.settings import SettingsError
 
 USER_ERRORS = (ConfigError, SecurityError, SpoolError, SettingsError, ListenError)
@@ -67,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="one worker whose every rollout runs on two GPUs, e.g. 0,1: each step's two guidance passes at once "
         "(exact: the same output as one GPU) (overrides [worker] gpus; replaces --device; not with a --devices pool)",
     )
-    engine.add_argument("--attention", choices=ATTENTIONS, help="DiT attention kernel (default: auto)")
+    engine.add_argument("--attention", choices=ATTENTIONS, help=ATTENTION_HELP)
     engine.add_argument("--vram-budget", type=float, metavar="GB", help="GPU memory budget per worker (default: none)")
     engine.add_argument(
         "--t5-on-cpu", action="store_true", default=None, help="run umT5 on the CPU, streamed (no GPU memory)"

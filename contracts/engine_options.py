@@ -27,11 +27,21 @@ COMPUTE_CHOICES = (*COMPUTES, *COMPUTE_ALIASES)  # what CLIs and files accept
 # What fp8 costs and buys, as measured (docs/benchmarks.md, "Speed" and "FP8 distance"): the one
 # wording of every --compute help (generate, serve, replay). No "%": argparse formats help text.
 FP8_HELP = (
-    "fp8 is approximate: on one H100 (random weights of the real shapes) a forward took 2.80 s against "
-    "3.34 s exact (0.84x the time); on the golden DiT cases its output is 5.2e-2 to 5.3e-2 (rel-L2) from "
-    "the reference's, against 5.7e-3 to 1.1e-2 for exact; not yet checked on trained weights "
+    "fp8 is approximate: on one H100 (random weights of the real shapes) a forward took 2.33 s against "
+    "3.11 s exact (0.75x the time; its attention runs in FP8 too where cuDNN's FP8 kernel is installed: "
+    "pip install nvidia-cudnn-frontend, Hopper only); on the golden DiT cases its output is 5.2e-2 to 5.3e-2 "
+    "(rel-L2) from the reference's, against 5.7e-3 to 1.1e-2 for exact; not yet checked on trained weights "
     "(docs/benchmarks.md). The GPU that runs it needs FP8 tensor cores (compute capability 8.9+: RTX 40xx, "
     "L40, H100); refused elsewhere"
+)
+# The attention kernels (worldgen.attention), and what each costs: the one wording of every --attention help.
+ATTENTION_HELP = (
+    "DiT attention kernel. auto (default): flash when a FlashAttention package is installed, else sdpa "
+    "(the Fast model: sdpa, faster there). "
+    "sdpa: PyTorch's scaled_dot_product_attention (cuDNN's kernel on Hopper). flash: FlashAttention 4 "
+    "(pip install flash-attn-4; on one H100 a forward took 3.11 s against 3.34 s with sdpa, the same "
+    "numerics class) or FlashAttention 2. Both exact. sage: SageAttention (INT8 Q and K: approximate; "
+    "only when asked)"
 )
 ATTENTIONS = ("auto", "sdpa", "flash", "sage")
 MODELS = ("base", "fast")

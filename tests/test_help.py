@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from contracts.engine_options import FP8_HELP
+from contracts.engine_options import ATTENTION_HELP, ATTENTIONS, FP8_HELP
 from contracts.settings import FIELD_BY_NAME
 from lingbot_cli.main import COMMANDS, build_parser
 from tests.conftest import REPO, files_matching
@@ -85,5 +85,13 @@ def test_every_compute_help_says_what_fp8_costs_in_the_measured_words(name):
     """The three --compute helps carry contracts' one wording of fp8's measured cost and distance."""
     (compute,) = [a for a in build_parser(name)[0]._actions if "--compute" in a.option_strings]
     assert FP8_HELP in compute.help
-    assert "2.80 s against 3.34 s exact (0.84x" in FP8_HELP  # docs/benchmarks.md: NF4 + fp8 vs NF4 exact
-    assert files_matching(r"0\.84x|2\.80 s") == ["contracts/engine_options.py"]  # no copy of the figures
+    assert "2.33 s against 3.11 s exact (0.75x" in FP8_HELP  # docs/benchmarks.md: NF4 + fp8 vs NF4 exact
+    assert files_matching(r"0\.75x|2\.33 s") == ["contracts/engine_options.py"]  # no copy of the figures
+
+
+@pytest.mark.parametrize("name", ["generate", "serve"])
+def test_every_attention_help_is_the_one_wording_with_its_kernels(name):
+    """generate's and serve's --attention: contracts' one help, which names every kernel it offers."""
+    (option,) = [a for a in build_parser(name)[0]._actions if "--attention" in a.option_strings]
+    assert option.help == ATTENTION_HELP and tuple(option.choices) == ATTENTIONS
+    assert all(f"{kernel}" in ATTENTION_HELP for kernel in ATTENTIONS) and "flash-attn-4" in ATTENTION_HELP

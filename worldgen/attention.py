@@ -2,39 +2,78 @@
 
 - `sdpa`: `F.scaled_dot_product_attention`; PyTorch picks its flash or memory-efficient kernel.
   The reference numerics (and the golden tests) use it.
-- `flash`: the `flash_attn` package's `flash_attn_func` (FlashAttention 2, or 3 on Hopper): the
-  same math, bf16/fp16 on CUDA only.
+- `flash`: FlashAttention: FlashAttention 4 (`pip install flash-attn-4`, the CuTe-DSL kernels,
+  `flash_attn.cute`) when installed, else the `flash_attn` package's `flash_attn_func`
+  (FlashAttention 2): the same math, bf16/fp16 on CUDA only.
 - `sage`: the `sageattention` package's `sageattn`: INT8 Q and K, so not bit-faithful to the
   reference; used only when asked for.
 - `auto` (default): `flash` when the package is installed, else `sdpa`.
 
 Inputs the optional kernels cannot take (CPU, float32) go through SDPA whatever the choice.
+
+`fp8_attention` is the FP8 path's self-attention (`--compute fp8`, approximate): cuDNN's FP8 kernel
+(worldgen/cudnn_attention.py) where it can run, its e4m3 output handed to the output projection's
+FP8 GEMM as it is.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
 import torch
 import torch.nn.functional as F
 
 from contracts.engine_options import ATTENTIONS
+from worldgen import fp8
 from worldgen.errors import InputError
+from worldgen.fp8 import QuantizedRows, quantize_tensor
 
 BACKENDS = ATTENTIONS  # the one list, in contracts.engine_options
-_PACKAGES = {"flash": ("flash_attn", "pip install flash-attn"), "sage": ("sageattention", "pip install sageattention")}
+_PACKAGES = {
+    "flash": ("flash_attn", "pip install flash-attn-4 (Hopper, Blackwell) or flash-attn"),
+    "sage": ("sageattention", "pip install sageattention"),
+}
+
+
+def _find(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package that is missing
+        return False
 
 
 def installed(backend: str) -> bool:
-    return backend == "sdpa" or importlib.util.find_spec(_PACKAGES[backend][0]) is not None
+    if backend == "flash":  # FA4 ships as the namespace package flash_attn.cute, FA2 as flash_attn
+        return _find("flash_attn.cute") or _find("flash_attn.flash_attn_interface")
+    return backend == "sdpa" or _find(_PACKAGES[backend][0])
 
 
-def resolve_backend(name: str) -> str:
-    """'auto' -> the best installed exact kernel; an explicit choice must be installed."""
+def _flash_attn_func():
+    """FlashAttention 4 where installed, else FlashAttention 2: (q, k, v) [B, L, n, d] -> out."""
+    if _find("flash_attn.cute"):
+        from flash_attn.cute import flash_attn_func as fa4
+
+        def run(q, k, v):
+            out = fa4(q, k, v)
+            return out[0] if isinstance(out, tuple) else out  # (out, lse) in FA4's API
+
+        return run
+    from flash_attn import flash_attn_func
+
+    return flash_attn_func
+
+
+def resolve_backend(name: str, model: str = "base") -> str:
+    """'auto' -> the best installed exact kernel for `model`; an explicit choice must be installed.
+
+    The Fast model's auto stays sdpa: measured on an H100 (docs/benchmarks.md), FlashAttention 4
+    made its warm DiT loop slower (15.5 s against 14.7 s) and compiles a kernel for every new
+    KV-cache length, so the first rollout took 52 s against 41 s."""
     if name not in BACKENDS:
         raise InputError(f"attention backend {name!r} is unknown: use one of {', '.join(BACKENDS)}")
     if name == "auto":
-        return "flash" if installed("flash") else "sdpa"
+        return "flash" if model == "base" and installed("flash") else "sdpa"
     if not installed(name):
         package, command = _PACKAGES[name]
         raise InputError(f"--attention {name}: the {package} package is not installed ({command}), or use sdpa")
@@ -45,12 +84,42 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = 
     """[B, L, n, d] inputs -> [B, L, n*d]; softmax scale 1/sqrt(d), no mask."""
     if backend != "sdpa" and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         if backend == "flash":
-            from flash_attn import flash_attn_func
-
-            return flash_attn_func(q, k, v).flatten(2)
+            return _flash_attn_func()(q, k, v).flatten(2)
         if backend == "sage":
             from sageattention import sageattn
 
             return sageattn(q, k, v, tensor_layout="NHD").flatten(2)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     return out.transpose(1, 2).flatten(2)
+
+
+_fp8_usable: dict[tuple, bool] = {}  # (device, shapes) -> whether cuDNN's FP8 attention ran them
+FP8_ATTENTION = True  # False: `--compute fp8` keeps attention bf16 (benchmarks compare the two)
+
+
+def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> QuantizedRows | None:
+    """Self-attention in FP8 ([B, L, n, d] bf16 in; the output as e4m3 rows with their scales for
+    the output projection), or None where cuDNN's FP8 attention cannot run (the caller uses
+    `attention`): not CUDA bf16, too few tokens to matter, no Hopper, no cuDNN frontend, or a
+    shape cuDNN declines (said once)."""
+    if not (FP8_ATTENTION and q.is_cuda and q.dtype == torch.bfloat16 and q.shape[1] >= fp8.MIN_ROWS):
+        return None
+    from worldgen import cudnn_attention
+
+    if _fp8_usable.setdefault((q.device,), cudnn_attention.fp8_unsupported_reason(q.device) is None) is False:
+        return None
+    key = (q.device, q.shape, k.shape, v.shape)
+    if _fp8_usable.get(key) is False:
+        return None
+    try:
+        o = cudnn_attention.fp8_attention_quantized(quantize_tensor(q), quantize_tensor(k), quantize_tensor(v))
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (cuDNN declines this shape: bf16 attention for it)
+        _fp8_usable[key] = False
+        warnings.warn(f"cuDNN's FP8 attention declined {tuple(q.shape)}: bf16 attention for it ({exc})", stacklevel=2)
+        return None
+    _fp8_usable[key] = True
+    rows = o.data.flatten(2).view(-1, o.data.shape[2] * o.data.shape[3])
+    # one scale for the whole output, given per row as the FP8 GEMM's row-wise scaling wants it
+    return QuantizedRows(rows, o.descale.view(1, 1).expand(rows.shape[0], 1).contiguous(), tuple(o.data.shape[:2]))

@@ -29,10 +29,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from worldgen import fused
-from worldgen.attention import attention
+from worldgen.attention import attention, fp8_attention
 from worldgen.config_json import read_config
 from worldgen.errors import CheckpointError
-from worldgen.fp8 import QuantizedRows, fp8_linear, quantize_input, wants_fp8
+from worldgen.fp8 import QuantizedRows, fp8_linear, gelu_then_quantize, quantize_input, wants_fp8
 
 if TYPE_CHECKING:
     from worldgen.kv_cache import KVCache, LayerKV
@@ -165,6 +165,7 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.num_heads = num_heads
         self.attention_backend = "sdpa"  # see worldgen.attention
+        self.compute = "exact"  # or "fp8" (set_compute): FP8 self-attention where it can run
         self.q, self.k, self.v, self.o = (Linear(dim, dim) for _ in range(4))
         self.norm_q = RMSNorm(dim, eps)
         self.norm_k = RMSNorm(dim, eps)
@@ -183,6 +184,10 @@ class SelfAttention(nn.Module):
         k = fused.rms_norm_rope(self.k(x), self.norm_k.weight, *rope, self.norm_k.eps, self.num_heads).to(v.dtype)
         if kv is not None:
             k, v = kv.update(k, v)
+        elif self.compute == "fp8":  # FP8 attention where cuDNN's kernel runs (worldgen.attention)
+            out = fp8_attention(q, k, v)
+            if out is not None:
+                return self.o(out)
         return self.o(attention(q, k, v, self.attention_backend))
 
 
@@ -226,7 +231,10 @@ class Block(nn.Module):
 
     def _ffn(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         h = fused.modulated_layer_norm(x, shift, scale, None, None, self.norm2.eps, self.compute_dtype)
-        return fused.gated_residual(x, self.ffn[2](self.ffn[1](self.ffn[0](h))), gate)
+        hidden = self.ffn[0](h)
+        if self.ffn[2].compute == "fp8":  # GELU and the FP8 quantization of its output in one kernel
+            return fused.gated_residual(x, self.ffn[2](gelu_then_quantize(hidden, self.ffn[2])), gate)
+        return fused.gated_residual(x, self.ffn[2](self.ffn[1](hidden)), gate)
 
     def feed_forward(
         self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor
@@ -257,6 +265,7 @@ class Block(nn.Module):
         x = fused.gated_residual(x, self.self_attn(h, rope, kv), m[2])
         if cam is not None:
             h = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(cam))) + cam
+            h = quantize_input(h, self.cam_scale_layer)  # FP8 path: one quantization for scale and shift
             x = fused.camera_modulate(x, self.cam_scale_layer(h), self.cam_shift_layer(h))
         if isinstance(self.norm3, LayerNorm):
             h = fused.modulated_layer_norm(x, None, None, self.norm3.weight, self.norm3.bias, self.norm3.eps, dtype)

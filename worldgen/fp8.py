@@ -17,8 +17,10 @@ Hardware: FP8 tensor cores exist on compute capability 8.9 (Ada: RTX 4090, L40) 
 Ampere (RTX 3090, A100: 8.0/8.6) has none; there `--compute fp8` is refused and the only
 lower-precision option left is INT8 attention (`--attention sage`, SageAttention).
 
-Attention stays bf16 (SDPA): no FP8 attention kernel (FlashAttention-3 FP8) ships with PyTorch,
-and `attention_note()` says so when fp8 is asked for.
+Attention runs in FP8 too where cuDNN's FP8 attention is installed (the `nvidia-cudnn-frontend`
+package; Hopper, see worldgen/cudnn_attention.py): Q, K and V are quantized with one scale per
+tensor (`quantize_tensor`), and the e4m3 output goes straight into the output projection's FP8
+GEMM. Elsewhere attention stays bf16 (SDPA), and `attention_note()` says why.
 """
 
 from __future__ import annotations
@@ -76,11 +78,14 @@ def check_supported(device: torch.device | str) -> None:
         raise InputError(reason)
 
 
-def attention_note() -> str:
-    return (
-        "--compute fp8: attention stays bf16 (PyTorch SDPA): no FP8 attention kernel is installed "
-        "(FlashAttention-3's FP8 mode is not packaged for this PyTorch); only the Linear layers run in FP8"
-    )
+def attention_note(device: torch.device | str) -> str:
+    """What `--compute fp8` does with attention on `device`, in one sentence."""
+    from worldgen import cudnn_attention
+
+    reason = cudnn_attention.fp8_unsupported_reason(torch.device(device))
+    if reason is None:
+        return "--compute fp8: attention runs in FP8 too (cuDNN's FP8 attention, per-tensor scales)"
+    return f"--compute fp8: attention stays bf16 (PyTorch SDPA): {reason}; only the Linear layers run in FP8"
 
 
 def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,26 +110,33 @@ except ImportError:  # pragma: no cover - depends on the install
 if triton is not None:
 
     @triton.jit
-    def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, n_cols, x_stride, q_stride, fp8_max, BLOCK: tl.constexpr):
+    def _quantize_rows_kernel(
+        x_ptr, q_ptr, s_ptr, n_cols, x_stride, q_stride, fp8_max, BLOCK: tl.constexpr, GELU: tl.constexpr
+    ):
         # one program per row, the whole row in registers: x is read once (the compiled reduction
         # reads it twice: once for the maximum, once to scale)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
         x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        if GELU:  # the feed-forward's tanh GELU first, rounded to bf16 where eager PyTorch rounds it
+            inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+            x = (0.5 * x * (2.0 * tl.sigmoid(2.0 * inner))).to(tl.bfloat16).to(tl.float32)
         scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / fp8_max
         q = tl.minimum(tl.maximum(x / scale, -fp8_max), fp8_max)
         tl.store(q_ptr + row * q_stride + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
         tl.store(s_ptr + row, scale)
 
 
-def _triton_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _triton_quantize_rows(x: torch.Tensor, gelu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     rows, cols = x.shape
     q = torch.empty((rows, cols), device=x.device, dtype=FP8)
     scale = torch.empty((rows, 1), device=x.device, dtype=torch.float32)
     block = triton.next_power_of_2(cols)
     warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
-    _quantize_rows_kernel[(rows,)](x, q, scale, cols, x.stride(0), q.stride(0), FP8_MAX, BLOCK=block, num_warps=warps)
+    _quantize_rows_kernel[(rows,)](
+        x, q, scale, cols, x.stride(0), q.stride(0), FP8_MAX, BLOCK=block, GELU=gelu, num_warps=warps
+    )
     return q, scale
 
 
@@ -154,6 +166,43 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _quantize_rows(x)
 
 
+def _quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    amax = x.abs().amax().float().clamp(min=1e-12)
+    descale = amax / FP8_MAX
+    return (x.float() / descale).clamp(-FP8_MAX, FP8_MAX).to(FP8), descale.view(1, 1, 1, 1)
+
+
+@functools.cache
+def _compiled_quantize_tensor():
+    # two kernels (the tensor's largest magnitude, then the scaled cast), no host synchronisation
+    return torch.compile(_quantize_tensor, dynamic=False, fullgraph=True)
+
+
+@dataclasses.dataclass
+class QuantizedTensor:
+    """A tensor in e4m3 with one scale for all of it: value ~= data * descale."""
+
+    data: torch.Tensor  # float8, the original's shape
+    descale: torch.Tensor  # float32 [1, 1, 1, 1], on the tensor's device
+
+    def dequantize(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return (self.data.float() * self.descale.view(())).to(dtype)
+
+
+def quantize_tensor(x: torch.Tensor) -> QuantizedTensor:
+    """x -> e4m3 with one dynamic scale (its largest magnitude maps to 448): what cuDNN's FP8
+    attention takes for Q, K and V. One fused pair of kernels on CUDA, eager elsewhere."""
+    if x.is_cuda and "tensor" not in _failed:
+        try:
+            return QuantizedTensor(*_compiled_quantize_tensor()(x))
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (no Triton / compiler: eager, said once)
+            _failed.add("tensor")
+            warnings.warn(f"the compiled FP8 tensor quantization failed ({exc}); using eager", stacklevel=2)
+    return QuantizedTensor(*_quantize_tensor(x))
+
+
 @dataclasses.dataclass
 class QuantizedRows:
     """An activation already quantized (`quantize_input`), for several Linears that share an input."""
@@ -169,6 +218,24 @@ def quantize_input(x: torch.Tensor, linear: torch.nn.Module) -> torch.Tensor | Q
     if not wants_fp8(x, getattr(linear, "compute", "exact"), dtype):
         return x
     data, scale = quantize_rows(x.reshape(-1, x.shape[-1]))
+    return QuantizedRows(data, scale, tuple(x.shape[:-1]))
+
+
+def gelu_then_quantize(x: torch.Tensor, linear: torch.nn.Module) -> torch.Tensor | QuantizedRows:
+    """The feed-forward's tanh GELU of x, quantized in the same kernel when `linear` (the layer it
+    feeds) takes the FP8 path: the bf16 GELU output is never written out and read back."""
+    dtype = getattr(linear, "compute_dtype", None) or linear.weight.dtype
+    fuse = wants_fp8(x, getattr(linear, "compute", "exact"), dtype) and x.dtype == torch.bfloat16
+    if not (fuse and triton is not None and x.shape[-1] <= 32768 and "gelu" not in _failed):
+        return quantize_input(torch.nn.functional.gelu(x, approximate="tanh"), linear)
+    try:
+        data, scale = _triton_quantize_rows(x.reshape(-1, x.shape[-1]).contiguous(), gelu=True)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (no Triton / compiler: GELU, then the quantizer)
+        _failed.add("gelu")
+        warnings.warn(f"the fused GELU + FP8 quantization kernel failed ({exc}); unfused from now on", stacklevel=2)
+        return quantize_input(torch.nn.functional.gelu(x, approximate="tanh"), linear)
     return QuantizedRows(data, scale, tuple(x.shape[:-1]))
 
 

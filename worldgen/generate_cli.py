@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from contracts.engine_options import COMPUTE_CHOICES, FP8_HELP, MODELS
+from contracts.engine_options import ATTENTION_HELP, ATTENTIONS, COMPUTE_CHOICES, FP8_HELP, MODELS
 from contracts.episode import EpisodeError
 from contracts.provenance import sidecar_path, write_record
 from contracts.settings import FIELD_BY_NAME, GenerationSettings, SettingsError, load_settings, parse_guide_scale
@@ -120,10 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     run.add_argument(
         "--attention",
-        choices=("auto", "sdpa", "flash", "sage"),
+        choices=ATTENTIONS,
         default="auto",
-        help="DiT attention kernel: auto = FlashAttention when the flash-attn package is installed, else PyTorch "
-        "SDPA; sage = SageAttention (INT8, not bit-faithful; only when asked)",
+        help=ATTENTION_HELP,
     )
     run.add_argument(
         "--compute",
@@ -274,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     if pipe.compute == "fp8":
         from worldgen.fp8 import attention_note
 
-        print(f"note: {attention_note()}", file=sys.stderr)
+        print(f"note: {attention_note(pipe.device)}", file=sys.stderr)
     if pipe.is_random_weights:
         print("note: the tiny model has random weights: its output is noise, not a prediction", file=sys.stderr)
     identity = pipe.identity
