@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cuDNN frontend not installed ({type(exc).__name__}: {exc})")
     else:
         from worldgen import cudnn_attention
-        from worldgen.fp8 import quantize_tensor
+        from worldgen.fp8 import QuantizedTensor, quantize_tensor
 
         try:
             for plan in cudnn_attention.plans(q, k, v):
@@ -138,6 +138,26 @@ def main(argv: list[str] | None = None) -> int:
         record("cudnn-fp8 (with quantization)", fp8_whole)
         q8, k8, v8 = (quantize_tensor(t) for t in (q, k, v))
         record("cudnn-fp8 (kernel alone)", lambda: cudnn_attention.fp8_attention_quantized(q8, k8, v8).dequantize())
+
+        # the same FP8 kernel on other memory layouts of its inputs (views of the same [B, L, n, d] shape:
+        # cuDNN reads the strides): heads-first, and heads-first with V stored key-major (its rows
+        # contiguous along the sequence, the operand order FP8 tensor cores take for P @ V)
+        def heads_first(t):
+            return QuantizedTensor(t.data.transpose(1, 2).contiguous().transpose(1, 2), t.descale)
+
+        def key_major(t):
+            return QuantizedTensor(t.data.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2), t.descale)
+
+        layouts = {
+            "heads-first q, k, v": (heads_first(q8), heads_first(k8), heads_first(v8)),
+            "heads-first q, k; key-major v": (heads_first(q8), heads_first(k8), key_major(v8)),
+            "[B, L, n, d] q, k; key-major v": (q8, k8, key_major(v8)),
+        }
+        for name, (ql, kl, vl) in layouts.items():
+            record(
+                f"cudnn-fp8 {name}",
+                lambda ql=ql, kl=kl, vl=vl: cudnn_attention.fp8_attention_quantized(ql, kl, vl).dequantize(),
+            )
         record("quantize q, k, v (per tensor)", lambda: quantize_tensor(q).dequantize(), tflop=False)
         from worldgen.attention import fp8_attention
 
