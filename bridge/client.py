@@ -1,7 +1,7 @@
 """Client library for the generation server: submit episodes, follow progress, fetch the mp4.
 
     from bridge.client import Client, EpisodePayload
-    with Client("tcp://127.0.0.1:5570", timeout=10.0) as client:
+    with Client() as client:  # contracts.connection's endpoint (loopback) and request timeout
         job = client.submit(EpisodePayload.from_dir("episode_0001"), {"steps": 4})
         for event in job.events():          # Progress ..., then Result or JobError
             print(event)
@@ -42,15 +42,15 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from bridge import protocol
-from bridge.protocol import DEFAULT_PORT, Limits, ProtocolError
+from bridge.protocol import Limits, ProtocolError
 from bridge.security import load_public, load_secret, secure_client_socket
-from contracts import episode
+from contracts import connection, episode
 from contracts.episode import EpisodeError
 from contracts.settings import GenerationSettings
 
 log = logging.getLogger("bridge.client")
 
-DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{DEFAULT_PORT}"
+DEFAULT_ENDPOINT = connection.DEFAULT_ENDPOINT
 _AUTH_EVENTS = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the server rejected this client's CurveZMQ key (it is not in the "
     "server's client_keys_dir allowlist)",
@@ -418,7 +418,7 @@ class Client:
     def __init__(
         self,
         endpoint: str = DEFAULT_ENDPOINT,
-        timeout: float = 10.0,
+        timeout: float = connection.REQUEST_TIMEOUT_S,
         retries: int = 3,
         *,
         server_key: bytes | str | os.PathLike | None = None,

@@ -26,13 +26,13 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from contracts import episode
+from contracts import connection, episode
 from contracts.episode import EpisodeError
 
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 CHUNK_VERSION = 1  # the `chunk` message's own version (an opt-in addition within protocol 1)
-DEFAULT_PORT = 5570
+DEFAULT_PORT = connection.DEFAULT_PORT  # one home: contracts.connection
 
 # Wire dtypes: names, always little-endian. Anything else is refused.
 DTYPES: dict[str, np.dtype] = {

@@ -23,6 +23,8 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from contracts.connection import DEFAULT_ENDPOINT
+
 
 class SecurityError(ValueError):
     """An insecure or unusable security set-up: the message says how to fix it."""
@@ -49,7 +51,7 @@ def check_bind_allowed(endpoint: str, curve: bool) -> None:
         return
     raise SecurityError(
         f"refusing to listen on {endpoint} without CurveZMQ: anyone who can reach it could use the GPU. "
-        "Either bind a loopback address (tcp://127.0.0.1:5570, the default), or create keys with "
+        f"Either bind a loopback address ({DEFAULT_ENDPOINT}, the default), or create keys with "
         "`lingbot-isaac keys server --dir keys` and `lingbot-isaac keys client NAME --dir keys "
         '--allow-dir keys/clients`, then set [security] server_secret_key = "keys/server.key_secret" '
         'and client_keys_dir = "keys/clients" in the server config'

@@ -18,6 +18,7 @@ from bridge.security import SecurityError
 from bridge.server import ListenError, Server
 from bridge.server_config import ConfigError, load_server_config
 from bridge.spool import SpoolError
+from contracts.connection import DEFAULT_ENDPOINT
 from contracts.engine_options import (
     ATTENTION_HELP,
     ATTENTIONS,
@@ -40,7 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"server TOML (default: {DEFAULT_CONFIG} if it exists, else built-in defaults)",
     )
-    parser.add_argument("--bind", help="endpoint to listen on, e.g. tcp://127.0.0.1:5570 (overrides [server] bind)")
+    parser.add_argument(
+        "--bind",
+        help=f"endpoint to listen on (default: [server] bind, else {DEFAULT_ENDPOINT}; overrides [server] bind)",
+    )
     parser.add_argument("--spool-dir", help="folder for accepted jobs and results (overrides [server] spool_dir)")
     parser.add_argument(
         "--preset",

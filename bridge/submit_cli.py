@@ -1,6 +1,6 @@
 """Send one episode folder to a generation server, show its progress, write the rollout mp4.
 
-    lingbot-isaac submit EPISODE_DIR [--server tcp://127.0.0.1:5570] [--out rollout.mp4]
+    lingbot-isaac submit EPISODE_DIR [--server ENDPOINT] [--out rollout.mp4]
     lingbot-isaac submit EPISODE_DIR --model fast --follow     # OUT grows chunk by chunk
 
 The smallest command-line client of `bridge.client` (the `replay` command does more: USD and
@@ -32,6 +32,7 @@ from bridge.client import (
 from bridge.reach import check_listening, explain_no_answer
 from bridge.security import SecurityError
 from contracts import atomic, video
+from contracts.connection import REQUEST_TIMEOUT_S
 from contracts.engine_options import MODELS
 from contracts.episode import ROLLOUT_VIDEO, EpisodeError, read_meta
 from contracts.provenance import with_job, write_record
@@ -61,7 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="model fast: write OUT as it grows, after each "
         "finished chunk (always a playable mp4 of every frame so far; the result replaces it)",
     )
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds for each request to the server")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=REQUEST_TIMEOUT_S,
+        help=f"seconds for each request to the server (default: {REQUEST_TIMEOUT_S:g})",
+    )
     parser.add_argument(
         "--wait",
         type=float,

@@ -90,6 +90,7 @@ def _wait_healthy(client, server: subprocess.Popen, log_path: Path, timeout: flo
 def run(args: argparse.Namespace) -> int:
     from bridge.client import Client
     from comparison.report import compare_episode
+    from contracts.connection import REQUEST_TIMEOUT_S
     from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO, read_episode, write_rollout
     from contracts.settings import job_settings
     from lingbot_isaac.replay import generate
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"starting a local server on {endpoint} ({args.ckpt_dir}); log: {log_path}")
     server = _start_server(args, endpoint, out / "spool", log_path)
     try:
-        with Client(endpoint, timeout=10.0) as client:
+        with Client(endpoint, timeout=REQUEST_TIMEOUT_S) as client:
             _wait_healthy(client, server, log_path, timeout=600.0)
             episode = read_episode(episode_dir)
             settings = job_settings(episode.meta.generation if episode.meta else None, {})

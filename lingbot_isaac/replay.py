@@ -33,6 +33,7 @@ import numpy as np
 from PIL import Image
 
 from contracts import atomic
+from contracts.connection import DEFAULT_ENDPOINT, REQUEST_TIMEOUT_S
 from contracts.engine_options import COMPUTE_CHOICES, FP8_HELP, MODELS
 from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO, EpisodeError, read_episode, write_rollout
 from contracts.settings import (
@@ -79,7 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SOURCE",
         help="episode folder (or its episode.json: `DIR/**/episode.json` replays a whole tree), USD or HDF5 file",
     )
-    parser.add_argument("--server", default="tcp://127.0.0.1:5570", help="the generation server's endpoint")
+    parser.add_argument(
+        "--server", default=DEFAULT_ENDPOINT, help=f"the generation server's endpoint (default: {DEFAULT_ENDPOINT})"
+    )
     parser.add_argument("--out", type=Path, help="write result folders here instead of beside the sources")
     parser.add_argument(
         "--overwrite",
@@ -164,7 +167,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--size", help="max area as H*W, e.g. 480*832")
     gen.add_argument("--guide-scale", help="one value or low,high")
     gen.add_argument("--shift", type=float, help="noise schedule shift")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds for each request to the server")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=REQUEST_TIMEOUT_S,
+        help=f"seconds for each request to the server (default: {REQUEST_TIMEOUT_S:g})",
+    )
     parser.add_argument(
         "--job-timeout",
         type=float,

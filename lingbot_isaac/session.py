@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from contracts.connection import DEFAULT_ENDPOINT, REQUEST_TIMEOUT_S
 from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH
 from lingbot_isaac.recorder import Capture, Recorder, RecorderError
 
@@ -32,7 +33,7 @@ from lingbot_isaac.recorder import Capture, Recorder, RecorderError
 class SessionSettings:
     """The Settings panel. `frame_num` etc. override the server's preset only when set."""
 
-    server: str = "tcp://127.0.0.1:5570"
+    server: str = DEFAULT_ENDPOINT
     output_dir: Path = field(default_factory=lambda: Path.home() / "lingbot_episodes")
     width: int = MODEL_WIDTH
     height: int = MODEL_HEIGHT
@@ -45,7 +46,7 @@ class SessionSettings:
     preset: str | None = None  # send all settings of this preset instead of the server's
     model: str | None = None  # base | fast (contracts.engine_options.MODELS), per job; None: the server's
     gpus: int | None = None  # 1 | 2 GPUs per job (contracts.settings `gpus`); None: the server's preset
-    timeout: float = 10.0  # seconds per request to the server
+    timeout: float = REQUEST_TIMEOUT_S  # seconds per request to the server
     compare: bool = True  # build the sim-vs-rollout report when sim frames exist
     first_frame: Path | None = None  # a real photo to start the rollout from (`first_frame.with_photo`)
     photo_intrinsics: str | None = None  # "fx,fy,cx,cy" of that photo in its pixels (default: the sim camera's)

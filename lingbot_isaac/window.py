@@ -10,6 +10,7 @@ from pathlib import Path
 
 import omni.ui as ui
 
+from contracts.settings import FIELD_BY_NAME
 from lingbot_isaac import kit_adapter
 from lingbot_isaac.session import ChunkPreview, Session, gpu_choices, model_choices, safe_name
 
@@ -33,7 +34,7 @@ class LingBotWindow:
         settings = session.settings
         self.camera = ui.SimpleStringModel("")
         self.prompt = ui.SimpleStringModel("")
-        self.frames = ui.SimpleIntModel(settings.frame_num or 81)
+        self.frames = ui.SimpleIntModel(settings.frame_num or FIELD_BY_NAME["frame_num"].default)
         self.server = ui.SimpleStringModel(settings.server)
         self.output = ui.SimpleStringModel(str(settings.output_dir))
         self.width = ui.SimpleIntModel(settings.width)

@@ -21,6 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from contracts.connection import DEFAULT_ENDPOINT  # noqa: E402
 from contracts.engine_options import MODELS  # noqa: E402
 from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH  # noqa: E402
 from lingbot_isaac import kit_adapter  # noqa: E402  (no omni import at module level)
@@ -37,7 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--height", type=int, default=MODEL_HEIGHT, help="render height in pixels")
     parser.add_argument("--keep-frames", action="store_true", help="also keep every frame (for comparison)")
     parser.add_argument("--warmup-updates", type=int, default=30, help="app updates before recording starts")
-    parser.add_argument("--server", default="tcp://127.0.0.1:5570")
+    parser.add_argument(
+        "--server", default=DEFAULT_ENDPOINT, help=f"the generation server (default: {DEFAULT_ENDPOINT})"
+    )
     parser.add_argument("--preset", help="send all settings of this [preset] of config/generation.toml")
     parser.add_argument("--frame-num", type=int)
     parser.add_argument(

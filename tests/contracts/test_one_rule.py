@@ -131,3 +131,17 @@ def test_benches_and_scripts_take_their_defaults_from_contracts():
     )
     where = files_matching(literal, ("bench", "scripts"))
     assert where == []
+
+
+def test_the_endpoint_and_the_request_timeout_are_stated_once():
+    """contracts.connection holds the loopback endpoint and the client's per-request timeout; no
+    client, CLI, Isaac session or script restates them (they used to, in five places each)."""
+    from contracts import connection
+
+    assert protocol.DEFAULT_PORT == connection.DEFAULT_PORT
+    restated = r"[\"']tcp://127\.0\.0\.1:\d+[\"']|timeout\s*(:\s*float\s*)?=\s*10\.0|default=10\.0|\b5570\b(?!\S*\s*(by default|the default))"
+    code = [p for p in files_matching(restated, PACKAGES + ("scripts",)) if p != "contracts/connection.py"]
+    assert code == []
+    # the Isaac window's frame count starts from the settings default, not a literal of its own
+    window = (REPO / "lingbot_isaac" / "window.py").read_text()
+    assert 'settings.frame_num or FIELD_BY_NAME["frame_num"].default' in window and "or 81" not in window
