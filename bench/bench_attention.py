@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.timing import seconds_per_call  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH  # noqa: E402
 from contracts.settings import FIELD_BY_NAME  # noqa: E402
@@ -36,16 +36,6 @@ from worldgen.dit import DiTConfig  # noqa: E402
 
 # the DiT's tokens at the default frame: latent frames x (H/8/2) x (W/8/2) (VAE stride 8, 2x2 patches)
 DEFAULT_TOKENS = ((FIELD_BY_NAME["frame_num"].default - 1) // 4 + 1) * (MODEL_HEIGHT // 16) * (MODEL_WIDTH // 16)
-
-
-def seconds(fn, repeats: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / repeats
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -89,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with torch.no_grad():
                 out = fn()
-                t = seconds(fn, args.repeats)
+                t = seconds_per_call(fn, args.repeats)
             if not tflop:  # a step on the way (q's round trip through e4m3 against q)
                 results[name] = {"ms": t * 1e3, "tflops": 0.0, "rel_l2": rel(out.float(), q.float())}
             else:

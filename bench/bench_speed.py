@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_dit import random_model, to_nf4  # noqa: E402
+from bench.timing import seconds_per_call  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH  # noqa: E402
 from contracts.settings import FIELD_BY_NAME  # noqa: E402
@@ -115,16 +116,6 @@ def print_profile(title: str, prof: dict) -> None:
         print(f"    {seconds:6.3f} s  {name}")
 
 
-def _seconds(fn, repeats: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / repeats
-
-
 def micro_benchmarks(dev: torch.device, tokens: int, cfg: DiTConfig) -> None:
     """TFLOP/s of one block's GEMM shapes (bf16, FP8) and of full-size self-attention per SDPA kernel."""
     import torch.nn.functional as F
@@ -137,11 +128,11 @@ def micro_benchmarks(dev: torch.device, tokens: int, cfg: DiTConfig) -> None:
         a = x if k == cfg.dim else torch.randn(tokens, k, device=dev, dtype=torch.bfloat16)
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
         flop = 2 * tokens * n * k
-        t_bf16 = _seconds(lambda a=a, w=w: F.linear(a, w))
-        t_fp8 = _seconds(lambda a=a, w=w: fp8_linear(a, w, None))
+        t_bf16 = seconds_per_call(lambda a=a, w=w: F.linear(a, w))
+        t_fp8 = seconds_per_call(lambda a=a, w=w: fp8_linear(a, w, None))
         aq, sa = quantize_rows(a)
         wq, sw = quantize_rows(w)
-        t_mm = _seconds(lambda aq=aq, wq=wq, sa=sa, sw=sw: torch._scaled_mm(
+        t_mm = seconds_per_call(lambda aq=aq, wq=wq, sa=sa, sw=sw: torch._scaled_mm(
             aq, wq.t(), scale_a=sa, scale_b=sw.view(1, -1), out_dtype=torch.bfloat16, use_fast_accum=True))  # fmt: skip
         print(f"micro: GEMM {tokens}x{k} @ {k}x{n}: bf16 {flop / t_bf16 / 1e12:.0f} TFLOP/s, fp8 GEMM alone "
               f"{flop / t_mm / 1e12:.0f}, fp8 with both quantizations {flop / t_fp8 / 1e12:.0f}", flush=True)  # fmt: skip
@@ -151,7 +142,7 @@ def micro_benchmarks(dev: torch.device, tokens: int, cfg: DiTConfig) -> None:
                           ("efficient", SDPBackend.EFFICIENT_ATTENTION)):  # fmt: skip
         try:
             with sdpa_kernel([backend]):
-                t = _seconds(lambda q=q: F.scaled_dot_product_attention(q, q, q), 3)
+                t = seconds_per_call(lambda q=q: F.scaled_dot_product_attention(q, q, q), 3)
             print(f"micro: self-attention {tokens} tokens, SDPA {name}: {t * 1e3:.1f} ms, {flop / t / 1e12:.0f} TFLOP/s "
                   f"(x40 blocks: {40 * t:.2f} s)", flush=True)  # fmt: skip
         except RuntimeError as exc:
