@@ -49,11 +49,24 @@ def run(args: argparse.Namespace) -> int:
             print(f"  gpu      {props.name}, {props.total_memory / 2**30:.1f} GiB, torch CUDA {torch.version.cuda}")
         else:
             print("  gpu      none visible to torch: generation runs on the CPU (fine for the tiny model only)")
+        print_attention(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     except ImportError:
         pass
     if args.ckpt_dir:
         failed |= check_checkpoint(Path(args.ckpt_dir))
     return 1 if failed else 0
+
+
+def print_attention(device) -> None:
+    """Which attention kernels this machine runs: what --attention auto picks, and --compute fp8's."""
+    from worldgen.attention import installed, resolve_backend
+    from worldgen.fp8 import attention_note, unsupported_reason
+
+    base, fast = resolve_backend("auto"), resolve_backend("auto", "fast")
+    hint = "" if installed("flash") else " (pip install flash-attn-4 for FlashAttention 4 on Hopper: faster)"
+    print(f"  attention auto = {base} for the base model, {fast} for Fast{hint}")
+    fp8_reason = unsupported_reason(device)
+    print(f"  fp8      {fp8_reason}" if fp8_reason else f"  fp8      {attention_note(device)}")
 
 
 def check_checkpoint(root: Path) -> bool:

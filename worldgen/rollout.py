@@ -102,6 +102,7 @@ def rollout_record(
         if pipe.device.type == "cuda"
         else None,
     }
+    compute = pipe.compute if identity.get("variant") == "fast" else pipe.job_compute(settings)
     return make_record(
         producer=producer,
         model={
@@ -118,8 +119,12 @@ def rollout_record(
             "dtype": identity.get("dtype"),
             # the path this job's matmuls took (exact | fp8) beside the dtype they ran in: a job's own
             # compute overrides the engine's; the Fast DiT keeps the one it was loaded with
-            "compute": pipe.compute if identity.get("variant") == "fast" else pipe.job_compute(settings),
+            "compute": compute,
             "attention": identity.get("attention"),
+            # fp8 jobs: whether self-attention ran in FP8 too (cuDNN's kernel) or stayed bf16, and why
+            "self_attention": fp8_self_attention(pipe.device, identity.get("variant", "base"))
+            if compute == "fp8"
+            else None,
             "text_encoder": identity.get("text_encoder"),
             "second_device": str(pipe.second_device.device) if getattr(pipe, "second_device", None) else None,
         },
@@ -184,3 +189,17 @@ def generate_episode(
     if progress:
         progress("write", 1, 1)
     return path
+
+
+def fp8_self_attention(device: Any, variant: str = "base") -> str:
+    """What `--compute fp8` does with the DiT's self-attention on `device`, for the record."""
+    import torch
+
+    from worldgen import attention, cudnn_attention
+
+    if variant == "fast":  # its self-attention reads the KV cache: that path stays bf16
+        return "bf16 (the Fast model attends through its KV cache: no FP8 attention there)"
+    reason = cudnn_attention.fp8_unsupported_reason(torch.device(device))
+    if reason is None and attention.FP8_ATTENTION:
+        return "fp8 (cuDNN sdpa_fp8, per-tensor scales)"
+    return f"bf16 ({reason or 'FP8 attention switched off'})"

@@ -6,11 +6,15 @@ where one is present (bench/bench_attention.py measures it at full size)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from tests.conftest import REPO
 from worldgen import attention as attention_module
 from worldgen.attention import attention, fp8_attention, resolve_backend
 from worldgen.checkpoint import load_expert
@@ -74,6 +78,18 @@ def test_flash_without_a_flashattention_package_names_both_installs():
         pytest.skip("a FlashAttention package is installed here")
     with pytest.raises(InputError, match="flash-attn-4"):
         resolve_backend("flash")
+
+
+def test_doctor_says_which_attention_kernels_this_machine_runs():
+    result = subprocess.run(
+        [sys.executable, "-m", "lingbot_cli", "doctor"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    lines = result.stdout.splitlines()
+    (auto,) = [line for line in lines if line.strip().startswith("attention auto =")]
+    expected = resolve_backend("auto")
+    assert f"= {expected} for the base model, sdpa for Fast" in auto
+    (fp8_line,) = [line for line in lines if line.strip().startswith("fp8 ")]
+    assert "FP8 tensor cores" in fp8_line if not torch.cuda.is_available() else "--compute fp8" in fp8_line
 
 
 @pytest.mark.cuda

@@ -20,6 +20,7 @@ def test_a_cpu_rollout_records_the_exact_path_in_float32(tmp_path):
     record, note = read_record(out)
     assert note is None
     assert record["compute"]["compute"] == "exact" and record["compute"]["dtype"] == "float32"
+    assert record["compute"]["self_attention"] is None  # said only for fp8 jobs
     row = dict(summary_rows(record))["compute"]
     assert row.startswith("exact in float32 on cpu") and "bf16" not in row
     # a job's own compute is what the record states (here the old spelling, as an old client sends it)
@@ -58,3 +59,22 @@ def test_fp8_with_a_dtype_it_cannot_take_is_refused_not_recorded():
 
     with pytest.raises(InputError, match="computes in float32: use --dtype bf16 with fp8, or --compute exact"):
         load_pipeline("tiny", device="cpu", dtype=torch.float32, compute="fp8")
+
+
+def test_an_fp8_record_says_whether_self_attention_ran_in_fp8():
+    from worldgen.rollout import fp8_self_attention
+
+    assert fp8_self_attention("cpu") == "bf16 (FP8 attention needs an NVIDIA GPU, not cpu)"
+    assert fp8_self_attention("cpu", "fast").startswith("bf16 (the Fast model attends through its KV cache")
+    record = _record(
+        {
+            "device": "cuda:0",
+            "dtype": "bfloat16",
+            "compute": "fp8",
+            "attention": "flash",
+            "self_attention": "fp8 (cuDNN sdpa_fp8, per-tensor scales)",
+        }  # fmt: skip
+    )
+    assert dict(summary_rows(record))["compute"] == (
+        "fp8 (approximate) in bfloat16 on cuda:0; attention flash, self_attention fp8 (cuDNN sdpa_fp8, per-tensor scales)"
+    )
