@@ -22,11 +22,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contracts import atomic  # noqa: E402
+from contracts.engine_options import ATTENTIONS, COMPUTE_CHOICES  # noqa: E402
 from contracts.settings import load_settings  # noqa: E402
+from worldgen import attention  # noqa: E402
 from worldgen.camera import load_action  # noqa: E402
 from worldgen.checkpoint import find_checkpoint, load_expert  # noqa: E402
 from worldgen.pipeline import load_pipeline  # noqa: E402
-from worldgen.rollout import find_image, read_prompt  # noqa: E402
+from worldgen.rollout import (  # noqa: E402
+    find_image,
+    fp8_self_attention,  # noqa: E402
+    read_prompt,
+)
 
 BENCH_PRESET = "fast40"  # what docs/benchmarks.md's rollout figures were timed with (40 steps, shift 5)
 
@@ -88,6 +94,8 @@ def main() -> None:
     parser.add_argument("--frame-num", type=int, help="video frames (default: the preset's)")
     parser.add_argument("--load-throughput", action="store_true")
     parser.add_argument("--t5-on-cpu", action="store_true")
+    parser.add_argument("--compute", choices=COMPUTE_CHOICES, default="exact", help="as generate (default: exact)")
+    parser.add_argument("--attention", choices=ATTENTIONS, default="auto", help="as generate (default: auto)")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (tiny checkpoint)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -100,7 +108,10 @@ def main() -> None:
         vram_budget_gb=args.vram_budget,
         use_text_cache=False,
         text_encoder_on_cpu=args.t5_on_cpu,
+        compute=args.compute,
+        attention=args.attention,
     )
+    print(f"engine: {pipe.engine}")
     print(pipe.plan.describe())
     plans = [pipe.plan.describe()]
     pipe.on_plan = lambda text: (plans.append(text), print(f"re-planned for this job:\n{text}"))
@@ -128,6 +139,10 @@ def main() -> None:
         f"video {tuple(video.shape)}, finite={bool(torch.isfinite(video).all())}; total {total:.0f} s; "
         f"expert loads: " + ", ".join(f"{k}={v['loads']} ({v['seconds']:.0f} s)" for k, v in loads.items())
     )
+    if pipe.compute == "fp8":  # what the run's self-attention really did, shape by shape
+        ran = {str(tuple(key[1])): used for key, used in attention._fp8_usable.items() if len(key) > 1}
+        print(f"self-attention: {fp8_self_attention(pipe.device)}; FP8 attention per q shape: {ran}")
+        results["fp8_attention_shapes"] = ran
     peak_vram = max(r.peak_vram_gib or 0 for r in pipe.meter.records)
     peak_rss = max(r.peak_rss_gib or 0 for r in pipe.meter.records)
     print(f"PEAK: VRAM {peak_vram:.2f} GiB (budget {args.vram_budget}), RSS {peak_rss:.2f} GiB")
