@@ -30,6 +30,7 @@ from torch import nn
 
 from worldgen import fused
 from worldgen.attention import attention, fp8_attention
+from worldgen.camera_cache import CameraCache
 from worldgen.config_json import read_config
 from worldgen.errors import CheckpointError
 from worldgen.fp8 import QuantizedRows, fp8_linear, gelu_then_quantize, quantize_input, wants_fp8
@@ -229,6 +230,12 @@ class Block(nn.Module):
     def compute_dtype(self) -> torch.dtype:
         return compute_dtype_of(self.self_attn.o)
 
+    def camera_modulation(self, cam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Camera tokens [1, L, dim] -> this block's (scale, shift): independent of the latent and t."""
+        h = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(cam))) + cam
+        h = quantize_input(h, self.cam_scale_layer)  # FP8 path: one quantization for scale and shift
+        return self.cam_scale_layer(h), self.cam_shift_layer(h)
+
     def _ffn(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         h = fused.modulated_layer_norm(x, shift, scale, None, None, self.norm2.eps, self.compute_dtype)
         hidden = self.ffn[0](h)
@@ -254,9 +261,11 @@ class Block(nn.Module):
         e0: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         context: torch.Tensor | None,
-        cam: torch.Tensor | None,
+        cam: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None,
         kv: LayerKV | None = None,
     ) -> torch.Tensor:
+        """`cam`: the camera tokens [1, L, dim], or this block's (scale, shift) already computed from
+        them (`worldgen.camera_cache`), or None (no camera)."""
         # m0..m5: [B, 1, dim] float32 (one row per sample, broadcast over tokens)
         m = (self.modulation.float() + e0).unsqueeze(2).unbind(1)
         dtype = self.compute_dtype
@@ -264,9 +273,7 @@ class Block(nn.Module):
         h = fused.modulated_layer_norm(x, m[0], m[1], None, None, self.norm1.eps, dtype)
         x = fused.gated_residual(x, self.self_attn(h, rope, kv), m[2])
         if cam is not None:
-            h = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(cam))) + cam
-            h = quantize_input(h, self.cam_scale_layer)  # FP8 path: one quantization for scale and shift
-            x = fused.camera_modulate(x, self.cam_scale_layer(h), self.cam_shift_layer(h))
+            x = fused.camera_modulate(x, *(cam if isinstance(cam, tuple) else self.camera_modulation(cam)))
         if isinstance(self.norm3, LayerNorm):
             h = fused.modulated_layer_norm(x, None, None, self.norm3.weight, self.norm3.bias, self.norm3.eps, dtype)
         else:
@@ -307,6 +314,8 @@ class WanCameraDiT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.head = Head(cfg)
 
+    camera_cache: CameraCache | None = None  # attached from outside (the pipeline's memory plan)
+
     @property
     def compute_dtype(self) -> torch.dtype:
         return self.patch_embedding.weight.dtype
@@ -325,6 +334,8 @@ class WanCameraDiT(nn.Module):
         compute = canonical_compute(compute)
         if compute not in COMPUTES:
             raise ValueError(f"compute must be one of {COMPUTES}, got {compute!r}")
+        if self.camera_cache is not None and self.blocks and self.blocks[0].self_attn.compute != compute:
+            self.camera_cache.clear()  # its modulations were computed the other way
         for module in self.modules():
             if hasattr(module, "compute") and module is not self:
                 module.compute = compute
@@ -378,15 +389,25 @@ class WanCameraDiT(nn.Module):
 
         # with a cache the text keys/values are computed on its first call only: no need to embed again
         text = None if cache is not None and cache.has_text else self.embed_text(context)
-        # camera tokens are the same for every sample of the batch: [1, L, dim], broadcast in the blocks
-        cam_tokens = None if cam is None else self.embed_camera(cam[:1].to(dtype))
+        # camera tokens are the same for every sample of the batch: [1, L, dim], broadcast in the blocks;
+        # with a camera cache, each block's modulation of this camera is computed once (first forward)
+        camera_cache = self.camera_cache if cam is not None else None
+        cached = camera_cache is not None and camera_cache.holds(cam, len(self.blocks))
+        cam_tokens = None if cam is None or cached else self.embed_camera(cam[:1].to(dtype))
+        if camera_cache is not None and not cached:
+            camera_cache.restart(cam)
         start_frame = 0
         if cache is not None:
             start_frame = current_start // (h * w)
             cache.begin(current_start, tokens.shape[1])
         rope = rope_tables(cfg.head_dim, (f, h, w), tokens.device, start_frame)
         for i, block in enumerate(self.blocks):
-            tokens = block(tokens, e0, rope, text, cam_tokens, None if cache is None else cache.layers[i])
+            block_cam = cam_tokens
+            if camera_cache is not None:
+                if not cached:
+                    camera_cache.blocks[i] = block.camera_modulation(cam_tokens)
+                block_cam = camera_cache.blocks[i]
+            tokens = block(tokens, e0, rope, text, block_cam, None if cache is None else cache.layers[i])
         if cache is not None:
             cache.commit()
         out = self.head(tokens, e)

@@ -28,10 +28,11 @@ from PIL import Image
 from contracts.engine_options import MODELS, TORCH_DTYPE_NAMES, EngineOptions, canonical_compute
 from contracts.settings import GenerationSettings
 from worldgen.camera import camera_conditioning, frames_for_poses, validate_camera
+from worldgen.camera_cache import CameraCaches
 from worldgen.dit import DiTConfig
 from worldgen.errors import InputError
 from worldgen.image_input import load_image
-from worldgen.memory import MemoryPlan
+from worldgen.memory import GiB, MemoryPlan
 from worldgen.metering import PhaseMeter
 from worldgen.multi_gpu import GuidanceDevice
 from worldgen.request import latent_size  # noqa: F401  (re-exported: the rule is defined there)
@@ -202,34 +203,40 @@ class Pipeline:
         progress("denoise", 0, total)
         schedule = ["high" if t.item() >= boundary else "low" for t in scheduler.timesteps]
         model = None
-        for i, t in enumerate(scheduler.timesteps):
-            which = schedule[i]
-            model = None  # drop our reference so an expert the policy frees is really freed
-            model = self.residency.use(which, upcoming=schedule[i + 1 :])
-            model.set_compute(compute)
-            scale = high_scale if which == "high" else low_scale
-            timestep = t.reshape(1).to(device)
-            x = latent[None]
-            if second is not None:  # the unconditional pass on the other GPU, at the same time
-                pending = second.submit(which, schedule[i + 1 :], x, timestep, compute)
-                cond = model(x, timestep, [context], y, cam)[0]
-                uncond = pending.result()
-            elif self.plan.batch_guidance:
-                both = model(
-                    x.expand(2, -1, -1, -1, -1),
-                    timestep.expand(2),
-                    [context, negative_context],
-                    y.expand(2, -1, -1, -1, -1),
-                    cam,
-                )
-                cond, uncond = both[0], both[1]
-            else:
-                cond = model(x, timestep, [context], y, cam)[0]
-                uncond = model(x, timestep, [negative_context], y, cam)[0]
-            guided = uncond + scale * (cond - uncond)
-            del cond, uncond
-            latent = scheduler.step(guided[None], t, latent[None])[0]
-            progress("denoise", i + 1, total)
+        # each block's camera modulation, once per expert, where the plan has room (worldgen.camera_cache)
+        cameras = CameraCaches(enabled=self.plan.camera_cache and cam is not None)
+        try:
+            for i, t in enumerate(scheduler.timesteps):
+                which = schedule[i]
+                model = None  # drop our reference so an expert the policy frees is really freed
+                model = self.residency.use(which, upcoming=schedule[i + 1 :])
+                model.set_compute(compute)
+                cameras.attach(which, model)
+                scale = high_scale if which == "high" else low_scale
+                timestep = t.reshape(1).to(device)
+                x = latent[None]
+                if second is not None:  # the unconditional pass on the other GPU, at the same time
+                    pending = second.submit(which, schedule[i + 1 :], x, timestep, compute)
+                    cond = model(x, timestep, [context], y, cam)[0]
+                    uncond = pending.result()
+                elif self.plan.batch_guidance:
+                    both = model(
+                        x.expand(2, -1, -1, -1, -1),
+                        timestep.expand(2),
+                        [context, negative_context],
+                        y.expand(2, -1, -1, -1, -1),
+                        cam,
+                    )
+                    cond, uncond = both[0], both[1]
+                else:
+                    cond = model(x, timestep, [context], y, cam)[0]
+                    uncond = model(x, timestep, [negative_context], y, cam)[0]
+                guided = uncond + scale * (cond - uncond)
+                del cond, uncond
+                latent = scheduler.step(guided[None], t, latent[None])[0]
+                progress("denoise", i + 1, total)
+        finally:
+            cameras.release()  # a job's camera cache never outlives it (tens of GiB at 480p)
         model = None
         self.residency.phase_done("denoise")
         if second is not None:
@@ -448,7 +455,8 @@ def load_pipeline(
             ram_budget_gb,
             expert_gib=layout.expert_gib,
             checkpoint_kind=layout.kind,
-            gpu_total_gib=gpu_total_gib(on) if vram_budget_gb is not None else None,
+            gpu_total_gib=gpu_total_gib(on) if on.type == "cuda" else None,
+            text_encoder_gib=layout.t5.stat().st_size / GiB if layout.t5.exists() else 0.0,
             text_encoder_on_cpu=t5_on_cpu,
         )
         apply_memory_cap(plan)
