@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from worldgen.camera_cache import CameraCaches
 from worldgen.errors import InputError
 from worldgen.residency import ResidencyPolicy
 
@@ -133,11 +134,7 @@ class SecondDevice(GuidanceDevice):
 
     def start_job(self, negative_context: torch.Tensor, y: torch.Tensor, cam: torch.Tensor | None) -> None:
         """Copy the job's fixed inputs to this device once (not once per step)."""
-        self._inputs = {
-            "negative": negative_context.to(self.device),
-            "y": y.to(self.device),
-            "cam": None if cam is None else cam.to(self.device),
-        }
+        self._inputs = job_inputs(self.residency, self.device, negative_context, y, cam)
 
     def _predict(
         self, which: str, upcoming: list[str], x: torch.Tensor, timestep: torch.Tensor, compute: str
@@ -147,15 +144,37 @@ class SecondDevice(GuidanceDevice):
         )
 
     def end_job(self) -> None:
+        end_inputs(self._inputs)
         self._inputs = {}
         self.residency.phase_done("denoise")
+
+
+def job_inputs(
+    residency: ResidencyPolicy, device: torch.device, negative: torch.Tensor, y: torch.Tensor, cam: torch.Tensor | None
+) -> dict[str, Any]:
+    """A job's fixed inputs on the guidance device, with this device's camera caches where its plan
+    has room for them (`worldgen.camera_cache`), so its passes are as fast as the first device's."""
+    cam = None if cam is None else cam.to(device)
+    return {
+        "negative": negative.to(device),
+        "y": y.to(device),
+        "cam": cam,
+        "cameras": CameraCaches(enabled=residency.plan.camera_cache and cam is not None),
+    }
+
+
+def end_inputs(inputs: dict[str, Any]) -> None:
+    """The job is over on this device: its camera caches are detached and freed."""
+    cameras = inputs.get("cameras")
+    if cameras is not None:
+        cameras.release()
 
 
 @torch.no_grad()
 def unconditional(
     residency: ResidencyPolicy,
     device: torch.device,
-    inputs: dict[str, torch.Tensor | None],
+    inputs: dict[str, Any],
     which: str,
     upcoming: Sequence[str],
     x: torch.Tensor,
@@ -166,6 +185,8 @@ def unconditional(
     (the one body of both a second device in this process and a peer worker's)."""
     model = residency.use(which, upcoming=list(upcoming))
     model.set_compute(compute)
+    if inputs.get("cameras") is not None:
+        inputs["cameras"].attach(which, model)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         return model(x.to(device), timestep.to(device), [inputs["negative"]], inputs["y"], inputs["cam"])[0]
 
@@ -324,7 +345,7 @@ def serve_guidance(
     finally:
         listener.close()
     steps = 0
-    inputs: dict[str, torch.Tensor | None] = {}
+    inputs: dict[str, Any] = {}
     with conn:
         residency, device = load()
         device = torch.device(device)
@@ -336,15 +357,15 @@ def serve_guidance(
                     residency.fit(int(message["tokens"]), int(message["pixels"]))
                     reply: dict[str, Any] = {"ok": True}
                 elif kind == "start":
-                    inputs = {
-                        k: None if message[k] is None else message[k].to(device) for k in ("negative", "y", "cam")
-                    }
+                    end_inputs(inputs)  # a job that never said "end"
+                    inputs = job_inputs(residency, device, message["negative"], message["y"], message["cam"])
                     reply = {"ok": True}
                 elif kind == "step":
                     out = unconditional(residency, device, inputs, message["which"], message["upcoming"],
                                         message["x"], message["timestep"], message["compute"])  # fmt: skip
                     reply = {"out": _cpu(out)}
                 elif kind == "end":
+                    end_inputs(inputs)
                     inputs = {}
                     residency.phase_done("denoise")
                     reply = {"ok": True}
@@ -357,4 +378,5 @@ def serve_guidance(
                 steps += 1
                 if on_step is not None:
                     on_step(steps)
+    end_inputs(inputs)  # the connection closed mid-job: free what the job held
     return steps

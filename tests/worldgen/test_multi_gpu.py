@@ -42,6 +42,35 @@ def test_two_devices_give_the_one_device_output(lingbot_examples, tmp_path):
     assert one.second_device is None
 
 
+def test_two_devices_with_camera_caches_give_the_one_device_output(lingbot_examples, tmp_path):
+    """Each device keeps its own expert's camera modulation (its own plan says so): the second
+    device computes it once per expert, not once per pass, gives the same video and frees it."""
+    one = load_pipeline("tiny", device="cpu", text_cache_dir=tmp_path)
+    two = load_pipeline("tiny", devices=["cpu", "cpu"], text_cache_dir=tmp_path)
+    expected = _rollout(one, lingbot_examples / "00")
+    second = two.second_device
+    passes: list[str] = []
+    camera_layer_calls: list[str] = []
+    hooked: set[int] = set()
+    original = second.residency.use
+
+    def use(which, upcoming):  # count the second device's passes and its camera-layer runs
+        model = original(which, upcoming=upcoming)
+        passes.append(which)
+        if id(model) not in hooked:
+            hooked.add(id(model))
+            model.blocks[0].cam_scale_layer.register_forward_hook(lambda *_: camera_layer_calls.append(which))
+        return model
+
+    two.plan.camera_cache = second.residency.plan.camera_cache = True
+    second.residency.use = use
+    got = _rollout(two, lingbot_examples / "00")
+    assert torch.equal(got, expected)
+    assert sorted(camera_layer_calls) == sorted(set(passes)) and len(passes) > len(set(passes))
+    models = [slot.module for slot in [*two.experts.values(), *second.experts.values()]]
+    assert all(model is None or model.camera_cache is None for model in models)  # freed with the job
+
+
 @pytest.mark.slow
 def test_a_peer_worker_serving_the_unconditional_passes_gives_the_one_device_output(lingbot_examples, tmp_path):
     """A pool's two-GPU job: the second worker's own warm experts serve the unconditional passes over
