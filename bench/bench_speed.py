@@ -8,7 +8,10 @@ random weights, at 480x832x81 (32,760 tokens) unless told otherwise, and times i
   bf16 + fp8     bf16 weights, `--compute fp8` (FP8 GEMMs)
   NF4 (before)   NF4 weights (dequantize + bf16 GEMM), the old path
   NF4 exact      NF4 weights, the exact path as it is now: what `--compute bf16` runs
-  NF4 + fp8      NF4 weights, `--compute fp8`
+  NF4 + fp8 GEMMs  NF4 weights, `--compute fp8` with attention kept bf16 (the FP8 GEMMs alone)
+  NF4 + fp8      NF4 weights, `--compute fp8` (FP8 attention too where cuDNN's kernel runs)
+  ..., camera cached  NF4 exact and NF4 + fp8 with the camera modulation read back (worldgen.camera_cache):
+                 a rollout's forwards after its first, where the plan has room for the cache
 Every line has its ratio to "bf16 (before)" of the same run, and the output's rel-L2 against the
 matching exact path. The rollout line runs `Pipeline.denoise` with the NF4 expert (both experts are
 the same shape, so one serves as both) at the reference's 70 steps with guidance and times a few

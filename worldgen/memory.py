@@ -81,11 +81,11 @@ class MemoryPlan:
         resident = (2 if self.keep_both_experts else 1) * expert
         # the camera cache saves ~14% of every forward after the first: it comes before batched guidance
         self.camera_cache = resident + act + camera_cache_gib(tokens) <= usable
-        if self.camera_cache:
-            usable -= camera_cache_gib(tokens)  # what follows is decided in the room it leaves
-        self.batch_guidance = resident + 2 * act <= usable
-        self.ffn_chunk_tokens = None if usable - resident > 3 * act else 8192
-        self.keep_vae = usable - resident > act + VAE_WEIGHTS_GIB
+        # the denoising choices are made in the room the cache leaves; the VAE's after it is freed
+        denoise_room = usable - (camera_cache_gib(tokens) if self.camera_cache else 0.0)
+        self.batch_guidance = resident + 2 * act <= denoise_room
+        self.ffn_chunk_tokens = None if denoise_room - resident > 3 * act else 8192
+        self.keep_vae = denoise_room - resident > act + VAE_WEIGHTS_GIB
         self.experts_beside_vae = usable - resident > vae_peak_gib(pixels)
         room = usable - (resident if self.experts_beside_vae else 0.0)
         self.vae_tile_pixels = None if vae_peak_gib(pixels) <= room else vae_tile_pixels(room)

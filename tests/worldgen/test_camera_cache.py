@@ -114,6 +114,8 @@ def test_the_plan_caches_the_camera_only_where_it_fits():
         p = plan(budget)
         p.fit(REFERENCE_TOKENS, REFERENCE_PIXELS)
         assert p.keep_both_experts and p.camera_cache and p.batch_guidance is batched
+        # the cache is freed before the VAE runs: the experts stay beside it, whole frames
+        assert p.experts_beside_vae and p.vae_tile_pixels is None
     # no budget: decided from the card's own memory, with umT5 resident beside the experts
     big = plan_memory("cuda", None, expert_gib=NF4_EXPERT_GIB, gpu_total_gib=79.2, text_encoder_gib=10.6)
     small = plan_memory("cuda", None, expert_gib=NF4_EXPERT_GIB, gpu_total_gib=23.6, text_encoder_gib=10.6)
