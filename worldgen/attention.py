@@ -80,15 +80,31 @@ def resolve_backend(name: str, model: str = "base") -> str:
     return name
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "sdpa") -> torch.Tensor:
-    """[B, L, n, d] inputs -> [B, L, n*d]; softmax scale 1/sqrt(d), no mask."""
-    if backend != "sdpa" and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        if backend == "flash":
-            return _flash_attn_func()(q, k, v).flatten(2)
-        if backend == "sage":
-            from sageattention import sageattn
+_failed: set[str] = set()  # optional kernels that failed once in this process: SDPA from then on
 
-            return sageattn(q, k, v, tensor_layout="NHD").flatten(2)
+
+def _optional_kernel(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    if backend == "flash":
+        return _flash_attn_func()(q, k, v)
+    from sageattention import sageattn
+
+    return sageattn(q, k, v, tensor_layout="NHD")
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "sdpa") -> torch.Tensor:
+    """[B, L, n, d] inputs -> [B, L, n*d]; softmax scale 1/sqrt(d), no mask.
+
+    An optional kernel that fails (FlashAttention 4 compiles at run time; a package can be broken)
+    does not fail the job: SDPA computes the same attention, said once in a warning."""
+    usable = backend != "sdpa" and backend not in _failed
+    if usable and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        try:
+            return _optional_kernel(backend, q, k, v).flatten(2)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (any failure of an optional kernel: SDPA instead)
+            _failed.add(backend)
+            warnings.warn(f"--attention {backend} failed ({exc}); using PyTorch SDPA from now on", stacklevel=2)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     return out.transpose(1, 2).flatten(2)
 
