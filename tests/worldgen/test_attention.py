@@ -35,3 +35,20 @@ def test_sdpa_matches_explicit_softmax_attention():
     torch.testing.assert_close(attention(q, k, v), expected, rtol=1e-5, atol=1e-5)
     # optional kernels cannot take CPU float32: they fall back to the same SDPA result
     assert torch.equal(attention(q, k, v, "sage"), attention(q, k, v))
+
+
+@pytest.mark.cuda
+def test_an_optional_kernel_that_fails_on_the_gpu_falls_back_to_sdpa():
+    """A job asked for FlashAttention whose package then fails (here: missing) still runs, on SDPA."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("a FlashAttention package is installed here: nothing fails")
+    from worldgen import attention as module
+
+    module._failed.discard("flash")
+    g = torch.Generator("cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 256, 2, 64, device="cuda", generator=g).bfloat16() for _ in range(3))
+    with pytest.warns(UserWarning, match="--attention flash failed"):
+        out = attention(q, k, v, "flash")
+    assert torch.equal(out, attention(q, k, v, "sdpa")) and "flash" in module._failed
