@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from bridge.client import Client, EpisodePayload, Result  # noqa: E402
 from contracts import atomic  # noqa: E402
-from contracts.settings import load_presets, load_settings  # noqa: E402
+from contracts.settings import load_settings  # noqa: E402
 
 # Warm-up steps: with the presets' shifts (5, 10) a 4-step schedule crosses the boundary, so both
 # experts (high noise, then low) run once and stay resident.
@@ -78,10 +78,11 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 
 def job_settings(args: argparse.Namespace) -> dict:
-    """The preset's settings with the flags given on top (the defaults under them: contracts.settings)."""
-    load_settings(preset=args.preset)  # an unknown preset: a clear error naming config/generation.toml
+    """Every setting of the preset (over the defaults of contracts.settings), the flags given on top: sent
+    whole, so the server's own `generation_preset` (tiny by default) never decides a job's size."""
+    preset = load_settings(preset=args.preset).to_dict()  # an unknown preset: an error naming generation.toml
     given = {"size": args.size, "frame_num": args.frame_num, "steps": args.steps}
-    return {**load_presets()[args.preset], **{k: v for k, v in given.items() if v is not None}}
+    return {**preset, **{k: v for k, v in given.items() if v is not None}}
 
 
 def measure(
@@ -109,11 +110,19 @@ def measure(
                 seconds = time.monotonic() - started
         finally:
             stop_server(proc)
+            if args.out:  # the server's log beside the figures: what the workers did, and why a job was short
+                tag = "_".join(d.replace(":", "") for d in devices)
+                log_copy = args.out.with_name(f"{args.out.stem}.{tag}.gpus{gpus}.server.log")
+                log_copy.parent.mkdir(parents=True, exist_ok=True)
+                log_copy.write_bytes((Path(tmp) / "server.log").read_bytes())
     failed = [o for o in outcomes if not isinstance(o, Result)]
     if failed:
         raise SystemExit(f"{len(failed)} job(s) failed: {failed[0]}")
     per_job = sorted(o.seconds for o in outcomes)
-    return {"devices": devices, "job_gpus": gpus, "jobs": args.jobs, "seconds": round(seconds, 2), "threads": threads,
+    ran = (outcomes[0].provenance or {}) if outcomes else {}
+    print(f"  what ran (first job): {ran.get('output')} {ran.get('adjustments')} {ran.get('timings')}", flush=True)
+    return {"what_ran": {key: ran.get(key) for key in ("output", "settings", "timings", "model", "compute", "adjustments")},
+            "devices": devices, "job_gpus": gpus, "jobs": args.jobs, "seconds": round(seconds, 2), "threads": threads,
             "load_average_before": round(load_before, 2), "load_average_after": round(os.getloadavg()[0], 2),
             "jobs_per_minute": round(60 * args.jobs / seconds, 2), "job_seconds_median": per_job[len(per_job) // 2]}  # fmt: skip
 
@@ -154,16 +163,27 @@ def main() -> int:
         "both experts, which load on first use, are resident in every worker",
     )
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds for the workers to load")
+    parser.add_argument(
+        "--only",
+        choices=("baseline", "pool"),
+        help="measure one configuration only (a run split over two commands); no ratio is printed",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
     args = parser.parse_args()
     payload = EpisodePayload.from_dir(args.episode)
     results = {}
     for label, devices, threads in (("baseline", args.baseline_devices, args.baseline_threads),
                                     ("pool", args.devices, None)):  # fmt: skip
+        if args.only and label != args.only:
+            continue
         device_list = [d.strip() for d in devices.split(",") if d.strip()]
         print(f"{label}: {len(device_list)} worker(s) on {device_list}, {args.jobs} jobs ...", flush=True)
         results[label] = measure(device_list, args, payload, threads, args.job_gpus if label == "pool" else 1)
         print(f"  {results[label]['seconds']:.1f} s, {results[label]['jobs_per_minute']:.2f} jobs/min", flush=True)
+    if args.only:
+        if args.out:
+            atomic.write_json(args.out, {**results, "settings": job_settings(args)}, indent=1)
+        return 0
     ratio = results["pool"]["seconds"] / results["baseline"]["seconds"]
     results.update(ratio=round(ratio, 3), cpu_count=os.cpu_count(), settings={
         "ckpt": args.ckpt, "preset": args.preset, **job_settings(args), "job_gpus": args.job_gpus})  # fmt: skip

@@ -270,6 +270,11 @@ def main() -> None:
         default="auto",
         help="attention kernel of every row but the '(before)' ones (default: auto, as generate)",
     )
+    parser.add_argument(
+        "--rollout-only",
+        action="store_true",
+        help="only the NF4 exact rollout step, on one GPU and (where there are two) on two: the guidance split's figure",
+    )
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args()
     backend = resolve_backend(args.attention)
@@ -314,6 +319,8 @@ def main() -> None:
         return out
 
     model = random_model(cfg, dev)
+    if args.rollout_only:
+        return rollout_only(model, dev, args, lat, head, results)
     bf16_ref = run("bf16 (before)", model, fast=False, compute="bf16")
     bf16_fast = run("bf16", model, fast=True, compute="bf16", reference=bf16_ref, against="bf16 (before)")
     run("bf16 + fp8", model, fast=True, compute="fp8", reference=bf16_fast, against="bf16")
@@ -411,6 +418,32 @@ def main() -> None:
         rollout_step_seconds=steps,
         profiles=profiles,
     )
+    if args.json:
+        atomic.write_json(args.json, results, indent=1)
+
+
+def rollout_only(model, dev, args: argparse.Namespace, lat: tuple[int, int, int], head: str, results: dict) -> None:
+    """NF4 exact rollout steps on one GPU, then with the unconditional passes on a second (`--gpus 0,1`)."""
+    import copy
+
+    to_nf4(model)
+    fused.enable(True)
+    model.set_compute("bf16")
+    one = rollout_step_seconds(model, dev, args.rollout_steps, lat, args.text_tokens, "bf16")
+    print(f"rollout, 70 steps with guidance, NF4 exact, 1 GPU: {one:.2f} s / step", flush=True)
+    two = None
+    if torch.cuda.device_count() >= 2:
+        second = copy.deepcopy(model).to("cuda:1")
+        two = rollout_step_seconds(model, dev, args.rollout_steps, lat, args.text_tokens, "bf16", second)
+        print(
+            f"rollout, 70 steps with guidance, NF4 exact, 2 GPUs: {two:.2f} s / step ({two / one:.2f}x the one-GPU "
+            "step; target <= 0.55x)",
+            flush=True,
+        )
+    else:
+        print("rollout on 2 GPUs: not measured (this machine has one GPU)")
+    print(f"== {head} ==")
+    results.update(rollout_step_seconds={"bf16": one}, rollout_two_gpu_step_seconds=two)
     if args.json:
         atomic.write_json(args.json, results, indent=1)
 
