@@ -7,20 +7,51 @@ STAMP  := $(VENV)/.installed
 # side, each in its own folder, without their Isaac Sim dependencies (the datasets module needs
 # only h5py, numpy and torch). 3.0.0 declares Python 3.12; its datasets code runs on 3.10+.
 ISAACLAB := $(VENV)/isaaclab
+ISAACLAB_PY_2 := 3.11
+ISAACLAB_PY_3 := 3.12
+# Every install below takes its versions from lock/ (the versions `make test` passed with), so an
+# upstream release cannot change a result between two runs of one commit. `make lock` updates them.
+LOCK     := lock/constraints.txt
+TORCH    := torch==2.13.0
+EXTRAS   := gen,usd,hdf5,compare,dev,cluster
+LOCK_VENV := .lock-venv
 
-.PHONY: demo test lint clean extension-manifest
+.PHONY: demo test lint clean extension-manifest lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	# Pin torch first: the CPU wheel on disk; an unpinned torch pulls gigabytes of CUDA packages.
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[gen,usd,hdf5,compare,dev,cluster]'
+	$(BIN)/pip install -q -c $(LOCK) $(TORCH)
+	$(BIN)/pip install -q -c $(LOCK) -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
-$(ISAACLAB)/.installed: $(STAMP)
-	$(BIN)/pip install -q --no-deps --ignore-requires-python --only-binary=:all: --python-version 3.11 --target $(ISAACLAB)/2 isaaclab==2.3.2
-	$(BIN)/pip install -q --no-deps --ignore-requires-python --only-binary=:all: --python-version 3.12 --target $(ISAACLAB)/3 isaaclab==3.0.0
+$(ISAACLAB)/.installed: $(STAMP) lock/isaaclab-2.txt lock/isaaclab-3.txt
+	$(BIN)/pip install -q --no-deps --require-hashes --ignore-requires-python --only-binary=:all: --python-version $(ISAACLAB_PY_2) --target $(ISAACLAB)/2 -r lock/isaaclab-2.txt
+	$(BIN)/pip install -q --no-deps --require-hashes --ignore-requires-python --only-binary=:all: --python-version $(ISAACLAB_PY_3) --target $(ISAACLAB)/3 -r lock/isaaclab-3.txt
 	touch $@
+
+# $(call hash_isaaclab,MAJOR): pin the wheel of the Isaac Lab release lock/isaaclab-MAJOR.txt names by its
+# hash (edit the version there to move to another release).
+define hash_isaaclab
+	v=$$(sed -n 's/^isaaclab==\([^ ]*\).*/\1/p' lock/isaaclab-$(1).txt) && \
+	$(LOCK_VENV)/bin/pip download -q --no-deps --only-binary=:all: --python-version $(ISAACLAB_PY_$(1)) -d $(LOCK_VENV)/isaaclab-$(1) isaaclab==$$v && \
+	{ sed -n '/^#/p' lock/isaaclab-$(1).txt; echo "isaaclab==$$v $$($(LOCK_VENV)/bin/pip hash $(LOCK_VENV)/isaaclab-$(1)/*.whl | tail -1)"; } > lock/isaaclab-$(1).txt.new && \
+	mv lock/isaaclab-$(1).txt.new lock/isaaclab-$(1).txt
+endef
+
+# Update lock/ on purpose: the newest releases pyproject.toml allows, installed into a throw-away venv,
+# then frozen (torch stays $(TORCH); its local tag is left off so the CUDA wheel matches too), and the
+# Isaac Lab wheels' hashes. Then run `make clean test` and commit lock/ with the change that needed it.
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install -q $(TORCH)
+	$(LOCK_VENV)/bin/pip install -q -e '.[$(EXTRAS)]'
+	{ sed -n '/^#/p' $(LOCK); $(LOCK_VENV)/bin/pip freeze --exclude-editable | sed 's/^torch==\([^+]*\)+.*/torch==\1/'; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	$(call hash_isaaclab,2)
+	$(call hash_isaaclab,3)
+	rm -rf $(LOCK_VENV)
 
 demo: $(STAMP)
 	$(BIN)/lingbot-isaac demo
@@ -38,4 +69,4 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(LOCK_VENV) .pytest_cache

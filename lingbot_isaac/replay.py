@@ -487,6 +487,9 @@ class Batch:
                         self._fail(folder, f"{exc.code}: {exc.message}")
                         continue
                     self.busy_answers += 1
+                    if self.busy_answers == 1:  # say why nothing is sent for a while (once; the summary counts)
+                        print(f"the server is busy ({exc.message}): waiting for a job to end, then sending again",
+                              file=sys.stderr, flush=True)  # fmt: skip
                     backoff = BUSY_BACKOFF_S[0]  # the server is full: wait for a job to end, then retry
                     break
                 todo.pop(0)

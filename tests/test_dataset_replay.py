@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -117,33 +118,56 @@ def test_demo_selection(tmp_path, capsys):
 
 
 def test_window_backs_off_on_busy_and_finishes_every_episode(tmp_path):
-    """A server that holds one waiting job per client: the batch gets `busy` and waits, never fails."""
+    """A server that holds one waiting job per client: the batch gets `busy` and waits, never fails.
+
+    The busy condition is made, not hoped for: another user's job holds the one worker until the
+    replay client has said it was told `busy` (its first job waits in the queue, the cap is 1)."""
     write_lab_dataset(tmp_path / "lab.hdf5", demos=6)
     pool = ServerPool(tmp_path / "servers")
+    release = tmp_path / "release-the-worker"
+    replay = None
     try:
-        server = pool.start(worker=standin_command(step_s=0.02), max_queue_per_client=1)
+        server = pool.start(worker=standin_command(step_s=0.02, hold_until=release), max_queue_per_client=1)
         from bridge.client import Client, EpisodePayload
         from tests.bridge.conftest import make_episode
 
-        other = Client(server.endpoint, timeout=10)  # another user holds the one worker for ~2 s
-        hog = other.submit(EpisodePayload.from_dir(make_episode(tmp_path / "hog")), {"steps": 100})
+        other = Client(server.endpoint, timeout=10)  # another user's job holds the one worker
+        hog = other.submit(EpisodePayload.from_dir(make_episode(tmp_path / "hog")), {"steps": 5})
         out = tmp_path / "out"
-        done = subprocess.run(
+        replay = subprocess.Popen(
             [sys.executable, "-m", "lingbot_cli", *replay_args(tmp_path / "lab.hdf5", out, server.endpoint,
                                                                "--window", "5", "--steps", "3")],
-            cwd=REPO, capture_output=True, text=True, timeout=120,
+            cwd=REPO, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
+        stderr: list[str] = []  # read as it comes (the progress bar ends its lines with \r)
+        reader = threading.Thread(target=_read_all, args=(replay.stderr, stderr), daemon=True)
+        reader.start()
+        told_busy = "the server is busy"
+        wait_for(lambda: told_busy in "".join(stderr) or replay.poll() is not None, 90, what="the client told busy")
+        assert "the server is busy (you already have 1 jobs waiting" in "".join(stderr), "".join(stderr)[-3000:]
+        assert not hog.done()  # the worker was still held: the client met the cap, not a slow machine
+        release.touch()
+        assert replay.wait(timeout=120) == 0
+        reader.join(timeout=10)
+        err = "".join(stderr)
+        assert replay.returncode == 0, err[-3000:]
         assert sorted(p.parent.name for p in out.glob("*/rollout.mp4")) == [f"lab-demo_{i}" for i in range(6)]
         assert not list(out.glob("*/rollout.pending.json"))
-        assert "per-client cap" not in done.stderr  # busy was waited out, not reported as a failure
-        assert "the server was busy" in done.stderr
+        assert ": failed:" not in err  # busy was waited out, not reported as a failure
+        assert "the server was busy" in err
         assert hog.result(timeout=30) and other.close() is None
-        assert "replay: 100%" in done.stderr and "6/6" in done.stderr  # one bar over the dataset
+        assert "replay: 100%" in err and "6/6" in err  # one bar over the dataset
         jobs = {json.loads(p.read_text())["job"]["id"] for p in out.glob("*/rollout.json")}
         assert len(jobs) == 6
     finally:
+        if replay is not None and replay.poll() is None:
+            replay.kill()
         pool.close()
+
+
+def _read_all(stream, into: list[str]) -> None:
+    while chunk := stream.read(1):
+        into.append(chunk)
 
 
 def _spool_names(server) -> list[str]:

@@ -5,9 +5,20 @@ For a Linear named `N` the checkpoint holds `N.weight` (packed uint8), `N.weight
 `N.weight.quant_state.bitsandbytes__nf4` (packed JSON of shape, dtype, blocksize, ...) and `N.bias`.
 
 `NF4Linear` keeps those tensors as buffers (so `.to(device)` moves them) and, on each call,
-rebuilds bitsandbytes' `QuantState`, dequantizes with `dequantize_4bit` and runs a plain linear in
-the compute dtype. We do not use `bnb.nn.Linear4bit.forward`: on the CPU it needs an extra
-download, and dequantize-then-matmul is what it does for long token sequences anyway.
+dequantizes the weight and runs a plain linear in the compute dtype. We do not use
+`bnb.nn.Linear4bit.forward`: on the CPU it needs an extra download, and dequantize-then-matmul is
+what it does for long token sequences anyway.
+
+Dequantizing follows one rule on every device, the one bitsandbytes' CUDA kernel implements:
+value = code[nibble] * absmax[flat element index // blocksize] in float32 (high nibble first),
+where a double-quantized absmax is nested_code[byte] * nested_absmax[index // nested_blocksize]
++ offset, and the result is rounded to the state's dtype (bf16). On CUDA we call bitsandbytes'
+kernel. On the CPU we do it with `dequantize_nf4` below rather than bitsandbytes' CPU kernel,
+because that kernel depends on the instruction set: its AVX-512 version indexes absmax per row
+(row * (in_features // blocksize) + col // blocksize), which mis-scales every layer whose
+in_features is not a multiple of the blocksize (the tiny golden model's 32-wide embeddings), so
+the same checkpoint gave different weights on two CPUs. Every step is one IEEE float32 product or
+sum and a round to bf16, so the result is the same bits on any CPU.
 """
 
 from __future__ import annotations
@@ -97,7 +108,11 @@ class NF4Linear(nn.Module):
         )
 
     def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        return dequantize_4bit(self.weight, self.quant_state()).to(dtype or self.compute_dtype)
+        if self.weight.is_cuda:
+            weight = dequantize_4bit(self.weight, self.quant_state())
+        else:  # bitsandbytes' CPU kernel depends on the instruction set (module docstring)
+            weight = dequantize_nf4(self.weight, self.quant_state())
+        return weight.to(dtype or self.compute_dtype)
 
     def forward(self, x: torch.Tensor | QuantizedRows, dtype: torch.dtype | None = None) -> torch.Tensor:
         dtype = dtype or self.compute_dtype
@@ -110,6 +125,25 @@ class NF4Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, nf4, compute={self.compute_dtype}"
+
+
+def dequantize_nf4(packed: torch.Tensor, state: QuantState) -> torch.Tensor:
+    """The NF4 weight in `state.dtype`, by the rule bitsandbytes' CUDA kernel follows (module docstring)."""
+    absmax = state.absmax
+    if state.nested:
+        nested = state.state2
+        absmax = nested.code[absmax.long()] * _per_element(nested.absmax, nested.blocksize, absmax.numel())
+        absmax = absmax + state.offset
+    n = state.shape.numel()
+    packed = packed.reshape(-1)
+    nibbles = torch.stack((packed >> 4, packed & 0xF), dim=-1).reshape(-1)[:n]  # high nibble first
+    values = state.code[nibbles.long()] * _per_element(absmax.float(), state.blocksize, n)
+    return values.reshape(state.shape).to(state.dtype)
+
+
+def _per_element(scales: torch.Tensor, blocksize: int, n: int) -> torch.Tensor:
+    """scales[i // blocksize] for every flat index i < n: one scale per block of the flattened tensor."""
+    return scales.repeat_interleave(blocksize)[:n]
 
 
 def quantize_weight(weight: torch.Tensor, blocksize: int = 64) -> dict[str, torch.Tensor]:

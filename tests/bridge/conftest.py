@@ -77,8 +77,10 @@ def write_toml(path: Path, tables: dict[str, dict[str, Any]]) -> Path:
     return path
 
 
-def standin_command(step_s: float = 0.05) -> list[str]:
-    return [sys.executable, str(STANDIN), "--step-s", str(step_s)]
+def standin_command(step_s: float = 0.05, hold_until: Path | None = None) -> list[str]:
+    """The stand-in worker; with `hold_until`, each job waits before its first step until that file exists."""
+    hold = ["--hold-until", str(hold_until)] if hold_until is not None else []
+    return [sys.executable, str(STANDIN), "--step-s", str(step_s), *hold]
 
 
 class ServerProcess:

@@ -18,6 +18,8 @@ answer at every denoising step, so killing either worker mid-job breaks the job 
 
 Prompts containing "[bad-input]" raise worldgen's InputError; "[explode]" raises RuntimeError.
 `--fail-load` makes loading fail with worldgen's CheckpointError, as a missing checkpoint would.
+`--hold-until FILE` holds every job before its first step until FILE exists, so a test can keep the
+worker busy until it has seen what it waits for (a client told `busy`), on a fast machine or a slow one.
 """
 
 from __future__ import annotations
@@ -56,9 +58,16 @@ def mp4_bytes(frames: int, payload: bytes, truncate: bool = False) -> bytes:
 
 
 class StandinEngine:
-    def __init__(self, step_s: float, options: EngineOptions, truncate: bool = False, result_mb: float = 0.0) -> None:
+    def __init__(
+        self,
+        step_s: float,
+        options: EngineOptions,
+        truncate: bool = False,
+        result_mb: float = 0.0,
+        hold_until: Path | None = None,
+    ) -> None:
         self.step_s, self.truncate, self.result_bytes = step_s, truncate, int(result_mb * (1 << 20))
-        self.options = options
+        self.options, self.hold_until = options, hold_until
 
     def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int:
         """The stand-in's own rule (no torch import): one frame per pose, at most frame_num."""
@@ -136,6 +145,9 @@ class StandinEngine:
         for phase in ("text", "encode"):
             progress(phase, 0, 1)
             progress(phase, 1, 1)
+        while self.hold_until is not None and not self.hold_until.exists():
+            progress("denoise", 0, settings.steps)  # a cancel reaches the job here too
+            time.sleep(0.05)
         for step in range(settings.steps):
             progress("denoise", step, settings.steps)
             time.sleep(self.step_s)
@@ -188,12 +200,13 @@ def main() -> int:
     parser.add_argument("--fail-load", action="store_true")
     parser.add_argument("--truncate", action="store_true", help="write mp4s without their moov atom")
     parser.add_argument("--result-mb", type=float, default=0.0, help="pad each result to this size")
+    parser.add_argument("--hold-until", type=Path, help="hold each job before its first step until this file exists")
     args = parser.parse_args()
 
     def load(options: EngineOptions) -> StandinEngine:
         if args.fail_load:
             raise CheckpointError("/nowhere: not a checkpoint folder (stand-in)")
-        return StandinEngine(args.step_s, options, args.truncate, args.result_mb)
+        return StandinEngine(args.step_s, options, args.truncate, args.result_mb, args.hold_until)
 
     return serve(load)
 

@@ -256,8 +256,9 @@ def test_worker_sigkill_mid_job_fails_that_job_then_the_next_succeeds(servers, c
     assert record_of(client.submit(payload, {"steps": 2}).result(timeout=10))
 
 
-def test_server_sigkill_with_queued_jobs_loses_none(servers, client_factory, episode):
-    server = servers(worker=standin_command(step_s=0.1))
+def test_server_sigkill_with_queued_jobs_loses_none(servers, client_factory, episode, tmp_path):
+    release = tmp_path / "release-the-worker"  # the first job runs until the kill, however slow the machine
+    server = servers(worker=standin_command(step_s=0.1, hold_until=release))
     client = client_factory(server.endpoint, give_up_s=60)
     payload = EpisodePayload.from_dir(episode)
     jobs = [client.submit(payload, {"steps": 8, "seed": i}) for i in range(4)]
@@ -267,6 +268,7 @@ def test_server_sigkill_with_queued_jobs_loses_none(servers, client_factory, epi
     server.kill()  # SIGKILL, the server only: its worker must notice and go
     wait_for(lambda: not pid_alive(worker_pid), 10, what="the orphaned worker to exit")
     assert not any(job.done() for job in jobs)
+    release.touch()
     server.tables["server"]["bind"] = server.endpoint  # same port, same spool
     server.start()
     # The same client reconnects on its own and gets every outcome; the interrupted job was resumed.
@@ -290,8 +292,9 @@ def test_eight_clients_three_jobs_each(servers, episode):
     assert results == {i: [100 * i, 100 * i + 1, 100 * i + 2] for i in range(8)}
 
 
-def test_fair_queue_lets_a_second_client_through(servers, client_factory, episode):
-    server = servers(worker=standin_command(step_s=0.05))
+def test_fair_queue_lets_a_second_client_through(servers, client_factory, episode, tmp_path):
+    release = tmp_path / "release-the-worker"  # greedy's first job runs until polite has submitted
+    server = servers(worker=standin_command(step_s=0.05, hold_until=release))
     greedy, polite = client_factory(server.endpoint), client_factory(server.endpoint)
     payload = EpisodePayload.from_dir(episode)
     wait_for(lambda: greedy.health()["ok"], 10, what="the worker")
@@ -299,6 +302,7 @@ def test_fair_queue_lets_a_second_client_through(servers, client_factory, episod
     greedy_jobs = [greedy.submit(payload, {"steps": 10}, on_event=_record_end(finished, "greedy")) for _ in range(5)]
     polite_job = polite.submit(payload, {"steps": 4}, on_event=_record_end(finished, "polite"))
     assert polite_job.queue_position == 2  # the running job, then greedy's next, then polite's
+    release.touch()
     for job in [*greedy_jobs, polite_job]:
         job.result(timeout=30)
     assert finished.index("polite") == 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.worldgen.numerics import rel_l2
@@ -13,6 +13,7 @@ from worldgen.tiny import ensure_tiny_checkpoint
 from worldgen.vae import _tiled, decode_tiled, encode_tiled, tile_shape, tile_starts
 
 
+@settings(deadline=None)  # hypothesis' 200 ms per example fails on a busy machine; the tiles are under test
 @given(st.integers(1, 400), st.integers(1, 120), st.integers(0, 30))
 def test_tiles_cover_the_axis_with_the_overlap(size, tile, overlap):
     overlap = min(overlap, tile // 4)

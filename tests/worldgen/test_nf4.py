@@ -1,0 +1,84 @@
+"""NF4 dequantizing gives the same bits on every CPU: the CUDA rule, not the instruction set's kernel.
+
+bitsandbytes' AVX-512 CPU kernel indexes absmax per row (row * (in_features // 64) + col // 64); CUDA
+indexes it over the flat weight. The two agree only where in_features is a multiple of the blocksize,
+so the layers here include ones that are not, and the rule is written out element by element.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from worldgen.nf4 import NF4Linear, quantize_weight
+
+# (out_features, in_features): 32 and 96 are not multiples of the blocksize (64), 128 is; 3 x 32 also
+# ends in a partial block.
+SHAPES = [(8, 32), (4, 96), (3, 32), (8, 128)]
+
+
+def nf4_layer(out_features: int, in_features: int) -> NF4Linear:
+    """A layer quantized by bitsandbytes itself, loaded the way a checkpoint is."""
+    generator = torch.Generator().manual_seed(out_features * 1000 + in_features)
+    # rows of very different magnitude, so using another row's absmax changes the values
+    scale = torch.logspace(-2, 1, out_features)[:, None]
+    weight = (torch.randn(out_features, in_features, generator=generator) * scale).to(torch.bfloat16)
+    parts = quantize_weight(weight)
+    layer = NF4Linear(in_features, out_features, bias=False, compute_dtype=torch.float32)
+    layer.set_quant_state({k.removeprefix("weight."): v for k, v in parts.items()}, "layer")
+    return layer
+
+
+def rule(layer: NF4Linear, per_row: bool = False) -> torch.Tensor:
+    """The CUDA rule, one element at a time in float32; `per_row` indexes absmax as the AVX-512 kernel does."""
+    f32 = np.float32
+    code = layer.quant_map.numpy()
+    nested_code, nested_absmax = layer.nested_quant_map.numpy(), layer.nested_absmax.numpy()
+    offset = f32(layer.nested_offset.item())
+    absmax = [
+        f32(nested_code[byte]) * f32(nested_absmax[i // layer.nested_blocksize]) + offset
+        for i, byte in enumerate(layer.absmax.tolist())
+    ]
+    nibbles = [nibble for byte in layer.weight.reshape(-1).tolist() for nibble in (byte >> 4, byte & 0xF)]
+    blocks_per_row = layer.in_features // layer.blocksize
+    values = []
+    for i in range(layer.out_features * layer.in_features):
+        row, col = divmod(i, layer.in_features)
+        block = row * blocks_per_row + col // layer.blocksize if per_row else i // layer.blocksize
+        values.append(f32(code[nibbles[i]]) * absmax[block])
+    flat = torch.from_numpy(np.array(values, dtype=np.float32))
+    return flat.reshape(layer.out_features, layer.in_features).to(torch.bfloat16)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_cpu_dequantize_is_the_cuda_rule_bit_for_bit(shape):
+    layer = nf4_layer(*shape)
+    ours = layer.dequantized_weight(torch.bfloat16)
+    assert ours.dtype == torch.bfloat16 and ours.shape == shape
+    assert torch.equal(bits(ours), bits(rule(layer)))
+    # the compute dtype is the bf16 weight, widened exactly
+    assert torch.equal(layer.dequantized_weight(), ours.float())
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_per_row_indexing_differs_where_in_features_is_not_a_multiple_of_the_blocksize(shape):
+    """So the test above would catch a path that indexed absmax per row."""
+    layer = nf4_layer(*shape)
+    same = torch.equal(bits(rule(layer, per_row=True)), bits(rule(layer)))
+    assert same == (shape[1] % layer.blocksize == 0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_cuda_kernel_equals_the_cpu_path(shape):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    layer = nf4_layer(*shape)
+    cpu = layer.dequantized_weight(torch.bfloat16)
+    gpu = layer.to("cuda").dequantized_weight(torch.bfloat16)
+    assert torch.equal(bits(gpu.cpu()), bits(cpu))
