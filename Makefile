@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # only h5py, numpy and torch). 3.0.0 declares Python 3.12; its datasets code runs on 3.10+.
 ISAACLAB := $(VENV)/isaaclab
 
-.PHONY: demo test lint clean extension-manifest
+.PHONY: demo test test-kit lint clean extension-manifest
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +22,31 @@ $(ISAACLAB)/.installed: $(STAMP)
 	$(BIN)/pip install -q --no-deps --ignore-requires-python --only-binary=:all: --python-version 3.12 --target $(ISAACLAB)/3 isaaclab==3.0.0
 	touch $@
 
+# The extension inside a real Omniverse Kit (tests/kit): Kit 110's wheel is CPython 3.12 only, so
+# it gets a venv of its own with exact pins: Kit, Isaac Sim 6.2's run loop runner and version
+# extensions (isaacsim-core, without its dependencies: torch and the rest are never needed here,
+# in a folder of their own), and the Isaac side's packages (pxr from usd-core: Kit's kernel has none).
+PYTHON312 ?= $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12),\
+	$(shell $(p) -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && echo $(p))))
+KIT_VENV := .venv-kit
+KIT_PINS := omniverse-kit==110.4.0.386251 numpy==2.4.6 pillow==13.0.0 pyzmq==27.3.0 msgpack==1.2.4 \
+	tqdm==4.70.1 scipy==1.17.1 usd-core==26.11
+
+$(KIT_VENV)/.installed: Makefile
+	@test -n "$(PYTHON312)" || { echo "test-kit needs Python 3.12 (omniverse-kit is cp312 only): none found"; exit 1; }
+	$(PYTHON312) -m venv $(KIT_VENV)
+	$(KIT_VENV)/bin/pip install -q $(KIT_PINS)
+	$(KIT_VENV)/bin/pip install -q --no-deps --target $(KIT_VENV)/isaacsim isaacsim-core==6.2.0.0
+	touch $@
+
+test-kit: $(STAMP) $(KIT_VENV)/.installed
+	$(BIN)/pytest -q -rP -m kit tests/kit
+
 demo: $(STAMP)
 	$(BIN)/lingbot-isaac demo
 
-test: $(STAMP) $(ISAACLAB)/.installed
+# tests/kit runs where Python 3.12 is found (else its tests are skipped, with one line saying why).
+test: $(STAMP) $(ISAACLAB)/.installed $(if $(PYTHON312),$(KIT_VENV)/.installed)
 	@command -v chromium >/dev/null 2>&1 || sh scripts/install-chromium.sh
 	$(BIN)/pytest -q
 
@@ -38,4 +59,4 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(KIT_VENV) .pytest_cache
