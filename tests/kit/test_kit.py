@@ -136,6 +136,7 @@ def check_episode(report: dict, what: str, stage: Usd.Stage, start: float):
     return episode
 
 
+@pytest.mark.slow
 def test_the_extension_records_and_generates_inside_kit(tmp_path, tiny_server):
     from contracts.episode import ROLLOUT_INFO
     from contracts.video import read_mp4
