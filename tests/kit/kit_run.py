@@ -44,6 +44,8 @@ def start_kit(args: argparse.Namespace):
         *("--ext-folder", str(args.standins), "--ext-folder", str(args.isaacsim_exts)),
         # Isaac Sim's run loop runner: app.update() steps one frame of a fixed dt (manual mode).
         *("--enable", "omni.kit.loop-isaac", "--/app/runLoops/main/manualModeEnabled=true"),
+        # Isaac Sim's version query (reads $ISAAC_PATH/VERSION, as Isaac Sim's pip package sets it)
+        *("--enable", "isaacsim.core.version"),
         "--/app/runLoops/main/rateLimitEnabled=false",
         "--/app/fastShutdown=false",  # run every extension's on_shutdown, then return
         "--/app/extensions/registryEnabled=false",  # no extension registry: only the folders above
@@ -85,7 +87,7 @@ def calls() -> dict[str, list[str]]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    report: dict = {"steps": []}
+    report: dict = {}
     app, startup_s = start_kit(args)
     manager = app.extension_manager
     ext_id = manager.get_enabled_extension_id(EXTENSION)
@@ -101,9 +103,10 @@ def run(args: argparse.Namespace) -> dict:
         startup_s=startup_s,
         kit_version=app._app.get_kit_version(),
         menu=[item.name for item in menu_utils.MENUS[MENU]],
+        isaac_sim_version=sys.modules["lingbot_isaac.kit_adapter"].isaac_sim_version(),
     )
     say(f"Kit {report['kit_version']} started in {startup_s:.2f} s; {ext_id} on_startup ran ({module.__file__})")
-    say(f"menu {MENU!r}: {report['menu']}")
+    say(f"menu {MENU!r}: {report['menu']}; kit_adapter.isaac_sim_version(): {report['isaac_sim_version']!r}")
     if not args.startup_only:
         try:
             use_the_extension(app, args, report)

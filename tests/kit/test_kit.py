@@ -87,6 +87,7 @@ def run_kit(
     env.update(
         OMNI_KIT_ACCEPT_EULA="YES",
         OMNI_KIT_ALLOW_ROOT="1",
+        ISAAC_PATH=str(ISAACSIM_EXTS.parent),  # as Isaac Sim's pip package sets it: its VERSION file is there
         BROWSER=f"{KIT_PYTHON} -c \"import sys; open('{opened}', 'a').write(sys.argv[1] + '\\n')\" %s",
     )
     report = tmp_path / "report.json"
@@ -163,6 +164,7 @@ def test_the_extension_records_and_generates_inside_kit(tmp_path, tiny_server):
     assert Path(report["module_file"]) == tmp_path / "kit-exts/lingbot.isaac/lingbot_isaac/extension.py"
     assert report["kit_version"].startswith("110.4")
     assert report["menu"] == ["Record", "Stop", "Generate rollout", "Settings"]
+    assert report["isaac_sim_version"] == "6.2.0"  # through Isaac Sim 6.2's own isaacsim.core.version
     # the first app update ran the extension's update subscription: the window drew its status line
     assert report["status_after_first_update"] == [
         "Pick a camera, write a prompt, press Record and play the simulation."
@@ -231,9 +233,8 @@ def test_the_extension_records_and_generates_inside_kit(tmp_path, tiny_server):
     assert {"get_timeline_interface", "play", "pause", "is_playing", "get_current_time"} <= timeline_calls
     assert "get_time_codes_per_seconds" in timeline_calls
     assert {"omni.usd.get_context", "omni.usd.UsdContext.get_stage"} <= set(calls["omni.usd"])
-    documented = {name: (STANDINS / name).rglob("__init__.py") for name in calls}
     for name, used in calls.items():
-        doc = next(iter(documented[name])).read_text().split('"""')[1]
+        doc = (STANDINS / name / Path(*name.split(".")) / "__init__.py").read_text().split('"""')[1]
         for call in used:
             assert call.rsplit(".", 1)[-1] in doc, f"{call} is not in the {name} stand-in's list of calls"
 

@@ -54,7 +54,7 @@ class _SimpleModel:
 
     def __init__(self, value=None) -> None:
         _called(f"Simple{self._kind}Model")
-        self._value = self._convert(value if value is not None else self._convert(0 if self._kind != "String" else ""))
+        self._value = self._convert(value if value is not None else "" if self._kind == "String" else 0)
         self._changed: list = []
 
     def _convert(self, value):
@@ -269,7 +269,6 @@ class Window:
         self.title, self.width, self.height, self.visible = title, width, height, visible
         _PARENTS.clear()
         self.frame = Frame()
-        CALLS.pop()  # the window's own frame is not a call of ours
         self.destroyed = False
         WINDOWS.append(self)
 

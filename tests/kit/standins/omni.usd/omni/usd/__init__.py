@@ -4,15 +4,30 @@ The calls `lingbot_isaac.kit_adapter` and the window make, as Kit's omni.usd API
 (docs.omniverse.nvidia.com/kit/docs/omni.usd): `get_context()`, `UsdContext.get_stage()`,
 `UsdContext.get_selection().get_selected_prim_paths()`; and what a user's File > Open does:
 `UsdContext.open_stage(url)` (which, as in Kit, sets the timeline's time codes per second and
-range from the stage). Every call is appended to `CALLS`.
+range from the stage, then dispatches the stage's OPENED event). Isaac Sim 6.2's own
+isaacsim.core.deprecation_manager (which isaacsim.core.version needs) observes that event:
+`UsdContext.stage_event_name(StageEventType.OPENED)`. Every call is appended to `CALLS`.
 """
 
 from __future__ import annotations
 
+from enum import IntEnum
+
+import carb.eventdispatcher
 import omni.timeline
 from pxr import Usd
 
 CALLS: list[str] = []
+
+
+class StageEventType(IntEnum):
+    SAVED = 0
+    SAVE_FAILED = 1
+    OPENING = 2
+    OPENED = 3
+    OPEN_FAILED = 4
+    CLOSING = 5
+    CLOSED = 6
 
 
 class Selection:
@@ -50,7 +65,12 @@ class UsdContext:
         timeline.set_start_time(self._stage.GetStartTimeCode() / rate)
         timeline.set_end_time(self._stage.GetEndTimeCode() / rate)
         timeline.set_current_time(self._stage.GetStartTimeCode() / rate)
+        carb.eventdispatcher.get_eventdispatcher().dispatch_event(self.stage_event_name(StageEventType.OPENED))
         return bool(self._stage)
+
+    def stage_event_name(self, event_type: StageEventType) -> str:
+        CALLS.append("omni.usd.UsdContext.stage_event_name")
+        return f"omni.usd:stage_event:{event_type.name}"
 
 
 _CONTEXT = UsdContext()
