@@ -10,8 +10,9 @@ frame of a fixed 1/60 s. What happens is printed one line a step and written to 
 Steps (`--startup-only` stops after 1): 1. start Kit with the extension enabled; 2. one update
 (the extension's update subscription draws the window); 3. open the stage, press *Find*, fill
 the window's fields; 4. menu *Record*, `--record-updates` updates, menu *Stop*; 5. menu
-*Generate rollout*, updates until the window shows the result; 6. *Generate rollout* again, and
-while that job runs, disable the extension (its on_shutdown), timed; 7. Kit's own shutdown.
+*Generate rollout*, updates until the window shows the result; 6. *Settings > Sample on physics
+steps*, *Record* / *Stop* again; 7. *Generate rollout* again, and while that job runs, disable
+the extension (its on_shutdown), timed; 8. Kit's own shutdown.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def use_the_extension(app, args: argparse.Namespace, report: dict) -> None:
-    """Steps 2 to 6 (module docstring), as a user would do them."""
+    """Steps 2 to 7 (module docstring), as a user would do them."""
     import omni.kit.menu.utils as menu_utils
     import omni.timeline
     import omni.ui as ui
