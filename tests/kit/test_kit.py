@@ -188,7 +188,8 @@ def test_the_extension_records_and_generates_inside_kit(tmp_path, tiny_server):
     # Generate: the job ran on the server, the window followed it and opened the result
     lines = report["job_lines"]
     assert lines[-1] == f"Rollout written: {episodes / 'Camera' / 'rollout.mp4'}", lines
-    assert any(line.startswith("Queued as") for line in lines) and any(line.startswith("Denois") for line in lines)
+    # the window draws the newest status once a frame, so short phases (queued, text) may not show
+    assert lines[0] == f"Connecting to {tiny_server.endpoint} ..." and any(line.startswith("Denoise") for line in lines)
     progress = report["progress"]
     assert progress[-1] == 1.0 and 0 < min(v for v in progress if v > 0) < 1  # steps in between
     frames, _ = read_mp4(episodes / "Camera" / "rollout.mp4")
