@@ -16,7 +16,7 @@ TORCH    := torch==2.13.0
 EXTRAS   := gen,usd,hdf5,compare,dev,cluster
 LOCK_VENV := .lock-venv
 
-.PHONY: demo test lint clean extension-manifest lock
+.PHONY: demo test test-kit lint clean extension-manifest lock
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -53,10 +53,30 @@ lock:
 	$(call hash_isaaclab,3)
 	rm -rf $(LOCK_VENV)
 
+# The extension inside a real Omniverse Kit (tests/kit): Kit 110's wheel is CPython 3.12 only, so
+# it gets a venv of its own with exact pins (lock/kit.txt, lock/kit-isaacsim.txt; edited by hand): Kit, Isaac Sim 6.2's run loop runner and version
+# extensions (isaacsim-core, without its dependencies: torch and the rest are never needed here,
+# in a folder of their own), and the Isaac side's packages (pxr from usd-core: Kit's kernel has none).
+PYTHON312 ?= $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12),\
+	$(shell $(p) -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && echo $(p))))
+KIT_VENV := .venv-kit
+KIT_LOCK := lock/kit.txt
+
+$(KIT_VENV)/.installed: $(KIT_LOCK) lock/kit-isaacsim.txt
+	@test -n "$(PYTHON312)" || { echo "test-kit needs Python 3.12 (omniverse-kit is cp312 only): none found"; exit 1; }
+	$(PYTHON312) -m venv $(KIT_VENV)
+	$(KIT_VENV)/bin/pip install -q -c $(KIT_LOCK) -r $(KIT_LOCK)
+	$(KIT_VENV)/bin/pip install -q --no-deps --target $(KIT_VENV)/isaacsim -r lock/kit-isaacsim.txt
+	touch $@
+
+test-kit: $(STAMP) $(KIT_VENV)/.installed
+	$(BIN)/pytest -q -rP -m kit tests/kit
+
 demo: $(STAMP)
 	$(BIN)/lingbot-isaac demo
 
-test: $(STAMP) $(ISAACLAB)/.installed
+# tests/kit runs where Python 3.12 is found (else its tests are skipped, with one line saying why).
+test: $(STAMP) $(ISAACLAB)/.installed $(if $(PYTHON312),$(KIT_VENV)/.installed)
 	@command -v chromium >/dev/null 2>&1 || sh scripts/install-chromium.sh
 	$(BIN)/pytest -q
 
@@ -69,4 +89,4 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf $(VENV) $(LOCK_VENV) .pytest_cache
+	rm -rf $(VENV) $(LOCK_VENV) $(KIT_VENV) .pytest_cache

@@ -11,17 +11,22 @@ from __future__ import annotations
 from lingbot_isaac import kit_adapter
 from lingbot_isaac.session import Session
 
-try:
-    import omni.ext
 
-    _ExtensionBase = omni.ext.IExt
-except ImportError:  # not inside Kit: the class still imports, it just is not an IExt
-    _ExtensionBase = object
+def _extension_base() -> type:
+    """omni.ext.IExt inside Kit; outside Kit the class still imports, it just is not an IExt. Not a
+    module-level name: Kit starts every IExt subclass it finds in the module, IExt itself included,
+    and then fails to shut that one down (and ours with it; seen in Kit 110.4 by tests/kit)."""
+    try:
+        import omni.ext
+    except ImportError:
+        return object
+    return omni.ext.IExt
+
 
 MENU_TITLE = "LingBot World"
 
 
-class LingBotWorldExtension(_ExtensionBase):
+class LingBotWorldExtension(_extension_base()):
     """Menu: Record, Stop, Generate rollout, Settings. Window: see `window.LingBotWindow`."""
 
     def on_startup(self, ext_id: str) -> None:
