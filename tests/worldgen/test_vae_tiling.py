@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.worldgen.numerics import rel_l2
-from worldgen.checkpoint import find_checkpoint, load_vae
-from worldgen.tiny import ensure_tiny_checkpoint
-from worldgen.vae import _tiled, decode_tiled, encode_tiled, tile_shape, tile_starts
+from worldgen.models.vae import _tiled, decode_tiled, encode_tiled, tile_shape, tile_starts
+from worldgen.runtime.checkpoint import find_checkpoint, load_vae
+from worldgen.runtime.tiny import ensure_tiny_checkpoint
 
 
 @given(st.integers(1, 400), st.integers(1, 120), st.integers(0, 30))
