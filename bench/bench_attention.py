@@ -32,7 +32,7 @@ from bench.timing import seconds_per_call  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH  # noqa: E402
 from contracts.settings import FIELD_BY_NAME  # noqa: E402
-from worldgen.dit import DiTConfig  # noqa: E402
+from worldgen.models.dit import DiTConfig  # noqa: E402
 
 # the DiT's tokens at the default frame: latent frames x (H/8/2) x (W/8/2) (VAE stride 8, 2x2 patches)
 DEFAULT_TOKENS = ((FIELD_BY_NAME["frame_num"].default - 1) // 4 + 1) * (MODEL_HEIGHT // 16) * (MODEL_WIDTH // 16)
@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001
         print(f"cuDNN frontend not installed ({type(exc).__name__}: {exc})")
     else:
-        from worldgen import cudnn_attention
-        from worldgen.fp8 import QuantizedTensor, quantize_tensor
+        from worldgen.kernels import cudnn_attention
+        from worldgen.kernels.fp8 import QuantizedTensor, quantize_tensor
 
         try:
             for plan in cudnn_attention.plans(q, k, v):
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                 lambda ql=ql, kl=kl, vl=vl: cudnn_attention.fp8_attention_quantized(ql, kl, vl).dequantize(),
             )
         record("quantize q, k, v (per tensor)", lambda: quantize_tensor(q).dequantize(), tflop=False)
-        from worldgen.attention import fp8_attention
+        from worldgen.kernels.attention import fp8_attention
 
         def fp8_rows():
             rows = fp8_attention(q, k, v)

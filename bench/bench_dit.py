@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from contracts import atomic  # noqa: E402
 from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH  # noqa: E402
 from contracts.settings import FIELD_BY_NAME  # noqa: E402
-from worldgen.dit import DiTConfig, Linear, WanCameraDiT  # noqa: E402
-from worldgen.nf4 import NF4Linear, quantize_weight  # noqa: E402
+from worldgen.kernels.nf4 import NF4Linear, quantize_weight  # noqa: E402
+from worldgen.models.dit import DiTConfig, Linear, WanCameraDiT  # noqa: E402
 
 GiB = 2**30
 
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--text-tokens", type=int, default=120, help="prompt length before padding to 512")
     parser.add_argument("--chunks", default="none,8192", help="feed-forward chunk sizes to time ('none': whole)")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--attention", default="sdpa", help="sdpa, flash or sage (worldgen.attention)")
+    parser.add_argument("--attention", default="sdpa", help="sdpa, flash or sage (worldgen.kernels.attention)")
     parser.add_argument("--nf4-only", action="store_true", help="skip the bf16 timings")
     args = parser.parse_args()
     chunks = [None if c == "none" else int(c) for c in args.chunks.split(",")]

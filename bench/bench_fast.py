@@ -34,16 +34,17 @@ from contracts import atomic  # noqa: E402
 from contracts.engine_options import ATTENTIONS  # noqa: E402
 from contracts.model_frame import MODEL_SIZE  # noqa: E402
 from contracts.settings import GenerationSettings  # noqa: E402
-from worldgen.attention import resolve_backend  # noqa: E402
-from worldgen.camera import load_action  # noqa: E402
-from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, load_expert  # noqa: E402
-from worldgen.cuda_memory import free_device_memory  # noqa: E402
-from worldgen.fast import FastOptions, FastPipeline  # noqa: E402
-from worldgen.kv_cache import CacheSpec, KVCache  # noqa: E402
-from worldgen.metering import peak_rss_gib  # noqa: E402
-from worldgen.pipeline import load_pipeline  # noqa: E402
-from worldgen.residency import ModelSlot  # noqa: E402
+from worldgen.kernels.attention import resolve_backend  # noqa: E402
+from worldgen.models.kv_cache import CacheSpec, KVCache  # noqa: E402
+from worldgen.pipelines.camera import load_action  # noqa: E402
+from worldgen.pipelines.fast import FastPipeline  # noqa: E402
+from worldgen.pipelines.fast_plan import FastOptions  # noqa: E402
+from worldgen.pipelines.loader import load_pipeline  # noqa: E402
 from worldgen.rollout import find_image, read_prompt  # noqa: E402
+from worldgen.runtime.checkpoint import FAST_DIR, FAST_NF4_DIR, load_expert  # noqa: E402
+from worldgen.runtime.cuda_memory import free_device_memory  # noqa: E402
+from worldgen.runtime.metering import peak_rss_gib  # noqa: E402
+from worldgen.runtime.residency import ModelSlot  # noqa: E402
 
 GiB = 2**30
 TARGETS = {"dit": 17.0, "total": 25.0, "first_chunk": 4.0}

@@ -3,7 +3,7 @@
 Usage: python bench/bench_quantize.py SOURCE_EXPERT TARGET_EXPERT [--device cuda] [--json OUT]
 
 SOURCE_EXPERT is a bf16 expert folder (bench/synthetic_checkpoint.py --layout bf16 --experts high).
-Runs `worldgen.quantize.quantize_expert` (what `lingbot-isaac quantize` runs per expert), then
+Runs `worldgen.runtime.quantize.quantize_expert` (what `lingbot-isaac quantize` runs per expert), then
 checks the output: bitsandbytes' own `QuantState.from_dict` on a few layers against the source
 weights, and our `load_expert` onto the device.
 """
@@ -20,10 +20,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contracts import atomic  # noqa: E402
-from worldgen.checkpoint import load_expert, stream_bf16_expert  # noqa: E402
-from worldgen.metering import peak_rss_gib  # noqa: E402
-from worldgen.nf4 import QUANT_SUFFIXES  # noqa: E402
-from worldgen.quantize import quantize_expert  # noqa: E402
+from worldgen.kernels.nf4 import QUANT_SUFFIXES  # noqa: E402
+from worldgen.runtime.checkpoint import load_expert, stream_bf16_expert  # noqa: E402
+from worldgen.runtime.metering import peak_rss_gib  # noqa: E402
+from worldgen.runtime.quantize import quantize_expert  # noqa: E402
 
 CHECKED_LAYERS = ("blocks.0.self_attn.q", "blocks.20.ffn.0", "blocks.39.cam_injector_layer1", "head.head")
 

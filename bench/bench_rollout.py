@@ -24,15 +24,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from contracts import atomic  # noqa: E402
 from contracts.engine_options import ATTENTIONS, COMPUTE_CHOICES  # noqa: E402
 from contracts.settings import load_settings  # noqa: E402
-from worldgen import attention  # noqa: E402
-from worldgen.camera import load_action  # noqa: E402
-from worldgen.checkpoint import find_checkpoint, load_expert  # noqa: E402
-from worldgen.pipeline import load_pipeline  # noqa: E402
+from worldgen.kernels import attention  # noqa: E402
+from worldgen.pipelines.camera import load_action  # noqa: E402
+from worldgen.pipelines.loader import load_pipeline  # noqa: E402
 from worldgen.rollout import (  # noqa: E402
     find_image,
     fp8_self_attention,  # noqa: E402
     read_prompt,
 )
+from worldgen.runtime.checkpoint import find_checkpoint, load_expert  # noqa: E402
 
 BENCH_PRESET = "fast40"  # what docs/benchmarks.md's rollout figures were timed with (40 steps, shift 5)
 

@@ -10,7 +10,7 @@ random weights, at 480x832x81 (32,760 tokens) unless told otherwise, and times i
   NF4 exact      NF4 weights, the exact path as it is now: what `--compute bf16` runs
   NF4 + fp8 GEMMs  NF4 weights, `--compute fp8` with attention kept bf16 (the FP8 GEMMs alone)
   NF4 + fp8      NF4 weights, `--compute fp8` (FP8 attention too where cuDNN's kernel runs)
-  ..., camera cached  NF4 exact and NF4 + fp8 with the camera modulation read back (worldgen.camera_cache):
+  ..., camera cached  NF4 exact and NF4 + fp8 with the camera modulation read back (worldgen.models.camera_cache):
                  a rollout's forwards after its first, where the plan has room for the cache
 Every line has its ratio to "bf16 (before)" of the same run, and the output's rel-L2 against the
 matching exact path. The rollout line runs `Pipeline.denoise` with the NF4 expert (both experts are
@@ -40,10 +40,10 @@ from bench.timing import seconds_per_call  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH  # noqa: E402
 from contracts.settings import FIELD_BY_NAME  # noqa: E402
-from worldgen import attention, fused  # noqa: E402
-from worldgen.attention import BACKENDS, resolve_backend  # noqa: E402
-from worldgen.camera_cache import CameraCache  # noqa: E402
-from worldgen.dit import DiTConfig  # noqa: E402
+from worldgen.kernels import attention, fused  # noqa: E402
+from worldgen.kernels.attention import BACKENDS, resolve_backend  # noqa: E402
+from worldgen.models.camera_cache import CameraCache  # noqa: E402
+from worldgen.models.dit import DiTConfig  # noqa: E402
 
 GiB = 2**30
 
@@ -125,7 +125,7 @@ def micro_benchmarks(dev: torch.device, tokens: int, cfg: DiTConfig) -> None:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from worldgen.fp8 import fp8_linear, quantize_rows
+    from worldgen.kernels.fp8 import fp8_linear, quantize_rows
 
     x = torch.randn(tokens, cfg.dim, device=dev, dtype=torch.bfloat16)
     for n, k in ((cfg.dim, cfg.dim), (cfg.ffn_dim, cfg.dim), (cfg.dim, cfg.ffn_dim)):
@@ -204,10 +204,10 @@ def rollout_step_seconds(
     """Seconds per denoising step of a 70-step guided rollout (Pipeline.denoise, steps 2..).
 
     `second_model` (a copy of `model` on another GPU): the unconditional passes run there
-    (`worldgen.multi_gpu`, what `--gpus 0,1` does)."""
+    (`worldgen.pipelines.multi_gpu`, what `--gpus 0,1` does)."""
     from contracts.settings import GenerationSettings
-    from worldgen.pipeline import Pipeline
-    from worldgen.residency import ModelSlot
+    from worldgen.pipelines.base import Pipeline
+    from worldgen.runtime.residency import ModelSlot
 
     cfg = model.cfg
     pipe = Pipeline(
@@ -221,9 +221,9 @@ def rollout_step_seconds(
     )
     pipe.plan.camera_cache = camera_cache
     if second_model is not None:
-        from worldgen.memory import MemoryPlan
-        from worldgen.multi_gpu import SecondDevice
-        from worldgen.residency import ResidencyPolicy
+        from worldgen.pipelines.multi_gpu import SecondDevice
+        from worldgen.runtime.memory import MemoryPlan
+        from worldgen.runtime.residency import ResidencyPolicy
 
         other = next(second_model.parameters()).device
         copies = {"high": ModelSlot("high", lambda: second_model), "low": ModelSlot("low", lambda: second_model)}
@@ -293,7 +293,7 @@ def main() -> None:
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.height}x{args.width}x{args.frames} "
         f"-> {tokens} tokens"
     )
-    from worldgen.fp8 import attention_note
+    from worldgen.kernels.cudnn_attention import attention_note
 
     head += f"; attention {backend}"
     print(head, flush=True)
@@ -336,7 +336,7 @@ def main() -> None:
     run("NF4 + fp8", model, fast=True, compute="fp8", reference=nf4_fast, against="NF4 exact")
     profiles["NF4 + fp8"] = profile(model, inputs, args.profile_top)
     # a rollout's forwards after the first of each expert: the camera's modulation read back, not
-    # recomputed (worldgen.camera_cache; the plan turns it on where ~25 GiB are free, as here)
+    # recomputed (worldgen.models.camera_cache; the plan turns it on where ~25 GiB are free, as here)
     model.camera_cache = CameraCache()
     run("NF4 exact, camera cached", model, fast=True, compute="bf16", reference=nf4_fast, against="NF4 exact")
     run("NF4 + fp8, camera cached", model, fast=True, compute="fp8", reference=nf4_fast, against="NF4 exact")
@@ -353,7 +353,7 @@ def main() -> None:
     results["distance_by_depth"] = {"blocks": [i + 1 for i in depth], **by_depth}
 
     if args.experiments:
-        from worldgen import fp8
+        from worldgen.kernels import fp8
 
         fp8.FAST_ACCUM = False
         run("NF4 + fp8 (slow accumulation)", model, fast=True, compute="fp8", reference=nf4_fast, against="NF4 exact")

@@ -8,7 +8,7 @@ A full-size Wan2.1 VAE (random weights, float32, as the pipeline runs it) decode
 time) with `StreamingEncoder`, once per tile setting (`none` = whole frames, else the largest tile
 area in pixels). Per setting it prints: seconds per chunk, the causal caches kept between chunks
 (GiB), and the peak memory a push needs above what was allocated before it (caches included), which
-is what the Fast memory plan (`worldgen.fast.stream_vae_plan`) must leave room for beside the DiT and
+is what the Fast memory plan (`worldgen.pipelines.fast_plan.stream_vae_cuts`) must leave room for beside the DiT and
 the KV cache.
 """
 
@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contracts import atomic  # noqa: E402
-from worldgen.vae import WAN21_VAE, StreamingDecoder, StreamingEncoder, WanVAE  # noqa: E402
+from worldgen.models.vae import WAN21_VAE, StreamingDecoder, StreamingEncoder, WanVAE  # noqa: E402
 
 GiB = 2**30
 

@@ -21,14 +21,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contracts.engine_options import canonical_compute  # noqa: E402
 from contracts.settings import GenerationSettings  # noqa: E402
-from worldgen.attention import BACKENDS, resolve_backend  # noqa: E402
-from worldgen.camera import camera_conditioning  # noqa: E402
-from worldgen.checkpoint import load_expert  # noqa: E402
-from worldgen.pipeline import Pipeline  # noqa: E402
-from worldgen.residency import ModelSlot  # noqa: E402
-from worldgen.scheduler import FlowUniPCScheduler  # noqa: E402
-from worldgen.t5 import T5Config, UMT5Encoder, encode_prompts  # noqa: E402
-from worldgen.vae import VAEConfig, WanVAE  # noqa: E402
+from worldgen.kernels.attention import BACKENDS, resolve_backend  # noqa: E402
+from worldgen.models.t5 import T5Config, UMT5Encoder, encode_prompts  # noqa: E402
+from worldgen.models.vae import VAEConfig, WanVAE  # noqa: E402
+from worldgen.pipelines.base import Pipeline  # noqa: E402
+from worldgen.pipelines.camera import camera_conditioning  # noqa: E402
+from worldgen.pipelines.scheduler import FlowUniPCScheduler  # noqa: E402
+from worldgen.runtime.checkpoint import load_expert  # noqa: E402
+from worldgen.runtime.residency import ModelSlot  # noqa: E402
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -54,12 +54,12 @@ def main() -> None:
     args = parser.parse_args()
     backend = resolve_backend(args.attention)
     if args.eager:
-        from worldgen import fused
+        from worldgen.kernels import fused
 
         fused.enable(False)
     computes = [canonical_compute(c) for c in args.compute.split(",")]
     if "fp8" in computes:
-        from worldgen import fp8
+        from worldgen.kernels import fp8
 
         fp8.MIN_ROWS = 0  # the golden model has 72 tokens: send every Linear through FP8
     g = args.shared / "golden"
@@ -179,10 +179,10 @@ def main() -> None:
 
 
 def second_device(g: Path, dev: torch.device, dtype: torch.dtype):
-    """A `worldgen.multi_gpu.SecondDevice` with its own copies of the golden experts on `dev`."""
-    from worldgen.memory import MemoryPlan
-    from worldgen.multi_gpu import SecondDevice
-    from worldgen.residency import ResidencyPolicy
+    """A `worldgen.pipelines.multi_gpu.SecondDevice` with its own copies of the golden experts on `dev`."""
+    from worldgen.pipelines.multi_gpu import SecondDevice
+    from worldgen.runtime.memory import MemoryPlan
+    from worldgen.runtime.residency import ResidencyPolicy
 
     copies = {
         e: ModelSlot(e, lambda e=e: load_expert(g / "pipeline" / f"{e}_noise_model", dev, dtype))

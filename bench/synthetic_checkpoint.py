@@ -23,13 +23,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contracts import atomic  # noqa: E402
-from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, INDEX_FILE, T5_FILE, VAE_FILE  # noqa: E402
-from worldgen.dit import DiTConfig, Linear, WanCameraDiT  # noqa: E402
-from worldgen.nf4 import quantize_weight  # noqa: E402
-from worldgen.safetensors_writer import save_file  # noqa: E402  (not safetensors': it makes 0600 files)
-from worldgen.t5 import UMT5_XXL, UMT5Encoder  # noqa: E402
-from worldgen.tokenizer import build_tiny_tokenizer  # noqa: E402
-from worldgen.vae import WAN21_VAE, WanVAE  # noqa: E402
+from worldgen.kernels.nf4 import quantize_weight  # noqa: E402
+from worldgen.models.dit import DiTConfig, Linear, WanCameraDiT  # noqa: E402
+from worldgen.models.t5 import UMT5_XXL, UMT5Encoder  # noqa: E402
+from worldgen.models.tokenizer import build_tiny_tokenizer  # noqa: E402
+from worldgen.models.vae import WAN21_VAE, WanVAE  # noqa: E402
+from worldgen.runtime.checkpoint import FAST_DIR, FAST_NF4_DIR, INDEX_FILE, T5_FILE, VAE_FILE  # noqa: E402
+from worldgen.runtime.safetensors_writer import save_file  # noqa: E402  (not safetensors': it makes 0600 files)
 
 
 def meta_shapes(module: torch.nn.Module) -> dict[str, tuple[torch.Size, bool]]:

@@ -130,7 +130,7 @@ def _worker_config(values: Any, where: str) -> WorkerConfig:
     engine = {key: values[key] for key in ENGINE_KEYS if key in values}
     if "device" in engine:
         engine["devices"] = [engine.pop("device")]
-    if engine.get("gpus"):  # one rollout over two GPUs (worldgen.multi_gpu): "0,1" -> cuda:0, cuda:1
+    if engine.get("gpus"):  # one rollout over two GPUs (worldgen.pipelines.multi_gpu): "0,1" -> cuda:0, cuda:1
         if values.get("devices"):
             raise ConfigError(f"{where}: gpus (one worker, two GPUs per rollout) and devices (a pool of workers) "
                               "exclude each other; give one of them")  # fmt: skip

@@ -12,7 +12,7 @@ worker, `worker_of(job)`, and health answers gathered from every worker into one
 
 A job that asks for two GPUs (setting `gpus = 2`) runs on two idle workers at once: the first runs
 the job as always, the second serves its classifier-free guidance's unconditional passes
-(`worldgen.multi_gpu`: the first worker's `PeerDevice` talks to the second's `serve_guidance` over a
+(`worldgen.pipelines.multi_gpu`: the first worker's `PeerDevice` talks to the second's `serve_guidance` over a
 Unix socket; the latent goes over and the prediction comes back, once per step). Why two workers
 and not one worker reloaded with the two-device pipeline: every worker already holds its experts
 warm on its own GPU, so pairing two of them loads nothing, keeps exactly one copy of the experts

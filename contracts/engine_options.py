@@ -3,7 +3,7 @@ budget, text-encoder placement), as one dataclass that crosses every process bou
 
 The server reads them from `[worker]` of `config/server.toml` (`from_dict`), hands them to each
 worker process as data, in the worker protocol's first message (`load {options: to_dict()}`), and
-the worker passes them to `worldgen.pipeline.load_pipeline(options=...)`. No hop rebuilds them as
+the worker passes them to `worldgen.pipelines.loader.load_pipeline(options=...)`. No hop rebuilds them as
 argv flags or TOML text, so one spelling and one "no budget" value (None) hold everywhere.
 (`ram_budget_gb` is gone from here: no part of the engine decided anything from it.)
 """
@@ -18,14 +18,14 @@ from typing import Any
 DTYPES = ("bf16", "fp16", "fp32")  # the one vocabulary of compute dtypes (torch names are mapped in worldgen)
 # How the experts' matmuls run (the one vocabulary; `dtype` says which float type they run in):
 # exact = the reference's numerics in the engine's dtype (bf16 on CUDA, fp32 on the CPU);
-# fp8 = each large Linear as an FP8 GEMM (approximate: worldgen.fp8).
+# fp8 = each large Linear as an FP8 GEMM (approximate: worldgen.kernels.fp8).
 COMPUTES = ("exact", "fp8")
 # Spellings still accepted wherever a compute is given (CLI, server.toml, job settings) and read as
 # the name they stand for: "bf16" named the exact path before records stated the dtype beside it.
 COMPUTE_ALIASES = {"bf16": "exact"}
 COMPUTE_CHOICES = (*COMPUTES, *COMPUTE_ALIASES)  # what CLIs and files accept
 # What fp8 costs and buys, as measured (docs/benchmarks.md, "Speed" and "FP8 distance"): the one
-# wording of every --compute help (generate, serve, replay). No "%": argparse formats help text.
+# wording of every --compute help (generate, serve, replay). No "%": the CLI's option parser formats help text.
 FP8_HELP = (
     "fp8 is approximate: on one H100 (random weights of the real shapes) a forward took 2.33 s against "
     "3.11 s exact (0.75x the time; its attention runs in FP8 too where cuDNN's FP8 kernel is installed: "
@@ -34,7 +34,7 @@ FP8_HELP = (
     "(docs/benchmarks.md). The GPU that runs it needs FP8 tensor cores (compute capability 8.9+: RTX 40xx, "
     "L40, H100); refused elsewhere"
 )
-# The attention kernels (worldgen.attention), and what each costs: the one wording of every --attention help.
+# The attention kernels (worldgen.kernels.attention), and what each costs: the one wording of every --attention help.
 ATTENTION_HELP = (
     "DiT attention kernel. auto (default): flash when a FlashAttention package is installed, else sdpa "
     "(the Fast model: sdpa, faster there). "

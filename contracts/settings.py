@@ -44,7 +44,7 @@ class Field:
 
 
 INT_MAX = 2**63 - 1
-# Fast: KV-cache kinds (worldgen.kv_cache plans them; "auto" picks the first that fits)
+# Fast: KV-cache kinds (worldgen.models.kv_cache plans them; "auto" picks the first that fits)
 KV_CACHE_MODES = ("auto", "full", "fp8", "rolling")
 FIELDS: tuple[Field, ...] = (
     Field(

@@ -59,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
 
 def print_attention(device) -> None:
     """Which attention kernels this machine runs: what --attention auto picks, and --compute fp8's."""
-    from worldgen.attention import installed, resolve_backend
-    from worldgen.fp8 import attention_note, unsupported_reason
+    from worldgen.kernels.attention import installed, resolve_backend
+    from worldgen.kernels.cudnn_attention import attention_note
+    from worldgen.kernels.fp8 import unsupported_reason
 
     base, fast = resolve_backend("auto"), resolve_backend("auto", "fast")
     hint = "" if installed("flash") else " (pip install flash-attn-4 for FlashAttention 4 on Hopper: faster)"
@@ -71,8 +72,8 @@ def print_attention(device) -> None:
 
 def check_checkpoint(root: Path) -> bool:
     """Print what the checkpoint folder serves (base experts, the Fast DiT); True if it serves nothing."""
-    from worldgen.checkpoint import FAST_DIR, FAST_NF4_DIR, find_checkpoint, find_fast_checkpoint
     from worldgen.errors import CheckpointError
+    from worldgen.runtime.checkpoint import FAST_DIR, FAST_NF4_DIR, find_checkpoint, find_fast_checkpoint
 
     base_ok = fast_ok = False
     try:

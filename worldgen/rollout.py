@@ -16,11 +16,11 @@ from typing import Any
 from contracts import episode
 from contracts.provenance import checkpoint_fingerprint, make_record, write_record
 from contracts.settings import GenerationSettings
-from worldgen.camera import load_action
 from worldgen.errors import InputError
-from worldgen.image_input import load_image
-from worldgen.pipeline import Pipeline, Progress
-from worldgen.request import ResolvedRequest, resolve_request
+from worldgen.pipelines.base import Pipeline, Progress
+from worldgen.pipelines.camera import load_action
+from worldgen.pipelines.image_input import load_image
+from worldgen.pipelines.request import ResolvedRequest, resolve_request
 from worldgen.video_out import write_mp4
 
 
@@ -195,7 +195,7 @@ def fp8_self_attention(device: Any, variant: str = "base") -> str:
     """What `--compute fp8` does with the DiT's self-attention on `device`, for the record."""
     import torch
 
-    from worldgen import attention, cudnn_attention
+    from worldgen.kernels import attention, cudnn_attention
 
     if variant == "fast":  # its self-attention reads the KV cache: that path stays bf16
         return "bf16 (the Fast model attends through its KV cache: no FP8 attention there)"

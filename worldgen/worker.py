@@ -13,17 +13,16 @@ process that holds the model still works. If stdin closes (the server died), the
 once rather than holding GPU memory for nobody.
 
 A pool's two-GPU job (setting `gpus = 2`, bridge/worker_pool.py) involves two workers: the one
-sent `run` with a `peer` runs the job with a `worldgen.multi_gpu.PeerDevice` as its second device;
+sent `run` with a `peer` runs the job with a `worldgen.pipelines.multi_gpu.PeerDevice` as its second device;
 the one sent `guide` serves that job's unconditional passes (`serve_guidance`) with its own warm
 experts until the first closes the connection, then answers `result` and is free again.
 
-Engine-agnostic core (`serve(load_engine)`): the real engine is `PipelineEngine` (worldgen.pipeline
+Engine-agnostic core (`serve(load_engine)`): the real engine is `PipelineEngine` (worldgen.pipelines.loader
 + worldgen.rollout, imports torch); anything with the same four methods can be served.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import logging
@@ -45,7 +44,7 @@ from contracts.provenance import sidecar_path
 from contracts.settings import GenerationSettings, SettingsError
 from contracts.video import read_mp4
 from worldgen.errors import CheckpointError, InputError
-from worldgen.metering import peak_rss_gib, rss_gib
+from worldgen.runtime.metering import peak_rss_gib, rss_gib
 
 log = logging.getLogger("worldgen.worker")
 
@@ -98,7 +97,7 @@ class Engine(Protocol):
 
 
 class PipelineEngine:
-    """The real engine: a warm `worldgen.pipeline` and `worldgen.rollout.generate_episode`."""
+    """The real engine: a warm pipeline (`worldgen.pipelines.loader`) and `worldgen.rollout.generate_episode`."""
 
     def __init__(self, options: EngineOptions) -> None:
         import torch
@@ -121,7 +120,7 @@ class PipelineEngine:
             raise
 
     def _load(self, model: str):
-        from worldgen.pipeline import load_pipeline_from_options
+        from worldgen.pipelines.loader import load_pipeline_from_options
 
         return load_pipeline_from_options(self.options.replace(model=model))
 
@@ -160,7 +159,7 @@ class PipelineEngine:
     ) -> Path:
         pipe = self._pipeline_for(settings.model)
         if peer is not None:  # a two-GPU job: the unconditional passes run on the peer's warm experts
-            from worldgen.multi_gpu import PeerDevice
+            from worldgen.pipelines.multi_gpu import PeerDevice
 
             if getattr(pipe, "second_device", None) is not None:
                 raise InputError("this worker already runs every rollout on two GPUs; it takes no second worker")
@@ -175,7 +174,7 @@ class PipelineEngine:
     def guide(
         self, address: str, token: str, on_step: Callable[[int], None], stop: Callable[[], bool] | None = None
     ) -> int:
-        from worldgen.multi_gpu import serve_guidance
+        from worldgen.pipelines.multi_gpu import serve_guidance
 
         def load():
             pipe = self._pipeline_for("base")  # guidance passes are the base model's
@@ -207,18 +206,18 @@ class PipelineEngine:
 
     def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int | None:
         """Frames `generate` writes for this episode: the request cut to what the poses cover, as the
-        pipeline does (model fast: then rounded down to whole chunks, worldgen.fast.fast_frames)."""
+        pipeline does (model fast: then rounded down to whole chunks, worldgen.pipelines.fast_plan.fast_frames)."""
         import warnings
 
         import numpy as np
 
-        from worldgen.camera import frames_for_poses
+        from worldgen.pipelines.camera import frames_for_poses
 
         poses = np.load(episode_dir / "poses.npy", mmap_mode="r", allow_pickle=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if getattr(settings, "model", "base") == "fast":
-                from worldgen.fast import FastOptions, fast_frames
+                from worldgen.pipelines.fast_plan import FastOptions, fast_frames
 
                 return fast_frames(settings.frame_num, len(poses), FastOptions().chunk_frames).frames
             return frames_for_poses(settings.frame_num, len(poses))
@@ -254,7 +253,7 @@ def _unload_all(pipe) -> None:
 
 
 def memory_info() -> dict[str, Any]:
-    """Resident and peak memory of this process, in whole MiB (worldgen.metering; empty off Linux)."""
+    """Resident and peak memory of this process, in whole MiB (worldgen.runtime.metering; empty off Linux)."""
     figures = {"rss_mb": rss_gib(), "peak_rss_mb": peak_rss_gib()}
     return {key: int(gib * 1024) for key, gib in figures.items() if gib is not None}
 
@@ -511,12 +510,19 @@ def serve(load_engine: Callable[[EngineOptions], Engine]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m worldgen.worker",
-        description=__doc__.split("\n\n")[0] + " Its engine options arrive as data, in the supervisor's first "
-        "message (`load`, see bridge/worker_protocol.py); there are no engine flags.",
+    """`python -m worldgen.worker`: no flags. Its engine options arrive as data, in the supervisor's
+    first message (`load`, see bridge/worker_protocol.py)."""
+    argv = sys.argv[1:] if argv is None else argv
+    usage = (
+        "usage: python -m worldgen.worker\n\n" + __doc__.split("\n\n")[0] + " Its engine options arrive as data, in "
+        "the supervisor's first message (`load`, see bridge/worker_protocol.py); there are no engine flags."
     )
-    parser.parse_args(argv)
+    if argv in (["-h"], ["--help"]):
+        print(usage)
+        return 0
+    if argv:
+        print(f"{usage}\n\nerror: unrecognized arguments: {' '.join(argv)}", file=sys.stderr)
+        return 2
     return serve(PipelineEngine)
 
 

@@ -1,7 +1,7 @@
 """Engine options set in server.toml reach the worker's pipeline as data (issue 13).
 
 `[worker]` -> `contracts.engine_options.EngineOptions` -> the worker protocol's first message
-(`load`) -> `worldgen.pipeline.load_pipeline_from_options`; asserted through the worker's own
+(`load`) -> `worldgen.pipelines.loader.load_pipeline_from_options`; asserted through the worker's own
 health answer (what it was sent, and what the pipeline applied), with the real server and the
 real tiny worker.
 """
@@ -75,7 +75,7 @@ def test_bad_engine_options_in_server_toml_name_the_key(tmp_path, toml, words):
 
 
 def test_gpus_key_gives_one_engine_two_gpus(tmp_path):
-    """`gpus = "0,1"` (or `serve --gpus 0,1`): one worker whose rollouts use two GPUs (worldgen.multi_gpu);
+    """`gpus = "0,1"` (or `serve --gpus 0,1`): one worker whose rollouts use two GPUs (worldgen.pipelines.multi_gpu);
     it replaces `device` and excludes a pool."""
     config = load_server_config(None, {"worker.device": "cpu", "worker.gpus": "0,1"})
     assert config.worker.engine.devices == ("cuda:0", "cuda:1") and config.worker.pool_devices() == ("cuda:0",)

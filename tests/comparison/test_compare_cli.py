@@ -88,7 +88,7 @@ def test_bad_input_exits_2_with_one_clear_line(tmp_path):
 
 def test_comparison_imports_neither_torch_nor_worldgen():
     code = (
-        "import sys, comparison.compare_cli, comparison.report; "
+        "import sys, lingbot_cli.compare, comparison.report; "
         "bad = [m for m in ('torch', 'worldgen', 'zmq') if m in sys.modules]; "
         "print(bad); sys.exit(bool(bad))"
     )

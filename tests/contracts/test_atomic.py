@@ -88,7 +88,7 @@ def test_every_writer_gives_the_mode_open_would(tmp_path, umask_002):
 def test_the_tiny_checkpoint_folder_is_made_with_the_umask(tmp_path):
     """The tiny model is built in a staging folder and renamed into the cache: a folder made by
     mkdtemp would stay 0700 (unreadable to the group sharing the cache)."""
-    code = "from worldgen.tiny import ensure_tiny_checkpoint; print(ensure_tiny_checkpoint('bf16'))"
+    code = "from worldgen.runtime.tiny import ensure_tiny_checkpoint; print(ensure_tiny_checkpoint('bf16'))"
     env = {**os.environ, "LINGBOT_ISAAC_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
@@ -105,7 +105,7 @@ def test_the_tiny_checkpoint_folder_is_made_with_the_umask(tmp_path):
 def test_text_cache_entries_get_the_umask_mode(tmp_path, umask_002):
     import torch
 
-    from worldgen.text_cache import TextCache
+    from worldgen.pipelines.text_cache import TextCache
 
     encoder = tmp_path / "t5.pth"
     encoder.write_bytes(b"weights")

@@ -43,8 +43,8 @@ def png() -> bytes:
 
 def verdicts(tmp_path: Path, poses: np.ndarray) -> dict[str, bool]:
     """Does each consumer of the episode format accept these poses?"""
-    from worldgen.camera import validate_action
     from worldgen.errors import InputError
+    from worldgen.pipelines.camera import validate_action
 
     def accepts(check, *errors) -> bool:
         try:

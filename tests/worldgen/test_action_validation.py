@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worldgen.camera import load_action, validate_action, validate_camera
 from worldgen.errors import InputError
+from worldgen.pipelines.camera import load_action, validate_action, validate_camera
 
 
 def walking_poses(n: int = 9) -> np.ndarray:

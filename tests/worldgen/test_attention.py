@@ -7,8 +7,8 @@ import importlib.util
 import pytest
 import torch
 
-from worldgen.attention import attention, resolve_backend
 from worldgen.errors import InputError
+from worldgen.kernels.attention import attention, resolve_backend
 
 
 def test_auto_is_sdpa_without_flash_attn():
@@ -44,7 +44,7 @@ def test_an_optional_kernel_that_fails_on_the_gpu_falls_back_to_sdpa():
         pytest.skip("needs a CUDA GPU")
     if importlib.util.find_spec("flash_attn") is not None:
         pytest.skip("a FlashAttention package is installed here: nothing fails")
-    from worldgen import attention as module
+    from worldgen.kernels import attention as module
 
     module._failed.discard("flash")
     g = torch.Generator("cuda").manual_seed(0)

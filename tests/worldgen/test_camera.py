@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 from tests.worldgen.golden import golden_cases
 from tests.worldgen.numerics import rel_l2
-from worldgen.camera import (
+from worldgen.errors import InputError
+from worldgen.pipelines.camera import (
     CameraCondition,
     camera_conditioning,
     frames_for_poses,
@@ -19,7 +20,6 @@ from worldgen.camera import (
     relative_poses,
     resample_poses,
 )
-from worldgen.errors import InputError
 
 TAGS = [f"ex{example}_{size}" for example in ("00", "01", "02") for size in ("f81_32x48", "f33_48x64", "f161_16x32")]
 TOLERANCE = 1e-5  # relative L2, the golden README's camera tolerance

@@ -10,10 +10,10 @@ from safetensors.torch import load_file
 
 from tests.worldgen.test_memory_plan import NF4_EXPERT_GIB, plan
 from tests.worldgen.test_pipeline import case  # noqa: F401  (the golden pipeline fixture)
-from worldgen.camera import camera_conditioning
-from worldgen.camera_cache import CameraCache, cache_gib
-from worldgen.checkpoint import load_expert
-from worldgen.memory import REFERENCE_PIXELS, REFERENCE_TOKENS, camera_cache_gib, plan_memory
+from worldgen.models.camera_cache import CameraCache, cache_gib
+from worldgen.pipelines.camera import camera_conditioning
+from worldgen.runtime.checkpoint import load_expert
+from worldgen.runtime.memory import REFERENCE_PIXELS, REFERENCE_TOKENS, camera_cache_gib, plan_memory
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""One rule for the DiT, umT5 and VAE config.json parsers (worldgen.config_json): the keys real
+"""One rule for the DiT, umT5 and VAE config.json parsers (worldgen.models.config_json): the keys real
 releases carry load silently; any other key gets the same warning, naming the file and the key."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import warnings
 
 import pytest
 
-from worldgen.config_json import ConfigKeyWarning
-from worldgen.dit import DiTConfig
 from worldgen.errors import CheckpointError
-from worldgen.t5 import T5Config
-from worldgen.vae import VAEConfig
+from worldgen.models.config_json import ConfigKeyWarning
+from worldgen.models.dit import DiTConfig
+from worldgen.models.t5 import T5Config
+from worldgen.models.vae import VAEConfig
 
 # What diffusers' save_config writes for the reference's WanModel (lingbot-world-base-cam experts):
 # its register_to_config arguments less ignore_for_config (patch_size, cross_attn_norm, qk_norm,

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.worldgen.numerics import rel_l2
-from worldgen.checkpoint import find_checkpoint, load_expert
 from worldgen.errors import CheckpointError
+from worldgen.runtime.checkpoint import find_checkpoint, load_expert
 
 
 @pytest.fixture(scope="module")

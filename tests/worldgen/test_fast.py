@@ -12,13 +12,14 @@ import torch
 from safetensors.torch import load_file
 
 from tests.worldgen.numerics import rel_l2
-from worldgen.camera import validate_action
-from worldgen.checkpoint import FAST_DIR, find_fast_checkpoint, load_expert
 from worldgen.errors import CheckpointError, InputError
-from worldgen.fast import FastOptions, FastPipeline, fast_camera, fast_frames, fast_schedule, y_from_latent
-from worldgen.kv_cache import CacheSpec, KVCache, plan_cache
-from worldgen.pipeline import prepare_image
-from worldgen.residency import ModelSlot
+from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
+from worldgen.pipelines.base import prepare_image
+from worldgen.pipelines.camera import validate_action
+from worldgen.pipelines.fast import FastPipeline, fast_camera, y_from_latent
+from worldgen.pipelines.fast_plan import FastOptions, fast_frames, fast_schedule
+from worldgen.runtime.checkpoint import FAST_DIR, find_fast_checkpoint, load_expert
+from worldgen.runtime.residency import ModelSlot
 
 DIT_TOL = 1e-5  # golden README: DiT outputs and KV caches
 LOOP_TOL = 5e-5  # loop x0 / latents
@@ -218,9 +219,9 @@ def test_cache_plan_prefers_the_reference_then_fp8_then_rolling():
 
 def _full_size_plan(budget_gib: float):
     """A FastPipeline with the real 14B config under a VRAM budget: planning only, no model loaded."""
-    from worldgen.dit import DiTConfig
-    from worldgen.memory import plan_memory
-    from worldgen.residency import ModelSlot
+    from worldgen.models.dit import DiTConfig
+    from worldgen.runtime.memory import plan_memory
+    from worldgen.runtime.residency import ModelSlot
 
     plan = plan_memory(torch.device("cuda"), budget_gib, expert_gib=8.9, checkpoint_kind="nf4", gpu_total_gib=80)
     empty = ModelSlot("none", lambda: None)
@@ -258,7 +259,7 @@ def test_rolling_cache_runs_a_video_longer_than_itself(loop_case):
 
 
 def _base_folder(tmp_path, fast_root):
-    from worldgen.tiny import ensure_tiny_checkpoint
+    from worldgen.runtime.tiny import ensure_tiny_checkpoint
 
     root = tmp_path / "base"
     shutil.copytree(ensure_tiny_checkpoint("bf16"), root, ignore=shutil.ignore_patterns("lingbot_world_fast*"))
@@ -302,7 +303,7 @@ def test_fast_folder_alone_needs_the_shared_parts(tmp_path, fast_root):
 
 @pytest.mark.parametrize("tile_pixels", [None, 24 * 24])
 def test_streamed_decode_equals_whole_decode(tile_pixels):
-    from worldgen.vae import WAN21_VAE, StreamingDecoder, WanVAE, decode_tiled
+    from worldgen.models.vae import WAN21_VAE, StreamingDecoder, WanVAE, decode_tiled
 
     torch.manual_seed(0)
     import dataclasses
@@ -319,7 +320,7 @@ def test_streamed_decode_equals_whole_decode(tile_pixels):
 @pytest.mark.parametrize("tile_pixels", [None, 24 * 24])
 def test_streamed_encode_equals_whole_encode(tile_pixels):
     """The Fast loop encodes each chunk's conditioning frames as it goes: 9 frames, then 12 at a time."""
-    from worldgen.vae import WAN21_VAE, StreamingEncoder, WanVAE, encode_tiled
+    from worldgen.models.vae import WAN21_VAE, StreamingEncoder, WanVAE, encode_tiled
 
     torch.manual_seed(0)
     import dataclasses
@@ -339,7 +340,7 @@ def test_streamed_encode_equals_whole_encode(tile_pixels):
 @pytest.mark.slow
 def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
     from contracts.settings import GenerationSettings
-    from worldgen.pipeline import load_pipeline
+    from worldgen.pipelines.loader import load_pipeline
 
     pipe = load_pipeline("tiny", device="cpu", model="fast")
     example = lingbot_examples / "00"
@@ -403,7 +404,7 @@ def test_doctor_reports_the_fast_folder(tmp_path, fast_root):
 
 
 def test_quantize_converts_the_fast_folder_to_nf4(tmp_path, fast_root):
-    from worldgen.quantize import quantize_checkpoint
+    from worldgen.runtime.quantize import quantize_checkpoint
 
     root = _base_folder(tmp_path, fast_root)
     shutil.copytree(fast_root / "lingbot-world-base-cam" / FAST_DIR, root / FAST_DIR)

@@ -15,12 +15,12 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from tests.conftest import REPO
-from worldgen import attention as attention_module
-from worldgen.attention import attention, fp8_attention, resolve_backend
-from worldgen.checkpoint import load_expert
-from worldgen.cudnn_attention import fp8_unsupported_reason
 from worldgen.errors import InputError
-from worldgen.fp8 import FP8, FP8_MAX, QuantizedRows, attention_note, gelu_then_quantize, quantize_tensor
+from worldgen.kernels import attention as attention_module
+from worldgen.kernels.attention import attention, fp8_attention, resolve_backend
+from worldgen.kernels.cudnn_attention import attention_note, fp8_unsupported_reason
+from worldgen.kernels.fp8 import FP8, FP8_MAX, QuantizedRows, gelu_then_quantize, quantize_tensor
+from worldgen.runtime.checkpoint import load_expert
 
 
 def test_quantize_tensor_maps_the_largest_magnitude_to_the_e4m3_maximum():

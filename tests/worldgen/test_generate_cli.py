@@ -175,7 +175,7 @@ def test_bad_input_fails_in_a_second_without_loading_a_model(lingbot_examples, t
     errors = result.errors
     assert result.returncode == 2 and errors[-1].startswith("error: ") and expected in errors[-1], errors
     assert "does not exist" not in result.stderr, "the checkpoint was looked at before the input"
-    assert not {"torch", "worldgen.pipeline", "worldgen.checkpoint", "bitsandbytes"} & result.imported, (
+    assert not {"torch", "worldgen.pipelines.base", "worldgen.runtime.checkpoint", "bitsandbytes"} & result.imported, (
         "a model was on its way"
     )
     assert result.cpu_s < 2.0, f"{result.cpu_s:.2f} s of CPU ({result.wall_s:.2f} s wall on a shared machine)"
@@ -188,7 +188,7 @@ def test_default_settings_are_the_reference_and_fast40_is_a_named_preset():
     from argparse import Namespace
 
     from contracts.settings import GenerationSettings, load_settings
-    from worldgen.generate_cli import settings_from_args
+    from lingbot_cli.generate import settings_from_args
 
     flags = dict(size=None, frame_num=None, steps=None, shift=None, seed=None, negative_prompt=None, guide_scale=None)
     default = settings_from_args(Namespace(preset=None, **flags), tiny=False)
@@ -237,7 +237,7 @@ def test_tiny_generate_with_the_fast_model(lingbot_examples, tmp_path, cache):
 
 
 def test_fast_model_without_its_folder_is_a_clear_error(tmp_path, cache, lingbot_examples):
-    from worldgen.tiny import ensure_tiny_checkpoint
+    from worldgen.runtime.tiny import ensure_tiny_checkpoint
 
     root = tmp_path / "base"
     shutil.copytree(ensure_tiny_checkpoint("bf16"), root, ignore=shutil.ignore_patterns("lingbot_world_fast*"))

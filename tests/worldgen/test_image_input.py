@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from worldgen.errors import InputError
-from worldgen.image_input import load_image
+from worldgen.pipelines.image_input import load_image
 
 
 @pytest.mark.parametrize("mode", ["L", "LA", "P", "RGBA", "CMYK", "I;16", "I", "F", "1"])

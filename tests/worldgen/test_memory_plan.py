@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worldgen.cuda_memory import apply_memory_cap
 from worldgen.errors import InputError
-from worldgen.memory import (
+from worldgen.pipelines.base import tokens_for
+from worldgen.runtime.cuda_memory import apply_memory_cap
+from worldgen.runtime.memory import (
     CUDA_CONTEXT_GIB,
     REFERENCE_PIXELS,
     REFERENCE_TOKENS,
@@ -15,7 +16,6 @@ from worldgen.memory import (
     plan_memory,
     vae_peak_gib,
 )
-from worldgen.pipeline import tokens_for
 
 NF4_EXPERT_GIB = 8.9  # one synthetic full-size NF4 expert folder
 TOKENS_720P, PIXELS_720P = tokens_for(81, 720, 1280), 720 * 1280

@@ -18,9 +18,9 @@ import torch
 
 from contracts.settings import load_settings
 from worldgen.errors import InputError
-from worldgen.fp8 import fp8_linear, unsupported_reason
-from worldgen.multi_gpu import PeerDevice, PeerLost, devices_for_gpus, parse_gpus, serve_guidance
-from worldgen.pipeline import load_pipeline
+from worldgen.kernels.fp8 import fp8_linear, unsupported_reason
+from worldgen.pipelines.loader import load_pipeline
+from worldgen.pipelines.multi_gpu import PeerDevice, PeerLost, devices_for_gpus, parse_gpus, serve_guidance
 
 
 def _rollout(pipe, example):

@@ -11,11 +11,11 @@ from safetensors.torch import load_file
 
 from contracts.settings import GenerationSettings
 from tests.worldgen.numerics import rel_l2
-from worldgen.checkpoint import load_expert
-from worldgen.pipeline import Pipeline, prepare_image
-from worldgen.residency import ModelSlot
-from worldgen.t5 import T5Config, UMT5Encoder
-from worldgen.vae import VAEConfig, WanVAE
+from worldgen.models.t5 import T5Config, UMT5Encoder
+from worldgen.models.vae import VAEConfig, WanVAE
+from worldgen.pipelines.base import Pipeline, prepare_image
+from worldgen.runtime.checkpoint import load_expert
+from worldgen.runtime.residency import ModelSlot
 
 
 def _load(module, path):
@@ -97,7 +97,7 @@ def test_end_to_end_video(case):
 def test_final_latent(case):
     pipe, settings, example, io = case
     context, negative = pipe.encode_ids(io["ids"], io["mask"])
-    from worldgen.camera import camera_conditioning
+    from worldgen.pipelines.camera import camera_conditioning
 
     plucker = camera_conditioning(
         np.load(example / "poses.npy"), np.load(example / "intrinsics.npy"), 9, 48, 112
@@ -124,7 +124,7 @@ def test_cancel_through_progress_stops_denoising(case):
 
 def test_text_encoder_on_cpu_gives_the_same_embeddings(tmp_path):
     """--t5-on-cpu streams umT5 block by block; on a CPU-only run it must equal the resident encoder."""
-    from worldgen.pipeline import load_pipeline
+    from worldgen.pipelines.loader import load_pipeline
 
     streamed = load_pipeline("tiny", device="cpu", text_encoder_on_cpu=True, use_text_cache=False)
     resident = load_pipeline("tiny", device="cpu", use_text_cache=False)

@@ -8,7 +8,7 @@ import shutil
 from contracts.provenance import make_record, read_record, summary_rows
 from contracts.settings import load_settings
 from tests.conftest import REPO
-from worldgen.pipeline import load_pipeline
+from worldgen.pipelines.loader import load_pipeline
 from worldgen.rollout import generate_episode
 
 

@@ -12,10 +12,10 @@ from safetensors.torch import load_file
 
 from tests.conftest import REPO
 from tests.worldgen.numerics import rel_l2
-from worldgen.checkpoint import find_checkpoint, load_expert
-from worldgen.nf4 import QUANT_SUFFIXES
-from worldgen.quantize import quantize_expert
-from worldgen.tiny import ensure_tiny_checkpoint
+from worldgen.kernels.nf4 import QUANT_SUFFIXES
+from worldgen.runtime.checkpoint import find_checkpoint, load_expert
+from worldgen.runtime.quantize import quantize_expert
+from worldgen.runtime.tiny import ensure_tiny_checkpoint
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

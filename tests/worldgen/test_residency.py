@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worldgen.checkpoint import find_checkpoint, load_expert, load_vae
-from worldgen.memory import MemoryPlan, plan_memory
-from worldgen.pipeline import load_pipeline, tokens_for
-from worldgen.residency import ModelSlot, ResidencyPolicy
-from worldgen.tiny import ensure_tiny_checkpoint
+from worldgen.pipelines.base import tokens_for
+from worldgen.pipelines.loader import load_pipeline
+from worldgen.runtime.checkpoint import find_checkpoint, load_expert, load_vae
+from worldgen.runtime.memory import MemoryPlan, plan_memory
+from worldgen.runtime.residency import ModelSlot, ResidencyPolicy
+from worldgen.runtime.tiny import ensure_tiny_checkpoint
 
 NF4_EXPERT_GIB = 8.9
 SCHEDULE = ["high", "high", "high", "low", "low", "low"]  # the experts of a 6-step denoise, in order
@@ -150,7 +151,7 @@ def swapping_settings():
 
 
 def test_a_policy_over_the_experts_alone_manages_a_second_gpus_copies(tiny):
-    """A second GPU holds only copies of the experts (worldgen.multi_gpu): its policy swaps them the same
+    """A second GPU holds only copies of the experts (worldgen.pipelines.multi_gpu): its policy swaps them the same
     way and its phase hooks for models it does not hold do nothing."""
     policy = ResidencyPolicy(budget_plan(16), experts=tiny.experts)
     policy.phase_done("text")

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from worldgen.safetensors_writer import SafetensorsWriter, header_bound, save_file
+from worldgen.runtime.safetensors_writer import SafetensorsWriter, header_bound, save_file
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.uint8, torch.int64, torch.int8, torch.bool]
 

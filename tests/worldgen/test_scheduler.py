@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from tests.worldgen.golden import golden_cases
 from tests.worldgen.numerics import rel_l2
-from worldgen.scheduler import FlowUniPCScheduler
+from worldgen.pipelines.scheduler import FlowUniPCScheduler
 
 TAGS = ["n40_s5", "n70_s10", "n4_s3", "n50_s5"]
 VELOCITY = "v = 0.8*sin(1.7*x) + (t/1000)*cos(0.5*x) - 0.3*x, t the integer timestep"

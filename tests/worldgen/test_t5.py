@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from tests.worldgen.golden import golden_model
 from tests.worldgen.numerics import rel_l2
 from worldgen.errors import CheckpointError
-from worldgen.t5 import UMT5_XXL, T5Config, UMT5Encoder, encode_prompts, relative_position_buckets
+from worldgen.models.t5 import UMT5_XXL, T5Config, UMT5Encoder, encode_prompts, relative_position_buckets
 
 
 @pytest.fixture(scope="module")
@@ -111,9 +111,9 @@ def test_config_from_json_names_missing_field(tmp_path):
 
 def test_streamed_on_the_cpu_from_the_mapped_file_matches_reference(golden):
     """--t5-on-cpu: blocks cast and run one at a time straight from the memory-mapped .pth."""
-    from worldgen.checkpoint import load_state_streaming
-    from worldgen.t5 import encode_prompts_streamed
-    from worldgen.tensor_stream import stream_torch_file
+    from worldgen.runtime.checkpoint import load_state_streaming
+    from worldgen.runtime.streamed_text_encoder import encode_prompts_streamed
+    from worldgen.runtime.tensor_stream import stream_torch_file
 
     folder = golden / "t5"
     io = load_file(folder / "io.safetensors")
@@ -127,10 +127,10 @@ def test_streamed_on_the_cpu_from_the_mapped_file_matches_reference(golden):
 
 
 def test_streamed_bf16_file_in_float32_equals_the_resident_encoder():
-    from worldgen.checkpoint import find_checkpoint, load_t5
-    from worldgen.t5 import encode_prompts_streamed
-    from worldgen.tiny import ensure_tiny_checkpoint
-    from worldgen.tokenizer import PromptTokenizer
+    from worldgen.models.tokenizer import PromptTokenizer
+    from worldgen.runtime.checkpoint import find_checkpoint, load_t5
+    from worldgen.runtime.streamed_text_encoder import encode_prompts_streamed
+    from worldgen.runtime.tiny import ensure_tiny_checkpoint
 
     layout = find_checkpoint(ensure_tiny_checkpoint("bf16"))
     ids, mask = PromptTokenizer(layout.tokenizer_dir / "tokenizer.json")(["a robot arm", "warehouse aisle"], 32)

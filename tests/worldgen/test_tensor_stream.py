@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from worldgen.errors import CheckpointError
-from worldgen.tensor_stream import StagingBuffer, stream_safetensors
+from worldgen.runtime.tensor_stream import StagingBuffer, stream_safetensors
 
 
 @settings(max_examples=20, deadline=None)
@@ -51,7 +51,7 @@ def test_truncated_file_names_the_fix(tmp_path):
 
 def test_unaligned_tensors_in_one_read(tmp_path):
     """Files written tensor by tensor (our quantize output) are not aligned: odd-sized uint8 then float32."""
-    from worldgen.safetensors_writer import SafetensorsWriter, header_bound
+    from worldgen.runtime.safetensors_writer import SafetensorsWriter, header_bound
 
     tensors = {"a": torch.arange(5, dtype=torch.uint8), "b": torch.randn(7), "c": torch.randn(3).bfloat16()}
     path = tmp_path / "m.safetensors"
@@ -63,7 +63,7 @@ def test_unaligned_tensors_in_one_read(tmp_path):
 
 
 def test_prefetch_reads_in_the_background_and_ignores_missing_files(tmp_path):
-    from worldgen.tensor_stream import prefetch_into_page_cache
+    from worldgen.runtime.tensor_stream import prefetch_into_page_cache
 
     present = tmp_path / "a.bin"
     present.write_bytes(b"x" * 3_000_000)
@@ -73,7 +73,7 @@ def test_prefetch_reads_in_the_background_and_ignores_missing_files(tmp_path):
 
 
 def test_model_slot_prefetches_only_what_is_not_loaded():
-    from worldgen.residency import ModelSlot
+    from worldgen.runtime.residency import ModelSlot
 
     calls = []
     slot = ModelSlot("x", lambda: torch.nn.Linear(1, 1), prefetch=lambda: calls.append(1))

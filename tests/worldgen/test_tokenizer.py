@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from worldgen.errors import CheckpointError
-from worldgen.tokenizer import PromptTokenizer, build_tiny_tokenizer, clean_prompt, find_tokenizer
+from worldgen.models.tokenizer import PromptTokenizer, build_tiny_tokenizer, clean_prompt, find_tokenizer
 
 PAD, EOS, UNK = 0, 1, 2
 

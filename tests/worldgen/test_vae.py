@@ -10,7 +10,7 @@ import torch
 from tests.worldgen.golden import golden_model
 from tests.worldgen.numerics import rel_l2
 from worldgen.errors import CheckpointError, InputError
-from worldgen.vae import WAN21_VAE, VAEConfig, WanVAE
+from worldgen.models.vae import WAN21_VAE, VAEConfig, WanVAE
 
 
 @pytest.fixture(scope="module")

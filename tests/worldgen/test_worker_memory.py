@@ -1,4 +1,4 @@
-"""The worker's health memory figures come from the one metering home (worldgen.metering), which is
+"""The worker's health memory figures come from the one metering home (worldgen.runtime.metering), which is
 the only code that reads this process's /proc figures; the worker's protocol side stays torch-free."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from tests.conftest import REPO, files_matching
 
 def test_only_metering_reads_this_process_proc_status():
     where = files_matching(r"/proc/self/")
-    assert where == ["worldgen/metering.py"]
+    assert where == ["worldgen/runtime/metering.py"]
 
 
 def test_worker_health_memory_is_the_metering_figures_without_torch():
     code = (
-        "import sys; from worldgen import metering, worker; "
+        "import sys; from worldgen import worker; from worldgen.runtime import metering; "
         "info = worker.memory_info(); rss = metering.rss_gib(); peak = metering.peak_rss_gib(); "
         "assert 'torch' not in sys.modules, 'the worker protocol side imported torch'; "
         "assert set(info) == {'rss_mb', 'peak_rss_mb'}, info; "

@@ -23,7 +23,10 @@ from pathlib import Path
 import torch
 
 from contracts import atomic
-from worldgen.checkpoint import (
+from worldgen.errors import CheckpointError, InputError
+from worldgen.kernels.nf4 import QUANT_SUFFIXES, quantize_weight
+from worldgen.models.dit import DiTConfig, Linear, WanCameraDiT
+from worldgen.runtime.checkpoint import (
     EXPERTS,
     FAST_DIR,
     FAST_NF4_DIR,
@@ -33,11 +36,8 @@ from worldgen.checkpoint import (
     expert_kind,
     stream_bf16_expert,
 )
-from worldgen.dit import DiTConfig, Linear, WanCameraDiT
-from worldgen.errors import CheckpointError, InputError
-from worldgen.nf4 import QUANT_SUFFIXES, quantize_weight
-from worldgen.safetensors_writer import SafetensorsWriter, header_bound
-from worldgen.tensor_stream import StagingBuffer, read_safetensors_header
+from worldgen.runtime.safetensors_writer import SafetensorsWriter, header_bound
+from worldgen.runtime.tensor_stream import StagingBuffer, read_safetensors_header
 
 FAST = "fast"  # the LingBot-World-Fast DiT (lingbot_world_fast/ -> lingbot_world_fast_bnb_nf4/)
 BLOCKSIZE = 64

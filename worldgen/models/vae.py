@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worldgen.config_json import read_config
 from worldgen.errors import CheckpointError, InputError
+from worldgen.models.config_json import read_config
 
 CACHE_FRAMES = 2
 

@@ -18,9 +18,9 @@ Ampere (RTX 3090, A100: 8.0/8.6) has none; there `--compute fp8` is refused and 
 lower-precision option left is INT8 attention (`--attention sage`, SageAttention).
 
 Attention runs in FP8 too where cuDNN's FP8 attention is installed (the `nvidia-cudnn-frontend`
-package; Hopper, see worldgen/cudnn_attention.py): Q, K and V are quantized with one scale per
+package; Hopper, see worldgen/kernels/cudnn_attention.py): Q, K and V are quantized with one scale per
 tensor (`quantize_tensor`), and the e4m3 output goes straight into the output projection's FP8
-GEMM. Elsewhere attention stays bf16 (SDPA), and `attention_note()` says why.
+GEMM. Elsewhere attention stays bf16 (SDPA), and `cudnn_attention.attention_note()` says why.
 """
 
 from __future__ import annotations
@@ -76,16 +76,6 @@ def check_supported(device: torch.device | str) -> None:
     reason = unsupported_reason(device)
     if reason:
         raise InputError(reason)
-
-
-def attention_note(device: torch.device | str) -> str:
-    """What `--compute fp8` does with attention on `device`, in one sentence."""
-    from worldgen import cudnn_attention
-
-    reason = cudnn_attention.fp8_unsupported_reason(torch.device(device))
-    if reason is None:
-        return "--compute fp8: attention runs in FP8 too (cuDNN's FP8 attention, per-tensor scales)"
-    return f"--compute fp8: attention stays bf16 (PyTorch SDPA): {reason}; only the Linear layers run in FP8"
 
 
 def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

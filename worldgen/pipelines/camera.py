@@ -111,7 +111,7 @@ def frames_for_poses(frame_num: int, num_poses: int) -> int:
     The VAE needs 4n+1 frames: another count is rounded down, with a warning. Then, as in the
     reference, the video is cut to what the poses cover: min(F, ((N-1)//4)*4 + 1).
     """
-    from worldgen.request import frames_4n1, frames_covered  # the rule lives there (no torch)
+    from worldgen.pipelines.request import frames_4n1, frames_covered  # the rule lives there (no torch)
 
     frames = frames_4n1(frame_num)
     if frames != frame_num:

@@ -12,7 +12,7 @@
 Inputs the optional kernels cannot take (CPU, float32) go through SDPA whatever the choice.
 
 `fp8_attention` is the FP8 path's self-attention (`--compute fp8`, approximate): cuDNN's FP8 kernel
-(worldgen/cudnn_attention.py) where it can run, its e4m3 output handed to the output projection's
+(worldgen/kernels/cudnn_attention.py) where it can run, its e4m3 output handed to the output projection's
 FP8 GEMM as it is.
 """
 
@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from contracts.engine_options import ATTENTIONS
-from worldgen import fp8
 from worldgen.errors import InputError
-from worldgen.fp8 import QuantizedRows, quantize_tensor
+from worldgen.kernels import fp8
+from worldgen.kernels.fp8 import QuantizedRows, quantize_tensor
 
 BACKENDS = ATTENTIONS  # the one list, in contracts.engine_options
 _PACKAGES = {
@@ -120,7 +120,7 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Quantize
     shape cuDNN declines (said once)."""
     if not (FP8_ATTENTION and q.is_cuda and q.dtype == torch.bfloat16 and q.shape[1] >= fp8.MIN_ROWS):
         return None
-    from worldgen import cudnn_attention
+    from worldgen.kernels import cudnn_attention
 
     if _fp8_usable.setdefault((q.device,), cudnn_attention.fp8_unsupported_reason(q.device) is None) is False:
         return None

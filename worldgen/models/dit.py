@@ -10,11 +10,11 @@ embedding and head in float32) with three memory changes that give the same numb
   q and k to float64 complex tensors;
 - the feed-forward can run in token chunks (`ffn_chunk_tokens`) so its 13824-wide hidden
   activation never exists for the whole sequence at once.
-Linear layers are `Linear` (below) or `worldgen.nf4.NF4Linear`; both take the compute dtype
+Linear layers are `Linear` (below) or `worldgen.kernels.nf4.NF4Linear`; both take the compute dtype
 from their weights and can be told to compute in float32 where the reference does, or to run their
-GEMM in FP8 (`set_compute("fp8")`, an approximation: `worldgen.fp8`).
+GEMM in FP8 (`set_compute("fp8")`, an approximation: `worldgen.kernels.fp8`).
 The elementwise groups of a block (modulated norms, RMSNorm+RoPE, gated residuals) are the
-functions of `worldgen.fused`: the code below on the CPU, one fused kernel each on CUDA.
+functions of `worldgen.kernels.fused`: the code below on the CPU, one fused kernel each on CUDA.
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worldgen import fused
-from worldgen.attention import attention, fp8_attention
-from worldgen.camera_cache import CameraCache
-from worldgen.config_json import read_config
 from worldgen.errors import CheckpointError
-from worldgen.fp8 import QuantizedRows, fp8_linear, gelu_then_quantize, quantize_input, wants_fp8
+from worldgen.kernels import fused
+from worldgen.kernels.attention import attention, fp8_attention
+from worldgen.kernels.fp8 import QuantizedRows, fp8_linear, gelu_then_quantize, quantize_input, wants_fp8
+from worldgen.models.camera_cache import CameraCache
+from worldgen.models.config_json import read_config
 
 if TYPE_CHECKING:
-    from worldgen.kv_cache import KVCache, LayerKV
+    from worldgen.models.kv_cache import KVCache, LayerKV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +57,7 @@ class DiTConfig:
     cross_attn_norm: bool = True
     eps: float = 1e-6
     # LingBot-World-Fast only (causal, KV-cached): the rolling-cache gate and the attention sink in
-    # frames; the loop sets both per job (see worldgen.kv_cache), these are the config's defaults.
+    # frames; the loop sets both per job (see worldgen.models.kv_cache), these are the config's defaults.
     local_attn_size: int = -1
     sink_size: int = 0
 
@@ -165,7 +165,7 @@ class SelfAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, eps: float):
         super().__init__()
         self.num_heads = num_heads
-        self.attention_backend = "sdpa"  # see worldgen.attention
+        self.attention_backend = "sdpa"  # see worldgen.kernels.attention
         self.compute = "exact"  # or "fp8" (set_compute): FP8 self-attention where it can run
         self.q, self.k, self.v, self.o = (Linear(dim, dim) for _ in range(4))
         self.norm_q = RMSNorm(dim, eps)
@@ -185,7 +185,7 @@ class SelfAttention(nn.Module):
         k = fused.rms_norm_rope(self.k(x), self.norm_k.weight, *rope, self.norm_k.eps, self.num_heads).to(v.dtype)
         if kv is not None:
             k, v = kv.update(k, v)
-        elif self.compute == "fp8":  # FP8 attention where cuDNN's kernel runs (worldgen.attention)
+        elif self.compute == "fp8":  # FP8 attention where cuDNN's kernel runs (worldgen.kernels.attention)
             out = fp8_attention(q, k, v)
             if out is not None:
                 return self.o(out)
@@ -265,7 +265,7 @@ class Block(nn.Module):
         kv: LayerKV | None = None,
     ) -> torch.Tensor:
         """`cam`: the camera tokens [1, L, dim], or this block's (scale, shift) already computed from
-        them (`worldgen.camera_cache`), or None (no camera)."""
+        them (`worldgen.models.camera_cache`), or None (no camera)."""
         # m0..m5: [B, 1, dim] float32 (one row per sample, broadcast over tokens)
         m = (self.modulation.float() + e0).unsqueeze(2).unbind(1)
         dtype = self.compute_dtype
@@ -296,7 +296,7 @@ class Head(nn.Module):
 
 class WanCameraDiT(nn.Module):
     """One expert, or the causal Fast model. `forward(x, t, context, y, cam)`; all per-sample tensors
-    batched on dim 0. With `cache` (a `worldgen.kv_cache.KVCache`) `x` is one chunk of frames starting
+    batched on dim 0. With `cache` (a `worldgen.models.kv_cache.KVCache`) `x` is one chunk of frames starting
     at token `current_start` of the video, attending causally to the cached earlier chunks."""
 
     def __init__(self, cfg: DiTConfig):
@@ -321,14 +321,14 @@ class WanCameraDiT(nn.Module):
         return self.patch_embedding.weight.dtype
 
     def set_attention_backend(self, backend: str) -> None:
-        """'sdpa', 'flash' or 'sage' (resolve 'auto' with `worldgen.attention.resolve_backend`)."""
+        """'sdpa', 'flash' or 'sage' (resolve 'auto' with `worldgen.kernels.attention.resolve_backend`)."""
         for module in self.modules():
             if isinstance(module, SelfAttention):
                 module.attention_backend = backend
 
     def set_compute(self, compute: str) -> None:
         """'exact' (the reference's numerics; 'bf16' is its old name) or 'fp8' (large Linears as FP8
-        GEMMs; see worldgen.fp8)."""
+        GEMMs; see worldgen.kernels.fp8)."""
         from contracts.engine_options import COMPUTES, canonical_compute
 
         compute = canonical_compute(compute)

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from torch import nn
 
-from worldgen.cuda_memory import free_device_memory
-from worldgen.memory import MemoryPlan
+from worldgen.runtime.cuda_memory import free_device_memory
+from worldgen.runtime.memory import MemoryPlan
 
 PHASE_MODELS = {"text": ("text_encoder",), "encode": ("vae",), "decode": ("vae",)}  # "denoise": the experts
 

@@ -1,7 +1,7 @@
 """The CUDA allocator's side of the memory budget: the per-process cap, the GPU's size, freeing cached blocks.
 
-The planner (`worldgen.memory`) only decides; `apply_memory_cap` is the one place that tells the
-allocator, called once by whoever starts the engine (`worldgen.pipeline.load_pipeline`).
+The planner (`worldgen.runtime.memory`) only decides; `apply_memory_cap` is the one place that tells the
+allocator, called once by whoever starts the engine (`worldgen.pipelines.loader.load_pipeline`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from worldgen.memory import GiB, MemoryPlan
+from worldgen.runtime.memory import GiB, MemoryPlan
 
 
 def gpu_total_gib(device: torch.device | str) -> float | None:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worldgen.config_json import read_config
+from worldgen.models.config_json import read_config
 
 RELATIVE_MAX_DISTANCE = 128
 
@@ -220,49 +220,5 @@ def encode_prompts(encoder: UMT5Encoder, ids: torch.Tensor, mask: torch.Tensor) 
     Rows are copied so the padded batch tensor can be freed.
     """
     hidden = encoder(ids, mask)
-    lengths = mask.gt(0).sum(dim=1).tolist()
-    return [row[:n].clone() for row, n in zip(hidden, lengths, strict=True)]
-
-
-@torch.no_grad()
-def encode_prompts_streamed(
-    encoder: UMT5Encoder,
-    ids: torch.Tensor,
-    mask: torch.Tensor,
-    device: torch.device | str,
-    dtype: torch.dtype | None = None,
-) -> list[torch.Tensor]:
-    """Like `encode_prompts`, with the encoder's weights on the CPU (memory-mapped) passing one
-    block at a time through `device` in `dtype` (default: the file's): the GPU holds one block
-    (~0.4 GiB for umT5-XXL), not 10.6 GiB. With `device` the CPU, each block is cast, run and
-    dropped in turn, so even float32 on the CPU needs one block of RAM, not 23 GB.
-
-    Blocks are consumed: each is moved to the meta device after use, so load a fresh encoder for
-    the next call (the text-embedding cache makes that rare).
-    """
-    from worldgen.tensor_stream import release_host_pages
-
-    device = torch.device(device)
-    x = encoder.embed(ids).to(device, dtype)  # the embedding lookup gathers rows on the CPU
-    ids_mask = mask.to(device)
-    shared = encoder.shared_position_bias(ids.shape[1])
-    if shared is not None:
-        shared = shared.to(device, dtype)
-    for block in encoder.blocks:
-        # detach(): new handles on the CPU storages. `block.to` swaps each Parameter's `.data` in
-        # place, so holding the Parameters themselves would leave us only the moved copies and the
-        # mapped pages of every block would stay resident until the whole file is unmapped.
-        host_tensors = [t.detach() for t in (*block.parameters(), *block.buffers())]
-        block.to(device, dtype)
-        if device.type != "cpu":  # keep RSS flat: the mapped pages go back to the page cache
-            for tensor in host_tensors:
-                release_host_pages(tensor)
-        x = block(x, ids_mask, shared)
-        if device.type == "cpu":  # the block may have computed on the mapped pages themselves
-            for tensor in host_tensors:
-                release_host_pages(tensor)
-        del host_tensors
-        block.to("meta")
-    hidden = encoder.norm.to(device, dtype)(x)
     lengths = mask.gt(0).sum(dim=1).tolist()
     return [row[:n].clone() for row, n in zip(hidden, lengths, strict=True)]

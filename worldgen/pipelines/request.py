@@ -6,7 +6,7 @@ to what the poses cover, and the frame size follows the image's aspect under the
 applies those rules to the settings, the image size and the pose count (numpy only, no torch), so
 `generate` can fail on bad input in a second and say in one line per change what it will do instead
 of what was asked ("81 frames asked, 33 poses: generating 33"). The pipeline applies the same rules
-(`worldgen.camera.frames_for_poses`, `worldgen.pipeline.latent_size` are these functions).
+(`worldgen.pipelines.camera.frames_for_poses`, `worldgen.pipelines.base.latent_size` are these functions).
 """
 
 from __future__ import annotations

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from worldgen.dit import DiTConfig, Linear, WanCameraDiT
 from worldgen.errors import CheckpointError
-from worldgen.nf4 import QUANT_SUFFIXES, NF4Linear
-from worldgen.tensor_stream import StagingBuffer, stream_safetensors, stream_torch_file
+from worldgen.kernels.nf4 import QUANT_SUFFIXES, NF4Linear
+from worldgen.models.dit import DiTConfig, Linear, WanCameraDiT
+from worldgen.runtime.tensor_stream import StagingBuffer, stream_safetensors, stream_torch_file
 
 EXPERTS = ("high", "low")
 FAST_DIR = "lingbot_world_fast"  # LingBot-World-Fast, inside the base folder as its README downloads it
@@ -321,9 +321,9 @@ def load_t5(
     """The umT5 encoder of a checkpoint, loaded tensor by tensor from its .pth.
 
     With `stream_blocks`, tensors stay memory-mapped on the CPU in the file's dtype (no copy, no RSS
-    growth) and `worldgen.t5.encode_prompts_streamed` moves one block at a time to the device.
+    growth) and `worldgen.runtime.streamed_text_encoder.encode_prompts_streamed` moves one block at a time to the device.
     """
-    from worldgen.t5 import UMT5_XXL, T5Config, UMT5Encoder
+    from worldgen.models.t5 import UMT5_XXL, T5Config, UMT5Encoder
 
     config = T5Config.from_json(layout.t5_config_file) if layout.t5_config_file else UMT5_XXL
     with torch.device("meta"):
@@ -337,7 +337,7 @@ def load_t5(
 
 def load_vae(layout: CheckpointLayout, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
     """The Wan2.1 video VAE of a checkpoint (float32 by default, as the reference runs it)."""
-    from worldgen.vae import WAN21_VAE, VAEConfig, WanVAE
+    from worldgen.models.vae import WAN21_VAE, VAEConfig, WanVAE
 
     config = VAEConfig.from_json(layout.vae_config_file) if layout.vae_config_file else WAN21_VAE
     with torch.device("meta"):

@@ -42,9 +42,9 @@ from typing import Any
 
 import torch
 
-from worldgen.camera_cache import CameraCaches
 from worldgen.errors import InputError
-from worldgen.residency import ResidencyPolicy
+from worldgen.models.camera_cache import CameraCaches
+from worldgen.runtime.residency import ResidencyPolicy
 
 
 def parse_gpus(spec: str | Sequence[int] | None) -> list[int] | None:
@@ -153,7 +153,7 @@ def job_inputs(
     residency: ResidencyPolicy, device: torch.device, negative: torch.Tensor, y: torch.Tensor, cam: torch.Tensor | None
 ) -> dict[str, Any]:
     """A job's fixed inputs on the guidance device, with this device's camera caches where its plan
-    has room for them (`worldgen.camera_cache`), so its passes are as fast as the first device's."""
+    has room for them (`worldgen.models.camera_cache`), so its passes are as fast as the first device's."""
     cam = None if cam is None else cam.to(device)
     return {
         "negative": negative.to(device),

@@ -16,7 +16,7 @@ from contracts import atomic
 
 
 def default_cache_dir() -> Path:
-    from worldgen.tiny import cache_root  # the one cache root (LINGBOT_ISAAC_CACHE)
+    from worldgen.runtime.tiny import cache_root  # the one cache root (LINGBOT_ISAAC_CACHE)
 
     return cache_root() / "text-embeddings"
 

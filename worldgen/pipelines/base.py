@@ -1,7 +1,7 @@
 """Image + prompt + camera -> video: the LingBot-World image-to-video path, phase by phase.
 
 Phases run in order and each holds on the device only what it needs. The memory plan
-(`worldgen.memory`) decides and the residency policy (`worldgen.residency`) loads, prefetches and
+(`worldgen.runtime.memory`) decides and the residency policy (`worldgen.runtime.residency`) loads, prefetches and
 frees: the pipeline only tells the policy which model it is about to run and which phase is done.
 
   text   umT5 (or a cache hit: no model at all) -> prompt and negative-prompt embeddings
@@ -15,7 +15,6 @@ Each step is a public method so tests can compare every intermediate with the re
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,21 +24,20 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from contracts.engine_options import MODELS, TORCH_DTYPE_NAMES, EngineOptions, canonical_compute
+from contracts.engine_options import canonical_compute
 from contracts.settings import GenerationSettings
-from worldgen.camera import camera_conditioning, frames_for_poses, validate_camera
-from worldgen.camera_cache import CameraCaches
-from worldgen.dit import DiTConfig
 from worldgen.errors import InputError
-from worldgen.image_input import load_image
-from worldgen.memory import GiB, MemoryPlan
-from worldgen.metering import PhaseMeter
-from worldgen.multi_gpu import GuidanceDevice
-from worldgen.request import latent_size  # noqa: F401  (re-exported: the rule is defined there)
-from worldgen.residency import ModelSlot, ResidencyPolicy
-from worldgen.scheduler import FlowUniPCScheduler
-from worldgen.text_cache import TextCache
-from worldgen.tokenizer import PromptTokenizer
+from worldgen.models.camera_cache import CameraCaches
+from worldgen.models.tokenizer import PromptTokenizer
+from worldgen.pipelines.camera import camera_conditioning, frames_for_poses, validate_camera
+from worldgen.pipelines.image_input import load_image
+from worldgen.pipelines.multi_gpu import GuidanceDevice
+from worldgen.pipelines.request import latent_size  # noqa: F401  (re-exported: the rule is defined there)
+from worldgen.pipelines.scheduler import FlowUniPCScheduler
+from worldgen.pipelines.text_cache import TextCache
+from worldgen.runtime.memory import MemoryPlan
+from worldgen.runtime.metering import PhaseMeter
+from worldgen.runtime.residency import ModelSlot, ResidencyPolicy
 
 Progress = Callable[[str, int, int], None]
 VAE_STRIDE = (4, 8, 8)
@@ -113,8 +111,8 @@ class Pipeline:
         self.engine: dict[str, Any] = {}  # what load_pipeline applied (dtype, compute, attention, ...)
         self._frame_pixels = 0
         self.identity: dict[str, str] = {}  # set by load_pipeline: variant, checkpoint, layout, dtype ...
-        self.compute = compute  # the experts' compute unless a job's settings say otherwise (worldgen.fp8)
-        self.second_device = second_device  # the unconditional passes' GPU (worldgen.multi_gpu), or None
+        self.compute = compute  # the experts' compute unless a job's settings say otherwise (worldgen.kernels.fp8)
+        self.second_device = second_device  # the unconditional passes' GPU (worldgen.pipelines.multi_gpu), or None
 
     @property
     def plan(self) -> MemoryPlan:
@@ -128,7 +126,8 @@ class Pipeline:
     @torch.no_grad()
     def encode_ids(self, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
         """Token ids [B, L] + mask -> per-prompt embeddings [len_i, dim] (float32, on the CPU)."""
-        from worldgen.t5 import encode_prompts, encode_prompts_streamed
+        from worldgen.models.t5 import encode_prompts
+        from worldgen.runtime.streamed_text_encoder import encode_prompts_streamed
 
         encoder = self.residency.use("text_encoder")
         if self.plan.stream_text_encoder:
@@ -161,7 +160,7 @@ class Pipeline:
     def condition(self, image_resized: torch.Tensor, frames: int) -> torch.Tensor:
         """[3, 1, h, w] image -> y [20, lat_f, lat_h, lat_w]: mask (4) + VAE latent of image + black frames."""
         _, _, h, w = image_resized.shape
-        from worldgen.vae import encode_tiled
+        from worldgen.models.vae import encode_tiled
 
         vae = self.residency.use("vae")
         device = next(vae.parameters()).device
@@ -203,7 +202,7 @@ class Pipeline:
         progress("denoise", 0, total)
         schedule = ["high" if t.item() >= boundary else "low" for t in scheduler.timesteps]
         model = None
-        # each block's camera modulation, once per expert, where the plan has room (worldgen.camera_cache)
+        # each block's camera modulation, once per expert, where the plan has room (worldgen.models.camera_cache)
         cameras = CameraCaches(enabled=self.plan.camera_cache and cam is not None)
         try:
             for i, t in enumerate(scheduler.timesteps):
@@ -245,7 +244,7 @@ class Pipeline:
 
     def job_compute(self, settings: GenerationSettings) -> str:
         """The experts' compute for this job ('exact' or 'fp8', approximate), refused where unsupported."""
-        from worldgen.fp8 import COMPUTES, check_dtype, check_supported
+        from worldgen.kernels.fp8 import COMPUTES, check_dtype, check_supported
 
         compute = canonical_compute(getattr(settings, "compute", None) or self.compute)
         if compute not in COMPUTES:
@@ -259,7 +258,7 @@ class Pipeline:
     # -- decode -----------------------------------------------------------------------------------
     @torch.no_grad()
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
-        from worldgen.vae import decode_tiled
+        from worldgen.models.vae import decode_tiled
 
         vae = self.residency.use("vae")
         device = next(vae.parameters()).device
@@ -271,8 +270,8 @@ class Pipeline:
     def _vae_with_fallback(self, run: Callable[[int | None], torch.Tensor]) -> torch.Tensor:
         """Run a VAE pass with the plan's tile size; on running out of device memory, retry with tiles of
         half the area (the plan's estimate is linear; real peaks are lumpier), down to the smallest tile."""
-        from worldgen.cuda_memory import free_device_memory
-        from worldgen.memory import MIN_TILE_PIXELS
+        from worldgen.runtime.cuda_memory import free_device_memory
+        from worldgen.runtime.memory import MIN_TILE_PIXELS
 
         tile = self.plan.vae_tile_pixels
         while True:
@@ -371,196 +370,3 @@ class Pipeline:
 def tokens_for(frames: int, height: int, width: int) -> int:
     """Sequence length of the DiT for a video size (what drives activation memory)."""
     return ((frames - 1) // 4 + 1) * math.ceil(height / 16) * math.ceil(width / 16)
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def resolve_checkpoint(ckpt: str | Path) -> tuple[Path, bool]:
-    """'tiny' / 'tiny-nf4' -> the built-in checkpoint (made on first use); else the folder. -> (path, is_tiny)."""
-    if str(ckpt) in ("tiny", "tiny-bf16", "tiny-nf4"):
-        from worldgen.tiny import ensure_tiny_checkpoint
-
-        return ensure_tiny_checkpoint("nf4" if str(ckpt) == "tiny-nf4" else "bf16"), True
-    return Path(ckpt).expanduser(), False
-
-
-def load_pipeline(
-    ckpt: str | Path = "tiny",
-    device: torch.device | str | None = None,
-    dtype: torch.dtype | None = None,
-    vram_budget_gb: float | None = None,
-    ram_budget_gb: float | None = None,
-    text_cache_dir: Path | None = None,
-    use_text_cache: bool = True,
-    text_encoder_on_cpu: bool = False,
-    attention: str = "auto",
-    model: str = "base",
-    compute: str | None = "exact",
-    devices: list[str] | tuple[str, ...] | None = None,
-) -> Pipeline:
-    """Recognise the checkpoint, make the memory plan and return a pipeline whose models load lazily.
-
-    `dtype` is the DiT/T5 compute dtype: bfloat16 on CUDA, float32 on the CPU by default. The VAE
-    runs in float32 as in the reference. `attention` picks the DiT's attention kernel
-    (`worldgen.attention`: auto, sdpa, flash, sage). `model`: "base" (the two experts) or "fast"
-    (LingBot-World-Fast, a `worldgen.fast.FastPipeline`). `compute`: "exact" ("bf16", its old name) or "fp8"
-    (approximate, Ada/Hopper only: `worldgen.fp8`), a job's settings may override it. `devices`:
-    one device (as `device`) or two, the second running each step's unconditional pass
-    (`worldgen.multi_gpu`; `devices_for_gpus` turns `--gpus 0,1` into them). What was applied is
-    recorded in `pipe.engine` (the worker reports it in its health answers).
-    """
-    from worldgen.attention import resolve_backend
-    from worldgen.checkpoint import expert_files, find_checkpoint, find_fast_checkpoint, load_expert, load_t5, load_vae
-    from worldgen.cuda_memory import apply_memory_cap, gpu_total_gib
-    from worldgen.memory import plan_memory
-    from worldgen.tensor_stream import prefetch_into_page_cache
-
-    # fewer fragmentation OOMs near the budget; must be set before CUDA's allocator starts
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    if devices:
-        from worldgen.multi_gpu import check_devices
-
-        if len(devices) > 2:
-            raise InputError(f"devices {list(devices)}: a rollout uses one or two devices")
-        check_devices(devices)
-        device = devices[0]
-    device = torch.device(device) if device is not None else default_device()
-    from worldgen.fp8 import COMPUTES, check_dtype, check_supported
-
-    compute = canonical_compute(compute) or "exact"  # None: the engine's choice, the exact path
-    if compute not in COMPUTES:
-        raise InputError(f"compute {compute!r} is unknown: use one of {', '.join(COMPUTES)}")
-    if compute == "fp8":
-        if dtype is not None:  # asked for explicitly: say so before the device (a CPU's float32 is no choice)
-            check_dtype(dtype)
-        for name in devices or [device]:
-            check_supported(name)
-    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    if model not in MODELS:
-        raise InputError(f"model {model!r} is unknown: use one of {', '.join(MODELS)}")
-    root, is_tiny = resolve_checkpoint(ckpt)
-    if is_tiny and model == "fast":
-        from worldgen.tiny import ensure_tiny_fast
-
-        ensure_tiny_fast(root)
-    layout = find_fast_checkpoint(root) if model == "fast" else find_checkpoint(root)
-
-    def planned(on: torch.device, t5_on_cpu: bool) -> MemoryPlan:
-        """The plan for one device, its CUDA cap applied (the one side effect of the budget)."""
-        plan = plan_memory(
-            on,
-            vram_budget_gb,
-            ram_budget_gb,
-            expert_gib=layout.expert_gib,
-            checkpoint_kind=layout.kind,
-            gpu_total_gib=gpu_total_gib(on) if on.type == "cuda" else None,
-            text_encoder_gib=layout.t5.stat().st_size / GiB if layout.t5.exists() else 0.0,
-            text_encoder_on_cpu=t5_on_cpu,
-        )
-        apply_memory_cap(plan)
-        return plan
-
-    plan = planned(device, text_encoder_on_cpu)
-    backend = resolve_backend(attention, model)
-    dit_config = DiTConfig.from_json(next(iter(layout.experts.values())) / "config.json")
-    text_len = dit_config.text_len
-    experts = {
-        name: ModelSlot(
-            "Fast DiT" if name == "fast" else f"{name}-noise expert",
-            lambda f=folder: _prepared_expert(load_expert(f, device, dtype), plan, backend, compute),
-            prefetch=lambda f=folder: prefetch_into_page_cache(expert_files(f)),
-        )
-        for name, folder in layout.experts.items()
-    }
-    t5_device = plan.text_encoder_device
-    t5_dtype = dtype if t5_device.type == "cuda" else torch.float32
-    kind = Pipeline
-    extra = {"experts": experts}
-    if devices and len(devices) == 2:
-        if model == "fast":
-            raise InputError("--gpus with two GPUs: the Fast model has no guidance passes to split; use one GPU")
-        from worldgen.multi_gpu import SecondDevice
-
-        other = torch.device(devices[1])
-        plan2 = planned(other, t5_on_cpu=True)  # the second GPU holds experts only
-        experts2 = {
-            name: ModelSlot(
-                f"{name}-noise expert on {other}",
-                lambda f=folder, p=plan2: _prepared_expert(load_expert(f, other, dtype), p, backend, compute),
-            )
-            for name, folder in layout.experts.items()
-        }
-        extra["second_device"] = SecondDevice(other, ResidencyPolicy(plan2, experts=experts2))
-    if model == "fast":
-        from worldgen.fast import FastPipeline
-
-        kind, extra = FastPipeline, {"dit": experts["fast"], "dit_config": dit_config, "dtype": dtype}
-    pipe = kind(
-        **extra,
-        tokenizer=PromptTokenizer(layout.tokenizer_dir / "tokenizer.json"),
-        text_encoder=ModelSlot(
-            "umT5",
-            lambda: load_t5(layout, t5_device, t5_dtype, plan.stream_text_encoder),
-        ),
-        vae=ModelSlot("VAE", lambda: load_vae(layout, device)),
-        device=device,
-        text_len=text_len,
-        name=f"{'tiny (random weights)' if is_tiny else root.name}{', Fast' if model == 'fast' else ''}, "
-        f"{layout.kind} checkpoint layout",
-        plan=plan,
-        text_cache=TextCache(layout.t5, text_cache_dir, variant=f"{t5_device.type}-{t5_dtype}")
-        if use_text_cache
-        else None,
-        is_random_weights=is_tiny,
-        text_dtype=t5_dtype,
-        compute=compute,
-    )
-    pipe.engine = {
-        "model": model,
-        "device": str(device),
-        "dtype": str(dtype).removeprefix("torch."),
-        "compute": compute,
-        "devices": [str(d) for d in devices] if devices else [str(device)],
-        "attention": backend,
-        "text_encoder_device": str(t5_device),
-        "text_encoder_streamed": plan.stream_text_encoder,  # --t5-on-cpu: block by block from its file
-        "vram_budget_gb": vram_budget_gb,  # as asked (the plan applies it on CUDA only)
-    }
-    # what the provenance record of each rollout says about the model (worldgen.rollout.rollout_record)
-    pipe.identity = {
-        "variant": model,
-        "weights": "tiny" if is_tiny else "real",
-        "checkpoint": str(root),
-        "layout": layout.kind,
-        "dtype": str(dtype).removeprefix("torch."),
-        "text_encoder": "cpu, streamed" if text_encoder_on_cpu else str(t5_device),
-        "attention": backend,
-    }
-    return pipe
-
-
-def load_pipeline_from_options(options: EngineOptions, **kwargs: Any) -> Pipeline:
-    """`load_pipeline` with `contracts.engine_options.EngineOptions` (what a worker is sent)."""
-    return load_pipeline(
-        options.ckpt if options.ckpt == "tiny" else Path(options.ckpt),
-        device=options.device,
-        devices=options.devices if len(options.devices) > 1 else None,
-        dtype=getattr(torch, TORCH_DTYPE_NAMES[options.dtype]) if options.dtype else None,
-        vram_budget_gb=options.vram_budget_gb,
-        text_encoder_on_cpu=options.t5_on_cpu,
-        attention=options.attention,
-        model=options.model,
-        compute=options.compute,
-        **kwargs,
-    )
-
-
-def _prepared_expert(
-    model: torch.nn.Module, plan: MemoryPlan, attention_backend: str, compute: str = "exact"
-) -> torch.nn.Module:
-    model.set_ffn_chunk_tokens(plan.ffn_chunk_tokens)
-    model.set_attention_backend(attention_backend)
-    model.set_compute(compute)
-    return model

@@ -9,7 +9,7 @@ the first forward with a camera stores each block's (scale, shift) and the later
 same camera tensor read them back: the same numbers, so the output is unchanged.
 
 It costs 2 x tokens x dim values in the compute dtype per block (26.8 GiB for the A14B expert at
-480p in bf16), so `worldgen.memory.MemoryPlan` turns it on only where that fits beside everything
+480p in bf16), so `worldgen.runtime.memory.MemoryPlan` turns it on only where that fits beside everything
 else (an 80 GB card, not a 24 GB one), and the pipeline attaches it to one expert at a time.
 """
 

@@ -2,9 +2,9 @@
 
 Pure: `plan_memory` turns the budgets and the model sizes into a `MemoryPlan` and `MemoryPlan.fit`
 re-decides the job-size dependent choices; neither touches CUDA, the disk or a model. Applying the
-plan is elsewhere and explicit: `worldgen.cuda_memory.apply_memory_cap` sets the allocator's cap,
-`worldgen.residency.ResidencyPolicy` loads, keeps, prefetches and frees models as the plan says,
-`worldgen.metering` measures what it cost.
+plan is elsewhere and explicit: `worldgen.runtime.cuda_memory.apply_memory_cap` sets the allocator's cap,
+`worldgen.runtime.residency.ResidencyPolicy` loads, keeps, prefetches and frees models as the plan says,
+`worldgen.runtime.metering` measures what it cost.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import dataclasses
 
 import torch
 
-from worldgen.camera_cache import cache_gib
 from worldgen.errors import InputError
+from worldgen.models.camera_cache import cache_gib
 
 GiB = 2**30
 
@@ -35,7 +35,7 @@ class MemoryPlan:
     stream_text_encoder: bool = False  # T5 blocks pass through the device one at a time
     experts_beside_vae: bool = True  # False: experts are freed before the VAE runs (reloaded next job)
     vae_tile_pixels: int | None = None  # VAE encodes/decodes spatial tiles of at most this area; None: whole frames
-    camera_cache: bool = False  # each block's camera modulation kept across steps (worldgen.camera_cache)
+    camera_cache: bool = False  # each block's camera modulation kept across steps (worldgen.models.camera_cache)
     card_gib: float | None = None  # no budget: the GPU's own memory, for the one choice that needs room
     text_encoder_gib: float = 0.0  # umT5's size, resident beside the experts when there is no budget
     text_encoder_device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
@@ -172,7 +172,7 @@ def plan_memory(
     from its memory-mapped file one block at a time (slow, but no GPU memory and about one block of
     RAM). Raises `worldgen.errors.InputError` when one expert cannot fit at all, naming the fix.
     Without a budget, `gpu_total_gib` and `text_encoder_gib` (umT5's size) decide only the camera
-    cache (`worldgen.camera_cache`): on when it fits beside every resident model.
+    cache (`worldgen.models.camera_cache`): on when it fits beside every resident model.
     """
     device = torch.device(device)
     if device.type != "cuda" or vram_budget_gb is None:

@@ -1,6 +1,6 @@
 """LingBot-World-Fast: the causal DiT run chunk by chunk with a KV cache, 4 steps a chunk, no guidance.
 
-The phases are the base pipeline's (`worldgen.pipeline`: text, encode, decode are shared); only the
+The phases are the base pipeline's (`worldgen.pipelines.base`: text, encode, decode are shared); only the
 denoise phase differs (the reference's `WanI2VFast.generate`):
   for each chunk of `chunk_frames` latent frames (tokens [c*chunk*frame_tokens, ...) of the video):
     for each of the 4 timesteps t_s (indices [0, 179, 358, 679] of the 1000-step shifted schedule):
@@ -16,9 +16,7 @@ chunks (a warning says so); the camera path spans the poses of the 4n+1 frames a
 
 from __future__ import annotations
 
-import dataclasses
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,179 +24,40 @@ import numpy as np
 import torch
 from PIL import Image
 
-from contracts.settings import FIELD_BY_NAME, GenerationSettings
-from worldgen.camera import (
-    TEMPORAL_STRIDE,
-    frames_for_poses,
+from contracts.settings import GenerationSettings
+from worldgen.errors import InputError
+from worldgen.models.dit import DiTConfig
+from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
+from worldgen.models.vae import StreamingDecoder, StreamingEncoder
+from worldgen.pipelines.base import Pipeline, Progress, _no_progress, condition_mask, prepare_image
+from worldgen.pipelines.camera import (
     plucker_embedding,
     relative_poses,
     resample_poses,
     scale_intrinsics,
     validate_camera,
 )
-from worldgen.cuda_memory import free_device_memory
-from worldgen.dit import DiTConfig
-from worldgen.errors import InputError
-from worldgen.kv_cache import MODES, CacheSpec, KVCache, plan_cache
-from worldgen.memory import (
+from worldgen.pipelines.fast_plan import (
+    LOOP_MARGIN_GIB,
+    FastFrames,
+    FastOptions,
+    StreamVAE,
+    fast_frames,
+    fast_schedule,
+    full_cache_spec,
+    stream_vae_cuts,
+)
+from worldgen.runtime.cuda_memory import free_device_memory
+from worldgen.runtime.memory import (
     VAE_WEIGHTS_GIB,
     GiB,
     activation_gib,
     vae_peak_gib,
     vae_tile_pixels,
 )
-from worldgen.pipeline import Pipeline, Progress, _no_progress, condition_mask, prepare_image
-from worldgen.residency import ModelSlot
-from worldgen.scheduler import FlowUniPCScheduler
-from worldgen.vae import StreamingDecoder, StreamingEncoder, streamed_tiles
-
-TIMESTEP_INDICES = (0, 179, 358, 679)  # of the 1000-step schedule: 4 steps, as the model was distilled
-NUM_TRAIN_TIMESTEPS = 1000
+from worldgen.runtime.residency import ModelSlot
 
 ChunkCallback = Callable[[int, int, torch.Tensor], None]  # (chunk index, chunks, its frames [3, f, H, W])
-LOOP_MARGIN_GIB = 0.5  # allocator fragmentation and small buffers during the loop
-# The streamed VAE beside the DiT and its KV cache, measured on the H100 at 464x832, float32 as the VAE
-# runs (bench/bench_vae_stream.py, docs/benchmarks.md): the causal caches every tile keeps between
-# chunks, per pixel of all tiles together (tiles overlap), and the transient peak of one push above
-# them, per pixel of one tile. (The first plan guessed 2 GiB, then 6.3 GiB with small tiles: both ran
-# out of memory, small tiles hold 2.3x the caches of whole frames and decode 2x slower.)
-DECODE_CACHE_BYTES_PER_PIXEL = 9_460  # whole frames: 3.40 GiB; two strips 3.92 GiB
-DECODE_PUSH_BYTES_PER_PIXEL = 11_900  # whole frames: 4.19 GiB; two strips 2.47 GiB
-ENCODE_CACHE_BYTES_PER_PIXEL = 5_620  # whole frames: 2.02 GiB; two strips 2.33 GiB
-ENCODE_PUSH_BYTES_PER_PIXEL = 13_400  # whole frames: 4.75 GiB; two strips 2.77 GiB
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamVAE:
-    """One way to cut frames into tiles for the streamed VAE, and what it costs beside the DiT."""
-
-    tile_pixels: int | None  # the tiles' largest area (None: whole frames)
-    tiles: int
-    decode_cache_gib: float  # kept from the first decoded chunk to the end
-    decode_push_gib: float  # transient, while a chunk decodes
-    encode_cache_gib: float  # kept while conditioning frames are encoded
-    encode_push_gib: float  # transient, while frames encode
-
-    @classmethod
-    def cut(cls, height: int, width: int, tile_pixels: int | None) -> StreamVAE:
-        one, every, count = streamed_tiles(height, width, tile_pixels)
-        tile = None if count == 1 else tile_pixels
-        return cls(
-            tile,
-            count,
-            DECODE_CACHE_BYTES_PER_PIXEL * every / GiB,
-            DECODE_PUSH_BYTES_PER_PIXEL * one / GiB,
-            ENCODE_CACHE_BYTES_PER_PIXEL * every / GiB,
-            ENCODE_PUSH_BYTES_PER_PIXEL * one / GiB,
-        )
-
-
-def stream_vae_cuts(height: int, width: int) -> list[StreamVAE]:
-    """Whole frames, full-height strips (2 to 4: the cheapest tiles, measured), then ever smaller
-    tiles (2 to 12 per frame); one entry per distinct cut."""
-    h, w, overlap = height // 8, width // 8, 8  # in latent pixels (the streamed VAE's 64-pixel overlap)
-    # a tile is full height only when its area allows a square of that height (`worldgen.vae.tile_shape`)
-    areas = [None] + [64 * h * max(h, -(-(w + (k - 1) * overlap) // k)) for k in (2, 3, 4)]
-    areas += [height * width // parts for parts in range(2, 13)]
-    cuts, seen = [], set()
-    for area in areas:
-        cut = StreamVAE.cut(height, width, area)
-        key = (cut.tiles, round(cut.decode_cache_gib, 4), round(cut.decode_push_gib, 4))
-        if key not in seen:
-            seen.add(key)
-            cuts.append(cut)
-    return cuts
-
-
-@dataclasses.dataclass(frozen=True)
-class FastOptions:
-    """The Fast model's own knobs (the reference's generate_fast.py flags and their defaults)."""
-
-    shift: float = FIELD_BY_NAME["shift"].default  # sigma shift of the 1000-step schedule
-    chunk_frames: int = 3  # latent frames per chunk (12 video frames)
-    timestep_indices: tuple[int, ...] = TIMESTEP_INDICES
-    max_attention_tokens: int | None = None  # attend to at most this many cached tokens (None: all)
-    sink_frames: int | None = None  # frames kept when a rolling cache evicts (None: 1 when rolling)
-    kv_cache: str = FIELD_BY_NAME["kv_cache"].default  # one of KV_CACHE_MODES (worldgen.kv_cache.plan_cache)
-
-    def __post_init__(self) -> None:
-        if self.shift <= 0:
-            raise InputError(f"Fast shift must be > 0 (got {self.shift})")
-        if self.chunk_frames < 1:
-            raise InputError(f"chunk_frames must be >= 1 (got {self.chunk_frames})")
-        if not self.timestep_indices or any(not 0 <= i < NUM_TRAIN_TIMESTEPS for i in self.timestep_indices):
-            raise InputError(f"timestep_indices must lie in [0, {NUM_TRAIN_TIMESTEPS}) (got {self.timestep_indices})")
-        if self.max_attention_tokens is not None and self.max_attention_tokens < 1:
-            raise InputError(f"max_attention_tokens must be >= 1 (got {self.max_attention_tokens})")
-        if self.sink_frames is not None and self.sink_frames < 0:
-            raise InputError(f"sink_frames must be >= 0 (got {self.sink_frames})")
-        if self.kv_cache not in MODES:
-            raise InputError(f"kv_cache must be one of {', '.join(MODES)} (got {self.kv_cache!r})")
-
-    @classmethod
-    def from_settings(cls, settings: GenerationSettings, frame_tokens: int) -> FastOptions:
-        """A job's settings (shift, kv_cache, attention_frames, sink_frames) for frames of `frame_tokens`."""
-        window = settings.attention_frames * frame_tokens or None
-        return cls(
-            shift=settings.shift,
-            max_attention_tokens=window,
-            sink_frames=settings.sink_frames,
-            kv_cache=settings.kv_cache,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class FastSchedule:
-    """The few timesteps a chunk is denoised at, and the sigmas the reference pairs with them."""
-
-    timesteps: tuple[int, ...]  # integer timesteps the DiT is called with
-    sigmas_x0: tuple[float, ...]  # flow -> x0 uses the FIRST schedule entry nearest to t (float64 math)
-    sigmas_add_noise: tuple[float, ...]  # re-noising to t uses the SECOND entry when t occurs twice
-
-
-def fast_schedule(shift: float, indices: tuple[int, ...] = TIMESTEP_INDICES) -> FastSchedule:
-    scheduler = FlowUniPCScheduler(NUM_TRAIN_TIMESTEPS)
-    scheduler.set_timesteps(NUM_TRAIN_TIMESTEPS, shift=shift)
-    all_t, sigmas = scheduler.timesteps, scheduler.sigmas  # int64 [1000], float32 [1001]
-    chosen = [int(all_t[i]) for i in indices]
-    x0, noise = [], []
-    for t in chosen:
-        x0.append(float(sigmas[int(torch.argmin((all_t.double() - t).abs()))]))
-        matches = (all_t == t).nonzero().flatten()
-        noise.append(float(sigmas[int(matches[1 if len(matches) > 1 else 0])]))
-    return FastSchedule(tuple(chosen), tuple(x0), tuple(noise))
-
-
-@dataclasses.dataclass(frozen=True)
-class FastFrames:
-    frames: int  # video frames generated (whole chunks)
-    pose_frames: int  # poses the camera path spans (the 4n+1 frames asked for, capped by the poses)
-    latent_frames: int
-
-
-def fast_frames(frame_num: int, num_poses: int | None, chunk_frames: int) -> FastFrames:
-    """Frame counts as the reference rounds them, warning when the video gets shorter than asked."""
-    if num_poses is not None:
-        pose_frames = frames_for_poses(frame_num, num_poses)  # 4n+1, capped by the poses (warns)
-    else:
-        pose_frames = (frame_num - 1) // TEMPORAL_STRIDE * TEMPORAL_STRIDE + 1
-    latent = (pose_frames - 1) // TEMPORAL_STRIDE + 1
-    latent -= latent % chunk_frames
-    if latent < chunk_frames:
-        need = (chunk_frames - 1) * TEMPORAL_STRIDE + 1
-        raise InputError(
-            f"frame_num {frame_num}: the Fast model makes whole chunks of {chunk_frames} latent frames; "
-            f"ask for at least {need} frames (and give as many poses)"
-        )
-    frames = (latent - 1) * TEMPORAL_STRIDE + 1
-    if frames != pose_frames:
-        warnings.warn(
-            f"frame_num {pose_frames}: the Fast model makes whole chunks of {chunk_frames} latent frames; "
-            f"generating {frames} frames",
-            UserWarning,
-            stacklevel=2,
-        )
-    return FastFrames(frames, pose_frames, latent)
 
 
 def fast_camera(poses: np.ndarray, intrinsics: np.ndarray, frames: FastFrames, height: int, width: int) -> torch.Tensor:
@@ -218,7 +77,7 @@ class FastPipeline(Pipeline):
     """The base pipeline's text/encode phases, the causal chunk loop, and a chunk-by-chunk decode.
 
     Each finished chunk is decoded right away (the VAE decoder's causal caches carried over, see
-    `worldgen.vae.StreamingDecoder`) whether or not anyone watches, so a streamed video and a
+    `worldgen.models.vae.StreamingDecoder`) whether or not anyone watches, so a streamed video and a
     non-streamed one are the same video.
     """
 
@@ -235,7 +94,7 @@ class FastPipeline(Pipeline):
 
     # -- memory ------------------------------------------------------------------------------------
     def plan_job(self, latent_frames: int, lat_h: int, lat_w: int, options: FastOptions) -> CacheSpec:
-        """Fit the memory plan to this job: the KV cache (`worldgen.kv_cache.plan_cache`), how the VAE
+        """Fit the memory plan to this job: the KV cache (`worldgen.models.kv_cache.plan_cache`), how the VAE
         cuts frames while it streams beside the DiT, and whether conditioning frames are encoded chunk
         by chunk (the first chunk's preview comes sooner) or all before the loop."""
         frame_tokens = (lat_h // 2) * (lat_w // 2)
@@ -613,17 +472,6 @@ class _Clock:
 
     def mark(self, name: str) -> None:
         self.seconds[name] = self._now() - self.start
-
-
-def full_cache_spec(latent_frames: int, frame_tokens: int, options: FastOptions) -> CacheSpec:
-    """The reference's cache: the whole video, in the compute dtype, never rolling."""
-    return CacheSpec(
-        capacity_tokens=latent_frames * frame_tokens,
-        frame_tokens=frame_tokens,
-        rolling=options.max_attention_tokens is not None,
-        sink_frames=options.sink_frames or 0,
-        max_attention_tokens=options.max_attention_tokens,
-    )
 
 
 def y_from_latent(image_latent: torch.Tensor, frames: int) -> torch.Tensor:

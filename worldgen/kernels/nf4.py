@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worldgen.errors import CheckpointError
-from worldgen.fp8 import QuantizedRows, fp8_linear, wants_fp8
+from worldgen.kernels.fp8 import QuantizedRows, fp8_linear, wants_fp8
 from worldgen.quiet import hide_known_harmless
 
 hide_known_harmless()  # before bitsandbytes logs its harmless CPU-kernel warning on import
@@ -51,7 +51,7 @@ class NF4Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.compute_dtype = compute_dtype
-        self.compute = "exact"  # or "fp8": see worldgen.fp8
+        self.compute = "exact"  # or "fp8": see worldgen.kernels.fp8
         self.quant_type = "nf4"
         self.blocksize = 64
         self.weight_dtype = torch.bfloat16

@@ -1,7 +1,7 @@
 """What a run cost: this process's peak RSS (Linux /proc) and the GPU's peak VRAM, phase by phase.
 
-`PhaseMeter` measures; it decides nothing (the plan is `worldgen.memory`, the loading and freeing
-`worldgen.residency`). Printed at the end of every run and recorded by the benchmarks. The one
+`PhaseMeter` measures; it decides nothing (the plan is `worldgen.runtime.memory`, the loading and freeing
+`worldgen.runtime.residency`). Printed at the end of every run and recorded by the benchmarks. The one
 reader of this process's /proc figures (the worker's health answers use `rss_gib`/`peak_rss_gib`);
 torch is imported only where a GPU is measured, so the worker's protocol side stays light.
 """

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from worldgen.fp8 import FP8, FP8_MAX, QuantizedTensor
+from worldgen.kernels.fp8 import FP8, FP8_MAX, QuantizedTensor
 
 # P = exp(S - rowmax) lies in [0, 1]: scaled to the e4m3 range before P @ V, as Transformer Engine does
 P_SCALE = FP8_MAX
@@ -207,3 +207,11 @@ def fp8_attention_quantized(q: QuantizedTensor, k: QuantizedTensor, v: Quantized
     }  # fmt: skip
     _graph("fp8", buffers).run(buffers, device)
     return QuantizedTensor(o, v.descale)
+
+
+def attention_note(device: torch.device | str) -> str:
+    """What `--compute fp8` does with attention on `device`, in one sentence."""
+    reason = fp8_unsupported_reason(torch.device(device))
+    if reason is None:
+        return "--compute fp8: attention runs in FP8 too (cuDNN's FP8 attention, per-tensor scales)"
+    return f"--compute fp8: attention stays bf16 (PyTorch SDPA): {reason}; only the Linear layers run in FP8"

@@ -219,8 +219,8 @@ def run(args: argparse.Namespace) -> int:
             f"--action-path {args.action_path}: not a folder (poses.npy, intrinsics.npy, image.jpg, prompt.txt)"
         )
     from contracts import episode  # the one reader and validator of action folders (numpy only)
-    from worldgen.image_input import load_image
-    from worldgen.request import resolve_request
+    from worldgen.pipelines.image_input import load_image
+    from worldgen.pipelines.request import resolve_request
 
     image = load_image(image_path := args.image or episode.find_image(args.action_path))
     prompt = args.prompt or (episode.read_prompt(args.action_path) if args.action_path else None)
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         poses, intrinsics = episode.load_action(args.action_path, min_poses=episode.GENERATE_MIN_POSES)
     resolved = resolve_request(settings, (image.height, image.width), None if poses is None else len(poses))
     if not tiny:
-        from worldgen.checkpoint import find_checkpoint
+        from worldgen.runtime.checkpoint import find_checkpoint
 
         find_checkpoint(Path(args.ckpt_dir))  # the layout, before any weight is read
     for line in resolved.adjustments:
@@ -241,13 +241,13 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from worldgen.pipeline import load_pipeline
+    from worldgen.pipelines.loader import load_pipeline
     from worldgen.rollout import generate_noting, rollout_record
     from worldgen.video_out import write_mp4
 
     started = time.perf_counter()
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    from worldgen.multi_gpu import devices_for_gpus
+    from worldgen.pipelines.multi_gpu import devices_for_gpus
 
     devices = devices_for_gpus(getattr(args, "gpus", None))
     if devices and args.device:
@@ -271,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
     )
     load_s = time.perf_counter() - started
     if pipe.compute == "fp8":
-        from worldgen.fp8 import attention_note
+        from worldgen.kernels.cudnn_attention import attention_note
 
         print(f"note: {attention_note(pipe.device)}", file=sys.stderr)
     if pipe.is_random_weights:

@@ -3,7 +3,7 @@
   lingbot-isaac quantize ~/models/lingbot-world-base-cam                 # -> lingbot-world-base-cam-nf4
   lingbot-isaac quantize ~/models/lingbot-world-base-cam /fast/ssd/lingbot-nf4 --device cpu
 
-The command line of `worldgen.quantize` (which says how it works); torch and bitsandbytes are
+The command line of `worldgen.runtime.quantize` (which says how it works); torch and bitsandbytes are
 imported only when it runs, so `--help` answers at once.
 """
 
@@ -31,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from worldgen.metering import peak_rss_gib
-    from worldgen.quantize import quantize_checkpoint
+    from worldgen.runtime.metering import peak_rss_gib
+    from worldgen.runtime.quantize import quantize_checkpoint
 
     source = args.source.expanduser()
     target = (args.target or source.with_name(source.name.rstrip("/") + "-nf4")).expanduser()

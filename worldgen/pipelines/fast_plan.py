@@ -1,0 +1,177 @@
+"""What one LingBot-World-Fast job is, before any tensor exists: its frames (whole chunks), its 4-step
+schedule, its options (cache mode, attention window, sink), the streamed VAE's cuts and the reference's
+KV-cache spec. Pure numbers: the chunk loop itself lives in `worldgen.pipelines.fast`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import torch
+
+from contracts.settings import FIELD_BY_NAME, GenerationSettings
+from worldgen.errors import InputError
+from worldgen.models.kv_cache import MODES, CacheSpec
+from worldgen.models.vae import streamed_tiles
+from worldgen.pipelines.camera import TEMPORAL_STRIDE, frames_for_poses
+from worldgen.pipelines.scheduler import FlowUniPCScheduler
+from worldgen.runtime.memory import GiB
+
+TIMESTEP_INDICES = (0, 179, 358, 679)  # of the 1000-step schedule: 4 steps, as the model was distilled
+NUM_TRAIN_TIMESTEPS = 1000
+
+LOOP_MARGIN_GIB = 0.5  # allocator fragmentation and small buffers during the loop
+# The streamed VAE beside the DiT and its KV cache, measured on the H100 at 464x832, float32 as the VAE
+# runs (bench/bench_vae_stream.py, docs/benchmarks.md): the causal caches every tile keeps between
+# chunks, per pixel of all tiles together (tiles overlap), and the transient peak of one push above
+# them, per pixel of one tile. (The first plan guessed 2 GiB, then 6.3 GiB with small tiles: both ran
+# out of memory, small tiles hold 2.3x the caches of whole frames and decode 2x slower.)
+DECODE_CACHE_BYTES_PER_PIXEL = 9_460  # whole frames: 3.40 GiB; two strips 3.92 GiB
+DECODE_PUSH_BYTES_PER_PIXEL = 11_900  # whole frames: 4.19 GiB; two strips 2.47 GiB
+ENCODE_CACHE_BYTES_PER_PIXEL = 5_620  # whole frames: 2.02 GiB; two strips 2.33 GiB
+ENCODE_PUSH_BYTES_PER_PIXEL = 13_400  # whole frames: 4.75 GiB; two strips 2.77 GiB
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamVAE:
+    """One way to cut frames into tiles for the streamed VAE, and what it costs beside the DiT."""
+
+    tile_pixels: int | None  # the tiles' largest area (None: whole frames)
+    tiles: int
+    decode_cache_gib: float  # kept from the first decoded chunk to the end
+    decode_push_gib: float  # transient, while a chunk decodes
+    encode_cache_gib: float  # kept while conditioning frames are encoded
+    encode_push_gib: float  # transient, while frames encode
+
+    @classmethod
+    def cut(cls, height: int, width: int, tile_pixels: int | None) -> StreamVAE:
+        one, every, count = streamed_tiles(height, width, tile_pixels)
+        tile = None if count == 1 else tile_pixels
+        return cls(
+            tile,
+            count,
+            DECODE_CACHE_BYTES_PER_PIXEL * every / GiB,
+            DECODE_PUSH_BYTES_PER_PIXEL * one / GiB,
+            ENCODE_CACHE_BYTES_PER_PIXEL * every / GiB,
+            ENCODE_PUSH_BYTES_PER_PIXEL * one / GiB,
+        )
+
+
+def stream_vae_cuts(height: int, width: int) -> list[StreamVAE]:
+    """Whole frames, full-height strips (2 to 4: the cheapest tiles, measured), then ever smaller
+    tiles (2 to 12 per frame); one entry per distinct cut."""
+    h, w, overlap = height // 8, width // 8, 8  # in latent pixels (the streamed VAE's 64-pixel overlap)
+    # a tile is full height only when its area allows a square of that height (`worldgen.models.vae.tile_shape`)
+    areas = [None] + [64 * h * max(h, -(-(w + (k - 1) * overlap) // k)) for k in (2, 3, 4)]
+    areas += [height * width // parts for parts in range(2, 13)]
+    cuts, seen = [], set()
+    for area in areas:
+        cut = StreamVAE.cut(height, width, area)
+        key = (cut.tiles, round(cut.decode_cache_gib, 4), round(cut.decode_push_gib, 4))
+        if key not in seen:
+            seen.add(key)
+            cuts.append(cut)
+    return cuts
+
+
+@dataclasses.dataclass(frozen=True)
+class FastOptions:
+    """The Fast model's own knobs (the reference's generate_fast.py flags and their defaults)."""
+
+    shift: float = FIELD_BY_NAME["shift"].default  # sigma shift of the 1000-step schedule
+    chunk_frames: int = 3  # latent frames per chunk (12 video frames)
+    timestep_indices: tuple[int, ...] = TIMESTEP_INDICES
+    max_attention_tokens: int | None = None  # attend to at most this many cached tokens (None: all)
+    sink_frames: int | None = None  # frames kept when a rolling cache evicts (None: 1 when rolling)
+    kv_cache: str = FIELD_BY_NAME["kv_cache"].default  # one of KV_CACHE_MODES (worldgen.models.kv_cache.plan_cache)
+
+    def __post_init__(self) -> None:
+        if self.shift <= 0:
+            raise InputError(f"Fast shift must be > 0 (got {self.shift})")
+        if self.chunk_frames < 1:
+            raise InputError(f"chunk_frames must be >= 1 (got {self.chunk_frames})")
+        if not self.timestep_indices or any(not 0 <= i < NUM_TRAIN_TIMESTEPS for i in self.timestep_indices):
+            raise InputError(f"timestep_indices must lie in [0, {NUM_TRAIN_TIMESTEPS}) (got {self.timestep_indices})")
+        if self.max_attention_tokens is not None and self.max_attention_tokens < 1:
+            raise InputError(f"max_attention_tokens must be >= 1 (got {self.max_attention_tokens})")
+        if self.sink_frames is not None and self.sink_frames < 0:
+            raise InputError(f"sink_frames must be >= 0 (got {self.sink_frames})")
+        if self.kv_cache not in MODES:
+            raise InputError(f"kv_cache must be one of {', '.join(MODES)} (got {self.kv_cache!r})")
+
+    @classmethod
+    def from_settings(cls, settings: GenerationSettings, frame_tokens: int) -> FastOptions:
+        """A job's settings (shift, kv_cache, attention_frames, sink_frames) for frames of `frame_tokens`."""
+        window = settings.attention_frames * frame_tokens or None
+        return cls(
+            shift=settings.shift,
+            max_attention_tokens=window,
+            sink_frames=settings.sink_frames,
+            kv_cache=settings.kv_cache,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class FastSchedule:
+    """The few timesteps a chunk is denoised at, and the sigmas the reference pairs with them."""
+
+    timesteps: tuple[int, ...]  # integer timesteps the DiT is called with
+    sigmas_x0: tuple[float, ...]  # flow -> x0 uses the FIRST schedule entry nearest to t (float64 math)
+    sigmas_add_noise: tuple[float, ...]  # re-noising to t uses the SECOND entry when t occurs twice
+
+
+def fast_schedule(shift: float, indices: tuple[int, ...] = TIMESTEP_INDICES) -> FastSchedule:
+    scheduler = FlowUniPCScheduler(NUM_TRAIN_TIMESTEPS)
+    scheduler.set_timesteps(NUM_TRAIN_TIMESTEPS, shift=shift)
+    all_t, sigmas = scheduler.timesteps, scheduler.sigmas  # int64 [1000], float32 [1001]
+    chosen = [int(all_t[i]) for i in indices]
+    x0, noise = [], []
+    for t in chosen:
+        x0.append(float(sigmas[int(torch.argmin((all_t.double() - t).abs()))]))
+        matches = (all_t == t).nonzero().flatten()
+        noise.append(float(sigmas[int(matches[1 if len(matches) > 1 else 0])]))
+    return FastSchedule(tuple(chosen), tuple(x0), tuple(noise))
+
+
+@dataclasses.dataclass(frozen=True)
+class FastFrames:
+    frames: int  # video frames generated (whole chunks)
+    pose_frames: int  # poses the camera path spans (the 4n+1 frames asked for, capped by the poses)
+    latent_frames: int
+
+
+def fast_frames(frame_num: int, num_poses: int | None, chunk_frames: int) -> FastFrames:
+    """Frame counts as the reference rounds them, warning when the video gets shorter than asked."""
+    if num_poses is not None:
+        pose_frames = frames_for_poses(frame_num, num_poses)  # 4n+1, capped by the poses (warns)
+    else:
+        pose_frames = (frame_num - 1) // TEMPORAL_STRIDE * TEMPORAL_STRIDE + 1
+    latent = (pose_frames - 1) // TEMPORAL_STRIDE + 1
+    latent -= latent % chunk_frames
+    if latent < chunk_frames:
+        need = (chunk_frames - 1) * TEMPORAL_STRIDE + 1
+        raise InputError(
+            f"frame_num {frame_num}: the Fast model makes whole chunks of {chunk_frames} latent frames; "
+            f"ask for at least {need} frames (and give as many poses)"
+        )
+    frames = (latent - 1) * TEMPORAL_STRIDE + 1
+    if frames != pose_frames:
+        warnings.warn(
+            f"frame_num {pose_frames}: the Fast model makes whole chunks of {chunk_frames} latent frames; "
+            f"generating {frames} frames",
+            UserWarning,
+            stacklevel=2,
+        )
+    return FastFrames(frames, pose_frames, latent)
+
+
+def full_cache_spec(latent_frames: int, frame_tokens: int, options: FastOptions) -> CacheSpec:
+    """The reference's cache: the whole video, in the compute dtype, never rolling."""
+    return CacheSpec(
+        capacity_tokens=latent_frames * frame_tokens,
+        frame_tokens=frame_tokens,
+        rolling=options.max_attention_tokens is not None,
+        sink_frames=options.sink_frames or 0,
+        max_attention_tokens=options.max_attention_tokens,
+    )

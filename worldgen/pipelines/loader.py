@@ -1,0 +1,223 @@
+"""Load a pipeline: the checkpoint's layout picks the base model (two experts) or LingBot-World-Fast
+(one causal DiT), the memory plan decides what stays resident, and the weights stream in.
+
+Its own module so that neither pipeline imports the other's loader (the base pipeline and
+`pipelines.fast`, which builds on it, stay one-way).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from contracts.engine_options import MODELS, TORCH_DTYPE_NAMES, EngineOptions, canonical_compute
+from worldgen.errors import InputError
+from worldgen.models.dit import DiTConfig
+from worldgen.models.tokenizer import PromptTokenizer
+from worldgen.pipelines.base import Pipeline
+from worldgen.pipelines.text_cache import TextCache
+from worldgen.runtime.memory import GiB, MemoryPlan
+from worldgen.runtime.residency import ModelSlot, ResidencyPolicy
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_checkpoint(ckpt: str | Path) -> tuple[Path, bool]:
+    """'tiny' / 'tiny-nf4' -> the built-in checkpoint (made on first use); else the folder. -> (path, is_tiny)."""
+    if str(ckpt) in ("tiny", "tiny-bf16", "tiny-nf4"):
+        from worldgen.runtime.tiny import ensure_tiny_checkpoint
+
+        return ensure_tiny_checkpoint("nf4" if str(ckpt) == "tiny-nf4" else "bf16"), True
+    return Path(ckpt).expanduser(), False
+
+
+def load_pipeline(
+    ckpt: str | Path = "tiny",
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    vram_budget_gb: float | None = None,
+    ram_budget_gb: float | None = None,
+    text_cache_dir: Path | None = None,
+    use_text_cache: bool = True,
+    text_encoder_on_cpu: bool = False,
+    attention: str = "auto",
+    model: str = "base",
+    compute: str | None = "exact",
+    devices: list[str] | tuple[str, ...] | None = None,
+) -> Pipeline:
+    """Recognise the checkpoint, make the memory plan and return a pipeline whose models load lazily.
+
+    `dtype` is the DiT/T5 compute dtype: bfloat16 on CUDA, float32 on the CPU by default. The VAE
+    runs in float32 as in the reference. `attention` picks the DiT's attention kernel
+    (`worldgen.kernels.attention`: auto, sdpa, flash, sage). `model`: "base" (the two experts) or "fast"
+    (LingBot-World-Fast, a `worldgen.pipelines.fast.FastPipeline`). `compute`: "exact" ("bf16", its old name) or "fp8"
+    (approximate, Ada/Hopper only: `worldgen.kernels.fp8`), a job's settings may override it. `devices`:
+    one device (as `device`) or two, the second running each step's unconditional pass
+    (`worldgen.pipelines.multi_gpu`; `devices_for_gpus` turns `--gpus 0,1` into them). What was applied is
+    recorded in `pipe.engine` (the worker reports it in its health answers).
+    """
+    from worldgen.kernels.attention import resolve_backend
+    from worldgen.runtime.checkpoint import (
+        expert_files,
+        find_checkpoint,
+        find_fast_checkpoint,
+        load_expert,
+        load_t5,
+        load_vae,
+    )
+    from worldgen.runtime.cuda_memory import apply_memory_cap, gpu_total_gib
+    from worldgen.runtime.memory import plan_memory
+    from worldgen.runtime.tensor_stream import prefetch_into_page_cache
+
+    # fewer fragmentation OOMs near the budget; must be set before CUDA's allocator starts
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    if devices:
+        from worldgen.pipelines.multi_gpu import check_devices
+
+        if len(devices) > 2:
+            raise InputError(f"devices {list(devices)}: a rollout uses one or two devices")
+        check_devices(devices)
+        device = devices[0]
+    device = torch.device(device) if device is not None else default_device()
+    from worldgen.kernels.fp8 import COMPUTES, check_dtype, check_supported
+
+    compute = canonical_compute(compute) or "exact"  # None: the engine's choice, the exact path
+    if compute not in COMPUTES:
+        raise InputError(f"compute {compute!r} is unknown: use one of {', '.join(COMPUTES)}")
+    if compute == "fp8":
+        if dtype is not None:  # asked for explicitly: say so before the device (a CPU's float32 is no choice)
+            check_dtype(dtype)
+        for name in devices or [device]:
+            check_supported(name)
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    if model not in MODELS:
+        raise InputError(f"model {model!r} is unknown: use one of {', '.join(MODELS)}")
+    root, is_tiny = resolve_checkpoint(ckpt)
+    if is_tiny and model == "fast":
+        from worldgen.runtime.tiny import ensure_tiny_fast
+
+        ensure_tiny_fast(root)
+    layout = find_fast_checkpoint(root) if model == "fast" else find_checkpoint(root)
+
+    def planned(on: torch.device, t5_on_cpu: bool) -> MemoryPlan:
+        """The plan for one device, its CUDA cap applied (the one side effect of the budget)."""
+        plan = plan_memory(
+            on,
+            vram_budget_gb,
+            ram_budget_gb,
+            expert_gib=layout.expert_gib,
+            checkpoint_kind=layout.kind,
+            gpu_total_gib=gpu_total_gib(on) if on.type == "cuda" else None,
+            text_encoder_gib=layout.t5.stat().st_size / GiB if layout.t5.exists() else 0.0,
+            text_encoder_on_cpu=t5_on_cpu,
+        )
+        apply_memory_cap(plan)
+        return plan
+
+    plan = planned(device, text_encoder_on_cpu)
+    backend = resolve_backend(attention, model)
+    dit_config = DiTConfig.from_json(next(iter(layout.experts.values())) / "config.json")
+    text_len = dit_config.text_len
+    experts = {
+        name: ModelSlot(
+            "Fast DiT" if name == "fast" else f"{name}-noise expert",
+            lambda f=folder: _prepared_expert(load_expert(f, device, dtype), plan, backend, compute),
+            prefetch=lambda f=folder: prefetch_into_page_cache(expert_files(f)),
+        )
+        for name, folder in layout.experts.items()
+    }
+    t5_device = plan.text_encoder_device
+    t5_dtype = dtype if t5_device.type == "cuda" else torch.float32
+    kind = Pipeline
+    extra = {"experts": experts}
+    if devices and len(devices) == 2:
+        if model == "fast":
+            raise InputError("--gpus with two GPUs: the Fast model has no guidance passes to split; use one GPU")
+        from worldgen.pipelines.multi_gpu import SecondDevice
+
+        other = torch.device(devices[1])
+        plan2 = planned(other, t5_on_cpu=True)  # the second GPU holds experts only
+        experts2 = {
+            name: ModelSlot(
+                f"{name}-noise expert on {other}",
+                lambda f=folder, p=plan2: _prepared_expert(load_expert(f, other, dtype), p, backend, compute),
+            )
+            for name, folder in layout.experts.items()
+        }
+        extra["second_device"] = SecondDevice(other, ResidencyPolicy(plan2, experts=experts2))
+    if model == "fast":
+        from worldgen.pipelines.fast import FastPipeline
+
+        kind, extra = FastPipeline, {"dit": experts["fast"], "dit_config": dit_config, "dtype": dtype}
+    pipe = kind(
+        **extra,
+        tokenizer=PromptTokenizer(layout.tokenizer_dir / "tokenizer.json"),
+        text_encoder=ModelSlot(
+            "umT5",
+            lambda: load_t5(layout, t5_device, t5_dtype, plan.stream_text_encoder),
+        ),
+        vae=ModelSlot("VAE", lambda: load_vae(layout, device)),
+        device=device,
+        text_len=text_len,
+        name=f"{'tiny (random weights)' if is_tiny else root.name}{', Fast' if model == 'fast' else ''}, "
+        f"{layout.kind} checkpoint layout",
+        plan=plan,
+        text_cache=TextCache(layout.t5, text_cache_dir, variant=f"{t5_device.type}-{t5_dtype}")
+        if use_text_cache
+        else None,
+        is_random_weights=is_tiny,
+        text_dtype=t5_dtype,
+        compute=compute,
+    )
+    pipe.engine = {
+        "model": model,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "compute": compute,
+        "devices": [str(d) for d in devices] if devices else [str(device)],
+        "attention": backend,
+        "text_encoder_device": str(t5_device),
+        "text_encoder_streamed": plan.stream_text_encoder,  # --t5-on-cpu: block by block from its file
+        "vram_budget_gb": vram_budget_gb,  # as asked (the plan applies it on CUDA only)
+    }
+    # what the provenance record of each rollout says about the model (worldgen.rollout.rollout_record)
+    pipe.identity = {
+        "variant": model,
+        "weights": "tiny" if is_tiny else "real",
+        "checkpoint": str(root),
+        "layout": layout.kind,
+        "dtype": str(dtype).removeprefix("torch."),
+        "text_encoder": "cpu, streamed" if text_encoder_on_cpu else str(t5_device),
+        "attention": backend,
+    }
+    return pipe
+
+
+def load_pipeline_from_options(options: EngineOptions, **kwargs: Any) -> Pipeline:
+    """`load_pipeline` with `contracts.engine_options.EngineOptions` (what a worker is sent)."""
+    return load_pipeline(
+        options.ckpt if options.ckpt == "tiny" else Path(options.ckpt),
+        device=options.device,
+        devices=options.devices if len(options.devices) > 1 else None,
+        dtype=getattr(torch, TORCH_DTYPE_NAMES[options.dtype]) if options.dtype else None,
+        vram_budget_gb=options.vram_budget_gb,
+        text_encoder_on_cpu=options.t5_on_cpu,
+        attention=options.attention,
+        model=options.model,
+        compute=options.compute,
+        **kwargs,
+    )
+
+
+def _prepared_expert(
+    model: torch.nn.Module, plan: MemoryPlan, attention_backend: str, compute: str = "exact"
+) -> torch.nn.Module:
+    model.set_ffn_chunk_tokens(plan.ffn_chunk_tokens)
+    model.set_attention_backend(attention_backend)
+    model.set_compute(compute)
+    return model
