@@ -3,7 +3,7 @@
 Each entry names the library's logger and the start of one message, so nothing else is hidden:
 - bitsandbytes (CPU backend) logs "Failed to load CPU gemm_4bit_forward from kernels-community"
   on every import on a CPU with AVX512-BF16 when the optional `kernels` package is absent. It then
-  falls back to its own kernel; our NF4 path never calls that kernel (worldgen.nf4 dequantizes
+  falls back to its own kernel; our NF4 path never calls that kernel (worldgen.kernels.nf4 dequantizes
   with its own lines on the CPU, with bitsandbytes' functional API on CUDA).
 `--verbose` (or LINGBOT_ISAAC_VERBOSE=1, which the server passes on to its worker) shows them.
 """

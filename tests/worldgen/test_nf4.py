@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from worldgen.nf4 import NF4Linear, quantize_weight
+from worldgen.kernels.nf4 import NF4Linear, quantize_weight
 
 # (out_features, in_features): 32 and 96 are not multiples of the blocksize (64), 128 is; 3 x 32 also
 # ends in a partial block.
