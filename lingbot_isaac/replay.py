@@ -63,7 +63,7 @@ class ReplayError(ValueError):
 
 def _bridge_errors() -> tuple[type[BaseException], ...]:
     try:
-        from bridge.client import BridgeError, PayloadError
+        from bridge.client_errors import BridgeError, PayloadError
     except ImportError:  # the bridge client is not installed: only --export-only works
         return ()
     return (BridgeError, PayloadError)
@@ -363,7 +363,8 @@ def generate(
     client, episode_dir: Path, settings: dict[str, Any], label: str, progress: bool, job_timeout: float | None
 ) -> tuple[bytes, dict[str, Any]]:
     """Submit one episode, follow its events with a progress bar, return (mp4 bytes, job info)."""
-    from bridge.client import EpisodePayload, submit_and_follow
+    from bridge.episode_payload import EpisodePayload
+    from bridge.follow import submit_and_follow
 
     started = time.monotonic()
     bar = _ProgressBar(label, progress)
@@ -444,7 +445,7 @@ class Batch:
 
     def _on_event(self, event) -> None:  # on the client's I/O thread
         self.last_event[event.job] = time.monotonic()
-        from bridge.client import JobError, Result
+        from bridge.job_events import JobError, Result
 
         if isinstance(event, (Result, JobError)):
             self.wake.set()
@@ -456,7 +457,7 @@ class Batch:
 
     def resume(self, folder: Path, settings: dict[str, Any]) -> bool:
         """Follow the job an earlier run left on the server; False if the server no longer has it."""
-        from bridge.client import RequestFailed
+        from bridge.client_errors import RequestFailed
 
         try:
             pending = json.loads((folder / PENDING).read_text())
@@ -472,7 +473,8 @@ class Batch:
         return True
 
     def run(self, todo: list[tuple[Path, dict[str, Any]]]) -> None:
-        from bridge.client import EpisodePayload, RequestFailed
+        from bridge.client_errors import RequestFailed
+        from bridge.episode_payload import EpisodePayload
 
         todo = list(todo)
         backoff = 0.0
@@ -502,7 +504,7 @@ class Batch:
                     backoff = 0.0  # nothing of ours holds the queue: try again now-ish
 
     def _collect(self) -> int:
-        from bridge.client import JobError
+        from bridge.job_events import JobError
 
         finished = 0
         now = time.monotonic()
@@ -637,7 +639,8 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
 
 def replay_episodes(args: argparse.Namespace, episodes: list[Path], overrides: dict[str, Any]) -> int:
     """Send every unfinished episode through the server; 0 if all have a rollout in the end."""
-    from bridge.client import Client, ServerUnavailable
+    from bridge.client import Client
+    from bridge.client_errors import ServerUnavailable
     from bridge.reach import check_listening, explain_no_answer
 
     finished = [f for f in episodes if (f / ROLLOUT_VIDEO).is_file() and not args.overwrite]
