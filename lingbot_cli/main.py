@@ -17,12 +17,12 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("lingbot_cli.demo", "run the whole loop on the built-in sample: serve, replay, compare, report"),
     "generate": ("worldgen.generate_cli", "image + prompt + camera poses -> video (no server)"),
-    "serve": ("bridge.serve_cli", "run the ZeroMQ generation server"),
-    "submit": ("bridge.submit_cli", "send one episode folder to a server and save the rollout mp4"),
+    "serve": ("lingbot_cli.serve", "run the ZeroMQ generation server"),
+    "submit": ("lingbot_cli.submit", "send one episode folder to a server and save the rollout mp4"),
     "replay": ("lingbot_cli.replay", "send recorded episodes / USD / HDF5 trajectories to a server"),
     "compare": ("comparison.compare_cli", "sim frames vs world-model rollout: side-by-side video and report"),
     "quantize": ("worldgen.quantize_cli", "convert the original bf16 release into the NF4 layout"),
-    "keys": ("bridge.keys", "create CurveZMQ key pairs for non-loopback servers"),
+    "keys": ("lingbot_cli.keys", "create CurveZMQ key pairs for non-loopback servers"),
     "doctor": ("lingbot_cli.doctor", "check the installation, GPU and a checkpoint folder"),
 }
 
