@@ -1,7 +1,7 @@
 """Send one episode folder to a generation server, show its progress, write the rollout mp4.
 
     from bridge.submit import SubmitOptions, submit_episode
-    mp4 = submit_episode(Path("episode_0001"), {"steps": 4}, SubmitOptions(server="tcp://127.0.0.1:5570"))
+    mp4 = submit_episode(Path("episode_0001"), {"steps": 4}, SubmitOptions(timeout=30.0))
 
 The smallest client of `bridge.client` (`lingbot-isaac submit` is its command line:
 lingbot_cli/submit.py; the `replay` command does more: USD and HDF5 trajectories, many episodes).

@@ -160,3 +160,6 @@ class _NoBar:
 
     def set_postfix(self, **kwargs: Any) -> None:
         pass
+
+    def close(self) -> None:
+        pass
