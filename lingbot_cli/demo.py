@@ -71,7 +71,7 @@ def _stop(server: subprocess.Popen) -> None:
 
 
 def _wait_healthy(client, server: subprocess.Popen, log_path: Path, timeout: float) -> dict:
-    from bridge.client import BridgeError
+    from bridge.client_errors import BridgeError
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

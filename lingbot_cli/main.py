@@ -1,6 +1,7 @@
 """`lingbot-isaac <command> ...`: one entry point for the whole project.
 
-Each subcommand lives in the package it belongs to and is imported only when it is run, so
+Every subcommand's arguments live here, in lingbot_cli/ (one module a command, over the plain
+functions its package exposes), and a module is imported only when its command runs, so
 `lingbot-isaac replay` never imports torch and `lingbot-isaac generate` never imports zmq.
 A subcommand module provides `add_arguments(parser)`, `run(args) -> int` and may list in
 `USER_ERRORS` the exception types that mean bad input: those print one clear line and exit 2
@@ -17,12 +18,12 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("lingbot_cli.demo", "run the whole loop on the built-in sample: serve, replay, compare, report"),
     "generate": ("lingbot_cli.generate", "image + prompt + camera poses -> video (no server)"),
-    "serve": ("bridge.serve_cli", "run the ZeroMQ generation server"),
-    "submit": ("bridge.submit_cli", "send one episode folder to a server and save the rollout mp4"),
+    "serve": ("lingbot_cli.serve", "run the ZeroMQ generation server"),
+    "submit": ("lingbot_cli.submit", "send one episode folder to a server and save the rollout mp4"),
     "replay": ("lingbot_cli.replay", "send recorded episodes / USD / HDF5 trajectories to a server"),
     "compare": ("lingbot_cli.compare", "sim frames vs world-model rollout: side-by-side video and report"),
     "quantize": ("lingbot_cli.quantize", "convert the original bf16 release into the NF4 layout"),
-    "keys": ("bridge.keys", "create CurveZMQ key pairs for non-loopback servers"),
+    "keys": ("lingbot_cli.keys", "create CurveZMQ key pairs for non-loopback servers"),
     "doctor": ("lingbot_cli.doctor", "check the installation, GPU and a checkpoint folder"),
 }
 

@@ -19,12 +19,9 @@ Never imports torch: generation happens in the server (`lingbot-isaac serve`).
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
+import dataclasses
 import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,12 +29,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from contracts import atomic
 from contracts.connection import DEFAULT_ENDPOINT, REQUEST_TIMEOUT_S
-from contracts.engine_options import COMPUTE_CHOICES, FP8_HELP, MODELS
-from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO, EpisodeError, read_episode, write_rollout
+from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO, EpisodeError, read_episode
 from contracts.settings import (
-    FIELD_BY_NAME,
     GenerationSettings,
     SettingsError,
     job_settings,
@@ -45,16 +39,14 @@ from contracts.settings import (
     parse_guide_scale,
 )
 from contracts.toml_file import read_toml
-from lingbot_isaac.first_frame import describe_first_frame, first_frame_record, fit_photo, parse_intrinsics, with_photo
+from lingbot_isaac.first_frame import fit_photo, parse_intrinsics, with_photo
 from lingbot_isaac.lens import CameraError
 from lingbot_isaac.recording import write_recording_episode
+from lingbot_isaac.replay_batch import PENDING, Batch, dataset_bar
 from lingbot_isaac.sources import SourceOptions, TrajectorySource, kind_of, open_source
 from lingbot_isaac.sources.isaaclab_hdf5 import QUAT_ORDERS
 
 ISAAC_CONFIG = Path(__file__).resolve().parent.parent / "config" / "isaac.toml"
-
-PENDING = "rollout.pending.json"  # {job, server}: submitted, no result yet (a rerun follows it again)
-BUSY_BACKOFF_S = (0.5, 8.0)  # first and longest wait after a `busy` answer
 
 
 class ReplayError(ValueError):
@@ -63,7 +55,7 @@ class ReplayError(ValueError):
 
 def _bridge_errors() -> tuple[type[BaseException], ...]:
     try:
-        from bridge.client import BridgeError, PayloadError
+        from bridge.client_errors import BridgeError, PayloadError
     except ImportError:  # the bridge client is not installed: only --export-only works
         return ()
     return (BridgeError, PayloadError)
@@ -72,115 +64,42 @@ def _bridge_errors() -> tuple[type[BaseException], ...]:
 USER_ERRORS = (ReplayError, EpisodeError, CameraError, SettingsError, *_bridge_errors())
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "sources",
-        nargs="+",
-        type=Path,
-        metavar="SOURCE",
-        help="episode folder (or its episode.json: `DIR/**/episode.json` replays a whole tree), USD or HDF5 file",
-    )
-    parser.add_argument(
-        "--server", default=DEFAULT_ENDPOINT, help=f"the generation server's endpoint (default: {DEFAULT_ENDPOINT})"
-    )
-    parser.add_argument("--out", type=Path, help="write result folders here instead of beside the sources")
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace existing results and exports (without it a rerun resumes: finished episodes are skipped)",
-    )
-    parser.add_argument("--export-only", action="store_true", help="write the episode folders, send nothing")
-    photo = parser.add_argument_group("a real photo as the first frame (sim-to-real)")
-    photo.add_argument(
-        "--first-frame",
-        type=Path,
-        metavar="PHOTO",
-        help="start every rollout from this photo (the real camera at the start pose) instead of the sim's "
-        "first frame; centre-cropped and resized to the episode's frame. An episode folder given as SOURCE "
-        "is left as it is: the result goes to <folder>-photo (or under --out)",
-    )
-    photo.add_argument(
-        "--photo-intrinsics",
-        metavar="FX,FY,CX,CY",
-        help="the photo's pinhole intrinsics in its own pixels (default: it shows the sim camera's view)",
-    )
-    parser.add_argument(
-        "--demos",
-        default="all",
-        help="Isaac Lab HDF5: which demos: all, successful (attribute success), or indices like 0-99 or 3,7,10-19",
-    )
-    parser.add_argument(
-        "--window",
-        type=int,
-        default=None,
-        help="most jobs in flight at once, at most what the server takes from one client (its per-client "
-        "queue plus its workers) (default: that most)",
-    )
-    source = parser.add_argument_group("files without a first frame or prompt (USD, HDF5)")
-    source.add_argument("--image", type=Path, help="first frame (png/jpg); its size is the render resolution")
-    source.add_argument("--prompt", help="text prompt (or --prompt-file)")
-    source.add_argument("--prompt-file", type=Path, help="text prompt from a file")
-    source.add_argument("--camera", help="camera prim path, recorder group or Isaac Lab camera name")
-    source.add_argument("--resolution", help="WxH the intrinsics are for, if no --image gives it")
-    source.add_argument(
-        "--rate",
-        type=float,
-        help="Isaac Lab env step rate in Hz (1 / (sim.dt * decimation)) (default: none; "
-        "a demo without time stamps needs it)",
-    )
-    source.add_argument(
-        "--meters-per-unit",
-        type=float,
-        help="Isaac Sim recorder positions' stage unit in metres (1 metre stage, 0.01 centimetre stage) "
-        "(default: from --stage, else the recorder's stage_snapshot.usd beside the file)",
-    )
-    source.add_argument(
-        "--stage", type=Path, help="the USD stage an Isaac Sim recorder session was recorded on (for its units)"
-    )
-    source.add_argument(
-        "--quat-order",
-        choices=QUAT_ORDERS,
-        help="quaternion order of an Isaac Lab dataset without a format_version mark: wxyz (Isaac Lab 2.x) "
-        "or xyzw (3.x); default: [isaaclab] quat_order of config/isaac.toml",
-    )
-    gen = parser.add_argument_group("generation (default: the episode's settings, then the server's preset)")
-    gen.add_argument(
-        "--preset",
-        help="send all settings of this [preset] of config/generation.toml: default = the reference's own 70 "
-        "steps, shift 10 (exact); fast40 = 40 steps, shift 5 (approximate: 0.57x the time); tiny",
-    )
-    gen.add_argument(
-        "--compute",
-        choices=COMPUTE_CHOICES,
-        help=FIELD_BY_NAME["compute"].help + ". " + FP8_HELP,
-    )
-    gen.add_argument(
-        "--model",
-        choices=MODELS,
-        help="per job: base = the two experts with guidance; fast = LingBot-World-Fast (chunk by chunk, 4 steps; "
-        "progress shows each finished chunk)",
-    )
-    gen.add_argument("--gpus", type=int, choices=(1, 2), help="per job: " + FIELD_BY_NAME["gpus"].help)
-    gen.add_argument("--frame-num", type=int, help="frames to generate (4n+1)")
-    gen.add_argument("--steps", type=int, help="denoising steps")
-    gen.add_argument("--seed", type=int, help="random seed of the initial noise")
-    gen.add_argument("--size", help="max area as H*W, e.g. 480*832")
-    gen.add_argument("--guide-scale", help="one value or low,high")
-    gen.add_argument("--shift", type=float, help="noise schedule shift")
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=REQUEST_TIMEOUT_S,
-        help=f"seconds for each request to the server (default: {REQUEST_TIMEOUT_S:g})",
-    )
-    parser.add_argument(
-        "--job-timeout",
-        type=float,
-        default=None,
-        help="cancel a job (and count it failed) after this many seconds without any progress from it "
-        "(default: no limit while the server answers)",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+@dataclasses.dataclass
+class ReplayOptions:
+    """What a replay does, as data (`lingbot-isaac replay`'s options: lingbot_cli/replay.py says
+    what each means; the error messages name those flags)."""
+
+    sources: list[Path]  # episode folders (or their episode.json), USD or HDF5 files
+    server: str = DEFAULT_ENDPOINT
+    out: Path | None = None  # result folders here instead of beside the sources
+    overwrite: bool = False
+    export_only: bool = False
+    first_frame: Path | None = None  # a real photo as every rollout's first frame
+    photo_intrinsics: str | None = None  # "FX,FY,CX,CY" of that photo
+    demos: str = "all"  # Isaac Lab HDF5: all, successful, or indices like 0-99 or 3,7,10-19
+    window: int | None = None  # most jobs in flight at once (None: what the server takes)
+    image: Path | None = None  # files without a first frame or prompt (USD, HDF5) ...
+    prompt: str | None = None
+    prompt_file: Path | None = None
+    camera: str | None = None
+    resolution: str | None = None  # "WxH"
+    rate: float | None = None
+    meters_per_unit: float | None = None
+    stage: Path | None = None
+    quat_order: str | None = None
+    preset: str | None = None  # generation settings: a preset of config/generation.toml, then single values
+    compute: str | None = None
+    model: str | None = None
+    gpus: int | None = None
+    frame_num: int | None = None
+    steps: int | None = None
+    seed: int | None = None
+    size: str | None = None
+    guide_scale: str | None = None  # one value or "low,high"
+    shift: float | None = None
+    timeout: float = REQUEST_TIMEOUT_S  # seconds for each request to the server
+    job_timeout: float | None = None  # cancel a job after this many s without progress
+    no_progress: bool = False
 
 
 def _parse_resolution(text: str | None) -> tuple[int, int] | None:
@@ -205,15 +124,15 @@ def _load_image(path: Path | None) -> np.ndarray | None:
         raise ReplayError(f"--image {path}: not a readable image ({exc})") from None
 
 
-def _prompt(args: argparse.Namespace) -> str | None:
-    if args.prompt and args.prompt_file:
+def _prompt(options: ReplayOptions) -> str | None:
+    if options.prompt and options.prompt_file:
         raise ReplayError("give --prompt or --prompt-file, not both")
-    if args.prompt_file:
+    if options.prompt_file:
         try:
-            return args.prompt_file.read_text(encoding="utf-8").strip()
+            return options.prompt_file.read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise ReplayError(f"--prompt-file {args.prompt_file}: {exc}") from None
-    return args.prompt
+            raise ReplayError(f"--prompt-file {options.prompt_file}: {exc}") from None
+    return options.prompt
 
 
 def config_quat_order(path: Path = ISAAC_CONFIG) -> str | None:
@@ -226,24 +145,24 @@ def config_quat_order(path: Path = ISAAC_CONFIG) -> str | None:
     return value or None
 
 
-def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
+def settings_overrides(options: ReplayOptions) -> dict[str, Any]:
     """The generation settings given on the command line (whole preset first, then single flags)."""
     settings: dict[str, Any] = {}
-    if args.preset:
-        settings.update(load_settings(preset=args.preset).to_dict())
+    if options.preset:
+        settings.update(load_settings(preset=options.preset).to_dict())
     flags = {
-        "frame_num": args.frame_num,
-        "steps": args.steps,
-        "seed": args.seed,
-        "size": args.size,
-        "shift": args.shift,
-        "compute": getattr(args, "compute", None),
-        "model": getattr(args, "model", None),
-        "gpus": getattr(args, "gpus", None),
+        "frame_num": options.frame_num,
+        "steps": options.steps,
+        "seed": options.seed,
+        "size": options.size,
+        "shift": options.shift,
+        "compute": getattr(options, "compute", None),
+        "model": getattr(options, "model", None),
+        "gpus": getattr(options, "gpus", None),
     }
     settings.update({k: v for k, v in flags.items() if v is not None})
-    if args.guide_scale:
-        settings["guide_scale"] = list(parse_guide_scale(args.guide_scale))
+    if options.guide_scale:
+        settings["guide_scale"] = list(parse_guide_scale(options.guide_scale))
     GenerationSettings.from_dict(settings)  # SettingsError names a bad value before anything runs
     return settings
 
@@ -363,7 +282,8 @@ def generate(
     client, episode_dir: Path, settings: dict[str, Any], label: str, progress: bool, job_timeout: float | None
 ) -> tuple[bytes, dict[str, Any]]:
     """Submit one episode, follow its events with a progress bar, return (mp4 bytes, job info)."""
-    from bridge.client import EpisodePayload, submit_and_follow
+    from bridge.episode_payload import EpisodePayload
+    from bridge.follow import submit_and_follow
 
     started = time.monotonic()
     bar = _ProgressBar(label, progress)
@@ -428,170 +348,45 @@ def window_of(health: dict[str, Any], asked: int | None) -> int:
     return min(asked, server) if asked else server
 
 
-class Batch:
-    """Many episodes through one client: a bounded window, `busy` backs off, results land as they come."""
-
-    def __init__(self, client, server: str, window: int, job_timeout: float | None, bar, model: str | None) -> None:
-        self.client, self.server, self.window, self.job_timeout, self.bar = client, server, window, job_timeout, bar
-        self.model = model  # what the server runs (health); rollout.json has the worker's own record
-        self.in_flight: dict[str, tuple[Path, dict[str, Any], float]] = {}  # job -> (folder, settings, t0)
-        self.jobs: dict[str, Any] = {}
-        self.last_event: dict[str, float] = {}
-        self.wake = threading.Event()
-        self.done: list[Path] = []
-        self.failed: dict[Path, str] = {}
-        self.busy_answers = 0
-
-    def _on_event(self, event) -> None:  # on the client's I/O thread
-        self.last_event[event.job] = time.monotonic()
-        from bridge.client import JobError, Result
-
-        if isinstance(event, (Result, JobError)):
-            self.wake.set()
-
-    def _follow(self, job, folder: Path, settings: dict[str, Any]) -> None:
-        self.in_flight[job.id] = (folder, settings, time.monotonic())
-        self.jobs[job.id] = job
-        self.last_event[job.id] = time.monotonic()
-
-    def resume(self, folder: Path, settings: dict[str, Any]) -> bool:
-        """Follow the job an earlier run left on the server; False if the server no longer has it."""
-        from bridge.client import RequestFailed
-
-        try:
-            pending = json.loads((folder / PENDING).read_text())
-            job = self.client.watch(str(pending["job"]), on_event=self._on_event)
-        except (OSError, ValueError, KeyError, TypeError):
-            return False
-        except RequestFailed as exc:
-            if exc.code != "not_found":
-                raise
-            (folder / PENDING).unlink(missing_ok=True)
-            return False
-        self._follow(job, folder, settings)
-        return True
-
-    def run(self, todo: list[tuple[Path, dict[str, Any]]]) -> None:
-        from bridge.client import EpisodePayload, RequestFailed
-
-        todo = list(todo)
-        backoff = 0.0
-        while todo or self.in_flight:
-            while todo and len(self.in_flight) < self.window and backoff == 0.0:
-                folder, settings = todo[0]
-                try:
-                    job = self.client.submit(EpisodePayload.from_dir(folder), settings or None, on_event=self._on_event)
-                except RequestFailed as exc:
-                    if exc.code != "busy":
-                        todo.pop(0)
-                        self._fail(folder, f"{exc.code}: {exc.message}")
-                        continue
-                    self.busy_answers += 1
-                    if self.busy_answers == 1:  # say why nothing is sent for a while (once; the summary counts)
-                        print(f"the server is busy ({exc.message}): waiting for a job to end, then sending again",
-                              file=sys.stderr, flush=True)  # fmt: skip
-                    backoff = BUSY_BACKOFF_S[0]  # the server is full: wait for a job to end, then retry
-                    break
-                todo.pop(0)
-                atomic.write_json(folder / PENDING, {"job": job.id, "server": self.server}, indent=1)
-                self._follow(job, folder, settings)
-            self._postfix()
-            self.wake.wait(backoff or 0.5)
-            self.wake.clear()
-            finished = self._collect()
-            if backoff:
-                backoff = 0.0 if finished else min(BUSY_BACKOFF_S[1], backoff * 2)
-                if finished == 0 and not self.in_flight:
-                    backoff = 0.0  # nothing of ours holds the queue: try again now-ish
-
-    def _collect(self) -> int:
-        from bridge.client import JobError
-
-        finished = 0
-        now = time.monotonic()
-        for job_id in list(self.in_flight):
-            job = self.jobs[job_id]
-            folder, settings, started = self.in_flight[job_id]
-            if not job.done():
-                if self.job_timeout and now - self.last_event.get(job_id, now) > self.job_timeout:
-                    self.client.cancel_async(job_id)
-                    del self.in_flight[job_id]
-                    (folder / PENDING).unlink(missing_ok=True)
-                    self._fail(folder, f"no progress from job {job_id} for {self.job_timeout} s; cancelled it")
-                    finished += 1
-                continue
-            del self.in_flight[job_id]
-            finished += 1
-            outcome = job.outcome
-            if isinstance(outcome, JobError):
-                if outcome.code in ("unreachable", "closed"):
-                    self._fail(folder, f"{outcome.code}: {outcome.message}")  # the job may go on: keep PENDING
-                    continue
-                (folder / PENDING).unlink(missing_ok=True)
-                self._fail(folder, f"{outcome.code}: {outcome.message}")
-                continue
-            info = {"id": job_id, "queue_position": job.queue_position, "server_seconds": outcome.seconds,
-                    "seconds": round(time.monotonic() - started, 3), "server": self.server,
-                    "episode": str(folder), "asked": settings, "provenance": outcome.provenance,
-                    "first_frame": first_frame_record(read_episode(folder))}  # fmt: skip
-            print(f"{folder.name}: first frame: {describe_first_frame(info['first_frame'])}", file=sys.stderr)
-            for line in (outcome.provenance or {}).get("adjustments", []):  # what the engine changed, once
-                print(f"{folder.name}: {line}", file=sys.stderr)
-            print(write_rollout(folder, outcome.video, info), flush=True)
-            (folder / PENDING).unlink(missing_ok=True)
-            self.done.append(folder)
-            self.bar.update(1)
-        return finished
-
-    def _fail(self, folder: Path, reason: str) -> None:
-        self.failed[folder] = reason
-        self.bar.update(1)
-        print(f"{folder.name}: failed: {reason}", file=sys.stderr, flush=True)
-
-    def _postfix(self) -> None:
-        with contextlib.suppress(AttributeError):
-            self.bar.set_postfix(in_flight=len(self.in_flight), failed=len(self.failed), refresh=False)
-
-
-def run(args: argparse.Namespace) -> int:
-    episodes, overrides = prepare(args)
-    if args.export_only:
+def run(options: ReplayOptions) -> int:
+    episodes, overrides = prepare(options)
+    if options.export_only:
         for folder in episodes:
             print(folder)
         return 0
-    return replay_episodes(args, episodes, overrides)
+    return replay_episodes(options, episodes, overrides)
 
 
-def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
+def prepare(options: ReplayOptions) -> tuple[list[Path], dict[str, Any]]:
     """Read and validate every source, export the episode folders; (folders, setting overrides)."""
-    image = _load_image(args.image)
-    resolution = _parse_resolution(args.resolution)
+    image = _load_image(options.image)
+    resolution = _parse_resolution(options.resolution)
     if image is not None:
         if resolution is not None and resolution != image.shape[:2]:
             raise ReplayError(
-                f"--resolution {args.resolution} differs from --image's {image.shape[1]}x{image.shape[0]}"
+                f"--resolution {options.resolution} differs from --image's {image.shape[1]}x{image.shape[0]}"
             )
         resolution = image.shape[:2]
-    prompt = _prompt(args)
-    overrides = settings_overrides(args)
-    demos = parse_demos(args.demos)
-    options = SourceOptions(
-        camera=args.camera,
+    prompt = _prompt(options)
+    overrides = settings_overrides(options)
+    demos = parse_demos(options.demos)
+    source_options = SourceOptions(
+        camera=options.camera,
         resolution=resolution,
-        rate=args.rate,
-        meters_per_unit=args.meters_per_unit,
-        quat_order=args.quat_order,
+        rate=options.rate,
+        meters_per_unit=options.meters_per_unit,
+        quat_order=options.quat_order,
         default_quat_order=config_quat_order(),
-        stage=args.stage,
+        stage=options.stage,
     )
 
     # Read and validate every source before sending anything.
     sources: list[tuple[TrajectorySource, int]] = []
     frameless: list[Path] = []  # recorder sessions: they cannot hold camera frames
-    for path in args.sources:
+    for path in options.sources:
         if path.name == "episode.json" and path.is_file():  # `replay DIR/**/episode.json`
             path = path.parent
-        found = open_source(path, options)
+        found = open_source(path, source_options)
         siblings = len(found)
         kind = kind_of(path)
         if kind == "isaaclab-hdf5":
@@ -600,21 +395,21 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
             frameless.append(path)
         sources += [(source, siblings) for source in found]
     if not sources:
-        raise ReplayError(f"--demos {args.demos}: no demo of {', '.join(map(str, args.sources))} matches")
+        raise ReplayError(f"--demos {options.demos}: no demo of {', '.join(map(str, options.sources))} matches")
     if frameless:
         from lingbot_isaac.sources.isaacsim_hdf5 import no_frames_note
 
         print(no_frames_note(frameless), file=sys.stderr)  # once, for all of them
-    photo_k = parse_intrinsics(args.photo_intrinsics)
-    if photo_k is not None and args.first_frame is None:
+    photo_k = parse_intrinsics(options.photo_intrinsics)
+    if photo_k is not None and options.first_frame is None:
         raise ReplayError("--photo-intrinsics describes the --first-frame photo; give --first-frame PHOTO too")
-    if args.first_frame is not None and not args.first_frame.is_file():
-        raise ReplayError(f"--first-frame {args.first_frame}: no such file")
+    if options.first_frame is not None and not options.first_frame.is_file():
+        raise ReplayError(f"--first-frame {options.first_frame}: no such file")
     plan = []
     for source, siblings in sources:
-        target = _result_dir(source, args.out, siblings)
+        target = _result_dir(source, options.out, siblings)
         if (
-            args.first_frame is not None
+            options.first_frame is not None
             and source.episode_dir is not None
             and target.resolve() == (source.episode_dir.resolve())
         ):
@@ -628,22 +423,23 @@ def prepare(args: argparse.Namespace) -> tuple[list[Path], dict[str, Any]]:
                 f"{other.origin} and {source.origin} would both write {target}; give them different "
                 "names or replay them with different --out folders"
             )
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-    resume = not args.export_only
+    if options.out:
+        options.out.mkdir(parents=True, exist_ok=True)
+    resume = not options.export_only
     episodes = [
-        export(source, target, image, prompt, args.overwrite, resume, args.first_frame, photo_k)
+        export(source, target, image, prompt, options.overwrite, resume, options.first_frame, photo_k)
         for source, target in plan
     ]
     return episodes, overrides
 
 
-def replay_episodes(args: argparse.Namespace, episodes: list[Path], overrides: dict[str, Any]) -> int:
+def replay_episodes(options: ReplayOptions, episodes: list[Path], overrides: dict[str, Any]) -> int:
     """Send every unfinished episode through the server; 0 if all have a rollout in the end."""
-    from bridge.client import Client, ServerUnavailable
+    from bridge.client import Client
+    from bridge.client_errors import ServerUnavailable
     from bridge.reach import check_listening, explain_no_answer
 
-    finished = [f for f in episodes if (f / ROLLOUT_VIDEO).is_file() and not args.overwrite]
+    finished = [f for f in episodes if (f / ROLLOUT_VIDEO).is_file() and not options.overwrite]
     todo = []
     for folder in episodes:
         if folder in finished:
@@ -655,15 +451,17 @@ def replay_episodes(args: argparse.Namespace, episodes: list[Path], overrides: d
               "(--overwrite generates them again)", file=sys.stderr)  # fmt: skip
     if not todo:
         return 0
-    check_listening(args.server)  # a closed port is said at once, with how to start a server
-    with Client(args.server, timeout=args.timeout) as client:
+    check_listening(options.server)  # a closed port is said at once, with how to start a server
+    with Client(options.server, timeout=options.timeout) as client:
         try:
             health = client.health()  # before any upload
         except ServerUnavailable as exc:
-            raise explain_no_answer(args.server, exc) from None
-        window = window_of(health, args.window)
-        bar = _dataset_bar(len(episodes), len(finished), not args.no_progress)
-        batch = Batch(client, args.server, window, args.job_timeout, bar, (health.get("model") or {}).get("model"))
+            raise explain_no_answer(options.server, exc) from None
+        window = window_of(health, options.window)
+        bar = dataset_bar(len(episodes), len(finished), not options.no_progress)
+        batch = Batch(
+            client, options.server, window, options.job_timeout, bar, (health.get("model") or {}).get("model")
+        )
         try:
             fresh = [(f, s) for f, s in todo if not ((f / PENDING).is_file() and batch.resume(f, s))]
             batch.run(fresh)
@@ -682,25 +480,3 @@ def replay_episodes(args: argparse.Namespace, episodes: list[Path], overrides: d
             print(f"  {folder}: {reason}", file=sys.stderr)
         return 1
     return 0
-
-
-def _dataset_bar(total: int, initial: int, enabled: bool):
-    """One bar over the dataset (episodes), or a stand-in with the same methods."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = None
-    if tqdm is None or not enabled:
-        return _NoBar()
-    return tqdm(total=total, initial=initial, unit="episode", desc="replay", file=sys.stderr)
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix(self, **kwargs: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

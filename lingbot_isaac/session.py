@@ -6,7 +6,7 @@ server round trip, the comparison report) happens on a worker thread, and result
 through the status object. The one callback, `on_chunk`, hands each finished chunk of a Fast job
 (`ChunkPreview`: its place, its mp4 and a still of its last frame, on disk) to whoever shows it;
 it runs on the worker thread, so a UI only keeps the preview there and draws it on its own thread.
-The job itself is followed by `bridge.client.submit_and_follow`, the same loop as `submit` and
+The job itself is followed by `bridge.follow.submit_and_follow`, the same loop as `submit` and
 `replay`.
 """
 
@@ -256,7 +256,10 @@ class Session:
     def _generate(
         self, episode: Path, client_factory: Callable[[], Any] | None, run: int, cancelled: threading.Event
     ) -> None:
-        from bridge.client import Client, EpisodePayload, JobFailed, RequestFailed, ServerUnavailable, submit_and_follow
+        from bridge.client import Client
+        from bridge.client_errors import JobFailed, RequestFailed, ServerUnavailable
+        from bridge.episode_payload import EpisodePayload
+        from bridge.follow import submit_and_follow
         from contracts.episode import read_episode, write_rollout
         from contracts.settings import job_settings
         from lingbot_isaac.first_frame import first_frame_record, parse_intrinsics, with_photo

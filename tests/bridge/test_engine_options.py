@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from bridge.client import Client, EpisodePayload
+from bridge.client import Client
+from bridge.episode_payload import EpisodePayload
 from bridge.server_config import ConfigError, load_server_config
 from tests.bridge.conftest import TINY, wait_for
 

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bridge.client import Chunk, Client, EpisodePayload, JobError, Progress, Result
+from bridge.client import Client
+from bridge.episode_payload import EpisodePayload
+from bridge.job_events import Chunk, JobError, Progress, Result
 from contracts.video import read_mp4
 from tests.bridge.conftest import REPO, make_episode
 

@@ -196,7 +196,10 @@ def test_config_mistakes_are_named(tmp_path, text, words):
 @pytest.mark.parametrize(
     ("modules", "forbidden"),
     [
-        ("bridge.client, bridge.server, bridge.serve_cli, bridge.submit_cli, bridge.keys", "torch"),
+        (
+            "bridge.client, bridge.server, bridge.serve, bridge.submit, lingbot_cli.serve, lingbot_cli.submit, lingbot_cli.keys",
+            "torch",
+        ),
         ("worldgen.worker", "zmq"),
         ("bridge, bridge.worker_protocol, contracts.settings", "zmq"),
     ],

@@ -28,7 +28,9 @@ import pytest
 import zmq
 
 from bridge import protocol
-from bridge.client import Client, EpisodePayload, JobFailed, RequestFailed
+from bridge.client import Client
+from bridge.client_errors import JobFailed, RequestFailed
+from bridge.episode_payload import EpisodePayload
 from bridge.spool import Spool
 from tests.bridge.conftest import make_episode, rss_mb, standin_command, wait_for
 from tests.bridge.test_server import RawDealer, record_of

@@ -19,17 +19,10 @@ import pytest
 import zmq
 
 from bridge import protocol
-from bridge.client import (
-    Client,
-    EpisodePayload,
-    JobError,
-    JobFailed,
-    PayloadError,
-    Progress,
-    RequestFailed,
-    Result,
-    ServerUnavailable,
-)
+from bridge.client import Client
+from bridge.client_errors import JobFailed, PayloadError, RequestFailed, ServerUnavailable
+from bridge.episode_payload import EpisodePayload
+from bridge.job_events import JobError, Progress, Result
 from contracts.settings import SettingsError, load_settings
 from tests.bridge.conftest import concurrently, make_episode, pid_alive, standin_command, wait_for
 

@@ -18,7 +18,10 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 
-from bridge.client import Client, EpisodePayload, JobFailed, Progress, Result
+from bridge.client import Client
+from bridge.client_errors import JobFailed
+from bridge.episode_payload import EpisodePayload
+from bridge.job_events import Progress, Result
 from contracts.settings import load_settings
 from tests.bridge.conftest import REPO, TINY, ServerPool, concurrently, make_episode, pid_alive, wait_for
 

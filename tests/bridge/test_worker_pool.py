@@ -13,7 +13,10 @@ import signal
 import numpy as np
 import pytest
 
-from bridge.client import Client, EpisodePayload, JobError, JobFailed, RequestFailed, Result
+from bridge.client import Client
+from bridge.client_errors import JobFailed, RequestFailed
+from bridge.episode_payload import EpisodePayload
+from bridge.job_events import JobError, Result
 from contracts.settings import SettingsError
 from tests.bridge.conftest import TINY, pid_alive, standin_command, wait_for
 from tests.bridge.test_server import record_of

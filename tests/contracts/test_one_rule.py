@@ -16,7 +16,8 @@ import pytest
 from PIL import Image
 
 from bridge import protocol
-from bridge.client import EpisodePayload, PayloadError
+from bridge.client_errors import PayloadError
+from bridge.episode_payload import EpisodePayload
 from bridge.spool import Spool
 from contracts import episode
 from contracts.episode import EpisodeError, EpisodeMeta, write_episode

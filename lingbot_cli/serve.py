@@ -8,14 +8,13 @@ Prints `listening on ENDPOINT` on stdout once clients can connect; logs go to st
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import logging
 import sys
 from pathlib import Path
 
 from bridge.security import SecurityError
-from bridge.server import ListenError, Server
+from bridge.serve import serve
+from bridge.server import ListenError
 from bridge.server_config import ConfigError, load_server_config
 from bridge.spool import SpoolError
 from contracts.connection import DEFAULT_ENDPOINT
@@ -96,26 +95,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-M_MMAP_THRESHOLD = -3  # glibc mallopt parameter (malloc.h)
-LARGE_BUFFER_BYTES = 1 << 20
-
-
-def return_large_buffers_to_the_os() -> None:
-    """Make glibc mmap every buffer of 1 MiB or more (result videos sent to watchers, images).
-
-    By default glibc raises its mmap threshold to the size of the last large block freed, so after
-    the first result a multi-MiB read lands on the heap and its pages stay in the server's RSS
-    after the send completes; a fixed threshold keeps them mmapped, and they go back to the OS as
-    soon as the last peer's send lets go of them. Elsewhere (no glibc) this does nothing."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "mallopt"):
-            libc.mallopt(M_MMAP_THRESHOLD, LARGE_BUFFER_BYTES)
-    except OSError:
-        pass
-
-
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s: %(message)s"
@@ -141,8 +120,4 @@ def run(args: argparse.Namespace) -> int:
         "worker.ray_address": args.ray_address,
     }
     config = load_server_config(path, {k: v for k, v in flags.items() if v is not None})
-    return_large_buffers_to_the_os()
-    server = Server(config)
-    print(f"listening on {server.endpoint}", flush=True)
-    server.serve_forever()
-    return 0
+    return serve(config)

@@ -1,0 +1,299 @@
+"""The server's request handling: who sent a message, and the answer to each request type
+(submit, cancel, status, watch, health), with the checks a submit passes before it is spooled
+(settings and the server's caps, queue caps, spool quotas).
+
+A mixin of `bridge.server.Server`: every request gets exactly one reply (or an `error`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from typing import Any
+
+import zmq
+
+from bridge import protocol
+from bridge.jobs import Job
+from bridge.protocol import Health, JobRequest, ProtocolError, Submit
+from contracts.settings import GenerationSettings
+
+log = logging.getLogger("bridge.server")
+
+
+class RequestHandling:
+    def _identity(self, peer: bytes, header: zmq.Frame) -> str:
+        """Who sent a message: the CurveZMQ key ZAP authenticated, else the connection."""
+        if self.config.security.curve:
+            try:
+                return "key:" + header.get("User-Id")
+            except (zmq.ZMQError, TypeError):  # pragma: no cover (ZAP always sets it under CURVE)
+                pass
+        return "peer:" + peer.hex()
+
+    def _handle_request(self, peer: bytes, frames: list) -> None:
+        try:
+            request = protocol.parse_request([f.buffer for f in frames], self.limits)
+        except ProtocolError as exc:
+            rid = protocol.peek_rid(frames[0].buffer, self.limits) if frames else None
+            log.info("refused a malformed request (%s): %s", exc.code, exc)
+            self._send(peer, protocol.error_frames(exc.code, str(exc), rid))
+            return
+        if isinstance(request, Submit):
+            self._on_submit(peer, self._identity(peer, frames[0]), request)
+        elif isinstance(request, Health):
+            self._on_health(peer, request)
+        else:
+            getattr(self, f"_on_{request.type}")(peer, request)
+
+    def _refuse(self, peer: bytes, rid: str, code: str, message: str) -> None:
+        self._send(peer, protocol.error_frames(code, message, rid))
+
+    def _on_submit(self, peer: bytes, client: str, request: Submit) -> None:
+        rid = request.rid
+        existing = self.jobs.get(self.by_request.get((client, rid), ""))
+        if existing is not None:  # a retry of a submit this client already made
+            self._reply_accepted(peer, rid, existing)
+            if existing.terminal:
+                self._send_outcome(existing, [peer])
+            else:
+                existing.subscribers.add(peer)
+            return
+        try:
+            settings = self._job_settings(request.settings)
+        except ProtocolError as exc:
+            self._refuse(peer, rid, exc.code, str(exc))
+            return
+        if self.unavailable:
+            self._refuse(peer, rid, "unavailable", self.unavailable)
+            return
+        if self.storage_error:
+            self._refuse(peer, rid, "storage", f"the server cannot store jobs now: {self.storage_error}")
+            return
+        waiting, mine = len(self.queue), self.queue.count(client)
+        if waiting >= self.config.max_queue:
+            self._refuse(peer, rid, "busy", f"the queue is full ({waiting} jobs waiting); try again later")
+            return
+        if mine >= self.config.max_queue_per_client:
+            self._refuse(peer, rid, "busy", f"you already have {mine} jobs waiting (the per-client cap); "
+                         "wait for one to finish")  # fmt: skip
+            return
+        size = len(request.image) + request.poses.nbytes + request.intrinsics.nbytes + len(request.prompt) + 4096
+        self._make_room(size, client)
+        used, per_client = self.spool_usage()
+        if used + size > self.config.spool_quota_bytes:
+            self._refuse(peer, rid, "busy", f"the spool quota is used up ({used >> 20} of "
+                         f"{self.config.spool_quota_bytes >> 20} MiB); try again when jobs have ended")  # fmt: skip
+            return
+        if per_client.get(client, 0) + size > self.config.spool_quota_per_client_bytes:
+            self._refuse(peer, rid, "busy", f"your share of the spool quota is used up "
+                         f"({per_client.get(client, 0) >> 20} of {self.config.spool_quota_per_client_bytes >> 20} "
+                         "MiB); wait for your jobs to end")  # fmt: skip
+            return
+        try:
+            job = self.spool.accept(
+                client=client,
+                rid=rid,
+                prompt=request.prompt,
+                image=request.image,
+                poses=request.poses,
+                intrinsics=request.intrinsics,
+                settings=settings.to_dict(),
+                want_frames=request.want_frames,
+                name=request.name,
+            )
+        except OSError as exc:
+            self._storage_failed(exc, "a new job")
+            self._refuse(peer, rid, "storage", f"the server cannot store the job: {self.storage_error}")
+            return
+        self.jobs[job.id] = job
+        self.by_request[(client, rid)] = job.id
+        job.subscribers.add(peer)
+        if request.want_chunks:
+            job.chunk_peers.add(peer)
+            if request.want_stills:
+                job.still_peers.add(peer)
+        self.queue.push(client, job.id)
+        log.info("job %s accepted from %s (%d waiting)", job.id, client, len(self.queue))
+        self._reply_accepted(peer, rid, job)  # the loop hands it to the worker after this turn
+
+    def _make_room(self, size: int, client: str, keep: str | None = None) -> None:
+        """Kept results are a cache: before a quota refuses new work, the oldest finished jobs'
+        results are deleted (those of this client first for its own quota). Inputs of unfinished
+        jobs are never touched."""
+        used, per_client = self.spool_usage()
+        finished = sorted((j for j in self.jobs.values()
+                           if j.terminal and j.result_bytes and not j.dirty and j.id != keep),
+                          key=lambda j: j.finished or 0)  # fmt: skip
+        for job in finished:
+            over_all = used + size > self.config.spool_quota_bytes
+            over_mine = (
+                job.client == client and per_client.get(client, 0) + size > self.config.spool_quota_per_client_bytes
+            )
+            if not (over_all or over_mine):
+                continue
+            log.info("spool quota: deleting the result of job %s (finished %.0f s ago)", job.id,
+                     time.time() - (job.finished or 0))  # fmt: skip
+            used -= job.result_bytes
+            per_client[job.client] = per_client.get(job.client, 0) - job.result_bytes
+            self.spool.remove(job)
+            del self.jobs[job.id]
+            self.by_request.pop((job.client, job.rid), None)
+
+    def _job_settings(self, requested: dict[str, Any]) -> GenerationSettings:
+        """The job's settings (the server's preset under the request's), or ProtocolError bad_settings."""
+        try:  # the one strict validator (contracts.settings): every field's type and range
+            settings = GenerationSettings.from_dict({**self.base_settings.to_dict(), **requested})
+        except Exception as exc:  # whatever it refuses is the request's fault, never an internal error
+            raise ProtocolError(f"settings: {exc}"[:1000], "bad_settings") from None
+        limits = self.limits
+        for name, value, cap in (
+            ("frame_num", settings.frame_num, limits.max_frame_num),
+            ("steps", settings.steps, limits.max_steps),
+        ):
+            if value > cap:
+                raise ProtocolError(f"settings: {name} {value} > the server's cap {cap}", "bad_settings")
+        if settings.max_area > limits.max_area:
+            raise ProtocolError(
+                f"settings: size {settings.size} is above the server's cap of {limits.max_area} pixels",
+                "bad_settings",
+            )
+        refusal = self.supervisor.refusal(settings.gpus)  # e.g. two GPUs from a one-device server
+        if refusal:
+            raise ProtocolError(f"settings: {refusal}", "bad_settings")
+        return settings
+
+    def _reply_accepted(self, peer: bytes, rid: str, job: Job) -> None:
+        fields = {"rid": rid, "job": job.id, "queue_position": self._jobs_ahead(job.id)}
+        self._send(peer, protocol.encode("accepted", fields))
+        if job.state == "queued":
+            job.sent_position = fields["queue_position"]
+
+    def _on_cancel(self, peer: bytes, request: JobRequest) -> None:
+        job = self._lookup(peer, request)
+        if job is None:
+            return
+        if job.state == "queued":
+            self.queue.remove(job.id)
+            self._finish(job, "cancelled", {"code": "cancelled", "message": "cancelled while queued"})
+            self._broadcast_positions()
+        elif job.state == "running":
+            self.supervisor.cancel_job(job.id)
+            job.live.cancelling = True
+        self._reply_status(peer, request.rid, job)
+
+    def _on_status(self, peer: bytes, request: JobRequest) -> None:
+        job = self._lookup(peer, request)
+        if job is not None:
+            self._reply_status(peer, request.rid, job)
+
+    def _on_watch(self, peer: bytes, request: JobRequest) -> None:
+        """Subscribe this connection to a job's events; a finished job's outcome is sent again."""
+        job = self._lookup(peer, request)
+        if job is None:
+            return
+        self._reply_status(peer, request.rid, job)
+        if job.terminal:
+            self._send_outcome(job, [peer])
+        else:
+            job.subscribers.add(peer)
+
+    def _on_health(self, peer: bytes, request: Health) -> None:
+        self._probe_storage()  # the answer says whether the spool is writable now
+        health_id = uuid.uuid4().hex
+        if self.supervisor.request_health(health_id):
+            self.pending_health[health_id] = (peer, request.rid, time.monotonic())
+        else:
+            self._reply_health(peer, request.rid, None, None)
+
+    def _lookup(self, peer: bytes, request: JobRequest) -> Job | None:
+        job = self.jobs.get(request.job)
+        if job is None:
+            message = (
+                f"no job {request.job!r} on this server (finished jobs are kept {self.config.result_ttl_s / 3600:g} h)"
+            )
+            self._send(peer, protocol.error_frames("not_found", message, request.rid, request.job))
+        return job
+
+    def _reply_status(self, peer: bytes, rid: str, job: Job) -> None:
+        fields: dict[str, Any] = {"rid": rid, "job": job.id, "state": job.state}
+        if job.state == "queued":
+            fields["queue_position"] = self._jobs_ahead(job.id)
+        live = job.live
+        if job.state == "running" and live is not None:
+            fields.update(phase=live.phase, step=live.step, total=live.total)
+            if live.eta_s is not None:
+                fields["eta_s"] = live.eta_s
+            if live.cancelling:
+                fields["cancelling"] = True
+        if job.error:
+            fields["error"] = job.error
+        self._send(peer, protocol.encode("status", fields))
+
+    def _reply_health(self, peer: bytes, rid: str, answers: list[dict | None] | None, asked_at: float | None) -> None:
+        """`workers`: every worker of the pool; `worker` (the first) and `gpu`/`memory` (its
+        report) stay for one-worker clients. ok: every worker answered and is idle or busy, and
+        the spool is writable."""
+        supervisor = self.supervisor
+        workers = supervisor.status()
+        for index, worker in enumerate(workers):
+            answer = answers[index] if answers else None
+            if answer is not None:
+                worker["answer_s"] = round(time.monotonic() - asked_at, 4)
+                worker["reported"] = {k: v for k, v in answer.items() if k not in ("type", "id")}
+            elif worker["state"] in ("restarting", "stopped"):
+                worker["error"] = f"the worker is {worker['state']}"
+            elif asked_at is not None:
+                worker["error"] = f"the worker did not answer within {supervisor.config.health_timeout_s:g} s"
+        workers_ok = all(w.get("reported", {}).get("state") in ("idle", "busy") for w in workers)
+        ok = workers_ok and not self.unavailable and not self.storage_error
+        reported = workers[0].get("reported", {})
+        running = [self.jobs[j] for j in supervisor.jobs if j in self.jobs]
+        now = time.monotonic()
+        used, _ = self.spool_usage()
+        try:
+            free = self.spool.free_bytes()
+        except OSError:
+            free = None
+        info = supervisor.info
+        fields = {
+            "rid": rid,
+            "ok": ok,
+            "protocol": protocol.PROTOCOL_VERSION,
+            "model": {k: info[k] for k in ("model", "device", "dtype", "load_s") if k in info}
+            # engine: the model resident now (base | fast, chosen per job); the worker's latest word
+            | {k: v for k, v in (("engine", reported.get("engine", info.get("engine"))),) if v is not None},
+            "gpu": reported.get("gpu"),
+            "memory": reported.get("memory"),
+            "queue": {
+                "waiting": len(self.queue),
+                "running": running[0].id if running else None,
+                "running_for_s": round(now - running[0].live.since, 2) if running and running[0].live else None,
+                "phase": running[0].live.phase if running and running[0].live else None,
+                "running_jobs": [j.id for j in running],
+                "running_for_s_by_job": {j.id: round(now - j.live.since, 2) for j in running if j.live},
+                "max_queue": self.config.max_queue,
+                "max_queue_per_client": self.config.max_queue_per_client,
+            },
+            "worker": workers[0],
+            "workers": workers,
+            "spool": {
+                "dir": str(self.spool.root),
+                "writable": self.storage_error is None,
+                "error": self.storage_error,
+                "used_bytes": used,
+                "quota_bytes": self.config.spool_quota_bytes,
+                "quota_per_client_bytes": self.config.spool_quota_per_client_bytes,
+                "free_bytes": free,
+            },
+            "server": {
+                "pid": os.getpid(),
+                "endpoint": self.endpoint,
+                "curve": self.config.security.curve,
+                "uptime_s": round(time.time() - self.started, 1),
+                "unavailable": self.unavailable,
+            },
+        }
+        self._send(peer, protocol.encode("health", fields))
