@@ -65,7 +65,7 @@ class Server(RequestHandling, JobLifecycle, ResultStreaming, StorageWatch):
         check_bind_allowed(config.bind, config.security.curve)
         self.config = config
         self.limits: Limits = config.limits
-        self.base_settings = load_settings(config.generation_config, config.generation_preset)
+        self.base_settings = load_settings(config.generation_config, config.preset())
         self.spool = Spool(config.spool_dir)
         self.context = zmq.Context()
         self.authenticator = None

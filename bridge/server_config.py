@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.protocol import DEFAULT_PORT, Limits
+from contracts.checkpoint_layout import TINY_CHECKPOINTS
 from contracts.engine_options import EngineOptions, EngineOptionsError
 from contracts.toml_file import read_toml
 
@@ -83,11 +84,20 @@ class ServerConfig:
     spool_quota_bytes: int = 8 << 30  # inputs of unfinished jobs + kept results, all clients
     spool_quota_per_client_bytes: int = 2 << 30  # the same, for one client
     spool_min_free_bytes: int = 256 << 20  # below this much free disk, submits get "storage"
-    generation_preset: str = "tiny"  # [preset] of config/generation.toml under each job's settings
+    # [preset] of config/generation.toml under each job's settings; "" follows the checkpoint
+    # (`preset()`): [tiny] for the built-in tiny model, [default] (the reference's own) for real weights
+    generation_preset: str = ""
     generation_config: Path | None = None  # None: config/generation.toml
     limits: Limits = Limits()
     worker: WorkerConfig = WorkerConfig()
     security: SecurityConfig = SecurityConfig()
+
+    def preset(self) -> str:
+        """The generation preset under each job's settings: `generation_preset`, or the checkpoint's
+        own when it is "" (a 14B model must not run the tiny model's 96x160, 17 frames by default)."""
+        if self.generation_preset:
+            return self.generation_preset
+        return "tiny" if str(self.worker.engine.ckpt) in TINY_CHECKPOINTS else "default"
 
 
 def load_server_config(path: Path | None, overrides: dict[str, Any] | None = None) -> ServerConfig:

@@ -18,6 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+from contracts.checkpoint_layout import check_checkpoint
+from contracts.errors import CheckpointError
+
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "sample_room"
 
@@ -26,7 +29,7 @@ class DemoError(RuntimeError):
     """The demo could not run (server did not start, sample missing): the message says why."""
 
 
-USER_ERRORS = (DemoError,)
+USER_ERRORS = (DemoError, CheckpointError)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not (args.episode / "poses.npy").exists():
         raise DemoError(f"{args.episode}: not an episode folder (run scripts/make_sample_episode.py for data/)")
+    check_checkpoint(args.ckpt_dir)  # before a server starts: the message `generate` and `serve` print
     tiny = str(args.ckpt_dir).startswith("tiny")
     out = args.out.resolve()
     episode_dir = out / "episode"

@@ -230,10 +230,9 @@ def run(args: argparse.Namespace) -> int:
     if args.action_path is not None and not args.no_camera:
         poses, intrinsics = episode.load_action(args.action_path, min_poses=episode.GENERATE_MIN_POSES)
     resolved = resolve_request(settings, (image.height, image.width), None if poses is None else len(poses))
-    if not tiny:
-        from worldgen.runtime.checkpoint import find_checkpoint
+    from contracts.checkpoint_layout import check_checkpoint  # the one check, as serve and demo run it
 
-        find_checkpoint(Path(args.ckpt_dir))  # the layout, before any weight is read
+    check_checkpoint(args.ckpt_dir, settings.model)  # the layout (and the Fast folder), before any weight is read
     for line in resolved.adjustments:
         print(f"note: {line}", file=sys.stderr)
 

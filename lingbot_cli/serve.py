@@ -15,7 +15,8 @@ from pathlib import Path
 from bridge.security import SecurityError
 from bridge.serve import serve
 from bridge.server import ListenError
-from bridge.server_config import ConfigError, load_server_config
+from bridge.server_config import ConfigError, ServerConfig, load_server_config
+from contracts.checkpoint_layout import check_checkpoint
 from bridge.spool import SpoolError
 from contracts.connection import DEFAULT_ENDPOINT
 from contracts.engine_options import (
@@ -27,9 +28,10 @@ from contracts.engine_options import (
     MODELS,
     EngineOptions,
 )
-from contracts.settings import SettingsError
+from contracts.errors import CheckpointError
+from contracts.settings import SettingsError, load_settings
 
-USER_ERRORS = (ConfigError, SecurityError, SpoolError, SettingsError, ListenError)
+USER_ERRORS = (ConfigError, SecurityError, SpoolError, SettingsError, ListenError, CheckpointError)
 DEFAULT_CONFIG = Path("config/server.toml")
 
 
@@ -120,4 +122,24 @@ def run(args: argparse.Namespace) -> int:
         "worker.ray_address": args.ray_address,
     }
     config = load_server_config(path, {k: v for k, v in flags.items() if v is not None})
+    check_worker_checkpoint(config)
+    if not config.security.curve:
+        logging.getLogger("bridge.server").warning(
+            "no CurveZMQ keys: clients are told apart only by their connection (or, over ipc://, their "
+            "process), so one process can take several clients' share; a server shared by several users "
+            "needs keys (lingbot-isaac keys; docs/protocol.md, Security)"
+        )
     return serve(config)
+
+
+def check_worker_checkpoint(config: ServerConfig) -> None:
+    """The checkpoint layout the workers will load (and the Fast folder where the engine or the
+    preset asks for model fast), read before the server binds: a typo'd or half-downloaded folder
+    ends `serve` at once with the message `generate` prints, instead of a worker failing to start.
+    A custom worker command, or Ray workers (whose nodes hold the checkpoint), are not checked here."""
+    worker = config.worker
+    if worker.command or worker.backend != "local":
+        return
+    preset = load_settings(config.generation_config, config.preset())
+    for model in dict.fromkeys((worker.engine.model or "base", preset.model)):
+        check_checkpoint(worker.engine.ckpt, model)

@@ -1,9 +1,9 @@
-"""Errors that mean "your input is wrong" (not "our code is wrong"): the CLI prints them briefly."""
+"""Errors that mean "your input is wrong" (not "our code is wrong"): the CLI prints them briefly.
 
+Their one home is `contracts.errors` (the server's door raises them too); worldgen code imports them
+from here.
+"""
 
-class InputError(ValueError):
-    """Bad user input: the message names the file or field and how to fix it."""
+from contracts.errors import CheckpointError, InputError
 
-
-class CheckpointError(InputError):
-    """A checkpoint folder is missing, partial, or not one of the known layouts."""
+__all__ = ["CheckpointError", "InputError"]

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from contracts.checkpoint_layout import TINY_CHECKPOINTS
 from contracts.engine_options import MODELS, TORCH_DTYPE_NAMES, EngineOptions, canonical_compute
 from worldgen.errors import InputError
 from worldgen.models.dit import DiTConfig
@@ -29,7 +30,7 @@ def default_device() -> torch.device:
 
 def resolve_checkpoint(ckpt: str | Path) -> tuple[Path, bool]:
     """'tiny' / 'tiny-nf4' -> the built-in checkpoint (made on first use); else the folder. -> (path, is_tiny)."""
-    if str(ckpt) in ("tiny", "tiny-bf16", "tiny-nf4"):
+    if str(ckpt) in TINY_CHECKPOINTS:
         from worldgen.runtime.tiny import ensure_tiny_checkpoint
 
         return ensure_tiny_checkpoint("nf4" if str(ckpt) == "tiny-nf4" else "bf16"), True
