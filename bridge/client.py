@@ -216,6 +216,13 @@ class Client(ClientIO):
         rid = self._new_rid()
         return self._request(rid, protocol.encode("health", {"rid": rid}), timeout, _fields)
 
+    def reload(self, timeout: float | None = None) -> int:
+        """Ask the server to start again the workers it gave up on (a configuration error is not
+        retried on a timer); -> how many it started."""
+        rid = self._new_rid()
+        future = self._request(rid, protocol.encode("reload", {"rid": rid}), timeout, _fields)
+        return int(self._wait(future, timeout)["restarted"])
+
     def close(self) -> None:
         """Stop the I/O thread; unfinished jobs end with JobError("closed"). Idempotent, bounded."""
         if self._closed.is_set():

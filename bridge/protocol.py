@@ -188,6 +188,8 @@ REQUESTS: dict[str, dict[str, tuple[str, bool]]] = {
     "status": {"rid": (ID, True), "job": (ID, True)},
     "watch": {"rid": (ID, True), "job": (ID, True)},
     "health": {"rid": (ID, True)},
+    # start again every worker given up on (a configuration error, or max_start_failures in a row)
+    "reload": {"rid": (ID, True)},
 }
 REPLIES: dict[str, dict[str, tuple[str, bool]]] = {
     "accepted": {"rid": (ID, True), "job": (ID, True), "queue_position": (COUNT, True)},
@@ -219,7 +221,8 @@ REPLIES: dict[str, dict[str, tuple[str, bool]]] = {
         "eta_s": (NUMBER, False),
         "error": (MAP, False),
     },
-    "health": {"rid": (ID, True), "ok": (BOOL, True)},  # plus free-form maps (model, queue, ...)
+    "health": {"rid": (ID, True), "ok": (BOOL, True), "reason": (TEXT, False)},  # plus maps (model, queue, ...)
+    "reloaded": {"rid": (ID, True), "restarted": (COUNT, True)},  # workers started again by `reload`
 }
 
 
@@ -285,7 +288,8 @@ def _decode(frames: Sequence[Any], limits: Limits, schemas: dict[str, dict[str, 
         raise ProtocolError(f"{len(frames)} frames; at most {1 + limits.max_data_frames}", "too_large")
     header = _unpack_header(frames[0], limits)
     version = header.get("v")
-    if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
+    # an integer: 1.0 == 1 == True in Python, and all three are refused but the integer
+    if not isinstance(version, int) or isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
         raise ProtocolError(
             f"protocol version {version!r} not supported (this side speaks {list(SUPPORTED_VERSIONS)})",
             "bad_version",
@@ -472,7 +476,12 @@ class Health:
     rid: str
 
 
-Request = Submit | JobRequest | Health
+@dataclasses.dataclass(frozen=True)
+class Reload:
+    rid: str
+
+
+Request = Submit | JobRequest | Health | Reload
 
 
 def parse_request(frames: Sequence[Any], limits: Limits = Limits()) -> Request:
@@ -481,15 +490,21 @@ def parse_request(frames: Sequence[Any], limits: Limits = Limits()) -> Request:
     fields = message.fields
     if message.type == "health":
         return Health(fields["rid"])
+    if message.type == "reload":
+        return Reload(fields["rid"])
     if message.type != "submit":
         return JobRequest(message.type, fields["rid"], fields["job"])
     image = message.blobs["image"]
     poses, intrinsics = message.arrays["poses"], message.arrays["intrinsics"]
     fmt = image_format(image)
     check_episode_arrays(poses, intrinsics)
+    try:  # the episode's own rule (the spool writes it as prompt.txt): at the door, not mid-write
+        prompt = episode.check_prompt(fields["prompt"], "submit.prompt")
+    except EpisodeError as exc:
+        raise ProtocolError(str(exc)) from None
     return Submit(
         rid=fields["rid"],
-        prompt=fields["prompt"],
+        prompt=prompt,
         settings=dict(fields.get("settings") or {}),
         image=image,
         image_format=fmt,

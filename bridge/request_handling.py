@@ -17,7 +17,7 @@ import zmq
 
 from bridge import protocol
 from bridge.jobs import Job
-from bridge.protocol import Health, JobRequest, ProtocolError, Submit
+from bridge.protocol import Health, JobRequest, ProtocolError, Reload, Submit
 from contracts.settings import GenerationSettings
 
 log = logging.getLogger("bridge.server")
@@ -45,6 +45,8 @@ class RequestHandling:
             self._on_submit(peer, self._identity(peer, frames[0]), request)
         elif isinstance(request, Health):
             self._on_health(peer, request)
+        elif isinstance(request, Reload):
+            self._on_reload(peer, request)
         else:
             getattr(self, f"_on_{request.type}")(peer, request)
 
@@ -208,6 +210,16 @@ class RequestHandling:
         else:
             self._reply_health(peer, request.rid, None, None)
 
+    def _on_reload(self, peer: bytes, request: Reload) -> None:
+        """Start again the workers given up on (a configuration error is never retried on a timer):
+        after the checkpoint or the options were fixed. New submits queue again meanwhile; if a
+        worker fails again, they fail with its reason, as before."""
+        restarted = self.supervisor.reload()
+        if restarted:
+            log.info("reload: %d worker(s) started again", restarted)
+            self.unavailable = None
+        self._send(peer, protocol.encode("reloaded", {"rid": request.rid, "restarted": restarted}))
+
     def _lookup(self, peer: bytes, request: JobRequest) -> Job | None:
         job = self.jobs.get(request.job)
         if job is None:
@@ -243,12 +255,19 @@ class RequestHandling:
             if answer is not None:
                 worker["answer_s"] = round(time.monotonic() - asked_at, 4)
                 worker["reported"] = {k: v for k, v in answer.items() if k not in ("type", "id")}
+            elif worker["state"] == "failed":
+                worker["error"] = f"the worker cannot start: {worker['last_exit']} (send `reload` once it is fixed)"
             elif worker["state"] in ("restarting", "stopped"):
                 worker["error"] = f"the worker is {worker['state']}"
             elif asked_at is not None:
                 worker["error"] = f"the worker did not answer within {supervisor.config.health_timeout_s:g} s"
         workers_ok = all(w.get("reported", {}).get("state") in ("idle", "busy") for w in workers)
         ok = workers_ok and not self.unavailable and not self.storage_error
+        # why not ok, in one line a client shows as it is (the most telling first)
+        reason = self.unavailable or (self.storage_error and f"the server cannot store jobs now: {self.storage_error}")
+        if not ok and not reason:
+            reason = "; ".join(f"{w['name']}: {w.get('error') or w['state']}" for w in workers
+                               if w.get("reported", {}).get("state") not in ("idle", "busy"))  # fmt: skip
         reported = workers[0].get("reported", {})
         running = [self.jobs[j] for j in supervisor.jobs if j in self.jobs]
         now = time.monotonic()
@@ -261,6 +280,7 @@ class RequestHandling:
         fields = {
             "rid": rid,
             "ok": ok,
+            "reason": None if ok else reason[:2000],
             "protocol": protocol.PROTOCOL_VERSION,
             "model": {k: info[k] for k in ("model", "device", "dtype", "load_s") if k in info}
             # engine: the model resident now (base | fast, chosen per job); the worker's latest word

@@ -46,7 +46,8 @@ class SupervisorConfig:
 
 @dataclasses.dataclass
 class Event:
-    """What happened, for the server. kind: ready | progress | chunk | result | error | health | unavailable."""
+    """What happened, for the server. kind: ready | progress | chunk | result | error | health | unavailable
+    (data: message, and permanent: True when only a `reload` starts the worker again)."""
 
     kind: str
     job: str | None = None
@@ -149,7 +150,8 @@ class WorkerProcess:
 
 
 class Supervisor:
-    """The worker's lifecycle. States: starting, idle, busy, restarting, stopped.
+    """The worker's lifecycle. States: starting, idle, busy, restarting, stopped, and failed (it
+    exited with a configuration error, `wp.CONFIGURATION_EXITS`: not restarted until `reload`).
 
     `spawn(argv, env)` starts the worker: a local process by default, or a Ray actor
     (`bridge.ray_backend`); `name` labels it in logs and health answers (e.g. "cuda:1").
@@ -192,6 +194,15 @@ class Supervisor:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 worker.wait(timeout=timeout)
         worker.close()
+
+    def reload(self) -> bool:
+        """Start a worker given up on (state "failed": a configuration exit) now, or one waiting out
+        its start back-off; True if it was (re)started."""
+        if self.state == "failed" or (self.state == "restarting" and self.start_failures):
+            self._restart_at, self.start_failures = None, 0
+            self._spawn()
+            return True
+        return False
 
     def run_job(self, job: str, message: dict[str, Any], kind: str = "run") -> None:
         """Hand a job to the idle worker. The message is encoded first: if it cannot be (a value
@@ -354,6 +365,18 @@ class Supervisor:
             events.append(Event("error", self.job, {"code": code, "message": reason}))
             log.error("worker %s (pid %s) died during job %s: %s", self.name, worker.pid, self.job, reason)
             delay = self.config.restart_backoff_s[0]
+        elif self.state == "starting" and returncode in wp.CONFIGURATION_EXITS:
+            # starting it again cannot help (a bad checkpoint, options the engine cannot run, a missing
+            # package): no timer; the server says why at once and waits for `reload` (or a restart)
+            self.start_failures += 1
+            detail = f"{self.last_fatal} ({reason})" if self.last_fatal else reason
+            self.last_exit = detail
+            log.error("worker %s cannot start: %s, %s; not restarted until a reload", self.name,
+                      wp.CONFIGURATION_EXITS[returncode], detail)  # fmt: skip
+            self.job, self._cancel_deadline, self.last_fatal = None, None, None
+            self.state = "failed"
+            message = f"worker cannot start ({wp.CONFIGURATION_EXITS[returncode]}): {detail}"
+            return [*events, Event("unavailable", data={"message": message, "permanent": True})]
         elif self.state == "starting":
             self.start_failures += 1
             detail = f"{self.last_fatal} ({reason})" if self.last_fatal else reason

@@ -69,6 +69,14 @@ class WorkerPool:
         for supervisor in self.supervisors:
             supervisor.stop()
 
+    def reload(self) -> int:
+        """Start again every worker given up on (a configuration error, or failed starts in a row);
+        -> how many were started. They count as serving until they fail again."""
+        restarted = [i for i, s in enumerate(self.supervisors) if s.reload()]
+        for index in restarted:
+            self._unavailable.pop(index, None)
+        return len(restarted)
+
     def idle(self) -> bool:
         """True if some worker can take a job now."""
         return self.idle_count() > 0
@@ -214,7 +222,9 @@ class WorkerPool:
                         reasons = "; ".join(
                             f"{self.supervisors[i].name}: {m}" for i, m in sorted(self._unavailable.items())
                         )
-                        out.append(Event("unavailable", data={"message": reasons}, worker=index))
+                        permanent = all(s.state == "failed" for s in self.supervisors)  # only `reload` helps
+                        out.append(Event("unavailable", data={"message": reasons, "permanent": permanent},
+                                         worker=index))  # fmt: skip
                 elif event.kind == "ready":
                     self._unavailable.pop(index, None)
                     out.append(event)

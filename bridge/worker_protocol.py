@@ -19,7 +19,8 @@ Supervisor -> worker
 
 Worker -> supervisor
     ready     {pid, model, device, load_s, ...}   the model is loaded; jobs may be sent
-    fatal     {code, message}                     the worker cannot start (bad checkpoint ...)
+    fatal     {code, message}                     the worker cannot start (bad checkpoint ...); it then
+                                                  exits with one of CONFIGURATION_EXITS when retrying cannot help
     progress  {job, phase, step, total}
     chunk     {job, index, total, path, frames, still?}  model fast, want_chunks: a finished chunk's mp4 in the
               job folder, and `still`, a PNG of its last frame beside it (contracts.video.still_png)
@@ -53,6 +54,17 @@ ERROR_CODES = (
     "storage",  # the job's files cannot be written (disk full, read-only): the server requeues it
     "worker_error",  # any other exception inside the job
 )
+# Exit statuses of a worker that cannot start as configured: starting it again cannot help, so the
+# supervisor does not retry them on a timer (only a `reload` request or a server restart does).
+# Any other exit (a crash, a signal, the OOM killer, an unexpected load error) is transient: restarted
+# with back-off.
+EXIT_CONFIGURATION = 78  # sysexits' EX_CONFIG: a bad checkpoint, or engine options it cannot run
+EXIT_MISSING_PACKAGE = 79  # a package the engine needs is not installed
+EXIT_LOAD_FAILED = 3  # anything else while loading (transient as far as anyone knows)
+CONFIGURATION_EXITS = {
+    EXIT_CONFIGURATION: "a configuration error (checkpoint or engine options)",
+    EXIT_MISSING_PACKAGE: "a missing package",
+}
 PHASES = ("text", "encode", "denoise", "decode", "write", "guidance")  # guidance: a `guide` job's passes
 
 

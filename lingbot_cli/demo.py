@@ -84,6 +84,9 @@ def _wait_healthy(client, server: subprocess.Popen, log_path: Path, timeout: flo
             health = client.health(timeout=5.0)
             if health.get("worker", {}).get("ok") or health.get("ok"):
                 return health
+            unavailable = (health.get("server") or {}).get("unavailable")
+            if unavailable:  # the worker cannot start (a bad checkpoint ...): no job will ever run
+                raise DemoError(f"the server cannot run jobs: {unavailable}; its log: {log_path}")
         except BridgeError:
             pass
         time.sleep(1.0)

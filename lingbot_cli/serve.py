@@ -16,8 +16,8 @@ from bridge.security import SecurityError
 from bridge.serve import serve
 from bridge.server import ListenError
 from bridge.server_config import ConfigError, ServerConfig, load_server_config
-from contracts.checkpoint_layout import check_checkpoint
 from bridge.spool import SpoolError
+from contracts.checkpoint_layout import check_checkpoint
 from contracts.connection import DEFAULT_ENDPOINT
 from contracts.engine_options import (
     ATTENTION_HELP,

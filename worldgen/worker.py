@@ -146,7 +146,21 @@ class PipelineEngine:
             "torch": self.torch.__version__,
             "options": self.options.to_dict(),  # as the server sent them
             "pipeline": dict(self.pipe.engine) if self.pipe else {},  # as the pipeline applied them
+            # why a job's `compute = "fp8"` cannot run here (None: it can); the server refuses such
+            # jobs at its door with these words (`bridge.request_handling`)
+            "fp8_unsupported": self._fp8_unsupported(),
         }
+
+    def _fp8_unsupported(self) -> str | None:
+        if not hasattr(self, "_fp8_reason"):  # the devices do not change: asked once
+            from worldgen.kernels.fp8 import unsupported_reason
+
+            try:
+                reasons = [unsupported_reason(d) for d in self.options.devices]
+            except (RuntimeError, AssertionError) as exc:  # no usable CUDA behind a cuda device
+                reasons = [f"--compute fp8: the device cannot be asked ({exc}); use --compute exact"]
+            self._fp8_reason = next((r for r in reasons if r), None)
+        return self._fp8_reason
 
     def generate(
         self,
@@ -342,13 +356,20 @@ class Worker:
         try:
             options = EngineOptions.from_dict(message.get("options") or {}, "the worker's engine options")
             self.engine = load_engine(options)
-        except (CheckpointError, EngineOptionsError) as exc:
+        except CheckpointError as exc:  # permanent: the supervisor waits for a reload (wp.CONFIGURATION_EXITS)
             self.send({"type": "fatal", "code": "checkpoint", "message": str(exc)})
-            return 3
+            return wp.EXIT_CONFIGURATION
+        except (InputError, EngineOptionsError) as exc:  # options this engine cannot run (fp8 on a CPU ...)
+            self.send({"type": "fatal", "code": "options", "message": str(exc)})
+            return wp.EXIT_CONFIGURATION
+        except ImportError as exc:
+            log.error("cannot load the model:\n%s", traceback.format_exc())
+            self.send({"type": "fatal", "code": "missing_package", "message": f"{type(exc).__name__}: {exc}"})
+            return wp.EXIT_MISSING_PACKAGE
         except Exception as exc:
             log.error("cannot load the model:\n%s", traceback.format_exc())
             self.send({"type": "fatal", "code": "load_failed", "message": f"{type(exc).__name__}: {exc}"})
-            return 3
+            return wp.EXIT_LOAD_FAILED
         self.info = {**self.engine.describe(), "load_s": round(time.monotonic() - started, 2)}
         self.state = "idle"
         self.send({"type": "ready", "pid": os.getpid(), **self.info})
