@@ -16,6 +16,7 @@ from typing import Any
 import zmq
 
 from bridge import protocol
+from bridge.engine_rules import check_compute, check_engine_rules
 from bridge.jobs import Job
 from bridge.protocol import Health, JobRequest, ProtocolError, Reload, Submit
 from contracts.settings import GenerationSettings
@@ -65,12 +66,15 @@ class RequestHandling:
             return
         try:
             settings = self._job_settings(request.settings)
+            check_engine_rules(settings, request.image, request.poses)  # frames, size: the engine's words
         except ProtocolError as exc:
             self._refuse(peer, rid, exc.code, str(exc))
             return
         if self.unavailable:
             self._refuse(peer, rid, "unavailable", self.unavailable)
             return
+        if self.storage_error:
+            self._probe_storage()  # a full disk may have been made room on (kept results evicted) since
         if self.storage_error:
             self._refuse(peer, rid, "storage", f"the server cannot store jobs now: {self.storage_error}")
             return
@@ -85,13 +89,14 @@ class RequestHandling:
         size = len(request.image) + request.poses.nbytes + request.intrinsics.nbytes + len(request.prompt) + 4096
         self._make_room(size, client)
         used, per_client = self.spool_usage()
-        if used + size > self.config.spool_quota_bytes:
+        quota, per_client_quota = self.quota_bytes(), self.quota_per_client_bytes()  # bridge/eviction.py
+        if used + size > quota:
             self._refuse(peer, rid, "busy", f"the spool quota is used up ({used >> 20} of "
-                         f"{self.config.spool_quota_bytes >> 20} MiB); try again when jobs have ended")  # fmt: skip
+                         f"{quota >> 20} MiB); try again when jobs have ended")  # fmt: skip
             return
-        if per_client.get(client, 0) + size > self.config.spool_quota_per_client_bytes:
+        if per_client.get(client, 0) + size > per_client_quota:
             self._refuse(peer, rid, "busy", f"your share of the spool quota is used up "
-                         f"({per_client.get(client, 0) >> 20} of {self.config.spool_quota_per_client_bytes >> 20} "
+                         f"({per_client.get(client, 0) >> 20} of {per_client_quota >> 20} "
                          "MiB); wait for your jobs to end")  # fmt: skip
             return
         try:
@@ -121,29 +126,6 @@ class RequestHandling:
         log.info("job %s accepted from %s (%d waiting)", job.id, client, len(self.queue))
         self._reply_accepted(peer, rid, job)  # the loop hands it to the worker after this turn
 
-    def _make_room(self, size: int, client: str, keep: str | None = None) -> None:
-        """Kept results are a cache: before a quota refuses new work, the oldest finished jobs'
-        results are deleted (those of this client first for its own quota). Inputs of unfinished
-        jobs are never touched."""
-        used, per_client = self.spool_usage()
-        finished = sorted((j for j in self.jobs.values()
-                           if j.terminal and j.result_bytes and not j.dirty and j.id != keep),
-                          key=lambda j: j.finished or 0)  # fmt: skip
-        for job in finished:
-            over_all = used + size > self.config.spool_quota_bytes
-            over_mine = (
-                job.client == client and per_client.get(client, 0) + size > self.config.spool_quota_per_client_bytes
-            )
-            if not (over_all or over_mine):
-                continue
-            log.info("spool quota: deleting the result of job %s (finished %.0f s ago)", job.id,
-                     time.time() - (job.finished or 0))  # fmt: skip
-            used -= job.result_bytes
-            per_client[job.client] = per_client.get(job.client, 0) - job.result_bytes
-            self.spool.remove(job)
-            del self.jobs[job.id]
-            self.by_request.pop((job.client, job.rid), None)
-
     def _job_settings(self, requested: dict[str, Any]) -> GenerationSettings:
         """The job's settings (the server's preset under the request's), or ProtocolError bad_settings."""
         try:  # the one strict validator (contracts.settings): every field's type and range
@@ -165,6 +147,7 @@ class RequestHandling:
         refusal = self.supervisor.refusal(settings.gpus)  # e.g. two GPUs from a one-device server
         if refusal:
             raise ProtocolError(f"settings: {refusal}", "bad_settings")
+        check_compute(settings, self.supervisor.fp8_unsupported())  # fp8 where the workers said they cannot
         return settings
 
     def _reply_accepted(self, peer: bytes, rid: str, job: Job) -> None:
@@ -304,8 +287,8 @@ class RequestHandling:
                 "writable": self.storage_error is None,
                 "error": self.storage_error,
                 "used_bytes": used,
-                "quota_bytes": self.config.spool_quota_bytes,
-                "quota_per_client_bytes": self.config.spool_quota_per_client_bytes,
+                "quota_bytes": self.quota_bytes(),
+                "quota_per_client_bytes": self.quota_per_client_bytes(),
                 "free_bytes": free,
             },
             "server": {

@@ -76,6 +76,7 @@ class ResultStreaming:
             if tracker is not None:
                 outcome.in_flight[peer] = tracker
                 self.sent_at[(peer, job.id)] = now
+                job.fetched = True  # in memory and on its way: the file may go (bridge/eviction.py)
 
     def _release_outcomes(self) -> None:
         """Forget result messages no send still holds (their memory returns)."""

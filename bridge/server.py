@@ -33,6 +33,7 @@ from typing import Any
 import zmq
 
 from bridge import protocol
+from bridge.eviction import Eviction
 from bridge.fair_queue import FairQueue
 from bridge.job_lifecycle import JobLifecycle
 from bridge.jobs import Job
@@ -56,10 +57,11 @@ class ListenError(RuntimeError):
     """The server cannot bind its endpoint (address in use, bad endpoint ...)."""
 
 
-class Server(RequestHandling, JobLifecycle, ResultStreaming, StorageWatch):
+class Server(RequestHandling, JobLifecycle, ResultStreaming, StorageWatch, Eviction):
     """The server: its socket, its spool-backed jobs, its pool, and the loop that serves them
     (requests: `bridge.request_handling`; the worker side: `bridge.job_lifecycle`; results and
-    events: `bridge.result_streaming`; the spool's health: `bridge.storage_watch`)."""
+    events: `bridge.result_streaming`; the spool's health: `bridge.storage_watch`; kept results
+    as a cache: `bridge.eviction`)."""
 
     def __init__(self, config: ServerConfig) -> None:
         check_bind_allowed(config.bind, config.security.curve)

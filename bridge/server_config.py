@@ -81,9 +81,13 @@ class ServerConfig:
     max_queue_per_client: int = 16
     max_attempts: int = 2  # a job interrupted by server restarts this often is failed, not resumed
     result_ttl_s: float = 24 * 3600.0  # finished jobs (and their mp4) are deleted after this
-    spool_quota_bytes: int = 8 << 30  # inputs of unfinished jobs + kept results, all clients
+    # a result no client fetched yet is not evicted for room (bridge/eviction.py) this long after its job ended
+    result_grace_s: float = 600.0
+    # inputs of unfinished jobs + kept results, all clients; 0: half the spool's disk (bridge/eviction.py);
+    # never more than the disk can hold (the oldest kept results are evicted first)
+    spool_quota_bytes: int = 0
     spool_quota_per_client_bytes: int = 2 << 30  # the same, for one client
-    spool_min_free_bytes: int = 256 << 20  # below this much free disk, submits get "storage"
+    spool_min_free_bytes: int = 256 << 20  # below this much free disk: evict kept results, else "storage"
     # [preset] of config/generation.toml under each job's settings; "" follows the checkpoint
     # (`preset()`): [tiny] for the built-in tiny model, [default] (the reference's own) for real weights
     generation_preset: str = ""

@@ -49,6 +49,8 @@ class StorageWatch:
             self._storage_failed(exc, "its probe file")
             return
         if free < self.config.spool_min_free_bytes:
+            free = self._free_disk(free)  # kept results are a cache (bridge/eviction.py)
+        if free < self.config.spool_min_free_bytes:
             reason = (
                 f"the spool's disk is nearly full: {free >> 20} MiB free, below spool_min_free_bytes "
                 f"({self.config.spool_min_free_bytes >> 20} MiB)"

@@ -107,6 +107,11 @@ class WorkerPool:
                     "([worker] devices = [\"cuda:0\", \"cuda:1\"] or serve --devices cuda:0,cuda:1)")  # fmt: skip
         return None
 
+    def fp8_unsupported(self) -> str | None:
+        """Why a job's `compute = "fp8"` cannot run here, as a ready worker reported it (None: every
+        worker that is ready can, or none has said yet)."""
+        return next((s.info["fp8_unsupported"] for s in self.supervisors if s.info.get("fp8_unsupported")), None)
+
     def run_job(self, job: str, message: dict[str, Any], workers: int = 1) -> int:
         """Start `job` on idle workers (they take turns): one, or two for a two-GPU job (the second
         serves its unconditional passes); returns the index of the worker that runs it."""

@@ -174,6 +174,19 @@ def image_format(data: bytes, where: str = "image") -> str:
     raise EpisodeError(f"{where} must be JPEG or PNG bytes (image.jpg / image.png of the episode)")
 
 
+def image_hw(data: bytes, where: str = "image") -> tuple[int, int]:
+    """(height, width) of JPEG or PNG bytes, from the header alone (nothing decoded); EpisodeError
+    for bytes Pillow cannot open."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            width, height = img.size
+    except Exception as exc:  # whatever Pillow raises for these bytes (broken header, bomb) is theirs
+        raise EpisodeError(f"{where}: not a readable JPEG or PNG ({exc})") from None
+    return height, width
+
+
 # --- reading ---------------------------------------------------------------------------------------
 
 

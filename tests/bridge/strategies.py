@@ -7,10 +7,22 @@ import msgpack
 import numpy as np
 from hypothesis import strategies as st
 
-from bridge import protocol
 from bridge.protocol import encode
 
-PNG = protocol.PNG_MAGIC + b"rest-of-a-png"
+
+def _png(height: int = 16, width: int = 32) -> bytes:
+    """A real PNG (the server reads its size at the door: the engine's size rule needs it)."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (90, 120, 150)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+PNG = _png()
+PROMPTS = ["", " ", "   \t\n", "\u3000", None, 5, 1.5, True, [], {}, ["go"], {"text": "go"}, "go forward"]
 POSES = np.tile(np.eye(4, dtype=np.float32), (9, 1, 1))
 INTRINSICS = np.tile(np.float32([[500, 500, 416, 240]]), (9, 1))
 
@@ -155,8 +167,12 @@ def adversarial_messages(count: int, seed: int = 0):
     rng = random.Random(seed)
     valid = submit_frames()
     for i in range(count):
-        kind = rng.randrange(10)
+        kind = rng.randrange(11)
         rid = f"f{i}"
+        if kind == 10:  # prompts: empty, blank, not a string (checked at the door: bad_request)
+            header = {**header_of(valid), "rid": rid, "prompt": rng.choice(PROMPTS)}
+            yield [_pack(header), *valid[1:]]
+            continue
         if kind <= 3:  # a valid submit whose settings are junk
             settings = {rng.choice(SETTING_NAMES): _junk(rng) for _ in range(rng.randrange(1, 4))}
             if rng.random() < 0.2:

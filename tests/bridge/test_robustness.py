@@ -63,6 +63,12 @@ def ask(endpoint: str, frames: list, timeout: float = 10.0) -> protocol.Message:
         dealer.close()
 
 
+def padded_image(payload: EpisodePayload, size: int) -> bytes:
+    """The episode's real PNG (the server reads its size at the door) padded to `size` bytes (Pillow
+    ignores what follows the PNG's end), so a test can fill a quota with a few images."""
+    return payload.image + os.urandom(size - len(payload.image))
+
+
 def healthy(client: Client) -> dict:
     return wait_for(lambda: (h := client.health())["ok"] and h, 20, what="a healthy server")
 
@@ -238,7 +244,7 @@ def test_an_incomplete_result_is_never_done(servers, episode, tmp_path):
 def test_spool_quota_and_cancelled_jobs_release_their_inputs(servers, episode):
     server = servers(worker=standin_command(step_s=0.2), spool_quota_bytes=3 << 20, limits={"max_image_bytes": 2 << 20})
     payload = EpisodePayload.from_dir(episode)
-    big = protocol.PNG_MAGIC + os.urandom((1 << 20) - 8)  # 1 MiB "image"
+    big = padded_image(payload, 1 << 20)  # a 1 MiB image
     dealer = RawDealer(server.endpoint)
     spool_jobs = Path(server.tables["server"]["spool_dir"]) / "jobs"
     try:
@@ -283,7 +289,7 @@ def test_per_client_spool_quota(servers, episode):
     server = servers(worker=standin_command(step_s=0.2), spool_quota_bytes=64 << 20,
                      spool_quota_per_client_bytes=2 << 20, limits={"max_image_bytes": 2 << 20})  # fmt: skip
     payload = EpisodePayload.from_dir(episode)
-    big = protocol.PNG_MAGIC + os.urandom((1 << 20) - 8)
+    big = padded_image(payload, 1 << 20)
     greedy, polite = RawDealer(server.endpoint), RawDealer(server.endpoint)
     try:
         replies = [reply_to(greedy, submit_frames(payload, f"g-{i}", {"steps": 50}, image=big)) for i in range(3)]
