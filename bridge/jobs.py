@@ -75,6 +75,9 @@ class Job:
     live: Live | None = dataclasses.field(default=None, repr=False)
     sent_position: int | None = dataclasses.field(default=None, repr=False)
     dirty: bool = dataclasses.field(default=False, repr=False)  # state.json not yet written
+    cap_group: str = dataclasses.field(
+        default="", repr=False
+    )  # who shares its client's queue cap (bridge/peer_process.py)
     fetched: bool = dataclasses.field(default=False, repr=False)  # its result went to a client (bridge/eviction.py)
 
     JOB_KEYS = ("id", "client", "rid", "seq", "created", "settings", "want_frames", "name", "input_bytes")

@@ -18,6 +18,7 @@ import zmq
 from bridge import protocol
 from bridge.engine_rules import check_compute, check_engine_rules
 from bridge.jobs import Job
+from bridge.peer_process import cap_group
 from bridge.protocol import Health, JobRequest, ProtocolError, Reload, Submit
 from contracts.settings import GenerationSettings
 
@@ -43,7 +44,9 @@ class RequestHandling:
             self._send(peer, protocol.error_frames(exc.code, str(exc), rid))
             return
         if isinstance(request, Submit):
-            self._on_submit(peer, self._identity(peer, frames[0]), request)
+            identity = self._identity(peer, frames[0])
+            group = cap_group(identity, frames[0], self.config.security.curve)  # bridge/peer_process.py
+            self._on_submit(peer, identity, request, group)
         elif isinstance(request, Health):
             self._on_health(peer, request)
         elif isinstance(request, Reload):
@@ -54,7 +57,7 @@ class RequestHandling:
     def _refuse(self, peer: bytes, rid: str, code: str, message: str) -> None:
         self._send(peer, protocol.error_frames(code, message, rid))
 
-    def _on_submit(self, peer: bytes, client: str, request: Submit) -> None:
+    def _on_submit(self, peer: bytes, client: str, request: Submit, group: str | None = None) -> None:
         rid = request.rid
         existing = self.jobs.get(self.by_request.get((client, rid), ""))
         if existing is not None:  # a retry of a submit this client already made
@@ -86,6 +89,14 @@ class RequestHandling:
             self._refuse(peer, rid, "busy", f"you already have {mine} jobs waiting (the per-client cap); "
                          "wait for one to finish")  # fmt: skip
             return
+        shared = sum(1 for j in self.queue.order() if self.jobs[j].cap_group == group) if group else 0
+        if shared >= self.config.max_queue_per_client:
+            who = "the clients of your process" if group.startswith("process:") else (
+                "the unauthenticated clients of this server (no CurveZMQ keys: connections of one "
+                "process cannot be told apart)")  # fmt: skip
+            self._refuse(peer, rid, "busy", f"{who} already have {shared} jobs waiting, the per-client cap; "
+                         "wait for one to finish")  # fmt: skip
+            return
         size = len(request.image) + request.poses.nbytes + request.intrinsics.nbytes + len(request.prompt) + 4096
         self._make_room(size, client)
         used, per_client = self.spool_usage()
@@ -115,6 +126,7 @@ class RequestHandling:
             self._storage_failed(exc, "a new job")
             self._refuse(peer, rid, "storage", f"the server cannot store the job: {self.storage_error}")
             return
+        job.cap_group = group or ""
         self.jobs[job.id] = job
         self.by_request[(client, rid)] = job.id
         job.subscribers.add(peer)

@@ -200,6 +200,7 @@ class Supervisor:
         its start back-off; True if it was (re)started."""
         if self.state == "failed" or (self.state == "restarting" and self.start_failures):
             self._restart_at, self.start_failures = None, 0
+            self.restarts += 1
             self._spawn()
             return True
         return False
