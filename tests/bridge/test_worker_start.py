@@ -112,3 +112,27 @@ def test_the_demo_says_the_servers_reason_when_its_worker_cannot_start(servers, 
         _wait_healthy(client, server.proc, server.log_path, timeout=60)
     assert time.monotonic() - started < 10
     assert "the server cannot run jobs: " in str(info.value) and "/nowhere" in str(info.value)
+
+
+def test_every_client_shows_the_servers_reason_within_5_s(servers, episode, tmp_path):
+    """Once the server knows its worker cannot start: `submit`, `replay` (real processes) and the
+    Isaac window's session each end with the server's words within 5 s, none waits for progress."""
+    from lingbot_isaac.session import Session, SessionSettings
+
+    server = servers(worker=[*standin_command(), "--fail-load"])
+    with Client(server.endpoint, timeout=10) as client:
+        wait_for(lambda: "/nowhere" in (client.health()["reason"] or ""), 30, interval=0.1, what="the reason")
+    for command in (["submit", str(episode), "--server", server.endpoint, "--out", str(tmp_path / "s.mp4")],
+                    ["replay", str(episode), "--server", server.endpoint, "--out", str(tmp_path / "replay")]):  # fmt: skip
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "lingbot_cli", *command], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        took = time.monotonic() - started
+        assert done.returncode != 0 and "/nowhere" in done.stderr, (command[0], done.stderr)
+        assert took < 5, f"{command[0]} took {took:.1f} s to say why"
+    session = Session(SessionSettings(server=server.endpoint, output_dir=tmp_path / "window", compare=False))
+    started = time.monotonic()
+    session.generate(episode)
+    status = wait_for(lambda: not session.busy and session.status(), 5, interval=0.05, what="the session's answer")
+    assert status.state == "failed" and "/nowhere" in status.message, status.message
+    assert time.monotonic() - started < 5
