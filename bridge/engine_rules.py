@@ -1,7 +1,8 @@
 """The engine's own rules on a job, applied at the server's door so that what the server accepts
 can run: the frame and size rules (`contracts.generation_request`, the very functions the engine
 applies, in its words) and what this server's engine said it cannot run (`compute = "fp8"` where
-the workers' devices have no FP8 tensor cores: the reason a worker reports in its `ready`).
+the workers' devices have no FP8 tensor cores: the reason a worker reports in its `ready`), and the
+episode's pose minimum for generation (`contracts.episode.GENERATE_MIN_POSES`).
 
 `gpus = 2` on a server that cannot give a job two workers is the pool's to say
 (`bridge.worker_pool.WorkerPool.refusal`).
@@ -12,18 +13,22 @@ from __future__ import annotations
 import numpy as np
 
 from bridge.protocol import ProtocolError
+from contracts import episode
 from contracts.episode import EpisodeError, image_hw
 from contracts.errors import InputError
 from contracts.generation_request import resolve_request
 from contracts.settings import GenerationSettings
 
 
-def check_engine_rules(settings: GenerationSettings, image: bytes, poses: np.ndarray) -> None:
+def check_engine_rules(settings: GenerationSettings, image: bytes, poses: np.ndarray, intrinsics: np.ndarray) -> None:
     """Raise ProtocolError unless the engine can make a video of these settings from this image and
     these poses: `bad_settings` for frames or size the settings alone rule out, `bad_input` for an
     image that cannot be read or poses too few for any video."""
     try:
         hw = image_hw(image, "submit image")
+        # the engine reads the episode with generation's minimum (worldgen.pipelines.camera)
+        episode.check_action(poses, intrinsics, min_poses=episode.GENERATE_MIN_POSES,
+                             poses_name="poses (poses.npy)", intrinsics_name="intrinsics (intrinsics.npy)")  # fmt: skip
     except EpisodeError as exc:
         raise ProtocolError(str(exc), "bad_input") from None
     try:

@@ -69,7 +69,9 @@ class RequestHandling:
             return
         try:
             settings = self._job_settings(request.settings)
-            check_engine_rules(settings, request.image, request.poses)  # frames, size: the engine's words
+            check_engine_rules(
+                settings, request.image, request.poses, request.intrinsics
+            )  # frames, size: the engine's words
         except ProtocolError as exc:
             self._refuse(peer, rid, exc.code, str(exc))
             return
