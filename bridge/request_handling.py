@@ -17,7 +17,7 @@ import zmq
 
 from bridge import protocol
 from bridge.jobs import Job
-from bridge.protocol import Health, JobRequest, ProtocolError, Submit
+from bridge.protocol import Health, JobRequest, LiveOpen, PoseBatch, ProtocolError, Submit
 from contracts.settings import GenerationSettings
 
 log = logging.getLogger("bridge.server")
@@ -45,6 +45,9 @@ class RequestHandling:
             self._on_submit(peer, self._identity(peer, frames[0]), request)
         elif isinstance(request, Health):
             self._on_health(peer, request)
+        elif isinstance(request, (LiveOpen, PoseBatch)):  # live jobs: bridge/live_jobs.py
+            handler = self._on_live if isinstance(request, LiveOpen) else self._on_poses
+            handler(peer, self._identity(peer, frames[0]), request)
         else:
             getattr(self, f"_on_{request.type}")(peer, request)
 

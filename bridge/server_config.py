@@ -80,6 +80,8 @@ class ServerConfig:
     max_queue_per_client: int = 16
     max_attempts: int = 2  # a job interrupted by server restarts this often is failed, not resumed
     result_ttl_s: float = 24 * 3600.0  # finished jobs (and their mp4) are deleted after this
+    live_idle_s: float = 60.0  # a live job that gets no poses for this long ends (its chunks so far are the result)
+    live_ahead_chunks: int = 8  # a live job's poses may run this many chunks ahead of the model; beyond: "busy"
     spool_quota_bytes: int = 8 << 30  # inputs of unfinished jobs + kept results, all clients
     spool_quota_per_client_bytes: int = 2 << 30  # the same, for one client
     spool_min_free_bytes: int = 256 << 20  # below this much free disk, submits get "storage"

@@ -231,7 +231,7 @@ class FastPipeline(Pipeline):
         noise: torch.Tensor,
         y: torch.Tensor | Callable[[int], torch.Tensor],
         context: torch.Tensor,
-        plucker: torch.Tensor | None,
+        plucker: torch.Tensor | Callable[[int], torch.Tensor | None] | None,
         options: FastOptions,
         generator: torch.Generator | None = None,
         renoise_draws: torch.Tensor | None = None,
@@ -243,7 +243,10 @@ class FastPipeline(Pipeline):
         [20, chunk_frames, lat_h, lat_w] (called in order, chunk 1's call while the cache still holds
         one chunk: see `ChunkConditioning`). Re-noising draws come from `generator` (CPU, so the
         result does not depend on the device), or from `renoise_draws`
-        [chunks, steps-1, 16, chunk_frames, lat_h, lat_w] when given.
+        [chunks, steps-1, 16, chunk_frames, lat_h, lat_w] when given. `plucker` may also be a function
+        giving chunk c's camera [1, 384, chunk_frames, lat_h, lat_w] (called in order, before anything of
+        chunk c runs; it may wait for poses: a live job, `worldgen.pipelines.fast_live`), or None when
+        there is no chunk c: the rollout then ends after the chunks made so far.
         """
         schedule = fast_schedule(options.shift, options.timestep_indices)
         _, lat_f, lat_h, lat_w = noise.shape
@@ -261,10 +264,16 @@ class FastPipeline(Pipeline):
         try:
             for c in range(chunks):
                 frames = slice(c * n, (c + 1) * n)
+                if callable(plucker):  # a live camera: chunk c starts once its poses are there
+                    cam_c = plucker(c)
+                    if cam_c is None:
+                        break
+                    cam_c = cam_c.to(device)
                 y_c = (y(c) if callable(y) else y[:, frames]).to(device)[None]
                 if c > 0:  # chunk 0 runs in a one-chunk cache (the rest of the conditioning encodes beside it)
                     cache.grow()
-                cam_c = None if plucker is None else plucker[:, :, frames].to(device)
+                if not callable(plucker):
+                    cam_c = None if plucker is None else plucker[:, :, frames].to(device)
                 start = c * n * frame_tokens
                 x_t = noise[:, frames].to(device, torch.float32)
                 for s, t in enumerate(schedule.timesteps):
@@ -307,16 +316,22 @@ class FastPipeline(Pipeline):
         negative_context: torch.Tensor | None = None,
         options: FastOptions | None = None,
         on_chunk: ChunkCallback | None = None,
+        camera: Callable[[int], torch.Tensor | None] | None = None,
     ) -> torch.Tensor:
         """-> video [3, F, H, W] float32 in [-1, 1] on the CPU (see `Pipeline.generate`).
 
         `settings` gives size, frame_num, seed, shift and the Fast knobs (steps, guidance, boundary and
         the negative prompt do not apply); `options`, when given, replaces those knobs. `on_chunk(i, n, frames)` gets every chunk's decoded
         frames [3, f, H, W] as soon as they exist (the first chunk has 9 frames, the others 12).
+        `camera(c)`, instead of `poses`/`intrinsics`: chunk c's camera as it becomes known (a live job,
+        `worldgen.pipelines.fast_live.LiveCamera`); `settings.frame_num` is then the planned length and
+        the video ends early when `camera` returns None.
         """
         settings = settings or GenerationSettings(model="fast")
         progress = progress or _no_progress
         clock = _Clock(self.device)
+        if camera is not None and poses is not None:
+            raise InputError("a live camera replaces poses: give one or the other")
         poses, intrinsics = validate_camera(poses, intrinsics)
         chunk_frames = (options or FastOptions()).chunk_frames
         frames = fast_frames(settings.frame_num, None if poses is None else len(poses), chunk_frames)
@@ -335,7 +350,9 @@ class FastPipeline(Pipeline):
         lat_h, lat_w = h // 8, w // 8
         options = options or FastOptions.from_settings(settings, (lat_h // 2) * (lat_w // 2))
         self.plan_job(frames.latent_frames, lat_h, lat_w, options)
-        plucker = None if poses is None else fast_camera(poses, intrinsics, frames, h, w)
+        plucker = (
+            camera if camera is not None else None if poses is None else fast_camera(poses, intrinsics, frames, h, w)
+        )
 
         if self.stream_encode:  # chunk 0's frames inside the loop, the rest after chunk 0's preview
             y = ChunkConditioning(self, image_resized, frames.frames, options.chunk_frames, clock, progress)
