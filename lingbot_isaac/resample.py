@@ -75,7 +75,14 @@ def resample_trajectory(
         )
     new_times = times[0] + np.arange(count) / fps
     new_times[-1] = min(new_times[-1], times[-1])  # never extrapolate past the last sample
+    return interpolate_at(times, poses, intrinsics, new_times)
 
+
+def interpolate_at(times: np.ndarray, poses: np.ndarray, intrinsics: np.ndarray, new_times: np.ndarray) -> Trajectory:
+    """Checked samples (`resample_trajectory`) interpolated at `new_times`, within times[0]..times[-1].
+    Each target reads only the samples around it, so a prefix of the samples gives the same values for
+    the targets it spans (a live stream: `lingbot_isaac.live_stream`)."""
+    n, count = len(times), len(new_times)
     rotations = Rotation.from_matrix(poses[:, :3, :3])
     new_rotations = Slerp(times, rotations)(new_times).as_matrix()
     new_translations = np.stack([np.interp(new_times, times, poses[:, i, 3]) for i in range(3)], axis=1)
