@@ -78,6 +78,7 @@ class LiveStream:
         self.next_batch = FIRST_BATCH
         self.chunks_sent = 0
         self.chunks: list[LiveChunkView] = []
+        self.batches: list[np.ndarray] = []  # every batch sent, in order (float32, as on the wire)
         self.outbox: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
         self.outcome: Any = None
@@ -104,7 +105,8 @@ class LiveStream:
             end = min(self.next_batch, self.planned)
             targets = times[0] + np.arange(self.sent, end) / self.fps
             batch = interpolate_at(times, poses, intrinsics, np.minimum(targets, times[-1])).poses
-            self.outbox.put(("poses", batch.astype(np.float32), end == self.planned))
+            self.batches.append(batch.astype(np.float32))
+            self.outbox.put(("poses", self.batches[-1], end == self.planned))
             self.sent, self.next_batch = end, end + CHUNK_POSES
             self.chunks_sent += 1
 
