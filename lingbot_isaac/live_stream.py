@@ -37,9 +37,11 @@ FIRST_BATCH, CHUNK_POSES = 9, 12  # the Fast model's first chunk waits for 9 pos
 class LiveChunkView:
     """One chunk of a live job as the window shows it."""
 
+    job: str
     index: int
     total: int
     frames: int
+    video: bytes  # the chunk's mp4
     still: bytes | None  # PNG of its last frame (the server's)
     lag_chunks: int  # chunks whose poses were sent when it arrived, minus the chunks arrived
     lag_s: float | None  # the server's pose-to-pixels latency of this chunk
@@ -110,6 +112,11 @@ class LiveStream:
             self.sent, self.next_batch = end, end + CHUNK_POSES
             self.chunks_sent += 1
 
+    def cancel(self) -> None:
+        """Cancel the live job (the chunks shown so far stay); never blocks."""
+        self.recorder.recording = False
+        self.outbox.put(("cancel",))
+
     def stop(self) -> None:
         """No more poses: the job makes the chunks it has the poses of, then its result."""
         self.recorder.recording = False
@@ -125,7 +132,7 @@ class LiveStream:
         def on_event(event: Any) -> None:
             if isinstance(event, Chunk):
                 lag = (event.live or {}).get("lag_s")
-                view = LiveChunkView(event.index, event.total, event.frames, event.still,
+                view = LiveChunkView(event.job, event.index, event.total, event.frames, event.video, event.still,
                                      max(0, self.chunks_sent - event.index - 1), lag)  # fmt: skip
                 self.chunks.append(view)
                 if self.on_chunk is not None:
@@ -140,6 +147,9 @@ class LiveStream:
                     item = self.outbox.get()
                     if item[0] == "end":
                         live.end()
+                        break
+                    if item[0] == "cancel":
+                        live.cancel()
                         break
                     live.send_poses(item[1], end=item[2], timeout=600.0)
                     if item[2]:

@@ -51,3 +51,27 @@ def test_live_mode_needs_the_fast_model(tmp_path):
     stage = Usd.Stage.Open(str(STAGE))
     with pytest.raises(ValueError, match="LingBot-World-Fast"):
         LiveStream(stage, "/World/Camera", (H, W), "a room", {"model": "base"}, lambda: None)
+
+
+def test_the_session_runs_live_mode_for_the_window(tiny_server, tmp_path):
+    from lingbot_isaac.session import Session, SessionSettings
+
+    stage = Usd.Stage.Open(str(STAGE))
+    product = FakeRenderProduct(stage.GetPrimAtPath("/World/Camera"), warmup=0)
+    previews = []
+    settings = SessionSettings(server=tiny_server.endpoint, output_dir=tmp_path, width=W, height=H,
+                               frame_num=33, model="fast")  # fmt: skip
+    session = Session(settings, on_chunk=previews.append)
+    session.start_live(stage, "/World/Camera", "a room, the camera moves", capture=product.read,
+                       client_factory=lambda: Client(tiny_server.endpoint, timeout=20))  # fmt: skip
+    assert session.live and session.status().state == "recording"
+    for step in range(int(2.2 * 60)):
+        t = step / 60
+        product.time_code = t * 60
+        session.on_step(t, t * 60)
+    session.stop_live(name="live_run")
+    status = session.wait(timeout=600)
+    assert status.state == "done", status.message
+    assert status.result == tmp_path / "live_run" / "rollout.mp4" and read_mp4(status.result)[0].shape[0] == 33
+    assert [p.index for p in previews] == [0, 1, 2] and all(p.image and p.image.is_file() for p in previews)
+    assert all("chunk(s) behind the sim" in p.label for p in previews)
