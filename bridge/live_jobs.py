@@ -40,7 +40,8 @@ import numpy as np
 from bridge import protocol
 from bridge import worker_protocol as wp
 from bridge.jobs import Job
-from bridge.protocol import JobRequest, LiveOpen, PoseBatch, ProtocolError
+from bridge.live_protocol import LiveOpen, PoseBatch
+from bridge.protocol import JobRequest, ProtocolError
 from contracts import atomic, episode
 
 log = logging.getLogger("bridge.server")

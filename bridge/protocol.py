@@ -503,45 +503,18 @@ class Health:
     rid: str
 
 
-@dataclasses.dataclass(frozen=True)
-class LiveOpen:
-    """`live`: a live job's first frame, prompt, intrinsics (row 0 is used) and settings."""
-
-    rid: str
-    prompt: str
-    settings: dict[str, Any]
-    image: bytes
-    image_format: str
-    intrinsics: np.ndarray  # [1, 4]
-    want_stills: bool = False
-    name: str | None = None
-    client: str | None = None
+Request = Submit | JobRequest | Health  # live jobs' `live` and `poses`: bridge.live_protocol
 
 
-@dataclasses.dataclass(frozen=True)
-class PoseBatch:
-    """`poses`: batch `seq` (0, 1, 2 ...) of a live job's camera path, checked rigid and finite."""
-
-    rid: str
-    job: str
-    seq: int
-    poses: np.ndarray  # [N, 4, 4]
-    end: bool = False
-
-
-Request = Submit | JobRequest | Health | LiveOpen | PoseBatch
-
-
-def parse_request(frames: Sequence[Any], limits: Limits = Limits()) -> Request:
-    """A client -> server message as a typed request; raises ProtocolError (with its code)."""
+def parse_request(frames: Sequence[Any], limits: Limits = Limits()) -> Request | Message:
+    """A client -> server message as a typed request; raises ProtocolError (with its code). A live
+    job's `live` and `poses` come back as the validated Message (`bridge.live_protocol` types them)."""
     message = decode_request(frames, limits)
     fields = message.fields
     if message.type == "health":
         return Health(fields["rid"])
-    if message.type == "live":
-        return _live_open(message)
-    if message.type == "poses":
-        return _pose_batch(message)
+    if message.type in ("live", "poses"):
+        return message
     if message.type != "submit":
         return JobRequest(message.type, fields["rid"], fields["job"])
     image = message.blobs["image"]
@@ -561,41 +534,6 @@ def parse_request(frames: Sequence[Any], limits: Limits = Limits()) -> Request:
         want_stills=bool(fields.get("want_stills", False)),
         name=fields.get("name"),
         client=fields.get("client"),
-    )
-
-
-def _live_open(message: Message) -> LiveOpen:
-    fields = message.fields
-    if fields["live_v"] != LIVE_VERSION:
-        raise ProtocolError(f"live_v {fields['live_v']} not supported (this side speaks {LIVE_VERSION})", "bad_version")
-    image = message.blobs["image"]
-    fmt = image_format(image)
-    intrinsics = message.arrays["intrinsics"][:1]
-    try:
-        episode.check_intrinsics(intrinsics, 1, "live.intrinsics")
-    except EpisodeError as exc:
-        raise ProtocolError(str(exc), "bad_input") from None
-    return LiveOpen(
-        rid=fields["rid"],
-        prompt=fields["prompt"],
-        settings=dict(fields.get("settings") or {}),
-        image=image,
-        image_format=fmt,
-        intrinsics=intrinsics,
-        want_stills=bool(fields.get("want_stills", False)),
-        name=fields.get("name"),
-        client=fields.get("client"),
-    )
-
-
-def _pose_batch(message: Message) -> PoseBatch:
-    fields = message.fields
-    try:
-        episode.check_poses(message.arrays["poses"], f"poses batch {fields['seq']} of job {fields['job']}")
-    except EpisodeError as exc:
-        raise ProtocolError(str(exc), "bad_input") from None
-    return PoseBatch(
-        fields["rid"], fields["job"], fields["seq"], message.arrays["poses"], bool(fields.get("end", False))
     )
 
 

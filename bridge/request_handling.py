@@ -17,7 +17,8 @@ import zmq
 
 from bridge import protocol
 from bridge.jobs import Job
-from bridge.protocol import Health, JobRequest, LiveOpen, PoseBatch, ProtocolError, Submit
+from bridge.live_protocol import LiveOpen, PoseBatch, parse_live
+from bridge.protocol import Health, JobRequest, Message, ProtocolError, Submit
 from contracts.settings import GenerationSettings
 
 log = logging.getLogger("bridge.server")
@@ -36,6 +37,8 @@ class RequestHandling:
     def _handle_request(self, peer: bytes, frames: list) -> None:
         try:
             request = protocol.parse_request([f.buffer for f in frames], self.limits)
+            if isinstance(request, Message):  # a live job's `live` or `poses` (bridge/live_jobs.py)
+                request = parse_live(request)
         except ProtocolError as exc:
             rid = protocol.peek_rid(frames[0].buffer, self.limits) if frames else None
             log.info("refused a malformed request (%s): %s", exc.code, exc)

@@ -21,9 +21,12 @@ from typing import Any
 
 from contracts.episode import ROLLOUT_VIDEO, read_episode, write_rollout
 from contracts.settings import job_settings
-from lingbot_isaac.replay import ReplayError
 
 LIVE_BATCH_POSES = 4  # poses per batch: one latent frame of the model (4 video frames)
+
+
+class LiveReplayError(ValueError):
+    """A live replay that cannot run as asked (names the flag and the fix)."""
 
 
 def live_settings(episode, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -31,7 +34,7 @@ def live_settings(episode, overrides: dict[str, Any]) -> dict[str, Any]:
     planned length) at most the poses the episode has."""
     settings = job_settings(episode.meta.generation if episode.meta else None, overrides)
     if settings.get("model", "base") != "fast":
-        raise ReplayError("--live streams poses to LingBot-World-Fast: add --model fast")
+        raise LiveReplayError("--live streams poses to LingBot-World-Fast: add --model fast")
     settings["frame_num"] = min(int(settings.get("frame_num") or len(episode.poses)), len(episode.poses))
     return settings
 
@@ -44,7 +47,7 @@ def replay_live(
     from bridge.reach import check_listening
 
     if pace < 0:
-        raise ReplayError(f"--pace {pace}: give 1.0 (the recorded pace), another factor, or 0 (no pacing)")
+        raise LiveReplayError(f"--pace {pace}: give 1.0 (the recorded pace), another factor, or 0 (no pacing)")
     todo = []
     for folder in episodes:  # every episode's settings are checked before anything is sent
         if (folder / ROLLOUT_VIDEO).is_file() and not overwrite:
