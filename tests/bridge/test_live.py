@@ -206,3 +206,30 @@ def test_a_client_ten_times_faster_than_the_model_is_held_back(live_server, payl
     first_33 = next(a for a in acks if a.poses >= 33)
     assert first_33.chunks_sent >= 1
     assert rss_mb(pid) - before < 40
+
+
+def test_a_server_restart_loses_no_accepted_pose_and_the_job_goes_on(tmp_path, payload):
+    """The server (and its worker) killed after chunk 0: the restarted server rebuilds the job's poses
+    from its spool, runs it again from them, takes the client's next batch (its seq goes on) and
+    ends it with the whole video; the client holds every chunk once."""
+    pool = ServerPool(tmp_path)
+    try:
+        server = pool.start(worker=TINY, live_idle_s=30.0).wait_loaded()
+        with Client(server.endpoint, timeout=30, heartbeat_s=0.5, give_up_s=900) as client:
+            chunks = LiveChunks()
+            live = LiveJob.open(client, payload.image, payload.prompt, payload.intrinsics, FAST, on_event=chunks)
+            live.send_poses(payload.poses[:9])
+            live.send_poses(payload.poses[9:21])
+            wait_chunk(chunks, 0)
+            server.kill_group()
+            server.tables["server"]["bind"] = server.endpoint
+            server.start()
+            ack = live.send_poses(payload.poses[21:], end=True, timeout=300)
+            assert ack.seq == 2 and ack.poses == 33  # batches 0 and 1 came back from the spool
+            outcome = live.job.wait(timeout=JOB_S)
+        assert isinstance(outcome, Result), outcome
+        assert outcome.provenance["output"]["frames"] == 33
+        assert [c.index for c in chunks.in_order()] == [0, 1, 2]
+        assert "1 job(s) resumed" in server.log()
+    finally:
+        pool.close()
