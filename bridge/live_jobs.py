@@ -91,11 +91,11 @@ class LiveFeed:
                 "behind": max(0, ready - sent), "ended": self.ended}  # fmt: skip
 
 
-def accept_live(spool, client: str, request: LiveOpen, settings: dict[str, Any]) -> Job:
-    """Write a live job durably (its episode without poses, its empty pose feed), as `Spool.accept`."""
+def accept_live(spool, client: str, request: LiveOpen, settings: dict[str, Any], size: int) -> Job:
+    """Write a live job durably (its episode without poses, its empty pose feed), as `Spool.accept`;
+    `size`: what it may hold in the spool (its inputs and room for its poses)."""
     job_id = uuid.uuid4().hex
     staging = spool.incoming_dir / job_id
-    size = len(request.image) + request.intrinsics.nbytes + len(request.prompt.encode("utf-8")) + 4096
     record = Job(id=job_id, dir=spool.jobs_dir / job_id, client=client, rid=request.rid, seq=spool._next_seq,
                  created=time.time(), settings=settings, name=request.name, input_bytes=size)  # fmt: skip
     spool._next_seq += 1
@@ -176,8 +176,17 @@ class LiveJobs:
         if len(self.queue) >= self.config.max_queue or self.queue.count(client) >= self.config.max_queue_per_client:
             self._refuse(peer, rid, "busy", "the queue (or your share of it) is full; try again later")
             return
+        size = len(request.image) + request.intrinsics.nbytes + len(request.prompt) + 4096 + settings.frame_num * 128
+        self._make_room(size, client)
+        used, per_client = self.spool_usage()
+        if used + size > self.config.spool_quota_bytes or (
+            per_client.get(client, 0) + size > self.config.spool_quota_per_client_bytes
+        ):
+            self._refuse(peer, rid, "busy", "the spool quota (or your share of it) is used up; try again when "
+                         "jobs have ended")  # fmt: skip
+            return
         try:
-            job = accept_live(self.spool, client, request, settings.to_dict())
+            job = accept_live(self.spool, client, request, settings.to_dict(), size)
         except OSError as exc:
             self._storage_failed(exc, "a new live job")
             self._refuse(peer, rid, "storage", f"the server cannot store the job: {self.storage_error}")
@@ -198,7 +207,7 @@ class LiveJobs:
         if job is None:
             return None
         feed = self._live_feeds().get(job.id)
-        if feed is None and not job.terminal:
+        if feed is None and not is_live(job):
             self._refuse(peer, rid, "bad_request", f"job {job.id} is not a live job: it takes no pose batches")
             return None
         if job.terminal:
