@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from contracts.model_frame import to_model_intrinsics
+from contracts.settings import FIELD_BY_NAME
 from lingbot_isaac.recorder import Capture, Recorder
 from lingbot_isaac.resample import EPISODE_FPS, interpolate_at
 
@@ -73,7 +74,8 @@ class LiveStream:
             raise ValueError("write a prompt first (what the scene is and how the camera moves)")
         self.recorder = Recorder(stage, camera_path, resolution, capture=capture)
         self.prompt, self.settings, self.fps = prompt.strip(), dict(settings), fps
-        self.planned = int(settings.get("frame_num") or 81)  # the job's planned length: its frame limit
+        # the job's planned length, its frame limit: the window's Frames (else the settings' default)
+        self.planned = int(settings.get("frame_num") or FIELD_BY_NAME["frame_num"].default)
         self.settings["frame_num"] = self.planned
         self.client_factory, self.on_chunk = client_factory, on_chunk
         self.sent = 0  # model frames handed to the sender
