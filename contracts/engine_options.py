@@ -84,7 +84,7 @@ class EngineOptions:
         devices = (self.devices,) if isinstance(self.devices, str) else self.devices
         if not isinstance(devices, (list, tuple)) or not devices or not all(isinstance(d, str) for d in devices):
             raise EngineOptionsError(
-                f"{where}: devices must be a list of 'cpu', 'cuda' or 'cuda:N' (got {self.devices!r})"
+                f"{where}: devices must be a list, each one of {DEVICE_HELP} (got {self.devices!r})"
             )
         for device in devices:
             kind, _, index = device.partition(":")
