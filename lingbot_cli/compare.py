@@ -1,6 +1,7 @@
 """Compare sim frames with a world-model rollout: side-by-side video, PSNR/SSIM, camera fidelity, report.
 
-`lingbot-isaac compare EPISODE_DIR ROLLOUT_MP4 --out DIR` writes DIR/report.html (self-contained),
+`lingbot-isaac compare EPISODE_DIR [ROLLOUT_MP4] --out DIR` (default: the episode's own rollout.mp4)
+writes DIR/report.html (self-contained),
 DIR/report.json (every number) and DIR/side_by_side.mp4. Several episodes at once:
 `--pair EPISODE_DIR ROLLOUT_MP4` (repeatable) writes one sub-folder per episode plus
 DIR/summary.html and DIR/summary.json. A whole dataset: `--dataset DATASET_DIR` compares every
@@ -20,6 +21,7 @@ from comparison.episode_input import EpisodeError
 from comparison.report import TINY_NOTE, compare_episode, write_summary
 from comparison.trajectory import EstimatorConfig
 from comparison.video_io import VideoError
+from contracts.episode import ROLLOUT_VIDEO
 
 
 class CompareUsageError(ValueError):
@@ -34,7 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "episode", nargs="?", type=Path, help="episode folder (poses.npy, intrinsics.npy, sim.mp4 or frames/)"
     )
-    parser.add_argument("rollout", nargs="?", type=Path, help="the world model's rollout mp4 for that episode")
+    parser.add_argument(
+        "rollout",
+        nargs="?",
+        type=Path,
+        help=f"the world model's rollout mp4 for that episode (default: EPISODE_DIR/{ROLLOUT_VIDEO}, where "
+        "replay, submit and demo leave it)",
+    )
     parser.add_argument(
         "--pair",
         nargs=2,
@@ -84,10 +92,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _pairs(args: argparse.Namespace) -> list[tuple[Path, Path]]:
     pairs = [(Path(episode), Path(rollout)) for episode, rollout in args.pair]
-    if args.episode is not None or args.rollout is not None:
-        if args.episode is None or args.rollout is None:
-            raise CompareUsageError("give both EPISODE_DIR and ROLLOUT_MP4 (or use --pair EPISODE_DIR ROLLOUT_MP4)")
-        pairs.insert(0, (args.episode, args.rollout))
+    if args.episode is not None:
+        rollout = args.rollout
+        if rollout is None:  # the episode's own rollout, under the name replay gave it
+            rollout = args.episode / ROLLOUT_VIDEO
+            if not rollout.is_file():
+                raise CompareUsageError(
+                    f"{args.episode}: no {ROLLOUT_VIDEO} in it (replay, submit and demo write it there); "
+                    "give the rollout as ROLLOUT_MP4 after EPISODE_DIR"
+                )
+        pairs.insert(0, (args.episode, rollout))
     if not pairs:
         raise CompareUsageError("nothing to compare: give EPISODE_DIR ROLLOUT_MP4 or --pair EPISODE_DIR ROLLOUT_MP4")
     return pairs

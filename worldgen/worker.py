@@ -104,7 +104,10 @@ class PipelineEngine:
 
         self.torch = torch
         self.options = options
-        self.ckpt, self.device = options.ckpt, options.device
+        from worldgen.pipelines.loader import resolve_device
+
+        # "auto" is resolved here, where PyTorch says what there is; `ready` reports the device taken
+        self.ckpt, self.device = options.ckpt, str(resolve_device(options.device))
         # models load lazily (on a job's first use); this checks the checkpoint now. A folder with
         # only one of the models (e.g. only the Fast DiT) serves that model alone.
         other = "fast" if options.model == "base" else "base"
@@ -342,7 +345,7 @@ class Worker:
         try:
             options = EngineOptions.from_dict(message.get("options") or {}, "the worker's engine options")
             self.engine = load_engine(options)
-        except (CheckpointError, EngineOptionsError) as exc:
+        except (CheckpointError, EngineOptionsError, InputError) as exc:  # the configuration: a device not here
             self.send({"type": "fatal", "code": "checkpoint", "message": str(exc)})
             return 3
         except Exception as exc:

@@ -74,12 +74,24 @@ def test_compare_one_episode_and_then_two(tmp_path, commanded_poses, rendered):
     assert report["camera_fidelity"]["rollout"]["config"]["ransac_threshold_px"] == 0.75
 
 
+def test_compare_an_episode_finds_the_rollout_replay_left_in_it(tmp_path, commanded_poses, rendered):
+    from contracts.episode import write_rollout
+
+    episode = write_episode(tmp_path / "replayed", commanded_poses[:5], rendered[:5])
+    # what `replay EPISODE` leaves: rollout.mp4 (+ rollout.json) in the episode folder, by its writer
+    write_rollout(episode, (episode / "sim.mp4").read_bytes(), {"id": "job-1"}, client="replay")
+    result = lingbot_isaac("compare", str(episode), "--out", str(tmp_path / "report"), "--model", "tiny")
+    assert result.returncode == 0, result.stderr
+    assert f"comparing {episode} with {episode / 'rollout.mp4'}" in result.stderr
+    assert (tmp_path / "report" / "report.json").is_file()
+
+
 def test_bad_input_exits_2_with_one_clear_line(tmp_path):
     result = lingbot_isaac("compare", str(tmp_path / "nope"), str(tmp_path / "nope.mp4"))
     assert result.returncode == 2
     assert "error:" in result.stderr and "not a folder" in result.stderr and "Traceback" not in result.stderr
     result = lingbot_isaac("compare", str(tmp_path))
-    assert result.returncode == 2 and "give both EPISODE_DIR and ROLLOUT_MP4" in result.stderr
+    assert result.returncode == 2 and f"{tmp_path}: no rollout.mp4 in it" in result.stderr
     (tmp_path / "bad.json").write_text("{not json")
     bad = tmp_path / "bad.json"
     result = lingbot_isaac("compare", "--pair", str(tmp_path), "x.mp4", "--settings", str(bad))
