@@ -26,6 +26,7 @@ from PIL import Image
 
 from contracts.settings import GenerationSettings
 from worldgen.errors import InputError
+from worldgen.models.chunk_graph import ChunkGraphs
 from worldgen.models.dit import DiTConfig
 from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
 from worldgen.models.vae import StreamingDecoder, StreamingEncoder
@@ -91,6 +92,10 @@ class FastPipeline(Pipeline):
         self.timings: dict[str, float] = {}  # seconds per part of the last `generate` (see _Clock)
         self.encode_tile_pixels: int | None = None  # VAE tiles before the loop / during it (None: whole frames)
         self.decode_tile_pixels: int | None = None
+        self.use_chunk_graphs = True  # False: every forward eager (the opt-out; also LINGBOT_ISAAC_CHUNK_GRAPHS=0)
+        self.graph_room = True  # whether the memory plan leaves room for a captured forward's pool
+        self.chunk_graphs: ChunkGraphs | None = None  # the last rollout's (its `decisions`, `captures`)
+        self.chunk_timings: list[dict[str, float]] = []  # seconds per chunk of the last `generate`
 
     # -- memory ------------------------------------------------------------------------------------
     def plan_job(self, latent_frames: int, lat_h: int, lat_w: int, options: FastOptions) -> CacheSpec:
@@ -131,6 +136,7 @@ class FastPipeline(Pipeline):
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.vae_cut, self.stream_encode = cut, stream_encode
+        self.graph_room = usable is None or self._graph_fits(usable, spec, cut, chunk_tokens)
         self.decode_tile_pixels = cut.tile_pixels
         if stream_encode or usable is None:
             self.encode_tile_pixels = cut.tile_pixels
@@ -182,6 +188,19 @@ class FastPipeline(Pipeline):
                 f"a KV cache in {usable:.1f} usable GiB"
             )
         return best[1:]
+
+    def _graph_fits(self, usable: float, spec: CacheSpec, cut: StreamVAE, chunk_tokens: int) -> bool:
+        """Whether a captured chunk forward fits: its pool keeps one forward's activations through the
+        chunk decodes, which eager forwards share with the decode's transient peak."""
+        cfg = self.dit_config
+        elem = torch.empty(0, dtype=self.dtype).element_size()
+        cross = 2 * cfg.num_layers * cfg.text_len * cfg.dim * elem / GiB
+        kv = spec.bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype) / GiB
+        if spec.storage == "fp8":  # the window dequantized for one layer during attention
+            kv += 2 * spec.capacity_tokens * cfg.num_heads * cfg.head_dim * elem / GiB
+        act = activation_gib(chunk_tokens)
+        loop = self.plan.expert_gib + cross + VAE_WEIGHTS_GIB + LOOP_MARGIN_GIB + kv + cut.decode_cache_gib
+        return loop + act + cut.decode_push_gib <= usable
 
     def describe_plan(self) -> str:
         """The base plan's lines with the denoise line for the chunk loop and the KV cache added."""
@@ -254,6 +273,8 @@ class FastPipeline(Pipeline):
         frame_tokens = (lat_h // 2) * (lat_w // 2)
         model = self.residency.use("fast")
         cache = self.new_cache(lat_f, frame_tokens, options, model.compute_dtype)
+        # steady chunks replay a captured CUDA graph (worldgen.models.chunk_graph): the same numbers
+        forward = self.chunk_graphs = ChunkGraphs(model, allowed=self.use_chunk_graphs and self.graph_room)
         device, steps = self.device, len(schedule.timesteps)
         context = [context.to(device)]
         total = chunks * (steps + 1) - 1  # no refresh after the last chunk
@@ -269,7 +290,7 @@ class FastPipeline(Pipeline):
                 x_t = noise[:, frames].to(device, torch.float32)
                 for s, t in enumerate(schedule.timesteps):
                     timestep = torch.tensor([t], dtype=torch.int64, device=device)
-                    flow = model(x_t[None], timestep, context, y_c, cam_c, cache=cache, current_start=start)[0]
+                    flow = forward(x_t[None], timestep, context, y_c, cam_c, cache=cache, current_start=start)[0]
                     x0 = (x_t.double() - schedule.sigmas_x0[s] * flow.double()).to(torch.float32)
                     del flow
                     if s + 1 < steps:
@@ -285,12 +306,13 @@ class FastPipeline(Pipeline):
                 if c + 1 < chunks:
                     # refresh: the cache gets the clean chunk's keys/values (output discarded)
                     zero = torch.zeros(1, dtype=torch.int64, device=device)
-                    model(x0[None], zero, context, y_c, cam_c, cache=cache, current_start=start)
+                    forward(x0[None], zero, context, y_c, cam_c, cache=cache, current_start=start)
                     progress("denoise", (c + 1) * (steps + 1), total)
         finally:  # also when the consumer stops early (a cancelled job)
+            forward.close()
             cache.close()
             free_device_memory(device)
-        model = None
+        model = forward.model = None
         self.residency.phase_done("denoise")
 
     # -- all of it ---------------------------------------------------------------------------------
