@@ -77,17 +77,18 @@ class ChunkGraphs:
         # the text keys/values are made on the cache's first call, the camera cache decides on the host
         capturable = cache.has_text and model.camera_cache is None
         decision = "eager"
-        if capturable and key == self.graph_key and self.graph is not None:
+        if capturable and key == self.graph_key:
             decision = "replay"
         elif capturable and key == self.last_key:
             decision = "capture"
+            self.graph_key = key  # on the CPU only the bookkeeping: nothing is captured
         self.last_key = key
         cuda = x.is_cuda and self.allowed and not _failed
         out = None
         if cuda and decision == "capture":
             out = self._capture(x, t, y, cam, cache, rope, key)
             decision = "capture" if out is not None else "eager"
-        elif cuda and decision == "replay":
+        elif cuda and decision == "replay" and self.graph is not None:
             out = self._replay(x, t, y, cam, rope)
         if out is None:
             out = model.forward_tokens(x, t, context, y, cam, cache, rope)
@@ -106,7 +107,7 @@ class ChunkGraphs:
         return self.static["out"].clone()  # the next replay overwrites it
 
     def _capture(self, x, t, y, cam, cache, rope, key) -> torch.Tensor | None:
-        self.close()
+        self.graph, self.static = None, {}  # the previous graph and its pool go first
         static = {name: None if v is None else v.clone() for name, v in self._inputs(x, t, y, cam, rope).items()}
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(x.device)
@@ -123,6 +124,7 @@ class ChunkGraphs:
                 stacklevel=3,
             )
             del graph
+            self.graph_key = None
             torch.cuda.synchronize(x.device)
             return None
         self.graph, self.graph_key, self.static = graph, key, static

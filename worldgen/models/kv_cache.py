@@ -216,7 +216,7 @@ class KVCache:
     def storage_key(self) -> tuple:
         """What a captured forward depends on beside the step: which buffers, at which capacity."""
         first = self.layers[0]
-        return (id(self), self.capacity, first.k.data_ptr(), first.cross is not None)
+        return (id(self), self.capacity, first.k.data_ptr())
 
     def close(self) -> None:
         """Free every slot now (layers point back at the cache, so dropping it alone would wait for gc)."""

@@ -1,0 +1,56 @@
+"""The Fast chunk forward through `ChunkGraphs`: which calls are captured / replayed (on the CPU the same
+eager path runs and the decisions are what CUDA would do), eviction done before the forward gives the
+very same cache and outputs as eviction inside it, and the memory plan's say on the graph's pool."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.worldgen.test_fast import _cache, _call, _full_size_plan, _stacked, chunks_io, dit, fast_root  # noqa: F401
+from worldgen.models.chunk_graph import ChunkGraphs
+from worldgen.models.kv_cache import CacheSpec
+from worldgen.pipelines.fast_plan import FastOptions
+
+
+def _graph_call(graphs, io, cache, c, x="x", t=None):
+    f = slice(3 * c, 3 * c + 3)
+    t = io["t_a"] if t is None else t
+    out = graphs(io[x][:, f][None], t, [io["context"]], io["y"][:, f][None], io["cam"][:, :, f], cache=cache,
+                 current_start=30 * c)  # fmt: skip
+    return out[0]
+
+
+def test_eviction_before_the_forward_equals_eviction_inside_it(dit, chunks_io):
+    io = chunks_io
+    spec = CacheSpec(60, 10, rolling=True, sink_frames=1)  # 6 frames: chunk 2 evicts 3 frames after the sink
+    direct, graphed = _cache(spec), _cache(spec)
+    graphs = ChunkGraphs(dit)
+    zero = torch.zeros(1, dtype=torch.int64)
+    for c in range(3):
+        for x, t in (("x", None), ("x", None), ("x_clean", zero)):
+            assert torch.equal(_call(dit, io, direct, c, x, t), _graph_call(graphs, io, graphed, c, x, t))
+        assert (direct.global_end, direct.local_end) == (graphed.global_end, graphed.local_end)
+    for which in ("k", "v"):
+        assert torch.equal(_stacked(direct, which), _stacked(graphed, which))
+    # a call is captured when it repeats the last call's key (shapes, cache buffers, slots), replayed
+    # while the key holds; the first call (text keys/values made) and a changed window run eagerly.
+    # Chunk 2 evicts: after the eviction it writes and reads the slots chunk 1 did, so it replays.
+    assert graphs.decisions == ["eager", "capture", "replay", "eager", "capture", "replay"] + ["replay"] * 3
+
+
+def test_a_new_cache_is_never_replayed_into(dit, chunks_io):
+    graphs = ChunkGraphs(dit)
+    for _ in range(2):  # two rollouts, one cache each: the second one's calls do not match the first's graph
+        cache = _cache(CacheSpec(60, 10))
+        for _ in range(3):
+            _graph_call(graphs, chunks_io, cache, 0)
+    assert graphs.decisions == ["eager", "capture", "replay"] * 2
+
+
+def test_the_24_gib_plan_leaves_room_for_the_graph_pool():
+    pipe = _full_size_plan(24)
+    pipe.plan_job(21, 58, 104, FastOptions())
+    assert pipe.graph_room
+    tight = _full_size_plan(20)  # a 4-frame window; the pool and the decode's peak would not both fit
+    tight.plan_job(21, 58, 104, FastOptions())
+    assert not tight.graph_room
