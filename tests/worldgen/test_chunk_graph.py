@@ -20,7 +20,7 @@ def _graph_call(graphs, io, cache, c, x="x", t=None):
     return out[0]
 
 
-def test_eviction_before_the_forward_equals_eviction_inside_it(dit, chunks_io):
+def test_eviction_before_the_forward_equals_eviction_inside_it(dit, chunks_io):  # noqa: F811
     io = chunks_io
     spec = CacheSpec(60, 10, rolling=True, sink_frames=1)  # 6 frames: chunk 2 evicts 3 frames after the sink
     direct, graphed = _cache(spec), _cache(spec)
@@ -38,7 +38,7 @@ def test_eviction_before_the_forward_equals_eviction_inside_it(dit, chunks_io):
     assert graphs.decisions == ["eager", "capture", "replay", "eager", "capture", "replay"] + ["replay"] * 3
 
 
-def test_a_new_cache_is_never_replayed_into(dit, chunks_io):
+def test_a_new_cache_is_never_replayed_into(dit, chunks_io):  # noqa: F811
     graphs = ChunkGraphs(dit)
     for _ in range(2):  # two rollouts, one cache each: the second one's calls do not match the first's graph
         cache = _cache(CacheSpec(60, 10))

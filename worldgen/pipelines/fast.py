@@ -391,6 +391,8 @@ class FastPipeline(Pipeline):
         with self.meter.phase("loop"):  # the DiT chunk loop, each chunk decoded as soon as it is done
             decoder = None
             streaming = True
+            self.chunk_timings = []
+            before = dict(clock.seconds)
             for latent in self.rollout_chunks(noise, y, context, plucker, options, generator, progress=progress):
                 clock.lap("dit")
                 latents.append(latent.cpu())
@@ -410,6 +412,11 @@ class FastPipeline(Pipeline):
                     else:
                         emit(piece)
                 clock.lap("decode")
+                # this chunk's share (its forwards and the refresh before it, its encode, its decode);
+                # the decode runs after the forwards on the same stream, so nothing overlaps yet
+                spent = {k: clock.seconds.get(k, 0.0) - before.get(k, 0.0) for k in ("dit", "encode", "decode")}
+                self.chunk_timings.append({**spent, "overlap": 0.0, "wall": sum(spent.values())})
+                before = dict(clock.seconds)
             if not streaming:
                 decoder, done = StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels), len(pieces)
                 device = next(decoder.vae.parameters()).device
@@ -420,10 +427,16 @@ class FastPipeline(Pipeline):
                     else:
                         emit(piece)
                 clock.lap("decode")
+                # this chunk's share (its forwards and the refresh before it, its encode, its decode);
+                # the decode runs after the forwards on the same stream, so nothing overlaps yet
+                spent = {k: clock.seconds.get(k, 0.0) - before.get(k, 0.0) for k in ("dit", "encode", "decode")}
+                self.chunk_timings.append({**spent, "overlap": 0.0, "wall": sum(spent.values())})
+                before = dict(clock.seconds)
             del decoder
             self.residency.phase_done("decode")
         clock.mark("total")
         self.timings = clock.seconds
+        self.last_latents = latents  # each chunk's final latent (CPU), for comparisons (bench_fast)
         return torch.cat(pieces, dim=1)
 
 
