@@ -21,6 +21,7 @@ whole <= 16 s; fp8 <= 1.0 s per chunk over chunks 1..6, whole <= 10 s, first chu
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import time
@@ -184,7 +185,8 @@ def main() -> None:
         "--frames",
         default="81,161",
         help="comma-separated frame counts, one rollout each; a trailing c (81c) reuses the prompt's embedding "
-        "from the run before, as the server's prompt cache does",
+        "from the run before, as the server's prompt cache does; 81serial: chunk decodes after the forwards on "
+        "one stream (no overlap)",
     )
     parser.add_argument("--golden", type=Path, help="golden/fast folder: parity in bf16 on this device first")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -200,6 +202,12 @@ def main() -> None:
         action="store_true",
         help="after the first compute's rollouts, one more 81-frame rollout with every forward eager (no CUDA "
         "graphs): its chunks against the graphed run's (identical expected)",
+    )
+    parser.add_argument(
+        "--warm-up",
+        action="store_true",
+        help="FastPipeline.warm_up (what `[worker] warm_up = true` does at server start) before the rollouts, "
+        "at the first --frames entry and the episode image's shape, under the first --compute; timed",
     )
     parser.add_argument("--json", type=Path, help="write all results here (rewritten after each step)")
     args = parser.parse_args()
@@ -242,9 +250,24 @@ def main() -> None:
     pipe.on_plan = plans.append
     results["rollouts"] = []
     results["chunk_distance"] = {}
+    computes = args.compute.split(",")
+    if args.warm_up:
+        pipe.residency.use("fast").set_compute(computes[0])
+        pipe.compute = computes[0]
+        first = int(re.match(r"\d+", args.frames).group())
+        shape = find_image(args.action_path)
+        from PIL import Image
+
+        with Image.open(shape) as img:
+            size = (img.height, img.width)
+        results["warm_up_seconds"] = round(
+            pipe.warm_up(GenerationSettings(model="fast", size=args.size, frame_num=first), size), 2
+        )
+        print(f"warm-up ({computes[0]}, {first} frames, image {size[0]}x{size[1]}): {results['warm_up_seconds']} s",
+              flush=True)  # fmt: skip
     context = None
     latents: dict[str, list[torch.Tensor]] = {}  # compute -> the last 81-frame rollout's chunks
-    computes = args.compute.split(",")
+    sticky_off = False  # set when a rollout failed: graphs and overlap off from then on
     entries = [(compute, entry) for compute in computes for entry in args.frames.split(",")]
     if args.graph_check:
         entries.insert(len(args.frames.split(",")), (computes[0], "81eager"))
@@ -252,9 +275,10 @@ def main() -> None:
         if compute != pipe.compute:
             pipe.residency.use("fast").set_compute(compute)
             pipe.compute = compute
-        eager = entry.endswith("eager")
-        entry = entry.removesuffix("eager")
-        pipe.use_chunk_graphs = not eager
+        eager, serial = entry.endswith("eager"), entry.endswith("serial")
+        entry = entry.removesuffix("eager").removesuffix("serial")
+        pipe.use_chunk_graphs = not (eager or sticky_off)
+        pipe.overlap_decode = not (serial or sticky_off)
         frames, cached = int(entry.rstrip("c")), entry.endswith("c")
         if cached and context is None:
             (context,) = pipe.encode_text([prompt])
@@ -262,11 +286,15 @@ def main() -> None:
             result = rollout(pipe, args, image, prompt, poses, intrinsics, frames, context if cached else None)
         except Exception as exc:
             traceback.print_exc()
-            results["rollouts"].append({"frames_asked": frames, "error": repr(exc)[:2000]})
+            results["rollouts"].append({"frames_asked": frames, "compute": compute, "error": repr(exc)[:2000]})
+            if pipe.overlap_decode or pipe.use_chunk_graphs:  # one device run is precious: the rest without them
+                print("  the remaining rollouts run without CUDA graphs and without the decode overlap", flush=True)
+                sticky_off = True
             save()
             free_device_memory(device)
             continue
         result["eager_only"] = eager
+        result["decode_overlap"] = bool(pipe.overlap_decode and pipe.graph_room and device.type == "cuda")
         if frames == 81 and not eager:
             latents[compute] = list(pipe.last_latents)
         if frames == 81 and (eager or compute != computes[0]) and computes[0] in latents:
@@ -292,7 +320,7 @@ def main() -> None:
         print(result["plan"], flush=True)
         s = result["seconds"]
         print(
-            f"rollout {frames} frames, {compute}{' (eager)' if eager else ''} ({result['prompt']}) -> {result['frames']} at {result['size']}: first chunk {s['first_chunk']:.2f} s, "
+            f"rollout {frames} frames, {compute}{' (eager)' if eager else ''}{' (serial decode)' if serial else ''} ({result['prompt']}) -> {result['frames']} at {result['size']}: first chunk {s['first_chunk']:.2f} s, "
             f"whole video {s['total']:.2f} s (text {s['text']:.2f}, encode {s['encode']:.2f}, DiT loop {s['dit']:.2f}, "
             f"decode {s['decode']:.2f}; {result['dit_seconds_per_forward']:.3f} s per DiT forward); peak VRAM {result.get('peak_vram_reserved_gib', '-')} GiB reserved "
             f"({result.get('peak_vram_allocated_gib', '-')} allocated), peak RSS {result['peak_rss_gib']} GiB; "

@@ -54,3 +54,22 @@ def test_the_24_gib_plan_leaves_room_for_the_graph_pool():
     tight = _full_size_plan(20)  # a 4-frame window; the pool and the decode's peak would not both fit
     tight.plan_job(21, 58, 104, FastOptions())
     assert not tight.graph_room
+
+
+def test_warm_up_runs_the_jobs_shapes_and_changes_no_video():
+    from contracts.settings import GenerationSettings
+    from worldgen.pipelines.loader import load_pipeline
+
+    settings = GenerationSettings(model="fast", size="64*96", frame_num=21, seed=3)
+    image = torch.linspace(0, 1, 3 * 64 * 96).view(64, 96, 3).mul(255).to(torch.uint8).numpy()
+    poses = torch.eye(4).repeat(21, 1, 1).numpy()
+    intrinsics = torch.tensor([[400.0, 400.0, 416.0, 240.0]]).repeat(21, 1).numpy()
+    cold = load_pipeline("tiny", device="cpu", model="fast")
+    text_dim = cold.residency.use("fast").text_embedding[0].in_features
+    context = torch.randn(7, text_dim, generator=torch.Generator().manual_seed(1))
+    video = cold.generate(image, None, poses, intrinsics, settings, context=context)
+    warm = load_pipeline("tiny", device="cpu", model="fast")
+    assert warm.warm_up(settings, image_size=(64, 96)) > 0
+    # 2 chunks of 3 latent frames: one forward each, and a second on the last (where a graph is captured)
+    assert warm.chunk_graphs is None and warm.cache_spec.capacity_tokens == 6 * 4 * 6
+    assert torch.equal(warm.generate(image, None, poses, intrinsics, settings, context=context), video)
