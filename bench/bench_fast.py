@@ -60,10 +60,13 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def golden_parity(root: Path, device: torch.device, dtype: torch.dtype, attention: str = "sdpa") -> dict[str, float]:
+def golden_parity(
+    root: Path, device: torch.device, dtype: torch.dtype, attention: str = "sdpa", compute: str = "exact"
+) -> dict[str, float]:
     """Every golden/fast case with the DiT in `dtype` on `device` -> relative L2 errors."""
     dit = load_expert(root / "lingbot-world-base-cam" / FAST_DIR, device, dtype)
     dit.set_attention_backend(attention)
+    dit.set_compute(compute)
     io = {k: v.to(device) for k, v in load_file(root / "dit_chunks" / "io.safetensors").items()}
     errors = {}
 
@@ -228,6 +231,22 @@ def main() -> None:
         results["golden_parity"] = {"dtype": str(dtype), "rel_l2": errors}
         for name, err in errors.items():
             print(f"golden {name:<28} rel L2 {err:.2e} ({dtype})", flush=True)
+        if "fp8" in args.compute.split(",") and device.type == "cuda":
+            # the golden chunks have 30 tokens, under the FP8 path's MIN_ROWS: lowered for this run only,
+            # so the tiny model's Linears and self-attention really take the FP8 kernels
+            from worldgen.kernels import fp8
+
+            rows, fp8.MIN_ROWS = fp8.MIN_ROWS, 1
+            try:
+                errors = golden_parity(args.golden, device, dtype, resolve_backend(args.attention, "fast"), "fp8")
+            except Exception:
+                traceback.print_exc()
+                errors = {}
+            finally:
+                fp8.MIN_ROWS = rows
+            results["golden_parity_fp8"] = {"dtype": str(dtype), "min_rows": 1, "rel_l2": errors}
+            for name, err in errors.items():
+                print(f"golden fp8 {name:<24} rel L2 {err:.2e} (fp8, MIN_ROWS 1)", flush=True)
         save()
         free_device_memory(device)
     if args.build_synthetic:
