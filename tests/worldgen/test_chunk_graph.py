@@ -47,13 +47,14 @@ def test_a_new_cache_is_never_replayed_into(dit, chunks_io):  # noqa: F811
     assert graphs.decisions == ["eager", "capture", "replay"] * 2
 
 
-def test_the_24_gib_plan_leaves_room_for_the_graph_pool():
+def test_graphs_and_the_decode_overlap_only_without_a_budget():
+    # measured on the H100 at 24 GiB: the graph's pool beside chunk 1's encode / decode ran out of memory
     pipe = _full_size_plan(24)
     pipe.plan_job(21, 58, 104, FastOptions())
-    assert pipe.graph_room
-    tight = _full_size_plan(20)  # a 4-frame window; the pool and the decode's peak would not both fit
-    tight.plan_job(21, 58, 104, FastOptions())
-    assert not tight.graph_room
+    assert not pipe.graph_room
+    unbounded = _full_size_plan(None)
+    unbounded.plan_job(21, 58, 104, FastOptions())
+    assert unbounded.graph_room
 
 
 def test_warm_up_runs_the_jobs_shapes_and_changes_no_video():

@@ -34,3 +34,12 @@ def test_doctor_prints_the_compile_cache_state(tmp_path):
         f"compile  cache cold (nothing compiled yet: the first job compiles its kernels) in {tmp_path / 'compile'}"
         in out.stdout
     ), out.stdout + out.stderr
+
+
+def test_compiled_kernels_keep_more_variants_than_dynamos_default():
+    import torch._dynamo.config as dynamo_config
+
+    from worldgen.kernels import fused
+
+    fused._compiled(fused.gated_residual.eager)  # building the compiled function (nothing compiles yet)
+    assert dynamo_config.recompile_limit >= fused.RECOMPILE_LIMIT == 64
