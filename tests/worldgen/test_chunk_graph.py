@@ -4,6 +4,7 @@ very same cache and outputs as eviction inside it, and the memory plan's say on 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.worldgen.test_fast import _cache, _call, _full_size_plan, _stacked, chunks_io, dit, fast_root  # noqa: F401
@@ -57,6 +58,7 @@ def test_graphs_and_the_decode_overlap_only_without_a_budget():
     assert unbounded.graph_room
 
 
+@pytest.mark.slow
 def test_warm_up_runs_the_jobs_shapes_and_changes_no_video():
     from contracts.settings import GenerationSettings
     from worldgen.pipelines.loader import load_pipeline
@@ -74,3 +76,12 @@ def test_warm_up_runs_the_jobs_shapes_and_changes_no_video():
     # 2 chunks of 3 latent frames: one forward each, and a second on the last (where a graph is captured)
     assert warm.chunk_graphs is None and warm.cache_spec.capacity_tokens == 6 * 4 * 6
     assert torch.equal(warm.generate(image, None, poses, intrinsics, settings, context=context), video)
+
+
+@pytest.mark.slow  # the tiny Fast DiT at the default 480x832 frame: ~30 s of CPU
+def test_a_worker_asked_to_warm_up_does_it_at_load():
+    from contracts.engine_options import EngineOptions
+    from worldgen.worker import PipelineEngine
+
+    assert PipelineEngine(EngineOptions(model="fast", warm_up=True)).describe()["warm_up_s"] > 0
+    assert PipelineEngine(EngineOptions(model="fast")).describe()["warm_up_s"] is None
