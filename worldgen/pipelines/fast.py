@@ -139,7 +139,7 @@ class FastPipeline(Pipeline):
         self.vae_cut, self.stream_encode = cut, stream_encode
         # a captured forward's pool, or a decode beside the forwards, only without a budget: at 24 GiB
         # on the H100 the pool (1.24 GiB at 4,524 tokens) made chunk 1's encode and decode run out of
-        # memory although the arithmetic below had room (the allocator held 3.3-3.6 GiB it could not
+        # memory although the plan's arithmetic had room (the allocator held 3.3-3.6 GiB it could not
         # use), docs/benchmarks.md "Session 7: Fast"
         self.graph_room = usable is None
         self.decode_tile_pixels = cut.tile_pixels
