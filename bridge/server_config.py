@@ -27,7 +27,9 @@ class ConfigError(ValueError):
 
 # Keys of [worker] that are engine options (contracts.engine_options.EngineOptions); `device` is the
 # engine's one device (a pool's workers each get one entry of `devices` instead).
-ENGINE_KEYS = ("ckpt", "model", "device", "gpus", "dtype", "compute", "attention", "vram_budget_gb", "t5_on_cpu")
+ENGINE_KEYS = (
+    "ckpt", "model", "device", "gpus", "dtype", "compute", "attention", "vram_budget_gb", "t5_on_cpu", "warm_up",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,6 +74,7 @@ class EngineOptions:
     attention: str = "auto"  # auto | sdpa | flash | sage
     vram_budget_gb: float | None = None  # None: no budget (plan for the whole GPU)
     t5_on_cpu: bool = False  # run umT5 on the CPU, streamed block by block (no GPU memory)
+    warm_up: bool = False  # Fast model: compile its DiT's kernels at load, for the default settings' shapes
 
     def __post_init__(self) -> None:
         where = "engine options"
@@ -112,8 +113,9 @@ class EngineOptions:
                     f"{where}: vram_budget_gb must be a number of GiB > 0, or null (in TOML: leave it out) for no budget (got {budget!r})"
                 )
             object.__setattr__(self, "vram_budget_gb", float(budget))
-        if not isinstance(self.t5_on_cpu, bool):
-            raise EngineOptionsError(f"{where}: t5_on_cpu must be true or false (got {self.t5_on_cpu!r})")
+        for name in ("t5_on_cpu", "warm_up"):
+            if not isinstance(getattr(self, name), bool):
+                raise EngineOptionsError(f"{where}: {name} must be true or false (got {getattr(self, name)!r})")
 
     @property
     def device(self) -> str:

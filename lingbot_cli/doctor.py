@@ -55,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             print("  gpu      none visible to torch: generation runs on the CPU (fine for the tiny model only)")
         print_attention(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        from worldgen.runtime.compile_cache import cache_state
+
+        print(f"  compile  cache {cache_state()}")
     except ImportError:
         pass
     if args.ckpt_dir:

@@ -111,6 +111,7 @@ class PipelineEngine:
         # models load lazily (on a job's first use); this checks the checkpoint now. A folder with
         # only one of the models (e.g. only the Fast DiT) serves that model alone.
         other = "fast" if options.model == "base" else "base"
+        self.warm_up_s: float | None = None
         try:
             self.model, self.pipe = options.model, self._load(options.model)
         except CheckpointError:
@@ -121,6 +122,8 @@ class PipelineEngine:
             else:
                 return
             raise
+        if options.warm_up and self.model == "fast":  # compile before the first job (FastPipeline.warm_up)
+            self.warm_up_s = round(self.pipe.warm_up(), 2)
 
     def _load(self, model: str):
         from worldgen.pipelines.loader import load_pipeline_from_options
@@ -149,6 +152,7 @@ class PipelineEngine:
             "torch": self.torch.__version__,
             "options": self.options.to_dict(),  # as the server sent them
             "pipeline": dict(self.pipe.engine) if self.pipe else {},  # as the pipeline applied them
+            "warm_up_s": self.warm_up_s,  # seconds the Fast DiT's warm-up took at load (None: none ran)
         }
 
     def generate(

@@ -120,6 +120,10 @@ def load_pipeline(
         for name in devices or [device]:
             check_supported(name)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    if device.type == "cuda":  # compiled kernels kept under the user's cache folder across processes
+        from worldgen.runtime.compile_cache import use_persistent_cache
+
+        use_persistent_cache()
     if model not in MODELS:
         raise InputError(f"model {model!r} is unknown: use one of {', '.join(MODELS)}")
     root, is_tiny = resolve_checkpoint(ckpt)
