@@ -31,12 +31,12 @@ if TYPE_CHECKING:
     from worldgen.models.dit import WanCameraDiT
     from worldgen.models.kv_cache import KVCache
 
-ENV_SWITCH = "LINGBOT_ISAAC_CHUNK_GRAPHS"  # "0": never capture (every process this environment starts)
+ENV_SWITCH = "LINGBOT_ISAAC_CHUNK_GRAPHS"  # "1": capture (FastPipeline's default; unset: every forward eager)
 _failed: list[str] = []  # the first capture failure of this process (then eager for good)
 
 
 def enabled_by_environment() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    return os.environ.get(ENV_SWITCH, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 class ChunkGraphs:
@@ -45,7 +45,7 @@ class ChunkGraphs:
 
     def __init__(self, model: WanCameraDiT, allowed: bool = True):
         self.model = model
-        self.allowed = allowed and enabled_by_environment()
+        self.allowed = allowed
         self.graph: torch.cuda.CUDAGraph | None = None
         self.graph_key: tuple | None = None
         self.static: dict[str, torch.Tensor] = {}

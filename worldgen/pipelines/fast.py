@@ -26,7 +26,7 @@ from PIL import Image
 
 from contracts.settings import GenerationSettings
 from worldgen.errors import InputError
-from worldgen.models.chunk_graph import ChunkGraphs
+from worldgen.models.chunk_graph import ChunkGraphs, enabled_by_environment
 from worldgen.models.dit import DiTConfig
 from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
 from worldgen.models.vae import StreamingDecoder, StreamingEncoder
@@ -38,6 +38,7 @@ from worldgen.pipelines.camera import (
     scale_intrinsics,
     validate_camera,
 )
+from worldgen.pipelines.decode_overlap import PendingDecode
 from worldgen.pipelines.fast_plan import (
     LOOP_MARGIN_GIB,
     FastFrames,
@@ -92,9 +93,11 @@ class FastPipeline(Pipeline):
         self.timings: dict[str, float] = {}  # seconds per part of the last `generate` (see _Clock)
         self.encode_tile_pixels: int | None = None  # VAE tiles before the loop / during it (None: whole frames)
         self.decode_tile_pixels: int | None = None
-        self.use_chunk_graphs = True  # False: every forward eager (the opt-out; also LINGBOT_ISAAC_CHUNK_GRAPHS=0)
+        # Opt-in (LINGBOT_ISAAC_CHUNK_GRAPHS=1, or set it): captured forwards and the decode overlap have not
+        # yet been measured working on a GPU (docs/benchmarks.md, session 7); every forward eager by default.
+        self.use_chunk_graphs = enabled_by_environment()
         self.graph_room = True  # whether the plan has room for a captured forward's pool / a decode beside it
-        self.overlap_decode = True  # False: each chunk decodes after its forwards, on the same stream
+        self.overlap_decode = enabled_by_environment()  # False: each chunk decodes after its forwards, same stream
         self.chunk_graphs: ChunkGraphs | None = None  # the last rollout's (its `decisions`, `captures`)
         self.chunk_timings: list[dict[str, float]] = []  # seconds per chunk of the last `generate`
 
@@ -446,7 +449,7 @@ class FastPipeline(Pipeline):
             # chunks 1.. decode on a second CUDA stream beside the next chunk's forwards where the plan
             # leaves room for both at once (`graph_room`); chunk 0 decodes at once (its preview first)
             side = self._decode_stream()
-            pending: _PendingDecode | None = None
+            pending: PendingDecode | None = None
             for latent in self.rollout_chunks(noise, y, context, plucker, options, generator, progress=progress):
                 clock.lap("dit")
                 latents.append(latent.cpu())
@@ -462,7 +465,7 @@ class FastPipeline(Pipeline):
                         if side is None:
                             emit(decoder.push(latent[None].to(vae_device))[0].cpu())
                         else:
-                            pending = _PendingDecode(decoder, latent.to(vae_device), side)
+                            pending = PendingDecode(decoder, latent.to(vae_device), side)
                             if len(latents) == 1:  # the first preview as soon as it exists
                                 emit(pending.frames())
                                 pending = None
@@ -503,38 +506,6 @@ class FastPipeline(Pipeline):
         self.timings = clock.seconds
         self.last_latents = latents  # each chunk's final latent (CPU), for comparisons (bench_fast)
         return torch.cat(pieces, dim=1)
-
-
-class _PendingDecode:
-    """One chunk's decode launched on a second CUDA stream (`FastPipeline._decode_stream`): it waits for
-    the chunk's latent on the loop's stream, then runs beside whatever the loop launches next. Every
-    push of the decoder runs on that stream, so its caches never cross streams."""
-
-    def __init__(self, decoder: StreamingDecoder, latent: torch.Tensor, stream: torch.cuda.Stream):
-        ready = torch.cuda.Event()
-        ready.record()  # on the loop's stream: the latent is final
-        self.start, self.done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(stream):
-            stream.wait_event(ready)
-            latent.record_stream(stream)  # read there: not reused by the loop before the decode ran
-            self.start.record()
-            self.piece = decoder.push(latent[None])[0]
-            self.done.record()
-        self.launched = time.perf_counter()
-        self.waited = 0.0
-
-    def frames(self) -> torch.Tensor:
-        """Wait for the decode; its frames on the CPU."""
-        begin = time.perf_counter()
-        self.done.synchronize()
-        self.waited = time.perf_counter() - begin
-        return self.piece.cpu()
-
-    def hidden_seconds(self) -> float:
-        """The decode's GPU seconds that ran while the loop went on (not waited for)."""
-        self.done.synchronize()
-        gpu = self.start.elapsed_time(self.done) / 1000
-        return max(0.0, gpu - self.waited)
 
 
 class ChunkConditioning:
