@@ -56,7 +56,7 @@ class ReconstructionConfig:
     mapper: str = "incremental"  # see MAPPERS
     overlap: int = 10  # each frame is matched with the next `overlap` frames of its video
     max_features: int = 4096  # SIFT features per frame
-    timeout_s: float = 900.0  # per episode, everything included; finished trials are kept
+    timeout_s: float = 1800.0  # per episode, everything included; finished trials are kept
     min_registered_ratio: float = 0.5  # fewer registered frames than this: "not reconstructed"
     threads: int = -1  # COLMAP's threads (-1: all cores)
 

@@ -68,9 +68,19 @@ def _spread(values: list[float | None]) -> dict[str, Any] | None:
 def _not_reconstructed_reason(run: ReconstructionRun, stream: str, registered: int, frames: int) -> str:
     matching = run.matching.get(stream)
     if matching is not None and matching.verified_pairs == 0:
+        found = (
+            "no two frames share enough matching features"
+            if matching.matched_pairs == 0
+            else f"{matching.matched_pairs} pairs had matches, none a consistent two-view geometry"
+        )
         return (
-            f"no pair of frames passed geometric verification ({matching.matched_pairs} pairs matched, 0 with a "
-            "consistent two-view geometry): the frames do not show one rigid scene (noise looks like this)"
+            f"no pair of frames passed geometric verification ({found}): the frames do not show one rigid scene "
+            "(noise looks like this)"
+        )
+    if registered == 0 and matching is not None and matching.verified_pairs > 0:
+        return (
+            f"0 of {frames} frames registered although {matching.verified_pairs} of {matching.matched_pairs} pairs "
+            "verified: the mapper found no first pair of frames with enough parallax (a slow or purely turning camera)"
         )
     return (
         f"only {registered} of {frames} frames registered (below {run.config.min_registered_ratio:.0%}); "

@@ -150,6 +150,19 @@ def test_a_path_that_pans_the_other_way_gives_the_expected_rot_err():
     assert section["summary"]["scale_vs_command"] is None
 
 
+def test_the_global_mapper_reconstructs_the_same_path():
+    """GLOMAP's global mapper (`--sfm-mapper global`) on the commanded path: the same tolerances."""
+    commanded = camera_path(FRAMES)
+    frames = render_frames(commanded, HEIGHT, WIDTH)
+    config = ReconstructionConfig(trials=1, max_features=1024, overlap=4, mapper="global")
+    result = evaluate_reconstruction(None, frames, commanded, np.tile(INTRINSICS_480x832, (FRAMES, 1)), config)
+    assert result["run"]["mapper_used"] == [{"rollout": "global"}] and result["status"] == "reconstructed"
+    summary = result["rollout"]["summary"]
+    assert summary["registered_ratio"]["mean"] == 1.0
+    assert summary["rot_err_deg_per_frame"]["mean"] < ROT_ERR_PER_FRAME_DEG
+    assert summary["trans_err_per_frame"]["mean"] < TRANS_ERR_PER_FRAME_M
+
+
 def test_noise_is_not_reconstructed_and_says_why():
     rng = np.random.default_rng(0)
     noise = rng.integers(0, 256, (FRAMES, HEIGHT, WIDTH, 3), dtype=np.uint8)
