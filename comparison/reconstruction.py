@@ -211,6 +211,10 @@ def _pairs(images: list[dict], streams: list[str], overlap: int) -> list[tuple[s
     for names in by_stream.values():
         for i, name in enumerate(names):
             pairs += [(name, other) for other in names[i + 1 : i + 1 + overlap]]
+            # and frames 2^j apart beyond that (COLMAP's "quadratic overlap"): the wide baselines the
+            # mapper needs to start where neighbouring frames of a slow camera hardly move
+            pairs += [(name, names[i + 2**j]) for j in range(overlap.bit_length(), 31)
+                      if 2**j > overlap and i + 2**j < len(names)]  # fmt: skip
     if SIM in by_stream and ROLLOUT in by_stream:
         pairs += list(zip(by_stream[SIM], by_stream[ROLLOUT], strict=False))  # frame k with frame k
     return pairs

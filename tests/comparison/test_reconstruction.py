@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from comparison.camera_metrics import anchored_errors, fit_similarity, path_errors, rotation_angle_deg
-from comparison.reconstruction import ReconstructionConfig
+from comparison.reconstruction import ReconstructionConfig, _pairs
 from comparison.sfm_fidelity import evaluate_reconstruction
 from tests.comparison.scene import INTRINSICS_480x832, camera_path, render_frames
 from tests.room_render import look_at
@@ -157,6 +157,30 @@ def test_the_global_mapper_reconstructs_the_same_path():
     config = ReconstructionConfig(trials=1, max_features=1024, overlap=4, mapper="global")
     result = evaluate_reconstruction(None, frames, commanded, np.tile(INTRINSICS_480x832, (FRAMES, 1)), config)
     assert result["run"]["mapper_used"] == [{"rollout": "global"}] and result["status"] == "reconstructed"
+    summary = result["rollout"]["summary"]
+    assert summary["registered_ratio"]["mean"] == 1.0
+    assert summary["rot_err_deg_per_frame"]["mean"] < ROT_ERR_PER_FRAME_DEG
+    assert summary["trans_err_per_frame"]["mean"] < TRANS_ERR_PER_FRAME_M
+
+
+def test_pairs_reach_far_enough_for_a_slow_camera():
+    """Neighbours within the overlap, then frames 2^j apart, then frame k of the sim with frame k of the rollout."""
+    images = [{"name": f"{s}/{k:05d}.png", "stream": s, "k": k} for s in ("sim", "rollout") for k in range(81)]
+    pairs = _pairs(images, ["sim", "rollout"], overlap=10)
+    from_first = [b for a, b in pairs if a == "sim/00000.png" and b.startswith("sim/")]
+    assert from_first == [f"sim/{k:05d}.png" for k in (*range(1, 11), 16, 32, 64)]
+    assert ("sim/00040.png", "rollout/00040.png") in pairs
+    assert not any(a.split("/")[0] != b.split("/")[0] and a[-9:] != b[-9:] for a, b in pairs)
+
+
+@pytest.mark.slow
+def test_81_frames_of_a_slow_camera_all_register():
+    """81 frames along the path (1.7 cm and 0.25 deg a frame): the neighbours alone gave the incremental
+    mapper no first pair with enough parallax at 832x480 (0 of 81 registered); frames 2^j apart do."""
+    commanded = camera_path(81)
+    frames = render_frames(commanded, HEIGHT, WIDTH)
+    config = ReconstructionConfig(trials=1, max_features=1024)
+    result = evaluate_reconstruction(None, frames, commanded, np.tile(INTRINSICS_480x832, (81, 1)), config)
     summary = result["rollout"]["summary"]
     assert summary["registered_ratio"]["mean"] == 1.0
     assert summary["rot_err_deg_per_frame"]["mean"] < ROT_ERR_PER_FRAME_DEG
