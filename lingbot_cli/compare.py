@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from comparison.episode_input import EpisodeError
+from comparison.reconstruction import MAPPERS, ReconstructionConfig
 from comparison.report import TINY_NOTE, compare_episode, write_summary
 from comparison.trajectory import EstimatorConfig
 from comparison.video_io import VideoError
@@ -88,6 +89,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--ratio", type=float, default=defaults.ratio, help="Lowe's ratio-test threshold")
     parser.add_argument("--max-features", type=int, default=defaults.max_features, help="features detected per frame")
+    sfm = ReconstructionConfig()
+    parser.add_argument("--no-sfm", action="store_true", help="skip the whole-clip reconstruction (pairwise only)")
+    parser.add_argument("--sfm-trials", type=int, default=sfm.trials, help="seeded reconstruction trials per episode")
+    parser.add_argument("--sfm-mapper", choices=MAPPERS, default=sfm.mapper, help="COLMAP's mapper")
+    parser.add_argument(
+        "--sfm-timeout-s", type=float, default=sfm.timeout_s, help="time limit of the reconstruction per episode"
+    )
+
+
+def _reconstruction(args: argparse.Namespace) -> ReconstructionConfig:
+    try:
+        return ReconstructionConfig(trials=args.sfm_trials, mapper=args.sfm_mapper, timeout_s=args.sfm_timeout_s)
+    except ValueError as exc:
+        raise CompareUsageError(f"--sfm-*: {exc}") from exc
 
 
 def _pairs(args: argparse.Namespace) -> list[tuple[Path, Path]]:
@@ -147,10 +162,16 @@ def run(args: argparse.Namespace) -> int:
         out_dir = args.out if len(pairs) == 1 else args.out / name
         print(f"comparing {episode} with {rollout} ...", file=sys.stderr, flush=True)
         html_path = compare_episode(
-            episode, rollout, out_dir, model=args.model, tiny_model=tiny, settings=settings, estimator=estimator
-        )
+            episode, rollout, out_dir, model=args.model, tiny_model=tiny, settings=settings, estimator=estimator,
+            reconstruction=_reconstruction(args), whole_clip=not args.no_sfm,
+        )  # fmt: skip
         reports.append(html_path)
-        noise |= bool(json.loads(html_path.with_name("report.json").read_text())["tiny_model"])
+        report = json.loads(html_path.with_name("report.json").read_text())
+        noise |= bool(report["tiny_model"])
+        clock = report["timings"]["comparison"]
+        print(
+            f"time:   {clock['total_s']:.1f} s (whole-clip reconstruction {clock['whole_clip_reconstruction_s']:.1f} s)"
+        )
         print(f"report: {html_path}")
         print(f"json:   {html_path.with_name('report.json')}")
         print(f"video:  {html_path.with_name('side_by_side.mp4')}")
@@ -174,8 +195,9 @@ def run_dataset(args: argparse.Namespace) -> int:
     )
     tiny = True if (args.tiny or args.model == "tiny") else None  # None: each rollout's rollout.json says
     html_path = compare_dataset(
-        args.dataset, args.out, model=args.model, tiny_model=tiny, estimator=estimator, progress=not args.no_progress
-    )
+        args.dataset, args.out, model=args.model, tiny_model=tiny, estimator=estimator, progress=not args.no_progress,
+        reconstruction=_reconstruction(args), whole_clip=not args.no_sfm,
+    )  # fmt: skip
     print(f"dataset report: {html_path}")
     print(f"json:           {html_path.with_name('dataset.json')}")
     return 0
