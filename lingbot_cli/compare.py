@@ -19,7 +19,8 @@ from pathlib import Path
 
 from comparison.episode_input import EpisodeError
 from comparison.reconstruction import MAPPERS, ReconstructionConfig
-from comparison.report import TINY_NOTE, compare_episode, write_summary
+from comparison.report import TINY_NOTE, compare_episode
+from comparison.summary import write_summary
 from comparison.trajectory import EstimatorConfig
 from comparison.video_io import VideoError
 from contracts.episode import ROLLOUT_VIDEO

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from comparison.episode_input import EpisodeError
-from comparison.report import SCHEMA, TINY_NOTE, compare_episode, write_summary
+from comparison.report import SCHEMA, TINY_NOTE, compare_episode
 from comparison.side_by_side import GAP, label_height
+from comparison.summary import write_summary
 from comparison.video_io import read_video, write_video
 from contracts.provenance import with_job, write_record
 from tests.comparison.conftest import FRAMES, HEIGHT, SMALL_SFM, WIDTH

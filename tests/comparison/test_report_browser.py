@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import pytest
 
-from comparison.report import write_summary
+from comparison.summary import write_summary
 
 CHROMIUM = next(
     (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
