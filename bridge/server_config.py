@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from bridge.protocol import DEFAULT_PORT, Limits
-from contracts.engine_options import EngineOptions, EngineOptionsError
+from contracts.engine_options import DEVICE_HELP, EngineOptions, EngineOptionsError
 from contracts.toml_file import read_toml
 
 BACKENDS = ("local", "ray")
-DEVICE_RE = re.compile(r"cpu|cuda(:\d+)?")
+DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 class ConfigError(ValueError):
@@ -27,7 +27,9 @@ class ConfigError(ValueError):
 
 # Keys of [worker] that are engine options (contracts.engine_options.EngineOptions); `device` is the
 # engine's one device (a pool's workers each get one entry of `devices` instead).
-ENGINE_KEYS = ("ckpt", "model", "device", "gpus", "dtype", "compute", "attention", "vram_budget_gb", "t5_on_cpu")
+ENGINE_KEYS = (
+    "ckpt", "model", "device", "gpus", "dtype", "compute", "attention", "vram_budget_gb", "t5_on_cpu", "warm_up",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +121,7 @@ def load_server_config(path: Path | None, overrides: dict[str, Any] | None = Non
         raise ConfigError(f"{where} [worker] backend must be one of {list(BACKENDS)} (got {config.worker.backend!r})")
     for device in config.worker.pool_devices():
         if not DEVICE_RE.fullmatch(device):
-            raise ConfigError(f"{where} [worker] device {device!r}: expected cpu, cuda or cuda:N")
+            raise ConfigError(f"{where} [worker] device {device!r}: expected {DEVICE_HELP}")
     if (config.security.server_secret_key is None) != (config.security.client_keys_dir is None):
         raise ConfigError(f"{where} [security]: set both server_secret_key and client_keys_dir, or neither")
     return config

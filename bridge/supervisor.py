@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from bridge import worker_protocol as wp
+from contracts.engine_options import AUTO_DEVICE
 
 log = logging.getLogger("bridge.supervisor")
 
@@ -319,6 +320,8 @@ class Supervisor:
         kind = message.get("type")
         if kind == "ready" and self.state == "starting":
             self.state, self.info, self.start_failures = "idle", message, 0
+            if self.name.endswith(f":{AUTO_DEVICE}") and message.get("device"):  # the device "auto" took
+                self.name = f"{self.name.removesuffix(AUTO_DEVICE)}{message['device']}"
             log.info("worker %s ready: %s", self.name, {k: v for k, v in message.items() if k != "type"})
             return [Event("ready", data=message)]
         if kind == "fatal":

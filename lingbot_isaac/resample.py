@@ -2,7 +2,8 @@
 
 LingBot-World generates 4n+1 frames at 16 fps, one pose per frame. Sims step at 60 Hz, 120 Hz or
 irregularly, so the recorded samples are interpolated at t0 + k/fps: translations linearly,
-rotations by slerp (scipy's `Slerp`), intrinsics linearly (a zoom is a smooth change).
+rotations by slerp (scipy's `Slerp`), intrinsics linearly (a zoom is a smooth change). Samples
+missing in the middle (`find_gaps`) are interpolated across as well; the caller warns about them.
 """
 
 from __future__ import annotations
@@ -16,8 +17,50 @@ EPISODE_FPS = 16
 MIN_FRAMES = 5  # one latent step beyond the first frame
 
 
+# A step this many times the recording's usual one is a gap (dropped samples), when it also
+# spans more than one episode frame (so at least one episode frame is interpolated across it).
+GAP_STEPS = 4
+
+
 class ResampleError(ValueError):
     """The samples cannot be resampled (too few, unordered, not finite)."""
+
+
+class RecordingGapWarning(UserWarning):
+    """Samples are missing in the middle of a recording; the camera is interpolated across the gap."""
+
+
+@dataclass(frozen=True)
+class Gap:
+    start: float  # seconds: the last sample before the gap
+    end: float  # the first sample after it
+    missing: int  # samples missing at the recording's usual step
+
+
+def find_gaps(times: np.ndarray, fps: float = EPISODE_FPS) -> list[Gap]:
+    """Steps longer than GAP_STEPS usual steps (the median) and longer than one episode frame."""
+    times = np.asarray(times, dtype=np.float64)
+    if len(times) < 3:
+        return []
+    steps = np.diff(times)
+    usual = float(np.median(steps))
+    if usual <= 0:
+        return []
+    wide = np.flatnonzero((steps > GAP_STEPS * usual) & (steps > 1.0 / fps))
+    return [Gap(float(times[i]), float(times[i + 1]), int(round(steps[i] / usual)) - 1) for i in wide]
+
+
+def gap_message(gaps: list[Gap], fps: float = EPISODE_FPS) -> str:
+    """One line naming the longest gap (and how many there are)."""
+    longest = max(gaps, key=lambda g: g.end - g.start)
+    span = longest.end - longest.start
+    others = f" ({len(gaps) - 1} more gap(s) besides)" if len(gaps) > 1 else ""
+    return (
+        f"no camera samples for {span:.3f} s between {longest.start:.3f} s and {longest.end:.3f} s of the "
+        f"recording (~{longest.missing} samples missing){others}: the ~{int(span * fps)} episode frame(s) "
+        "there are interpolated across the gap, not recorded; record without dropped frames if the camera "
+        "moved then"
+    )
 
 
 @dataclass(frozen=True)

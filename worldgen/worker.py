@@ -104,10 +104,14 @@ class PipelineEngine:
 
         self.torch = torch
         self.options = options
-        self.ckpt, self.device = options.ckpt, options.device
+        from worldgen.pipelines.loader import resolve_device
+
+        # "auto" is resolved here, where PyTorch says what there is; `ready` reports the device taken
+        self.ckpt, self.device = options.ckpt, str(resolve_device(options.device))
         # models load lazily (on a job's first use); this checks the checkpoint now. A folder with
         # only one of the models (e.g. only the Fast DiT) serves that model alone.
         other = "fast" if options.model == "base" else "base"
+        self.warm_up_s: float | None = None
         try:
             self.model, self.pipe = options.model, self._load(options.model)
         except CheckpointError:
@@ -118,6 +122,8 @@ class PipelineEngine:
             else:
                 return
             raise
+        if options.warm_up and self.model == "fast":  # compile before the first job (FastPipeline.warm_up)
+            self.warm_up_s = round(self.pipe.warm_up(), 2)
 
     def _load(self, model: str):
         from worldgen.pipelines.loader import load_pipeline_from_options
@@ -146,6 +152,7 @@ class PipelineEngine:
             "torch": self.torch.__version__,
             "options": self.options.to_dict(),  # as the server sent them
             "pipeline": dict(self.pipe.engine) if self.pipe else {},  # as the pipeline applied them
+            "warm_up_s": self.warm_up_s,  # seconds the Fast DiT's warm-up took at load (None: none ran)
         }
 
     def generate(
@@ -365,7 +372,7 @@ class Worker:
         try:
             options = EngineOptions.from_dict(message.get("options") or {}, "the worker's engine options")
             self.engine = load_engine(options)
-        except (CheckpointError, EngineOptionsError) as exc:
+        except (CheckpointError, EngineOptionsError, InputError) as exc:  # the configuration: a device not here
             self.send({"type": "fatal", "code": "checkpoint", "message": str(exc)})
             return 3
         except Exception as exc:
