@@ -19,6 +19,7 @@ LOCK_VENV := .lock-venv
 .PHONY: demo test test-kit lint clean extension-manifest lock
 
 $(STAMP): pyproject.toml $(LOCK)
+	@echo "setting up $(VENV) (first run: ~2 min: PyTorch and the project's packages; pip is quiet meanwhile) ..."
 	$(PYTHON) -m venv $(VENV)
 	# Pin torch first: the CPU wheel on disk; an unpinned torch pulls gigabytes of CUDA packages.
 	$(BIN)/pip install -q -c $(LOCK) $(TORCH)

@@ -186,7 +186,8 @@ class ClientIO:
             f = message.fields
             still = message.blobs.get("still")
             still = still if still is not None and still.startswith(protocol.PNG_MAGIC) else None  # PNG or none
-            job._deliver(Chunk(job_id, f["index"], f["total"], f["frame_count"], message.blobs["video"], still))
+            live = f.get("live")  # a live job's chunk: its poses and timings
+            job._deliver(Chunk(job_id, f["index"], f["total"], f["frame_count"], message.blobs["video"], still, live))
         elif message.type == "result" and job is not None:
             frames = message.arrays.get("frames")
             self._jobs.pop(job_id, None)

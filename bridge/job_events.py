@@ -30,6 +30,7 @@ class Chunk:
     frames: int  # video frames in this chunk
     video: bytes  # an mp4 of just this chunk's frames
     still: bytes | None = None  # a small PNG of its last frame (asked for with want_stills; None otherwise)
+    live: dict[str, Any] | None = None  # a live job's chunk: poses, poses_received_s, started_s, sent_s, lag_s, behind
 
 
 @dataclasses.dataclass(frozen=True)

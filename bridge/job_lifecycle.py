@@ -74,6 +74,7 @@ class JobLifecycle:
                         "want_frames": job.want_frames,
                         "frames_output": str(job.frames_path) if job.want_frames else None,
                         "want_chunks": bool(job.chunk_peers),
+                        **self._live_run_fields(job),  # a live job: where its poses appear
                     },
                     workers=workers,
                 )
@@ -136,7 +137,8 @@ class JobLifecycle:
         if video is None:
             return
         fields = {"job": job.id, "chunk_v": protocol.CHUNK_VERSION, "index": _count(data.get("index")),
-                  "total": _count(data.get("total")), "frame_count": _count(data.get("frames"))}  # fmt: skip
+                  "total": _count(data.get("total")), "frame_count": _count(data.get("frames")),
+                  **self._live_chunk_fields(job, data)}  # fmt: skip
         message = protocol.encode("chunk", fields, blobs={"video": video})
         if still is not None and not still.startswith(protocol.PNG_MAGIC):
             log.warning("job %s: a chunk still is not a PNG; not streamed", job.id)

@@ -32,6 +32,7 @@ from contracts.episode import EpisodeError
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 CHUNK_VERSION = 1  # the `chunk` message's own version (an opt-in addition within protocol 1)
+LIVE_VERSION = 1  # live jobs' own version (`live`, `poses`, `end`, `poses_ok`: an addition within protocol 1)
 DEFAULT_PORT = connection.DEFAULT_PORT  # one home: contracts.connection
 
 # Wire dtypes: names, always little-endian. Anything else is refused.
@@ -61,6 +62,8 @@ ERROR_CODES = (
     "interrupted",  # the server was restarted while the job ran, too many times
     "unavailable",  # the worker cannot start (bad checkpoint, ...)
     "internal",  # a bug in the server
+    "out_of_order",  # a live job's pose batch is not the next one (its `seq`); the expected one is named
+    "job_over",  # a pose batch or `end` for a live job that has ended (finished, failed, cancelled, or ended)
 )
 
 JPEG_MAGIC, PNG_MAGIC = episode.JPEG_MAGIC, episode.PNG_MAGIC
@@ -188,6 +191,18 @@ REQUESTS: dict[str, dict[str, tuple[str, bool]]] = {
     "status": {"rid": (ID, True), "job": (ID, True)},
     "watch": {"rid": (ID, True), "job": (ID, True)},
     "health": {"rid": (ID, True)},
+    # live jobs (bridge/live_jobs.py): open with the first frame, then append pose batches, then end
+    "live": {
+        "rid": (ID, True),
+        "live_v": (COUNT, True),
+        "client": (ID, False),
+        "prompt": (PROMPT, True),
+        "settings": (MAP, False),
+        "want_stills": (BOOL, False),  # each `chunk` also carries `still` (a small PNG)
+        "name": (TEXT, False),
+    },
+    "poses": {"rid": (ID, True), "job": (ID, True), "seq": (COUNT, True), "end": (BOOL, False)},
+    "end": {"rid": (ID, True), "job": (ID, True)},
     # start again every worker given up on (a configuration error, or max_start_failures in a row)
     "reload": {"rid": (ID, True)},
 }
@@ -207,6 +222,17 @@ REPLIES: dict[str, dict[str, tuple[str, bool]]] = {
         "index": (COUNT, True),
         "total": (COUNT, True),
         "frame_count": (COUNT, True),  # video frames in this chunk ("frames" is the header's frame list)
+        "live": (MAP, False),  # a live job's chunk: its poses and timings (docs/protocol.md, "Live jobs")
+    },
+    "poses_ok": {  # a live job's pose batch is on disk (or was already: a retried seq)
+        "rid": (ID, True),
+        "job": (ID, True),
+        "seq": (COUNT, True),
+        "poses": (COUNT, True),  # poses the job holds now
+        "chunks_ready": (COUNT, True),  # chunks whose poses are all held
+        "chunks_sent": (COUNT, True),  # chunks made and sent
+        "behind": (COUNT, True),  # chunks_ready - chunks_sent: how far the model is behind the poses
+        "ended": (BOOL, True),  # no more poses are taken
     },
     "result": {"job": (ID, True), "seconds": (NUMBER, False), "provenance": (MAP, False)},
     "error": {"code": (TEXT, True), "message": (TEXT, True), "rid": (ID, False), "job": (ID, False)},
@@ -250,6 +276,11 @@ FRAMES: dict[str, dict[str, FrameSpec]] = {
         # a client that never asked never meets this frame name (older decoders refuse unknown frames)
         "still": FrameSpec("blob", False, max_bytes="max_image_bytes"),
     },
+    "live": {
+        "image": FrameSpec("blob", True, max_bytes="max_image_bytes"),
+        "intrinsics": FrameSpec("array", True, ("float32", "float64"), (None, 4), "max_poses"),
+    },
+    "poses": {"poses": FrameSpec("array", True, ("float32", "float64"), (None, 4, 4), "max_poses")},
     "result": {
         "video": FrameSpec("blob", True, max_bytes="max_video_bytes"),
         "frames": FrameSpec("array", False, ("uint8",), (None, None, None, 3), max_bytes="max_result_frames_bytes"),
@@ -481,17 +512,20 @@ class Reload:
     rid: str
 
 
-Request = Submit | JobRequest | Health | Reload
+Request = Submit | JobRequest | Health | Reload  # live jobs' `live` and `poses`: bridge.live_protocol
 
 
-def parse_request(frames: Sequence[Any], limits: Limits = Limits()) -> Request:
-    """A client -> server message as a typed request; raises ProtocolError (with its code)."""
+def parse_request(frames: Sequence[Any], limits: Limits = Limits()) -> Request | Message:
+    """A client -> server message as a typed request; raises ProtocolError (with its code). A live
+    job's `live` and `poses` come back as the validated Message (`bridge.live_protocol` types them)."""
     message = decode_request(frames, limits)
     fields = message.fields
     if message.type == "health":
         return Health(fields["rid"])
     if message.type == "reload":
         return Reload(fields["rid"])
+    if message.type in ("live", "poses"):
+        return message
     if message.type != "submit":
         return JobRequest(message.type, fields["rid"], fields["job"])
     image = message.blobs["image"]

@@ -18,8 +18,9 @@ import zmq
 from bridge import protocol
 from bridge.engine_rules import check_compute, check_engine_rules
 from bridge.jobs import Job
+from bridge.live_protocol import LiveOpen, PoseBatch, parse_live
 from bridge.peer_process import cap_group
-from bridge.protocol import Health, JobRequest, ProtocolError, Reload, Submit
+from bridge.protocol import Health, JobRequest, Message, ProtocolError, Reload, Submit
 from contracts.settings import GenerationSettings
 
 log = logging.getLogger("bridge.server")
@@ -38,6 +39,8 @@ class RequestHandling:
     def _handle_request(self, peer: bytes, frames: list) -> None:
         try:
             request = protocol.parse_request([f.buffer for f in frames], self.limits)
+            if isinstance(request, Message):  # a live job's `live` or `poses` (bridge/live_jobs.py)
+                request = parse_live(request)
         except ProtocolError as exc:
             rid = protocol.peek_rid(frames[0].buffer, self.limits) if frames else None
             log.info("refused a malformed request (%s): %s", exc.code, exc)
@@ -51,6 +54,9 @@ class RequestHandling:
             self._on_health(peer, request)
         elif isinstance(request, Reload):
             self._on_reload(peer, request)
+        elif isinstance(request, (LiveOpen, PoseBatch)):  # live jobs: bridge/live_jobs.py
+            handler = self._on_live if isinstance(request, LiveOpen) else self._on_poses
+            handler(peer, self._identity(peer, frames[0]), request)
         else:
             getattr(self, f"_on_{request.type}")(peer, request)
 

@@ -95,6 +95,7 @@ class ResultStreaming:
         seconds = (job.finished or 0) - (job.started or 0)
         fields: dict[str, Any] = {"job": job.id, "seconds": round(seconds, 3)}
         provenance, note = read_record(job.result_path)  # the worker's record beside result.mp4
+        provenance = self._live_provenance(job, provenance)  # a live job's per-chunk timings (bridge/live_jobs.py)
         if provenance is not None:
             fields["provenance"] = provenance
         elif note:

@@ -37,6 +37,7 @@ from bridge.eviction import Eviction
 from bridge.fair_queue import FairQueue
 from bridge.job_lifecycle import JobLifecycle
 from bridge.jobs import Job
+from bridge.live_jobs import LiveJobs
 from bridge.protocol import Limits
 from bridge.request_handling import RequestHandling
 from bridge.result_streaming import Outcome, ResultStreaming
@@ -57,7 +58,7 @@ class ListenError(RuntimeError):
     """The server cannot bind its endpoint (address in use, bad endpoint ...)."""
 
 
-class Server(RequestHandling, JobLifecycle, ResultStreaming, StorageWatch, Eviction):
+class Server(RequestHandling, JobLifecycle, ResultStreaming, StorageWatch, LiveJobs, Eviction):
     """The server: its socket, its spool-backed jobs, its pool, and the loop that serves them
     (requests: `bridge.request_handling`; the worker side: `bridge.job_lifecycle`; results and
     events: `bridge.result_streaming`; the spool's health: `bridge.storage_watch`; kept results
@@ -203,6 +204,7 @@ class Server(RequestHandling, JobLifecycle, ResultStreaming, StorageWatch, Evict
         now = time.monotonic()
         if now >= self._next_probe:
             self._probe_storage()
+        self._live_tick()
         self._dispatch()
         self._release_outcomes()
         if now >= self._next_cleanup:

@@ -15,11 +15,11 @@ from typing import Any
 
 from bridge.protocol import DEFAULT_PORT, Limits
 from contracts.checkpoint_layout import TINY_CHECKPOINTS
-from contracts.engine_options import EngineOptions, EngineOptionsError
+from contracts.engine_options import DEVICE_HELP, EngineOptions, EngineOptionsError
 from contracts.toml_file import read_toml
 
 BACKENDS = ("local", "ray")
-DEVICE_RE = re.compile(r"cpu|cuda(:\d+)?")
+DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 class ConfigError(ValueError):
@@ -28,7 +28,9 @@ class ConfigError(ValueError):
 
 # Keys of [worker] that are engine options (contracts.engine_options.EngineOptions); `device` is the
 # engine's one device (a pool's workers each get one entry of `devices` instead).
-ENGINE_KEYS = ("ckpt", "model", "device", "gpus", "dtype", "compute", "attention", "vram_budget_gb", "t5_on_cpu")
+ENGINE_KEYS = (
+    "ckpt", "model", "device", "gpus", "dtype", "compute", "attention", "vram_budget_gb", "t5_on_cpu", "warm_up",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +83,8 @@ class ServerConfig:
     max_queue_per_client: int = 16
     max_attempts: int = 2  # a job interrupted by server restarts this often is failed, not resumed
     result_ttl_s: float = 24 * 3600.0  # finished jobs (and their mp4) are deleted after this
+    live_idle_s: float = 60.0  # a live job that gets no poses for this long ends (its chunks so far are the result)
+    live_ahead_chunks: int = 8  # a live job's poses may run this many chunks ahead of the model; beyond: "busy"
     # a result no client fetched yet is not evicted for room (bridge/eviction.py) this long after its job ended
     result_grace_s: float = 600.0
     # inputs of unfinished jobs + kept results, all clients; 0: half the spool's disk (bridge/eviction.py);
@@ -131,7 +135,7 @@ def load_server_config(path: Path | None, overrides: dict[str, Any] | None = Non
         raise ConfigError(f"{where} [worker] backend must be one of {list(BACKENDS)} (got {config.worker.backend!r})")
     for device in config.worker.pool_devices():
         if not DEVICE_RE.fullmatch(device):
-            raise ConfigError(f"{where} [worker] device {device!r}: expected cpu, cuda or cuda:N")
+            raise ConfigError(f"{where} [worker] device {device!r}: expected {DEVICE_HELP}")
     if (config.security.server_secret_key is None) != (config.security.client_keys_dir is None):
         raise ConfigError(f"{where} [security]: set both server_secret_key and client_keys_dir, or neither")
     return config

@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from bridge import worker_protocol as wp
+from contracts.engine_options import AUTO_DEVICE
 
 log = logging.getLogger("bridge.supervisor")
 
@@ -226,6 +227,11 @@ class Supervisor:
         self.worker.send({"type": "cancel", "job": job})
         self._cancel_deadline = time.monotonic() + self.config.cancel_grace_s
 
+    def tell_job(self, job: str, message: dict[str, Any]) -> None:
+        """Pass a message about its running job to the worker (a live job's `live_poses`)."""
+        if self.job == job and self.worker is not None:
+            self.worker.send({**message, "job": job})
+
     def request_health(self, health_id: str) -> bool:
         """Ask the worker; an Event("health") with data {} follows (or its timeout). False: no worker."""
         if self.worker is None or self.worker.eof:
@@ -326,6 +332,8 @@ class Supervisor:
         kind = message.get("type")
         if kind == "ready" and self.state == "starting":
             self.state, self.info, self.start_failures = "idle", message, 0
+            if self.name.endswith(f":{AUTO_DEVICE}") and message.get("device"):  # the device "auto" took
+                self.name = f"{self.name.removesuffix(AUTO_DEVICE)}{message['device']}"
             log.info("worker %s ready: %s", self.name, {k: v for k, v in message.items() if k != "type"})
             return [Event("ready", data=message)]
         if kind == "fatal":
@@ -341,7 +349,11 @@ class Supervisor:
         if job is None or job != self.job:
             log.warning("worker sent %s for job %r, but its job is %r; ignored", kind, job, self.job)
             return []
-        if kind in ("progress", "chunk"):  # chunk: a finished part of the video (model = fast)
+        if kind in (
+            "progress",
+            "chunk",
+            "live",
+        ):  # chunk: a finished part of the video (model = fast); live: a live job's plan
             return [Event(kind, job, message)]
         if kind in ("result", "error"):
             self.state, self.job, self._cancel_deadline = "idle", None, None

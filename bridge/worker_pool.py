@@ -149,6 +149,12 @@ class WorkerPool:
         if index is not None:
             self.supervisors[index].cancel_job(job)
 
+    def tell_job(self, job: str, message: dict[str, Any]) -> None:
+        """A message about a running job to its worker (a live job's `live_poses`)."""
+        index = self.worker_of(job)
+        if index is not None:
+            self.supervisors[index].tell_job(job, message)
+
     def worker_of(self, job: str) -> int | None:
         if job in self._pairs:
             return self._pairs[job][0]

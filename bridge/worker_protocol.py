@@ -13,6 +13,9 @@ Supervisor -> worker
     guide     {job, address, token}   be the second worker of another worker's two-GPU job: listen
                                       on `address` (a Unix socket), serve its unconditional passes
                                       until it closes, then `result` {job, guidance_steps} or `error`
+    run       ... live_dir            a live job (model fast): its poses appear in `live_dir` as batch files
+                                      (LIVE_BATCH_FILE, in order of seq) and LIVE_END_FILE once no more come
+    live_poses {job, batches, ended}  a live job's folder has new batches (a nudge: the folder is the truth)
     cancel    {job}                   stop that job at the next progress call (denoising step)
     health    {id}                    answered by a `health` message with the same id
     shutdown  {}                      finish nothing, exit 0
@@ -23,7 +26,9 @@ Worker -> supervisor
                                                   exits with one of CONFIGURATION_EXITS when retrying cannot help
     progress  {job, phase, step, total}
     chunk     {job, index, total, path, frames, still?}  model fast, want_chunks: a finished chunk's mp4 in the
-              job folder, and `still`, a PNG of its last frame beside it (contracts.video.still_png)
+              job folder, and `still`, a PNG of its last frame beside it (contracts.video.still_png);
+              a live job's adds `poses` (the poses it was made from) and `started_at` (time.time())
+    live      {job, poses_needed, frames}   a live job's plan: the poses each chunk waits for
     result    {job, output, frames_output|None, seconds, frames}   frames: the count the mp4 must hold
     error     {job, code, message}                codes: ERROR_CODES below
     health    {id, state, job|None, ...}          `state` is "idle" or "busy"
@@ -43,8 +48,12 @@ import msgpack
 MAX_MESSAGE_BYTES = 1 << 20
 LENGTH = struct.Struct(">I")
 
-TO_WORKER = ("load", "run", "guide", "cancel", "health", "shutdown")
-FROM_WORKER = ("ready", "fatal", "progress", "chunk", "result", "error", "health")
+TO_WORKER = ("load", "run", "guide", "live_poses", "cancel", "health", "shutdown")
+FROM_WORKER = ("ready", "fatal", "progress", "chunk", "live", "result", "error", "health")
+
+# A live job's pose feed in its spool folder: the server writes each batch atomically, then nudges.
+LIVE_BATCH_FILE = "poses-{seq:06d}.npy"
+LIVE_END_FILE = "end"
 
 # Error codes a worker reports for a job (the server passes them on to the client).
 ERROR_CODES = (
@@ -65,7 +74,8 @@ CONFIGURATION_EXITS = {
     EXIT_CONFIGURATION: "a configuration error (checkpoint or engine options)",
     EXIT_MISSING_PACKAGE: "a missing package",
 }
-PHASES = ("text", "encode", "denoise", "decode", "write", "guidance")  # guidance: a `guide` job's passes
+# guidance: a `guide` job's passes; poses: a live job waits for the poses of its next chunk
+PHASES = ("text", "encode", "denoise", "decode", "write", "guidance", "poses")
 
 
 class WorkerProtocolError(ValueError):

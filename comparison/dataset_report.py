@@ -10,9 +10,10 @@ newer than its rollout is not compared again), and writes:
   totals, distributions across episodes (histograms), and the table of every episode, worst first,
   each linking to its own report.
 
-"Worst" is the largest median camera-rotation error from the first frame to frame k (the camera
-control the world model is asked to follow); episodes with no estimate at all come first, ties
-go to the lower PSNR.
+"Worst" is the largest RotErr per frame of the whole-clip reconstruction (the camera control the
+world model is asked to follow, `comparison.sfm_fidelity`); episodes whose rollout was not
+reconstructed come first (their pairwise median rotation error (0,k), the fallback, orders them, no
+estimate at all first); ties go to the lower PSNR.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from comparison.episode_input import EpisodeError
+from comparison.reconstruction import ReconstructionConfig
 from comparison.report import (
     FRAME_RATE_NOTE,
     SCHEMA,
@@ -36,6 +38,7 @@ from comparison.report import (
     compare_episode,
     render_provenance_html,
 )
+from comparison.sfm_fidelity import headline
 from comparison.svg_plot import histogram
 from comparison.trajectory import EstimatorConfig
 from comparison.video_io import VideoError
@@ -47,11 +50,16 @@ ROLLOUT = "rollout.mp4"
 TEMPLATES = Path(__file__).with_name("templates")
 # (key in a row, label, unit, digits) of the numbers shown per episode and summed up
 METRICS = (
+    ("rot_err_deg_per_frame", "RotErr per frame, whole clip", "degrees", 3),
+    ("trans_err_per_frame", "TransErr per frame, whole clip", "m", 4),
+    ("cam_mc_per_frame", "CamMC per frame, whole clip", "", 4),
+    ("scale_vs_command", "scale vs command, whole clip", "", 3),
+    ("registered_ratio", "registered frames, whole clip", "fraction", 2),
     ("psnr_db", "PSNR mean", "dB", 2),
     ("ssim", "SSIM mean", "", 4),
-    ("rotation_error_deg", "rotation error (0,k) median", "degrees", 2),
-    ("translation_error_deg", "translation-direction error (0,k) median", "degrees", 2),
-    ("rotation_error_consecutive_deg", "rotation error (k-1,k) median", "degrees", 2),
+    ("rotation_error_deg", "pairwise rotation error (0,k) median", "degrees", 2),
+    ("translation_error_deg", "pairwise translation-direction error (0,k) median", "degrees", 2),
+    ("rotation_error_consecutive_deg", "pairwise rotation error (k-1,k) median", "degrees", 2),
 )
 
 
@@ -77,7 +85,21 @@ def episode_row(report_json: Path, out_dir: Path) -> dict[str, Any]:
     record = report.get("provenance")
     image = report["image_metrics"]["summary"]
     first, consecutive = rollout["first_to_k"], rollout["consecutive"]
+    whole = report["camera_fidelity"]["whole_clip"]
+    numbers, control_numbers = headline(whole["rollout"]), headline(whole.get("control"))
+    trials = whole["rollout"].get("trials") or []
+    frames = whole["rollout"].get("frames") or report["compared_frames"]
     return {
+        "whole_clip_status": whole["rollout"]["status"],
+        "whole_clip_reason": whole["rollout"]["reason"],
+        "rot_err_deg_per_frame": numbers.get("rot_err_deg_per_frame"),
+        "trans_err_per_frame": numbers.get("trans_err_per_frame"),
+        "cam_mc_per_frame": numbers.get("cam_mc_per_frame"),
+        "scale_vs_command": numbers.get("scale_vs_command"),
+        "registered_ratio": sum(t["registered"] for t in trials) / (len(trials) * frames) if trials else None,
+        "control_rot_err_deg_per_frame": control_numbers.get("rot_err_deg_per_frame"),
+        "control_trans_err_per_frame": control_numbers.get("trans_err_per_frame"),
+        "seconds": report["timings"]["comparison"].get("total_s"),
         "episode": report["episode"]["name"],
         "path": report["episode"]["path"],
         "report_html": os.path.relpath(report_json.with_name("report.html"), out_dir),
@@ -98,9 +120,15 @@ def episode_row(report_json: Path, out_dir: Path) -> dict[str, Any]:
 
 
 def _worst_first(row: dict[str, Any]) -> tuple:
-    rotation, psnr = row["rotation_error_deg"], row["psnr_db"]
-    no_estimate = rotation is None
-    return (not no_estimate, -(rotation or 0.0), psnr if psnr is not None else math.inf, row["episode"])
+    whole, rotation, psnr = row["rot_err_deg_per_frame"], row["rotation_error_deg"], row["psnr_db"]
+    return (
+        whole is not None,
+        -(whole or 0.0),
+        rotation is not None,
+        -(rotation or 0.0),
+        psnr if psnr is not None else math.inf,
+        row["episode"],
+    )
 
 
 def write_dataset_report(
@@ -123,6 +151,8 @@ def write_dataset_report(
         "estimation_pairs": pairs,
         "estimation_failures": failures,
         "estimation_failure_rate": failures / pairs if pairs else None,
+        "whole_clip_reconstructed": sum(r["whole_clip_status"] == "reconstructed" for r in rows),
+        "seconds": sum(r["seconds"] or 0.0 for r in rows),
         "across_episodes": {key: _stats([r[key] for r in rows]) for key, *_ in METRICS},
     }
     tiny = any(r["tiny_model"] for r in rows)
@@ -132,7 +162,8 @@ def write_dataset_report(
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "title": title,
             "tiny_model": tiny,
-            "order": "worst first: largest median rotation error (0,k); no estimate first; ties by lower PSNR",
+            "order": "worst first: not reconstructed first (by the pairwise median rotation error (0,k), none "
+            "first), then the largest whole-clip RotErr per frame; ties by lower PSNR",
             "totals": totals,
             "episodes": rows,
             "not_compared": not_compared,
@@ -207,6 +238,8 @@ def compare_dataset(
     model: str | None = None,
     tiny_model: bool | None = None,
     estimator: EstimatorConfig | None = None,
+    reconstruction: ReconstructionConfig | None = None,
+    whole_clip: bool = True,
     progress: bool = True,
     provenance: dict[str, Any] | None = None,
 ) -> Path:
@@ -246,7 +279,8 @@ def compare_dataset(
             fresh = report_json.is_file() and report_json.stat().st_mtime >= rollout.stat().st_mtime
             if not fresh:
                 try:
-                    compare_episode(episode, rollout, target, model=model, tiny_model=tiny_model, estimator=estimator)
+                    compare_episode(episode, rollout, target, model=model, tiny_model=tiny_model, estimator=estimator,
+                                    reconstruction=reconstruction, whole_clip=whole_clip)  # fmt: skip
                 except (EpisodeError, VideoError, ValueError) as exc:
                     not_compared[str(episode)] = str(exc)
                     bar.update(1)

@@ -36,6 +36,8 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from comparison.episode_input import EpisodeError, read_episode_input
 from comparison.metrics import SSIM_SIGMA, SSIM_WINDOW, psnr, resize_to, ssim
+from comparison.reconstruction import ReconstructionConfig
+from comparison.sfm_fidelity import evaluate_reconstruction, skipped
 from comparison.side_by_side import DIFF_GAIN, compose_video
 from comparison.svg_plot import Series, line_plot
 from comparison.trajectory import EstimatorConfig, PairResult, TrajectoryResult, evaluate_trajectory
@@ -43,7 +45,7 @@ from comparison.video_io import DEFAULT_FPS, read_video, write_video
 from contracts import atomic
 from contracts.provenance import TINY_NOTE, is_random_weights, model_label, read_record, summary_rows
 
-SCHEMA = "lingbot-isaac/compare-report/2"
+SCHEMA = "lingbot-isaac/compare-report/3"
 SUMMARY_SCHEMA = "lingbot-isaac/compare-summary/1"
 THUMBNAIL_COUNT = 8
 THUMBNAIL_WIDTH = 208
@@ -60,7 +62,6 @@ __all__ = [
     "compare_episode",
     "render_provenance_html",
     "template_environment",
-    "write_summary",
 ]
 
 
@@ -138,7 +139,7 @@ def template_environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(num=_fmt, pretty=_pretty)
+    env.filters.update(num=_fmt, pretty=_pretty, spread=_spread_text)
     env.globals.update(tiny_note=TINY_NOTE, provenance_rows=summary_rows)
     return env
 
@@ -218,8 +219,14 @@ def compare_episode(
     settings: dict | None = None,
     timings: dict | None = None,
     estimator: EstimatorConfig | None = None,
+    reconstruction: ReconstructionConfig | None = None,
+    whole_clip: bool = True,
 ) -> Path:
     """Compare an episode's sim frames and poses with a rollout video; returns the HTML report path.
+
+    Camera fidelity is measured twice: by whole-clip reconstruction (`comparison.sfm_fidelity`, with
+    `reconstruction`'s settings; `whole_clip=False` skips it) and by the pairwise estimator
+    (`comparison.trajectory`, `estimator`), the fallback where the reconstruction fails.
 
     What made the rollout comes from its provenance record (`rollout.json` beside `rollout.mp4`,
     `contracts.provenance`): the model, every setting, versions, and the "tiny-model output is noise"
@@ -291,6 +298,13 @@ def compare_episode(
         tick = time.perf_counter()
         trajectory_control = evaluate_trajectory(sim, episode.poses, episode.intrinsics, estimator)
         clock["trajectory_sim_control_s"] = time.perf_counter() - tick
+    tick = time.perf_counter()
+    if whole_clip:
+        reconstructed = evaluate_reconstruction(sim, model_frames, episode.poses, episode.intrinsics, reconstruction)
+    else:
+        reconstructed = skipped("whole-clip reconstruction switched off (--no-sfm)", sim is not None)
+    clock["whole_clip_reconstruction_s"] = time.perf_counter() - tick
+    notes += reconstructed.get("notes", [])
 
     tick = time.perf_counter()
     composed = compose_video(sim, model_frames)
@@ -342,6 +356,10 @@ def compare_episode(
             "per_frame": per_frame,
         },
         "camera_fidelity": {
+            "whole_clip": reconstructed,
+            "pairwise_role": "the camera numbers"
+            if reconstructed["status"] != "reconstructed"
+            else "a second view (the fallback where the reconstruction fails)",
             "rollout": trajectory_model.to_dict(),
             "sim_control": None if trajectory_control is None else trajectory_control.to_dict(),
         },
@@ -410,6 +428,60 @@ def _camera_plots(model: TrajectoryResult, control: TrajectoryResult | None) -> 
     return plots
 
 
+def _whole_clip_plots(whole: dict, frames: int) -> list[str]:
+    """Per-frame curves of the whole-clip reconstruction: rotation error, position error (fitted and
+    anchored), world model against the control. None where the reconstruction failed."""
+    xs = list(range(frames))
+    sources = [("rollout", "world model", "#d62728", False), ("control", "sim (control)", "#1f77b4", True)]
+    curves = {key: (whole.get(key) or {}).get("per_frame") or {} for key, *_ in sources}
+    rotation = [Series(label, xs, curves[key].get("rotation_error_deg") or [None] * frames, color, dashed)
+                for key, label, color, dashed in sources if whole.get(key)]  # fmt: skip
+    position = [Series(label + ", after its Sim(3) fit", xs, curves[key].get("translation_error") or [None] * frames,
+                       color, dashed) for key, label, color, dashed in sources if whole.get(key)]  # fmt: skip
+    if curves["rollout"].get("anchored_translation_error"):
+        position.append(
+            Series(
+                "world model, in the sim's metric frame", xs, curves["rollout"]["anchored_translation_error"], "#ff7f0e"
+            )
+        )
+    return [
+        line_plot(rotation, "rotation error vs command, relative to frame 0 (whole clip)", "frame", "degrees",
+                  "plot-sfm-rotation", y_min=0.0),
+        line_plot(position, "camera position error vs command (whole clip)", "frame", "metres",
+                  "plot-sfm-position", y_min=0.0),
+    ]  # fmt: skip
+
+
+def _whole_clip_rows(whole: dict) -> list[dict]:
+    rows = []
+    for key, label in (("rollout", "world model"), ("control", "sim (control)")):
+        section = whole.get(key)
+        if section is None:
+            continue
+        trials = section.get("trials") or []
+        rows.append(
+            {
+                "label": label,
+                "status": section["status"],
+                "reason": section.get("reason"),
+                "s": section.get("summary") or {},
+                "trials": f"{section.get('trials_reconstructed', 0)} of {len(trials)}",
+                "registered": [t["registered"] for t in trials],
+                "frames": section.get("frames"),
+                "anchor_reasons": sorted({(t.get("anchored") or {}).get("reason") for t in trials} - {None}),
+            }
+        )
+    return rows
+
+
+def _spread_text(spread: dict | None, digits: int = 3) -> str:
+    """mean ± std over the trials (the std only where there were several)."""
+    if not spread:
+        return "—"
+    text = f"{spread['mean']:.{digits}f}"
+    return text + (f" ± {spread['std']:.{digits}f}" if spread["trials"] > 1 else "")
+
+
 def _cell(pair: PairResult | None, key: str) -> dict | None:
     if pair is None:
         return None
@@ -454,6 +526,8 @@ def render_episode_html(
                 "plot-ssim",
             )
         )
+    whole = report["camera_fidelity"]["whole_clip"]
+    plots += _whole_clip_plots(whole, report["compared_frames"])
     plots += _camera_plots(model, control)
     camera_rows = []
     for source, label in (("rollout", "world model"), ("sim_control", "sim (control)")):
@@ -464,8 +538,12 @@ def render_episode_html(
     pairs = [{p.j: p for p in model.consecutive}, {p.j: p for p in model.first_to_k}]
     controls = [{p.j: p for p in control.consecutive}, {p.j: p for p in control.first_to_k}] if control else [{}, {}]
     frame_rows = []
+    curves = [((whole.get(key) or {}).get("per_frame") or {}).get(curve) or []
+              for curve in ("rotation_error_deg", "translation_error") for key in ("rollout", "control")]  # fmt: skip
+    curves.append(((whole.get("rollout") or {}).get("per_frame") or {}).get("anchored_translation_error") or [])
     for k in range(report["compared_frames"]):
         row = by_frame.get(k, {})
+        whole_cells = [curve[k] if k < len(curve) else None for curve in curves]
         cells = []
         for ours, theirs in zip(pairs, controls, strict=True):
             for key in ("rotation_error_deg", "translation_error_deg"):
@@ -476,6 +554,7 @@ def render_episode_html(
                 "identical": row.get("identical"),
                 "psnr": row.get("psnr_db"),
                 "ssim": row.get("ssim"),
+                "whole": whole_cells,
                 "cells": cells,
             }
         )
@@ -493,6 +572,8 @@ def render_episode_html(
             rollout_href=rollout_href,
             provenance_note=provenance_note,
             camera_rows=camera_rows,
+            whole=whole,
+            whole_rows=_whole_clip_rows(whole),
             plots=[Markup(plot) for plot in plots],
             thumbnails=thumbnails,
             frame_rows=frame_rows,
@@ -503,98 +584,3 @@ def render_episode_html(
 
 
 # ---------------------------------------------------------------- across episodes
-
-
-def _summary_row(report_json: Path, out_dir: Path) -> dict:
-    try:
-        report = json.loads(report_json.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise EpisodeError(f"{report_json}: not a readable report.json ({exc})") from exc
-    if report.get("schema") != SCHEMA:
-        raise EpisodeError(
-            f"{report_json}: schema {report.get('schema')!r}, expected {SCHEMA!r} "
-            "(run `lingbot-isaac compare` again to remake it)"
-        )
-    fidelity = report["camera_fidelity"]
-    control = fidelity.get("sim_control") or {}
-    image = report["image_metrics"]["summary"]
-    return {
-        "episode": report["episode"]["name"],
-        "report_html": Path(os.path.relpath(report_json.parent / "report.html", out_dir)).as_posix(),
-        "report_json": Path(os.path.relpath(report_json, out_dir)).as_posix(),
-        "model": report["model"],
-        "tiny_model": report["tiny_model"],
-        "provenance": report.get("provenance"),
-        "compared_frames": report["compared_frames"],
-        "psnr_db_mean": image["psnr_db"]["mean"],
-        "ssim_mean": image["ssim"]["mean"],
-        "rollout": fidelity["rollout"]["summary"],
-        "sim_control": control.get("summary"),
-        "per_pair_first_to_k": [p["rotation_error_deg"] for p in fidelity["rollout"]["first_to_k"]],
-        "per_frame_psnr_db": [row["psnr_db"] for row in report["image_metrics"]["per_frame"]],
-        "timings": report["timings"],
-        "thumbnail": report_json.parent / report["outputs"]["thumbnail"],
-    }
-
-
-def write_summary(report_jsons: list[str | Path], out_dir: str | Path) -> Path:
-    """Write summary.html and summary.json over several episodes' report.json; returns the HTML path."""
-    from markupsafe import Markup
-
-    out_dir = Path(out_dir)
-    if not report_jsons:
-        raise EpisodeError("no report.json files to summarize")
-    rows = [_summary_row(Path(path), out_dir) for path in report_jsons]
-    any_tiny = any(row["tiny_model"] for row in rows)
-    page_rows = []
-    for row in rows:
-        thumb = row.pop("thumbnail")
-        page_rows.append(
-            {**row, "thumbnail_uri": _data_uri(thumb.read_bytes(), "image/jpeg") if thumb.is_file() else None}
-        )
-    plots = [
-        line_plot(
-            [
-                Series(row["episode"], list(range(1, len(row["per_pair_first_to_k"]) + 1)), row["per_pair_first_to_k"])
-                for row in rows
-            ],
-            "world-model rotation error, first frame to k",
-            "frame k",
-            "degrees",
-            "plot-rotation-first-to-k",
-            y_min=0.0,
-        ),
-        line_plot(
-            [
-                Series(row["episode"], list(range(len(row["per_frame_psnr_db"]))), row["per_frame_psnr_db"])
-                for row in rows
-            ],
-            "PSNR, sim vs world model",
-            "frame",
-            "dB",
-            "plot-psnr",
-        ),
-    ]
-    page = (
-        template_environment()
-        .get_template("summary.html.j2")
-        .render(
-            rows=page_rows,
-            any_tiny=any_tiny,
-            frame_rate_note=FRAME_RATE_NOTE,
-            plots=[Markup(p) for p in plots],
-            timings={row["episode"]: row["timings"] for row in rows},
-        )
-    )
-    summary = _jsonable(
-        {
-            "schema": SUMMARY_SCHEMA,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "tiny_model": any_tiny,
-            "episodes": rows,
-        }
-    )
-    atomic.write_bytes(out_dir / "summary.json", json.dumps(summary, indent=1).encode())
-    html_path = out_dir / "summary.html"
-    atomic.write_bytes(html_path, page.encode())
-    return html_path

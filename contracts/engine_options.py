@@ -45,6 +45,10 @@ ATTENTION_HELP = (
 )
 ATTENTIONS = ("auto", "sdpa", "flash", "sage")
 MODELS = ("base", "fast")
+# "auto": CUDA where the worker's PyTorch sees a GPU, else the CPU (the worker resolves it and
+# reports the device it took: health names that worker by it).
+AUTO_DEVICE = "auto"
+DEVICE_HELP = "auto (CUDA where there is a GPU, else the CPU), cpu, cuda or cuda:N"
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
@@ -64,12 +68,13 @@ class EngineOptions:
 
     ckpt: str = "tiny"  # "tiny" (random weights, CPU in seconds) or a checkpoint folder
     model: str = "base"  # base (two experts, guided) | fast (LingBot-World-Fast, causal)
-    devices: tuple[str, ...] = ("cpu",)  # "cpu", "cuda", "cuda:N"; more than one: one rollout over several GPUs
+    devices: tuple[str, ...] = ("cpu",)  # "auto", "cpu", "cuda", "cuda:N"; several: one rollout over several GPUs
     dtype: str | None = None  # bf16 | fp16 | fp32; None: bf16 on CUDA, fp32 on the CPU
     compute: str | None = None  # exact | fp8 (bf16: old name of exact); None: the engine's choice
     attention: str = "auto"  # auto | sdpa | flash | sage
     vram_budget_gb: float | None = None  # None: no budget (plan for the whole GPU)
     t5_on_cpu: bool = False  # run umT5 on the CPU, streamed block by block (no GPU memory)
+    warm_up: bool = False  # Fast model: compile its DiT's kernels at load, for the default settings' shapes
 
     def __post_init__(self) -> None:
         where = "engine options"
@@ -80,12 +85,14 @@ class EngineOptions:
         devices = (self.devices,) if isinstance(self.devices, str) else self.devices
         if not isinstance(devices, (list, tuple)) or not devices or not all(isinstance(d, str) for d in devices):
             raise EngineOptionsError(
-                f"{where}: devices must be a list of 'cpu', 'cuda' or 'cuda:N' (got {self.devices!r})"
+                f"{where}: devices must be a list, each one of {DEVICE_HELP} (got {self.devices!r})"
             )
         for device in devices:
             kind, _, index = device.partition(":")
+            if device == AUTO_DEVICE and len(devices) == 1:
+                continue
             if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
-                raise EngineOptionsError(f"{where}: device {device!r} must be 'cpu', 'cuda' or 'cuda:N'")
+                raise EngineOptionsError(f"{where}: device {device!r} must be one of {DEVICE_HELP}")
         object.__setattr__(self, "devices", tuple(devices))
         for name, allowed in (("dtype", DTYPES), ("compute", COMPUTE_CHOICES)):
             value = getattr(self, name)
@@ -106,8 +113,9 @@ class EngineOptions:
                     f"{where}: vram_budget_gb must be a number of GiB > 0, or null (in TOML: leave it out) for no budget (got {budget!r})"
                 )
             object.__setattr__(self, "vram_budget_gb", float(budget))
-        if not isinstance(self.t5_on_cpu, bool):
-            raise EngineOptionsError(f"{where}: t5_on_cpu must be true or false (got {self.t5_on_cpu!r})")
+        for name in ("t5_on_cpu", "warm_up"):
+            if not isinstance(getattr(self, name), bool):
+                raise EngineOptionsError(f"{where}: {name} must be true or false (got {getattr(self, name)!r})")
 
     @property
     def device(self) -> str:

@@ -2,7 +2,7 @@
 
 The reference adjusts a request in three places: the frame count is rounded down to 4n+1, then cut
 to what the poses cover, and the frame size follows the image's aspect under the `size` pixel budget
-(rounded down to multiples of 16, so `480*832` with an 832x480 image gives 832x464). `resolve_request`
+(rounded down to multiples of 16, so `480*832` with a 480*832 image gives 464*832). `resolve_request`
 applies those rules to the settings, the image size and the pose count (numpy only, no torch), so
 `generate` can fail on bad input in a second and say in one line per change what it will do instead
 of what was asked ("81 frames asked, 33 poses: generating 33"). The pipeline applies the same rules
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from contracts.errors import InputError
+from contracts.model_frame import format_size
 from contracts.settings import GenerationSettings
 
 VAE_STRIDE = (4, 8, 8)  # temporal, height, width
@@ -44,7 +45,8 @@ def latent_size(image_hw: tuple[int, int], max_area: int) -> tuple[int, int]:
     lat_w = round(np.sqrt(max_area / aspect) // VAE_STRIDE[2] // PATCH[2] * PATCH[2])
     if lat_h < PATCH[1] or lat_w < PATCH[2]:
         raise InputError(
-            f"size: max_area {max_area} is too small for a {w0}x{h0} image; use at least {smallest_size(image_hw)}"
+            f"size: max_area {max_area} is too small for a {format_size(h0, w0)} image (H*W); "
+            f"use at least {smallest_size(image_hw)}"
         )
     return lat_h, lat_w
 
@@ -94,7 +96,8 @@ def resolve_request(settings: GenerationSettings, image_hw: tuple[int, int], num
     size_h, size_w = settings.height_width
     if (height, width) not in ((size_h, size_w), (size_w, size_h)):
         adjustments.append(
-            f"size {settings.size} with a {w0}x{h0} image: generating {width}x{height} "
-            f"(the image's aspect under {size_h}*{size_w} pixels, sides multiples of 16)"
+            # one convention in this message: every size is H*W, as `size` itself is written
+            f"size {settings.size} with a {format_size(h0, w0)} image (H*W): generating {format_size(height, width)} "
+            f"(the image's aspect in at most {size_h * size_w} pixels, sides multiples of 16)"
         )
     return ResolvedRequest(frames, height, width, tuple(adjustments))

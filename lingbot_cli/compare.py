@@ -1,6 +1,7 @@
 """Compare sim frames with a world-model rollout: side-by-side video, PSNR/SSIM, camera fidelity, report.
 
-`lingbot-isaac compare EPISODE_DIR ROLLOUT_MP4 --out DIR` writes DIR/report.html (self-contained),
+`lingbot-isaac compare EPISODE_DIR [ROLLOUT_MP4] --out DIR` (default: the episode's own rollout.mp4)
+writes DIR/report.html (self-contained),
 DIR/report.json (every number) and DIR/side_by_side.mp4. Several episodes at once:
 `--pair EPISODE_DIR ROLLOUT_MP4` (repeatable) writes one sub-folder per episode plus
 DIR/summary.html and DIR/summary.json. A whole dataset: `--dataset DATASET_DIR` compares every
@@ -17,9 +18,12 @@ import sys
 from pathlib import Path
 
 from comparison.episode_input import EpisodeError
-from comparison.report import TINY_NOTE, compare_episode, write_summary
+from comparison.reconstruction import MAPPERS, ReconstructionConfig
+from comparison.report import TINY_NOTE, compare_episode
+from comparison.summary import write_summary
 from comparison.trajectory import EstimatorConfig
 from comparison.video_io import VideoError
+from contracts.episode import ROLLOUT_VIDEO
 
 
 class CompareUsageError(ValueError):
@@ -34,7 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "episode", nargs="?", type=Path, help="episode folder (poses.npy, intrinsics.npy, sim.mp4 or frames/)"
     )
-    parser.add_argument("rollout", nargs="?", type=Path, help="the world model's rollout mp4 for that episode")
+    parser.add_argument(
+        "rollout",
+        nargs="?",
+        type=Path,
+        help=f"the world model's rollout mp4 for that episode (default: EPISODE_DIR/{ROLLOUT_VIDEO}, where "
+        "replay, submit and demo leave it)",
+    )
     parser.add_argument(
         "--pair",
         nargs=2,
@@ -80,14 +90,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--ratio", type=float, default=defaults.ratio, help="Lowe's ratio-test threshold")
     parser.add_argument("--max-features", type=int, default=defaults.max_features, help="features detected per frame")
+    sfm = ReconstructionConfig()
+    parser.add_argument("--no-sfm", action="store_true", help="skip the whole-clip reconstruction (pairwise only)")
+    parser.add_argument("--sfm-trials", type=int, default=sfm.trials, help="seeded reconstruction trials per episode")
+    parser.add_argument("--sfm-mapper", choices=MAPPERS, default=sfm.mapper, help="COLMAP's mapper")
+    parser.add_argument(
+        "--sfm-timeout-s", type=float, default=sfm.timeout_s, help="time limit of the reconstruction per episode"
+    )
+
+
+def _reconstruction(args: argparse.Namespace) -> ReconstructionConfig:
+    try:
+        return ReconstructionConfig(trials=args.sfm_trials, mapper=args.sfm_mapper, timeout_s=args.sfm_timeout_s)
+    except ValueError as exc:
+        raise CompareUsageError(f"--sfm-*: {exc}") from exc
 
 
 def _pairs(args: argparse.Namespace) -> list[tuple[Path, Path]]:
     pairs = [(Path(episode), Path(rollout)) for episode, rollout in args.pair]
-    if args.episode is not None or args.rollout is not None:
-        if args.episode is None or args.rollout is None:
-            raise CompareUsageError("give both EPISODE_DIR and ROLLOUT_MP4 (or use --pair EPISODE_DIR ROLLOUT_MP4)")
-        pairs.insert(0, (args.episode, args.rollout))
+    if args.episode is not None:
+        rollout = args.rollout
+        if rollout is None:  # the episode's own rollout, under the name replay gave it
+            rollout = args.episode / ROLLOUT_VIDEO
+            if not rollout.is_file():
+                raise CompareUsageError(
+                    f"{args.episode}: no {ROLLOUT_VIDEO} in it (replay, submit and demo write it there); "
+                    "give the rollout as ROLLOUT_MP4 after EPISODE_DIR"
+                )
+        pairs.insert(0, (args.episode, rollout))
     if not pairs:
         raise CompareUsageError("nothing to compare: give EPISODE_DIR ROLLOUT_MP4 or --pair EPISODE_DIR ROLLOUT_MP4")
     return pairs
@@ -133,10 +163,16 @@ def run(args: argparse.Namespace) -> int:
         out_dir = args.out if len(pairs) == 1 else args.out / name
         print(f"comparing {episode} with {rollout} ...", file=sys.stderr, flush=True)
         html_path = compare_episode(
-            episode, rollout, out_dir, model=args.model, tiny_model=tiny, settings=settings, estimator=estimator
-        )
+            episode, rollout, out_dir, model=args.model, tiny_model=tiny, settings=settings, estimator=estimator,
+            reconstruction=_reconstruction(args), whole_clip=not args.no_sfm,
+        )  # fmt: skip
         reports.append(html_path)
-        noise |= bool(json.loads(html_path.with_name("report.json").read_text())["tiny_model"])
+        report = json.loads(html_path.with_name("report.json").read_text())
+        noise |= bool(report["tiny_model"])
+        clock = report["timings"]["comparison"]
+        print(
+            f"time:   {clock['total_s']:.1f} s (whole-clip reconstruction {clock['whole_clip_reconstruction_s']:.1f} s)"
+        )
         print(f"report: {html_path}")
         print(f"json:   {html_path.with_name('report.json')}")
         print(f"video:  {html_path.with_name('side_by_side.mp4')}")
@@ -160,8 +196,9 @@ def run_dataset(args: argparse.Namespace) -> int:
     )
     tiny = True if (args.tiny or args.model == "tiny") else None  # None: each rollout's rollout.json says
     html_path = compare_dataset(
-        args.dataset, args.out, model=args.model, tiny_model=tiny, estimator=estimator, progress=not args.no_progress
-    )
+        args.dataset, args.out, model=args.model, tiny_model=tiny, estimator=estimator, progress=not args.no_progress,
+        reconstruction=_reconstruction(args), whole_clip=not args.no_sfm,
+    )  # fmt: skip
     print(f"dataset report: {html_path}")
     print(f"json:           {html_path.with_name('dataset.json')}")
     return 0

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from contracts.checkpoint_layout import check_checkpoint
+from contracts.engine_options import AUTO_DEVICE, DEVICE_HELP
 from contracts.errors import CheckpointError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,7 +35,7 @@ USER_ERRORS = (DemoError, CheckpointError)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ckpt-dir", default="tiny", help="checkpoint folder, or 'tiny' (random weights, CPU)")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cpu for tiny, cuda otherwise)")
+    parser.add_argument("--device", default=None, help=f"{DEVICE_HELP} (default: cpu for tiny, auto otherwise)")
     parser.add_argument("--episode", type=Path, default=SAMPLE, help="episode folder to replay")
     parser.add_argument("--out", type=Path, default=Path("out/demo"), help="where the rollout and report go")
     parser.add_argument("--port", type=int, default=0, help="server port on 127.0.0.1 (default: a free one)")
@@ -53,7 +54,7 @@ def _free_port() -> int:
 def _start_server(args: argparse.Namespace, endpoint: str, spool: Path, log_path: Path) -> subprocess.Popen:
     """`lingbot-isaac serve` with the demo's settings as flags (each one a value, never config text)."""
     tiny = str(args.ckpt_dir).startswith("tiny")
-    device = args.device or ("cpu" if tiny else "cuda")
+    device = args.device or ("cpu" if tiny else AUTO_DEVICE)
     argv = [sys.executable, "-m", "lingbot_cli", "serve", "--bind", endpoint, "--spool-dir", str(spool)]
     argv += ["--ckpt", str(args.ckpt_dir), "--device", device, "--preset", "tiny" if tiny else "default"]
     if args.vram_budget is not None:
@@ -71,6 +72,26 @@ def _stop(server: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+# The server runs in its own session (a Ctrl-C in the terminal reaches the demo only, which stops
+# the server itself), so SIGTERM (`timeout`, `kill`, a CI runner) and SIGHUP (the terminal closed)
+# must end the demo the same way: through `run`'s `finally`, which stops the server.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _exit_on_signal(signum: int, _frame) -> None:
+    print(f"stopped by {signal.Signals(signum).name}: stopping the local server", file=sys.stderr)
+    raise SystemExit(128 + signum)
+
+
+def _stop_on_signals() -> dict:
+    return {signum: signal.signal(signum, _exit_on_signal) for signum in STOP_SIGNALS}
+
+
+def _restore_signals(previous: dict) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 def _wait_healthy(client, server: subprocess.Popen, log_path: Path, timeout: float) -> dict:
@@ -118,8 +139,10 @@ def run(args: argparse.Namespace) -> int:
     if tiny:
         print("note: the built-in tiny model has random weights: its rollout is noise, not a prediction")
     print(f"starting a local server on {endpoint} ({args.ckpt_dir}); log: {log_path}")
-    server = _start_server(args, endpoint, out / "spool", log_path)
+    server = None
+    previous = _stop_on_signals()
     try:
+        server = _start_server(args, endpoint, out / "spool", log_path)
         with Client(endpoint, timeout=REQUEST_TIMEOUT_S) as client:
             _wait_healthy(client, server, log_path, timeout=600.0)
             episode = read_episode(episode_dir)
@@ -130,7 +153,11 @@ def run(args: argparse.Namespace) -> int:
             rollout = write_rollout(episode_dir, video, info, client="demo")
             generation_seconds = time.monotonic() - started
     finally:
-        _stop(server)
+        for signum in STOP_SIGNALS:  # a second signal must not cut the server's stop short
+            signal.signal(signum, signal.SIG_IGN)
+        if server is not None:
+            _stop(server)
+        _restore_signals(previous)
         # the demo's private spool: its copies of the episode and the result (of a finished or a
         # cancelled job: Ctrl-C) are not the user's; the rollout is already beside the episode
         shutil.rmtree(out / "spool", ignore_errors=True)

@@ -28,10 +28,15 @@ PACKAGES = {  # module -> (what needs it, required for generation)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ckpt-dir", type=Path, help="also check this checkpoint folder's layout")
+    parser.add_argument(
+        "--ckpt-dir", type=Path, help="also check this checkpoint folder's layout ('tiny': the built-in tiny model)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from worldgen.quiet import hide_known_harmless
+
+    hide_known_harmless()  # before importing bitsandbytes below: its harmless CPU-kernel notice is not a finding
     failed = False
     print(f"python {platform.python_version()} on {platform.platform()}")
     for module, (purpose, required) in PACKAGES.items():
@@ -50,11 +55,29 @@ def run(args: argparse.Namespace) -> int:
         else:
             print("  gpu      none visible to torch: generation runs on the CPU (fine for the tiny model only)")
         print_attention(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        from worldgen.runtime.compile_cache import cache_state
+
+        print(f"  compile  cache {cache_state()}")
     except ImportError:
         pass
     if args.ckpt_dir:
-        failed |= check_checkpoint(Path(args.ckpt_dir))
+        failed |= check_checkpoint_arg(args.ckpt_dir)
     return 1 if failed else 0
+
+
+def check_checkpoint_arg(ckpt: Path) -> bool:
+    """`--ckpt-dir`: the built-in tiny model (written on first use) or a folder; True if it serves nothing."""
+    try:
+        from worldgen.pipelines.loader import resolve_checkpoint
+    except ImportError as exc:  # no torch: the folder's layout can still be read
+        if str(ckpt).startswith("tiny"):
+            print(f"  ckpt     PROBLEM: the built-in tiny model needs torch ({exc})")
+            return True
+        return check_checkpoint(Path(ckpt))
+    root, is_tiny = resolve_checkpoint(ckpt)
+    if is_tiny:
+        print(f"  ckpt     {ckpt}: the built-in tiny model (seeded random weights: its output is noise), in {root}")
+    return check_checkpoint(root)
 
 
 def print_attention(device) -> None:

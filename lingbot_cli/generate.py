@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from contracts.engine_options import ATTENTION_HELP, ATTENTIONS, COMPUTE_CHOICES, FP8_HELP, MODELS
+from contracts.engine_options import ATTENTION_HELP, ATTENTIONS, COMPUTE_CHOICES, DEVICE_HELP, FP8_HELP, MODELS
 from contracts.episode import EpisodeError
 from contracts.provenance import sidecar_path, write_record
 from contracts.settings import FIELD_BY_NAME, GenerationSettings, SettingsError, load_settings, parse_guide_scale
@@ -99,7 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--seed", type=int, help="random seed of the initial noise " + _preset_default("seed"))
     gen.add_argument("--negative-prompt", help="negative prompt (default: the i2v-A14B one)")
     run = parser.add_argument_group("runtime")
-    run.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
+    run.add_argument("--device", help=f"{DEVICE_HELP} (default: auto)")
     run.add_argument(
         "--dtype",
         choices=("bfloat16", "float16", "float32"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 # name -> (module, one-line help). Keep the help short: `lingbot-isaac COMMAND --help` says more.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -64,8 +65,24 @@ def build_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
     return parser, module
 
 
+# Warnings of these packages are messages to the user: one plain line, without the Python source
+# line `warnings` shows by default. Other libraries' warnings keep their usual form.
+OWN_PACKAGES = ("contracts", "lingbot_isaac", "bridge", "worldgen", "comparison", "lingbot_cli")
+
+
+def plain_warning(message, category, filename, lineno, line=None) -> str:
+    """`warnings.formatwarning` for the command line: "warning: MESSAGE" for our own warnings."""
+    if category.__module__.split(".")[0] in OWN_PACKAGES:
+        return f"warning: {message}\n"
+    return _python_formatwarning(message, category, filename, lineno, line)
+
+
+_python_formatwarning = warnings.formatwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    warnings.formatwarning = plain_warning
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0 if argv else 2

@@ -178,3 +178,16 @@ def _replay_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: no limit while the server answers)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    live = parser.add_argument_group("live mode (model fast): poses streamed while the video is made")
+    live.add_argument(
+        "--live",
+        action="store_true",
+        help="replay each episode as a live stream: its poses are sent in batches as they were recorded, "
+        "each chunk comes back as soon as its poses are there and its lag is printed (needs --model fast)",
+    )
+    live.add_argument(
+        "--pace",
+        type=float,
+        default=1.0,
+        help="--live: the recorded pace times this (default 1.0; 0: as fast as the server takes the poses)",
+    )

@@ -23,6 +23,7 @@ from contracts.engine_options import (
     ATTENTION_HELP,
     ATTENTIONS,
     COMPUTE_CHOICES,
+    DEVICE_HELP,
     DTYPES,
     FP8_HELP,
     MODELS,
@@ -52,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="[preset] of config/generation.toml under each job's settings (overrides [server] generation_preset)",
     )
     parser.add_argument("--ckpt", help="checkpoint folder or 'tiny' (overrides [worker] ckpt)")
-    parser.add_argument("--device", help="cpu, cuda or cuda:N (overrides [worker] device)")
+    parser.add_argument("--device", help=f"{DEVICE_HELP} (overrides [worker] device)")
     parser.add_argument(
         "--devices",
         help="a pool: one warm worker per device, comma-separated, e.g. cuda:0,cuda:1 or cpu,cpu "

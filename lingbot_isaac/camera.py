@@ -11,7 +11,8 @@ USD and what LingBot-World expects (each a source of silent errors):
   into metres. Focal length and apertures are in tenths of a stage unit, but only their ratios
   matter, so they need no conversion.
 - Scale: parents may scale the camera. A uniform scale does not change what the camera sees, so
-  it is removed from the rotation; a non-uniform one would distort the frustum and is refused.
+  it is removed from the rotation; a non-uniform one would distort the frustum and is refused, and
+  so is a shear (a parent's non-uniform scale above a rotation: axes of equal length, not square).
 - Intrinsics: `lens.pinhole_intrinsics`, Isaac's square pixels from the horizontal aperture
   (fx = fy = W f / hA, cx = W/2 - W ox / hA, cy = H/2 + W oy / hA); a vertical aperture whose
   aspect differs from the image's is ignored, with a `NonSquarePixelWarning`.
@@ -31,7 +32,8 @@ from lingbot_isaac.lens import CameraError, LensError, NonSquarePixelWarning, pi
 
 DEFAULT_TIME = Usd.TimeCode.Default()  # the unanimated value of an attribute
 USD_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips camera-local y and z (its own inverse)
-SCALE_TOLERANCE = 1e-5  # relative spread of axis scales; float32-authored rotations reach 5e-7
+SCALE_TOLERANCE = 1e-5  # relative spread of axis scales (and shear); float32-authored rotations reach 5e-7
+AXIS_PAIRS = ((0, 1), (0, 2), (1, 2))
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,17 @@ def usd_to_opencv_c2w(local_to_world: np.ndarray, meters_per_unit: float, prim_p
             "frustum; give the camera (and its parents) a uniform scale"
         )
     rotation = linear / scales
-    # Parents may add a tiny shear through float noise: project onto the nearest rotation.
+    # Equal column norms are not enough: a non-uniform scale above a rotation (a parent scaled
+    # (1, 1, 3) over a rotated camera) shears the axes while keeping their lengths equal.
+    shear = np.abs(rotation.T @ rotation - np.eye(3)).max()
+    if shear > SCALE_TOLERANCE:
+        angles = np.degrees(np.arccos(np.clip([rotation[:, i] @ rotation[:, j] for i, j in AXIS_PAIRS], -1, 1)))
+        raise CameraError(
+            f"{prim_path}: world transform shears the camera (its axes are {', '.join(f'{a:.2f}' for a in angles)} "
+            "degrees apart, not 90: a non-uniform scale on a parent above a rotation) and distorts the "
+            "frustum; give the camera's parents a uniform scale"
+        )
+    # Float noise leaves a tiny shear (below the tolerance): project onto the nearest rotation.
     u, _, vt = np.linalg.svd(rotation)
     rotation = u @ vt
     if np.linalg.det(rotation) < 0:

@@ -39,6 +39,7 @@ class LingBotWorldExtension(_extension_base()):
         self._window = LingBotWindow(self._session)
         self._window.on_record = self._record
         self._window.on_stop = self._stop
+        self._window.on_live = self._live
         self._menu = kit_adapter.add_menu(
             MENU_TITLE,
             [
@@ -75,9 +76,25 @@ class LingBotWorldExtension(_extension_base()):
         # render sampling happens in _on_update
         kit_adapter.timeline().play()
 
+    def _live(self, camera_path: str, prompt: str) -> None:
+        """Live: as Record, but the poses stream to a live job while the timeline plays (session.start_live)."""
+        settings = self._session.settings
+        self._capture = kit_adapter.RgbCapture(camera_path, settings.width, settings.height)
+        try:
+            self._session.start_live(kit_adapter.get_stage(), camera_path, prompt, capture=self._capture.read)
+        except Exception:
+            self._release_recording()
+            raise
+        if settings.sample_on == "physics":
+            self._step_subscription = kit_adapter.subscribe_physics_step(lambda _dt: self._sample())
+        kit_adapter.timeline().play()
+
     def _stop(self, prompt: str, name: str) -> None:
         kit_adapter.timeline().pause()
         try:
+            if self._session.live:
+                self._session.stop_live(name=name)
+                return
             self._session.stop_recording(prompt, name=name)
         finally:
             self._release_recording()

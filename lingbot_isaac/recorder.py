@@ -110,6 +110,18 @@ class Recorder:
             samples.frames.append(frame if frame is not None else samples.frames[-1])
         return True
 
+    def samples(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What was recorded so far: times [N] (s), poses [N, 4, 4], intrinsics [N, 4] (a live stream reads
+        them while recording: `lingbot_isaac.live_stream`)."""
+        samples = self._samples
+        if not samples.times:
+            return np.zeros(0), np.zeros((0, 4, 4)), np.zeros((0, 4))
+        return np.asarray(samples.times), np.stack(samples.poses), np.stack(samples.intrinsics)
+
+    @property
+    def first_frame(self) -> np.ndarray | None:
+        return self._first_frame
+
     @property
     def sample_count(self) -> int:
         return len(self._samples.times)

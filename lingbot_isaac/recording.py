@@ -12,6 +12,7 @@ way every source turns its frames into what `lingbot-isaac compare` reads.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,14 @@ from typing import Any
 import numpy as np
 
 from contracts.episode import EpisodeError, EpisodeMeta, write_episode
-from lingbot_isaac.resample import EPISODE_FPS, ResampleError, resample_trajectory
+from lingbot_isaac.resample import (
+    EPISODE_FPS,
+    RecordingGapWarning,
+    ResampleError,
+    find_gaps,
+    gap_message,
+    resample_trajectory,
+)
 
 
 class FrameReader:
@@ -108,6 +116,9 @@ def write_recording_episode(
             f"{recording.source or 'recording'}: has no first frame; give the first frame's image "
             "(e.g. `--image first_frame.png`)"
         )
+    gaps = find_gaps(recording.times, fps)
+    if gaps:
+        warnings.warn(f"{recording.source or 'recording'}: {gap_message(gaps, fps)}", RecordingGapWarning, stacklevel=2)
     try:
         resampled = resample_trajectory(recording.times, recording.poses, recording.intrinsics, fps, max_frames)
     except ResampleError as exc:

@@ -43,6 +43,7 @@ from lingbot_isaac.first_frame import fit_photo, parse_intrinsics, with_photo
 from lingbot_isaac.lens import CameraError
 from lingbot_isaac.recording import write_recording_episode
 from lingbot_isaac.replay_batch import PENDING, Batch, dataset_bar
+from lingbot_isaac.replay_live import LiveReplayError, replay_live
 from lingbot_isaac.sources import SourceOptions, TrajectorySource, kind_of, open_source
 from lingbot_isaac.sources.isaaclab_hdf5 import QUAT_ORDERS
 
@@ -61,7 +62,7 @@ def _bridge_errors() -> tuple[type[BaseException], ...]:
     return (BridgeError, PayloadError)
 
 
-USER_ERRORS = (ReplayError, EpisodeError, CameraError, SettingsError, *_bridge_errors())
+USER_ERRORS = (ReplayError, LiveReplayError, EpisodeError, CameraError, SettingsError, *_bridge_errors())
 
 
 @dataclasses.dataclass
@@ -100,6 +101,8 @@ class ReplayOptions:
     timeout: float = REQUEST_TIMEOUT_S  # seconds for each request to the server
     job_timeout: float | None = None  # cancel a job after this many s without progress
     no_progress: bool = False
+    live: bool = False  # each episode as a live stream of poses (model fast; lingbot_isaac.replay_live)
+    pace: float = 1.0  # --live: the recorded pace times this (0: as fast as the server takes them)
 
 
 def _parse_resolution(text: str | None) -> tuple[int, int] | None:
@@ -435,6 +438,9 @@ def prepare(options: ReplayOptions) -> tuple[list[Path], dict[str, Any]]:
 
 def replay_episodes(options: ReplayOptions, episodes: list[Path], overrides: dict[str, Any]) -> int:
     """Send every unfinished episode through the server; 0 if all have a rollout in the end."""
+    if options.live:  # one live stream of poses after the other (lingbot_isaac.replay_live)
+        return replay_live(options.server, episodes, overrides, pace=options.pace, timeout=options.timeout,
+                           overwrite=options.overwrite)  # fmt: skip
     from bridge.client import Client
     from bridge.client_errors import ServerUnavailable
     from bridge.reach import check_listening, explain_no_answer

@@ -79,10 +79,12 @@ class ChunkPreview:
     frames_so_far: int  # video frames in this chunk and every one before it
     video: Path  # this chunk's mp4
     image: Path | None  # its last frame as PNG, small (None: an older server sent none and no decoder here)
+    lag_chunks: int | None = None  # Live mode: chunks whose poses were sent but whose pixels have not come
 
     @property
     def label(self) -> str:
-        return f"Chunk {self.index + 1}/{self.total} ready: {self.frames_so_far} frames so far"
+        lag = "" if self.lag_chunks is None else f", {self.lag_chunks} chunk(s) behind the sim"
+        return f"Chunk {self.index + 1}/{self.total} ready: {self.frames_so_far} frames so far{lag}"
 
 
 PREVIEW_DIR = "preview"  # in the episode folder: the chunks of the generation under way
@@ -120,6 +122,7 @@ class Session:
         self._worker: threading.Thread | None = None
         self._cancelled = threading.Event()
         self._run = 0  # bumps on generate() and cancel(): a worker thread of an older run stays silent
+        self._live = None  # Live mode's stream (lingbot_isaac.live_stream.LiveStream) while it runs
 
     # -- status (any thread) ----------------------------------------------------------------------
 
@@ -164,7 +167,11 @@ class Session:
         return self._recorder
 
     def on_step(self, sim_time: float, time_code: float | None) -> None:
-        """Forwarded from the physics or render step subscription while recording."""
+        """Forwarded from the physics or render step subscription while recording (or live)."""
+        live = self._live
+        if live is not None and live.recorder.recording:
+            live.on_step(sim_time, time_code)
+            return
         recorder = self._recorder
         if recorder is None or not recorder.recording:
             return
@@ -197,6 +204,65 @@ class Session:
         self._recorder = None
         self._set(state="idle", message=f"Saved {episode}", episode=episode, progress=1.0)
         return episode
+
+    # -- live mode (UI thread; the network on the stream's own thread) ---------------------------
+
+    @property
+    def live(self) -> bool:
+        return self._live is not None
+
+    def start_live(self, stage, camera_path: str, prompt: str, capture: Capture | None = None,
+                   client_factory: Callable[[], Any] | None = None) -> None:  # fmt: skip
+        """Live: the camera's poses go to a live job chunk by chunk as the timeline plays; each chunk's
+        still comes back to `on_chunk` with the lag in chunks (lingbot_isaac.live_stream)."""
+        from bridge.client import Client
+        from lingbot_isaac.live_stream import LiveStream
+
+        if self.busy:
+            raise RecorderError(f"busy ({self.status().state}); wait or stop first")
+        settings = self.settings
+        previews = _Previews(settings.output_dir / ".live_preview")
+        with self._lock:
+            self._run += 1
+            run = self._run
+
+        def on_chunk(view) -> None:  # the stream's thread
+            preview = replace(previews.add(view), lag_chunks=view.lag_chunks)
+            self._set(run, message=preview.label, progress=(view.index + 1) / max(view.total, 1))
+            if self.on_chunk is not None and run == self._run:
+                self.on_chunk(preview)
+
+        if client_factory is None:
+            from bridge.reach import check_listening
+
+            check_listening(settings.server)
+        factory = client_factory or (lambda: Client(settings.server, timeout=settings.timeout))
+        self._live = LiveStream(stage, camera_path, (settings.height, settings.width), prompt,
+                                settings.generation(), factory, capture=capture, on_chunk=on_chunk)  # fmt: skip
+        self._set(state="recording", message=f"Live: {camera_path}; play the simulation, chunks come as they are made.",
+                  progress=0.0, error=None, result=None, report=None)  # fmt: skip
+
+    def stop_live(self, name: str | None = None) -> None:
+        """End the live job; its episode and rollout are written on a worker thread (the UI goes on)."""
+        live, self._live = self._live, None
+        if live is None:
+            raise RecorderError("Live mode is not running")
+        live.stop()
+        folder = self.settings.output_dir / (name or time.strftime("live_%Y%m%d_%H%M%S"))
+        run = self._run
+        self._set(state="generating", message="Live: the last chunks ...")
+
+        def finish() -> None:
+            try:
+                episode, result = live.write(folder)
+                report = self._report(episode, result, run)
+                self._set(run, state="done", message=f"Live rollout written: {result}", progress=1.0,
+                          episode=episode, result=result, report=report)  # fmt: skip
+            except Exception as exc:
+                self._set(run, state="failed", message=f"Live mode failed: {exc}", error=str(exc))
+
+        self._worker = threading.Thread(target=finish, name="lingbot-live-finish", daemon=True)
+        self._worker.start()
 
     # -- generation (worker thread) --------------------------------------------------------------
 
@@ -239,9 +305,12 @@ class Session:
         free at once; the worker thread asks the server to cancel the job (bounded by the
         request timeout, even if the server is gone) and closes its connection by itself."""
         with self._lock:
-            generating = self._status.state == "generating"
+            generating = self._status.state == "generating" or self._live is not None
             self._run += 1
         self._cancelled.set()
+        live, self._live = self._live, None
+        if live is not None:  # Live mode: the job is cancelled on the stream's own thread
+            live.cancel()
         if generating:
             self._set(state="failed", message="Cancelled.", error="cancelled", progress=0.0)
 

@@ -82,6 +82,7 @@ class LingBotWindow:
                 ui.StringField(self.photo_intrinsics)
             with ui.HStack(height=26):
                 ui.Button("Record", clicked_fn=self.record)
+                ui.Button("Live", width=50, clicked_fn=self.live)  # model fast: chunks while the sim plays
                 ui.Button("Stop", clicked_fn=self.stop)
                 ui.Button("Generate rollout", clicked_fn=self.generate)
                 ui.Button("Cancel", width=60, clicked_fn=self.session.cancel)
@@ -171,6 +172,12 @@ class LingBotWindow:
         self._apply_settings()
         self._guard(lambda: self.on_record(self.camera.as_string.strip()))
 
+    def live(self) -> None:
+        self._apply_settings()
+        self._chunk = None
+        self._show_chunk(None)
+        self._guard(lambda: self.on_live(self.camera.as_string.strip(), self.prompt.as_string))
+
     def stop(self) -> None:
         name = safe_name(self.camera.as_string.rsplit("/", 1)[-1])
         self._guard(lambda: self.on_stop(self.prompt.as_string, name))
@@ -184,6 +191,7 @@ class LingBotWindow:
     # set by the extension: the Kit glue (subscriptions, capture) lives there
     on_record = staticmethod(lambda camera: None)
     on_stop = staticmethod(lambda prompt, name: None)
+    on_live = staticmethod(lambda camera, prompt: None)
 
     def _guard(self, action) -> None:
         try:

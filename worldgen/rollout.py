@@ -192,13 +192,12 @@ def generate_episode(
 
 
 def fp8_self_attention(device: Any, variant: str = "base") -> str:
-    """What `--compute fp8` does with the DiT's self-attention on `device`, for the record."""
+    """What `--compute fp8` does with the DiT's self-attention on `device`, for the record (the Fast
+    model's too: its queries attend to the KV cache's window through the same kernel)."""
     import torch
 
     from worldgen.kernels import attention, cudnn_attention
 
-    if variant == "fast":  # its self-attention reads the KV cache: that path stays bf16
-        return "bf16 (the Fast model attends through its KV cache: no FP8 attention there)"
     reason = cudnn_attention.fp8_unsupported_reason(torch.device(device))
     if reason is None and attention.FP8_ATTENTION:
         return "fp8 (cuDNN sdpa_fp8, per-tensor scales)"

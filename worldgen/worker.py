@@ -104,10 +104,14 @@ class PipelineEngine:
 
         self.torch = torch
         self.options = options
-        self.ckpt, self.device = options.ckpt, options.device
+        from worldgen.pipelines.loader import resolve_device
+
+        # "auto" is resolved here, where PyTorch says what there is; `ready` reports the device taken
+        self.ckpt, self.device = options.ckpt, str(resolve_device(options.device))
         # models load lazily (on a job's first use); this checks the checkpoint now. A folder with
         # only one of the models (e.g. only the Fast DiT) serves that model alone.
         other = "fast" if options.model == "base" else "base"
+        self.warm_up_s: float | None = None
         try:
             self.model, self.pipe = options.model, self._load(options.model)
         except CheckpointError:
@@ -118,6 +122,8 @@ class PipelineEngine:
             else:
                 return
             raise
+        if options.warm_up and self.model == "fast":  # compile before the first job (FastPipeline.warm_up)
+            self.warm_up_s = round(self.pipe.warm_up(), 2)
 
     def _load(self, model: str):
         from worldgen.pipelines.loader import load_pipeline_from_options
@@ -149,15 +155,18 @@ class PipelineEngine:
             # why a job's `compute = "fp8"` cannot run here (None: it can); the server refuses such
             # jobs at its door with these words (`bridge.request_handling`)
             "fp8_unsupported": self._fp8_unsupported(),
+            "warm_up_s": self.warm_up_s,  # seconds the Fast DiT's warm-up took at load (None: none ran)
         }
 
     def _fp8_unsupported(self) -> str | None:
         if not hasattr(self, "_fp8_reason"):  # the devices do not change: asked once
             from worldgen.kernels.fp8 import unsupported_reason
+            from worldgen.pipelines.loader import resolve_device
 
-            try:
-                reasons = [unsupported_reason(d) for d in self.options.devices]
-            except (RuntimeError, AssertionError) as exc:  # no usable CUDA behind a cuda device
+            try:  # "auto" as resolved at load (self.device); two GPUs of one rollout: both
+                devices = [self.device] if len(self.options.devices) == 1 else self.options.devices
+                reasons = [unsupported_reason(resolve_device(d)) for d in devices]
+            except (RuntimeError, AssertionError, InputError) as exc:  # no usable CUDA behind a cuda device
                 reasons = [f"--compute fp8: the device cannot be asked ({exc}); use --compute exact"]
             self._fp8_reason = next((r for r in reasons if r), None)
         return self._fp8_reason
@@ -199,6 +208,21 @@ class PipelineEngine:
     def _generate(self, pipe, episode_dir, settings, output, progress, on_chunk) -> Path:
         from worldgen.rollout import generate_episode
 
+        chunk_fn = self._chunk_writer(settings, output, progress, on_chunk)
+        return Path(generate_episode(pipe, episode_dir, settings, output, progress=progress, on_chunk=chunk_fn))
+
+    def generate_live(
+        self, episode_dir, feed, settings, output, progress, on_chunk, on_plan, on_start
+    ) -> tuple[Path, int]:
+        """A live job (model fast): `worldgen.live_rollout.generate_live_episode` on the warm Fast pipeline."""
+        from worldgen.live_rollout import generate_live_episode
+
+        pipe = self._pipeline_for("fast")
+        chunk_fn = self._chunk_writer(settings, output, progress, on_chunk)
+        return generate_live_episode(pipe, episode_dir, feed, settings, output, progress, chunk_fn, on_plan, on_start)
+
+    @staticmethod
+    def _chunk_writer(settings, output, progress, on_chunk):
         chunk_fn = None
         if settings.model == "fast":
             from contracts.video import still_png
@@ -216,7 +240,7 @@ class PipelineEngine:
                     on_chunk(index, total, path, len(pixels), still)
                 progress("chunk", index + 1, total)
 
-        return Path(generate_episode(pipe, episode_dir, settings, output, progress=progress, on_chunk=chunk_fn))
+        return chunk_fn
 
     def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int | None:
         """Frames `generate` writes for this episode: the request cut to what the poses cover, as the
@@ -286,6 +310,7 @@ class Worker:
         self.progress: dict[str, Any] = {}
         self.engine: Engine | None = None
         self.info: dict[str, Any] = {}
+        self.live_feed = None  # the running live job's pose feed (worldgen.live_rollout.LivePoseFeed)
 
     def send(self, message: dict[str, Any]) -> None:
         with self.write_lock:
@@ -313,6 +338,13 @@ class Worker:
             elif kind == "cancel":
                 if message.get("job") == self.cancel_job:
                     self.cancel.set()
+                    feed = self.live_feed
+                    if feed is not None:
+                        feed.nudge()  # a live job waiting for poses sees the cancel now
+            elif kind == "live_poses":
+                feed = self.live_feed
+                if feed is not None and message.get("job") == self.job:
+                    feed.nudge()
             elif kind == "health":
                 # Idle: the main thread answers after probing the device (nothing is queued before
                 # it, since this thread is the only producer). Busy or loading: answer from here.
@@ -416,7 +448,11 @@ class Worker:
             extra: dict[str, Any] = {"on_chunk": on_chunk} if message.get("want_chunks") else {}
             if message.get("peer"):  # a two-GPU job of a pool (bridge/worker_pool.py)
                 extra["peer"] = message["peer"]
-            written = self.engine.generate(*generate_args, **extra)
+            live_frames = None
+            if message.get("live_dir"):  # a live job: its poses arrive while it runs (worldgen.live_rollout)
+                written, live_frames = self.run_live(job, message, generate_args, progress)
+            else:
+                written = self.engine.generate(*generate_args, **extra)
             if self.cancel.is_set():
                 raise JobCancelled("cancelled after the last step")
             record = sidecar_path(written)
@@ -433,7 +469,7 @@ class Worker:
                     "output": str(output),
                     "frames_output": frames_output,
                     "seconds": round(time.monotonic() - started, 3),
-                    "frames": self.expected_frames(Path(message["episode_dir"]), settings),
+                    "frames": live_frames or self.expected_frames(Path(message["episode_dir"]), settings),
                 }
             )
         except JobCancelled as exc:
@@ -460,9 +496,39 @@ class Worker:
                 sidecar_path(partial).unlink(missing_ok=True)
             except OSError as exc:
                 log.warning("cannot remove %s: %s", partial, exc)
-            self.job, self.state, self.progress = None, "idle", {}
+            self.job, self.state, self.progress, self.live_feed = None, "idle", {}, None
             with contextlib.suppress(Exception):  # health then says which model is resident now
                 self.info.update(self.engine.describe())
+
+    def run_live(self, job: str, message: dict[str, Any], generate_args: tuple, progress) -> tuple[Path, int]:
+        """A live job: the feed reads its pose batches as the server writes them; each chunk reports
+        the poses it was made from and when it started (the server adds its own timings)."""
+        from worldgen.live_rollout import LivePoseFeed
+
+        generate_live = getattr(self.engine, "generate_live", None)
+        if generate_live is None:
+            raise InputError("this worker's engine does not run live jobs")
+        starts: dict[int, dict[str, Any]] = {}
+
+        def keep_alive(held: int, needed: int) -> None:  # progress while waiting: the stall timer, the cancel
+            progress("poses", held, needed)
+
+        def on_start(chunk: int, poses: int) -> None:
+            starts[chunk] = {"poses": poses, "started_at": round(time.time(), 4)}
+
+        def live_chunk(index: int, total: int, path: Path, frames: int, still: Path | None = None) -> None:
+            chunk = {"type": "chunk", "job": job, "index": index, "total": total, "path": str(path),
+                     "frames": frames, **starts.get(index, {})}  # fmt: skip
+            if still is not None:
+                chunk["still"] = str(still)
+            self.send(chunk)
+
+        def on_plan(needed: list[int], frames: int) -> None:
+            self.send({"type": "live", "job": job, "poses_needed": needed, "frames": frames})
+
+        self.live_feed = LivePoseFeed(Path(message["live_dir"]), keep_alive, wp.LIVE_BATCH_FILE, wp.LIVE_END_FILE)
+        episode_dir, settings, partial, _ = generate_args
+        return generate_live(episode_dir, self.live_feed, settings, partial, progress, live_chunk, on_plan, on_start)
 
     def guide_job(self, message: dict[str, Any]) -> None:
         """Be the second worker of a two-GPU job: serve its unconditional passes until the job's own

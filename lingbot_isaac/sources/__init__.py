@@ -63,7 +63,11 @@ def kind_of(path: Path) -> str:
             import h5py
         except ImportError:
             raise EpisodeError(f"{path}: reading HDF5 needs h5py (pip install 'lingbot-isaac[hdf5]')") from None
-        from lingbot_isaac.sources.isaaclab_hdf5 import is_isaaclab_dataset
+        from lingbot_isaac.sources.isaaclab_hdf5 import (
+            empty_dataset_error,
+            is_empty_isaaclab_dataset,
+            is_isaaclab_dataset,
+        )
         from lingbot_isaac.sources.isaacsim_hdf5 import is_isaacsim_session
 
         try:
@@ -72,8 +76,11 @@ def kind_of(path: Path) -> str:
                     return "isaacsim-hdf5"
                 if is_isaaclab_dataset(h5):
                     return "isaaclab-hdf5"
+                empty = is_empty_isaaclab_dataset(h5)
         except OSError as exc:
             raise EpisodeError(f"{path}: not a readable HDF5 file ({exc})") from None
+        if empty:
+            raise empty_dataset_error(path)
         raise EpisodeError(
             f"{path}: HDF5 file is neither an Isaac Sim episode-recorder session (episodes/, "
             "manifest/) nor an Isaac Lab dataset (data/demo_*)"

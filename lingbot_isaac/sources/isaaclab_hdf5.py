@@ -88,6 +88,26 @@ def is_isaaclab_dataset(h5) -> bool:
     return "data" in h5 and any(k.startswith("demo_") for k in h5["data"])
 
 
+def is_empty_isaaclab_dataset(h5) -> bool:
+    """A `data/` group with the attributes Isaac Lab's `HDF5DatasetFileHandler.create` writes
+    (`env_args`, `total`) but no demo: a recording that ended before its first demo was exported."""
+    data = h5.get("data")
+    return (
+        data is not None
+        and hasattr(data, "keys")
+        and not any(k.startswith("demo_") for k in data)
+        and ("env_args" in data.attrs or "total" in data.attrs)
+    )
+
+
+def empty_dataset_error(path: Path) -> EpisodeError:
+    return EpisodeError(
+        f"{path}: an empty Isaac Lab dataset (data/ holds no demo_* group): nothing to replay; Isaac Lab "
+        "writes a demo only when an episode is exported, so a recording stopped before its first export "
+        "leaves the file empty: record again, or give the dataset that has the demos"
+    )
+
+
 def _datasets(group) -> dict[str, object]:
     found = {}
 
@@ -288,5 +308,5 @@ def read_isaaclab_dataset(
                 )
             )
     if not recordings:
-        raise EpisodeError(f"{path}: no demos under data/")
+        raise empty_dataset_error(Path(path))
     return recordings

@@ -67,15 +67,20 @@ def no_frames_note(paths: list[Path]) -> str:
 def stage_meters_per_unit(stage_path: Path, where: str) -> float:
     """metersPerUnit of a USD stage (needs usd-core)."""
     try:
-        from pxr import Usd, UsdGeom
+        from pxr import UsdGeom
+
+        from lingbot_isaac.usd_file import UsdFileError, open_stage
     except ImportError:
         raise EpisodeError(
             f"{where}: reading metersPerUnit from {stage_path} needs usd-core (pip install "
             "'lingbot-isaac[usd]'), or pass --meters-per-unit"
         ) from None
-    stage = Usd.Stage.Open(str(stage_path), Usd.Stage.LoadNone)  # layer metadata only, no payloads
-    if stage is None:
-        raise EpisodeError(f"{where}: USD could not open {stage_path}")
+    try:
+        stage = open_stage(stage_path, load_payloads=False)  # layer metadata only, no payloads
+    except UsdFileError as exc:
+        raise EpisodeError(
+            f"{exc}; it gives the units of {where} (or pass --meters-per-unit, or --stage another file)"
+        ) from None
     return float(UsdGeom.GetStageMetersPerUnit(stage))
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from lingbot_isaac.camera import CameraError, camera_time_codes, find_cameras, sample_camera
 from lingbot_isaac.recording import CameraRecording
 from lingbot_isaac.resample import EPISODE_FPS
+from lingbot_isaac.usd_file import open_stage
 
 # Cameras Kit adds to every stage for its viewports; never the robot's camera.
 KIT_VIEWPORT_CAMERAS = (
@@ -54,11 +55,7 @@ def read_usd_stage(
     path: Path, resolution: tuple[int, int], camera: str | None = None, fps: float = EPISODE_FPS
 ) -> CameraRecording:
     """Sample the stage's camera at the episode's times (`fps`); `resolution` is (H, W) of the render."""
-    from pxr import Usd
-
-    stage = Usd.Stage.Open(str(path))
-    if stage is None:
-        raise CameraError(f"{path}: USD could not open this stage")
+    stage = open_stage(path)
     prim_path = pick_camera(find_cameras(stage), camera, str(path))
     height, width = resolution
     authored = camera_time_codes(stage, stage.GetPrimAtPath(prim_path))

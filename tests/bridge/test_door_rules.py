@@ -78,7 +78,7 @@ def test_a_size_too_small_names_a_size_that_works(door):
     reply = dealer.ask(submit(payload, "s", settings={"size": "16*16"}))
     assert reply.type == "error" and reply.fields["code"] == "bad_settings", reply.fields
     message = reply.fields["message"]
-    assert "max_area 256 is too small for a 160x96 image; use at least 16*32" in message
+    assert "max_area 256 is too small for a 96*160 image (H*W); use at least 16*32" in message
     suggested = message.rsplit("use at least ", 1)[1].split()[0]
     height, width = (int(v) for v in suggested.split("*"))
     assert latent_size((96, 160), height * width)  # the engine's own rule takes it

@@ -120,7 +120,7 @@ def test_devices_flag_and_config_validation(tmp_path):
     assert config.worker.options_for("cuda:1").devices == ("cuda:1",)
     path = tmp_path / "server.toml"
     path.write_text('[worker]\ndevices = ["gpu0"]\n')
-    with pytest.raises(ConfigError, match="device 'gpu0': expected cpu, cuda or cuda:N"):
+    with pytest.raises(ConfigError, match=r"device 'gpu0': expected auto \(.*\), cpu, cuda or cuda:N"):
         load_server_config(path)
     path.write_text('[worker]\nbackend = "slurm"\n')
     with pytest.raises(ConfigError, match="backend must be one of"):

@@ -5,9 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from comparison.reconstruction import ReconstructionConfig
 from tests.comparison.scene import camera_path, render_frames
 
 FRAMES = 17
+# the whole-clip reconstruction in the report tests: two trials (to show their spread), fewer features
+SMALL_SFM = ReconstructionConfig(trials=2, max_features=1024)
 HEIGHT, WIDTH = 240, 416  # half of 480 x 832: the intrinsics are rescaled, as for any frame size
 
 
@@ -50,6 +53,7 @@ def report_case(tmp_path_factory, commanded_poses, rendered):
     rollout_mp4 = write_video(root / "rollout.mp4", np.clip(rollout, 0, 255).astype(np.uint8))
     settings = {"size": "176*320", "frame_num": FRAMES + 4, "steps": 4, "seed": 0}
     html_path = compare_episode(
-        episode, rollout_mp4, root / "report", model="tiny", settings=settings, timings={"generate_s": 1.5}
-    )
+        episode, rollout_mp4, root / "report", model="tiny", settings=settings, timings={"generate_s": 1.5},
+        reconstruction=SMALL_SFM,
+    )  # fmt: skip
     return {"root": root, "episode": episode, "rollout": rollout_mp4, "html": html_path}

@@ -21,6 +21,7 @@ from lingbot_cli.main import main as cli
 from tests.comparison.scene import write_episode
 from tests.report_checks import tiny_record
 
+SFM = ["--sfm-trials", "1"]  # one reconstruction trial per episode: the test's time
 CHROMIUM = next((path for name in ("chromium", "chromium-browser", "google-chrome")
                  if (path := shutil.which(name))), None)  # fmt: skip
 
@@ -42,7 +43,7 @@ def dataset(tmp_path_factory, commanded_poses, rendered, rendered_mirrored):
     (broken / "rollout.mp4").write_bytes(b"not a video")
     write_episode(root / "run2" / "no_rollout", commanded_poses, rendered)  # not replayed yet: not listed
     out = root / "report"
-    assert cli(["compare", "--dataset", str(root), "--out", str(out), "--no-progress"]) == 0
+    assert cli(["compare", "--dataset", str(root), "--out", str(out), "--no-progress", *SFM]) == 0
     return {"root": root, "out": out, "html": out / "dataset.html",
             "json": json.loads((out / "dataset.json").read_text())}  # fmt: skip
 
@@ -63,9 +64,17 @@ def test_dataset_numbers_equal_the_episode_reports(dataset):
         assert row["rotation_error_consecutive_deg"] == rollout["consecutive"]["rotation_error_deg"]["median"]
         assert row["estimation_failures"] == rollout["first_to_k"]["failed"] + rollout["consecutive"]["failed"]
         assert row["compared_frames"] == report["compared_frames"] == 17
+        whole = report["camera_fidelity"]["whole_clip"]["rollout"]
+        assert row["whole_clip_status"] == whole["status"] == "reconstructed"
+        assert row["rot_err_deg_per_frame"] == whole["summary"]["rot_err_deg_per_frame"]["mean"]
+        assert row["scale_vs_command"] == whole["summary"]["scale_vs_command"]["mean"]
+        assert row["seconds"] == report["timings"]["comparison"]["total_s"]
     good, bad = rows[1], rows[0]
     assert bad["made_by"].startswith("unknown") and not good["made_by"].startswith("unknown")
     assert good["rotation_error_deg"] < 2.0 < bad["rotation_error_deg"]
+    # whole clip: the mirrored pan turns frame k by 40 deg x k/16 against the command: 20 deg per frame
+    assert good["rot_err_deg_per_frame"] < 0.5 and bad["rot_err_deg_per_frame"] == pytest.approx(20.0, abs=1.0)
+    assert good["scale_vs_command"] == pytest.approx(1.0, abs=0.05)
     assert good["psnr_db"] > bad["psnr_db"]
     totals = data["totals"]
     assert totals["episodes"] == 3 and totals["compared"] == 2 and totals["not_compared"] == 1
@@ -79,7 +88,7 @@ def test_rerun_keeps_up_to_date_reports(dataset):
     out = dataset["out"]
     report = out / "episodes" / "run1__good" / "report.json"
     before = report.stat().st_mtime_ns
-    assert cli(["compare", "--dataset", str(dataset["root"]), "--out", str(out), "--no-progress"]) == 0
+    assert cli(["compare", "--dataset", str(dataset["root"]), "--out", str(out), "--no-progress", *SFM]) == 0
     assert report.stat().st_mtime_ns == before
     assert json.loads((out / "dataset.json").read_text())["episodes"] == dataset["json"]["episodes"]
 
@@ -99,7 +108,7 @@ def test_dataset_report_renders_in_chromium(dataset, tmp_path):
     assert "<title>lingbot-isaac dataset evaluation:" in dom
     assert 'id="episodes"' in dom and dom.count('class="episode"') == 2
     assert dom.index('href="episodes/run1__bad/report.html"') < dom.index('href="episodes/run1__good/report.html"')
-    assert dom.count('class="plot histogram"') == 5 and 'id="tiny-model-note"' in dom
+    assert dom.count('class="plot histogram"') == 10 and 'id="tiny-model-note"' in dom
     assert 'id="not-compared"' in dom and "broken" in dom
     # what made the rollouts: the single report's provenance block, once per model
     assert 'id="made-by"' in dom and dom.count("What made this rollout") == 2

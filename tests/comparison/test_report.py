@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from comparison.episode_input import EpisodeError
-from comparison.report import SCHEMA, TINY_NOTE, compare_episode, write_summary
+from comparison.report import SCHEMA, TINY_NOTE, compare_episode
 from comparison.side_by_side import GAP, label_height
+from comparison.summary import write_summary
 from comparison.video_io import read_video, write_video
 from contracts.provenance import with_job, write_record
-from tests.comparison.conftest import FRAMES, HEIGHT, WIDTH
+from tests.comparison.conftest import FRAMES, HEIGHT, SMALL_SFM, WIDTH
 from tests.comparison.scene import write_episode
 from tests.report_checks import tiny_record
 
@@ -47,6 +48,18 @@ def test_report_files_and_numbers(report_case):
         assert len(fidelity[source]["first_to_k"]) == FRAMES - 1
         assert summary["first_to_k"]["rotation_error_deg"]["median"] < 1.0, (source, summary)
     assert fidelity["rollout"]["frame_size"] == [176, 320], "the estimator sees the rollout at its own size"
+    # the whole clip: the rollout follows the command (same path, resized, a little noise): scale ~1
+    whole = fidelity["whole_clip"]
+    assert whole["status"] == "reconstructed" and whole["run"]["frame_size"] == [176, 320]
+    for source in ("rollout", "control"):
+        summary = whole[source]["summary"]
+        assert whole[source]["trials_reconstructed"] == 2 and summary["registered_ratio"]["min"] == 1.0
+        assert summary["rot_err_deg_per_frame"]["max"] < 0.5, (source, summary)
+        assert summary["rot_err_deg"]["trials"] == 2
+        assert len(whole[source]["per_frame"]["rotation_error_deg"]) == FRAMES
+    assert whole["rollout"]["summary"]["scale_vs_command"]["mean"] == pytest.approx(1.0, abs=0.05)
+    assert fidelity["pairwise_role"].startswith("a second view")
+    assert report["timings"]["comparison"]["whole_clip_reconstruction_s"] > 0
     assert report["settings"]["generation"]["steps"] == 4
     assert report["timings"]["generation"] == {"generate_s": 1.5}
     assert report["timings"]["comparison"]["total_s"] > 0
@@ -94,6 +107,9 @@ def test_html_is_self_contained(report_case):
         "plot-rotation-consecutive",
         "plot-rotation-first-to-k",
         "plot-translation-first-to-k",
+        "whole-clip",
+        "plot-sfm-rotation",
+        "plot-sfm-position",
         "settings",
         "timings",
     ):
@@ -105,7 +121,9 @@ def test_noise_rollout_without_sim_frames(tmp_path, commanded_poses, rendered):
     count = 9
     episode = write_episode(tmp_path / "no_sim", commanded_poses[:count], sim_frames=None)
     noise = np.random.default_rng(0).integers(0, 256, (count, HEIGHT, WIDTH, 3), dtype=np.uint8)
-    html_path = compare_episode(episode, write_video(tmp_path / "noise.mp4", noise), tmp_path / "out")
+    html_path = compare_episode(
+        episode, write_video(tmp_path / "noise.mp4", noise), tmp_path / "out", reconstruction=SMALL_SFM
+    )
     report = strict_json(html_path.with_name("report.json"))
     assert report["model"] is None and report["tiny_model"] is False and report["provenance"] is None
     assert any("No provenance record" in note for note in report["notes"])
@@ -115,8 +133,14 @@ def test_noise_rollout_without_sim_frames(tmp_path, commanded_poses, rendered):
     assert len(rollout["consecutive"]) == count - 1
     assert rollout["summary"]["consecutive"]["failed"] >= count // 2
     assert all(p["reason"] for p in rollout["consecutive"] if p["status"] == "failed")
+    whole = report["camera_fidelity"]["whole_clip"]  # noise is "not reconstructed", with why, not a number
+    assert whole["status"] == "not reconstructed" and whole["control"] is None
+    assert "geometric verification" in whole["rollout"]["reason"] and whole["rollout"]["summary"] == {}
+    assert report["camera_fidelity"]["pairwise_role"] == "the camera numbers"
     page = html_path.read_text()
     assert "failed" in page and "no sim frames" in page and TINY_NOTE not in page
+    assert "not reconstructed: no pair of frames passed geometric verification" in page
+    assert "Camera fidelity, pairwise (the fallback: the whole clip was not reconstructed)" in page
     frames, _ = read_video(html_path.with_name("side_by_side.mp4"))
     assert frames.shape == (count, HEIGHT + label_height(WIDTH), WIDTH, 3), "only the world-model panel"
 
@@ -124,7 +148,9 @@ def test_noise_rollout_without_sim_frames(tmp_path, commanded_poses, rendered):
 def test_png_frame_folder_and_summary(tmp_path, report_case, commanded_poses, rendered):
     count = 6
     episode = write_episode(tmp_path / "pngs", commanded_poses[:count], rendered[:count], frames_as="png")
-    html_path = compare_episode(episode, report_case["rollout"], tmp_path / "pngs_report", model="ckpt-A")
+    html_path = compare_episode(
+        episode, report_case["rollout"], tmp_path / "pngs_report", model="ckpt-A", whole_clip=False
+    )
     report = strict_json(html_path.with_name("report.json"))
     assert report["episode"]["sim_source"] == "frames/" and report["compared_frames"] == count
     assert "tiny" not in json.dumps(report["notes"])
@@ -137,6 +163,8 @@ def test_png_frame_folder_and_summary(tmp_path, report_case, commanded_poses, re
     assert summary["tiny_model"] is True
     first = summary["episodes"][0]
     assert first["rollout"]["first_to_k"]["rotation_error_deg"]["median"] < 1.0
+    assert first["whole_clip_status"] == "reconstructed" and first["whole_clip"]["rot_err_deg_per_frame"] < 0.5
+    assert summary["episodes"][1]["whole_clip_status"] == "not reconstructed"  # switched off for it
     page = summary_html.read_text()
     assert "href='pngs_report/report.html'" in page
     assert page.count("src='data:image/jpeg;base64,") == 2
@@ -173,9 +201,10 @@ def test_rollout_sidecar_and_episode_json_sim_frames(tmp_path, commanded_poses, 
         {"client": "replay", "id": "j-1", "seconds": 12.5, "server_seconds": 11.0},
     )
     write_record(rollout, record)  # as `lingbot-isaac replay` leaves it
-    out = compare_episode(episode, rollout, tmp_path / "out")
+    out = compare_episode(episode, rollout, tmp_path / "out", whole_clip=False)
     report = strict_json(out.with_name("report.json"))
     assert report["provenance"]["job"]["id"] == "j-1"
+    assert "switched off" in report["camera_fidelity"]["whole_clip"]["reason"]
     assert report["model"] == "lingbot-world base, tiny (random weights), bf16 checkpoint layout"
     assert report["tiny_model"] is True, "the noise banner follows the record"
     assert report["settings"]["generation"]["steps"] == 4
@@ -187,14 +216,16 @@ def test_rollout_sidecar_and_episode_json_sim_frames(tmp_path, commanded_poses, 
         assert f"setting: {key}" in top and str(value if not isinstance(value, list) else value[0]) in top
     assert "81 frames asked, 5 poses: generating 5" in top
     # given values win over the sidecar
-    given = compare_episode(episode, rollout, tmp_path / "out2", settings={"steps": 4}, timings={})
+    given = compare_episode(episode, rollout, tmp_path / "out2", settings={"steps": 4}, timings={}, whole_clip=False)
     assert strict_json(given.with_name("report.json"))["settings"]["generation"] == {"steps": 4}
 
     (episode / "rollout.json").write_text("{broken")
-    report = strict_json(compare_episode(episode, rollout, tmp_path / "out3").with_name("report.json"))
+    report = strict_json(
+        compare_episode(episode, rollout, tmp_path / "out3", whole_clip=False).with_name("report.json")
+    )
     assert any("rollout.json beside the rollout is not readable JSON" in note for note in report["notes"])
 
     meta = json.loads((episode / "episode.json").read_text())
     (episode / "episode.json").write_text(json.dumps({**meta, "sim_frames": "frames"}))
     with pytest.raises(EpisodeError, match=r"says sim_frames \"frames\" but .*frames is missing"):
-        compare_episode(episode, rollout, tmp_path / "out4")
+        compare_episode(episode, rollout, tmp_path / "out4", whole_clip=False)

@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import pytest
 
-from comparison.report import write_summary
+from comparison.summary import write_summary
 
 CHROMIUM = next(
     (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
@@ -66,7 +66,10 @@ def test_report_dom_has_the_key_elements(tmp_path, report_case):
     assert '<video id="side-by-side"' in dom and '<source src="side_by_side.mp4"' in dom  # beside the page
     assert '<table id="summary">' in dom and '<table id="camera-summary">' in dom
     assert '<table id="per-frame">' in dom
-    assert dom.count('class="plot"') == 6  # PSNR, SSIM, rotation and translation x (consecutive, 0-to-k)
+    # PSNR, SSIM, whole-clip rotation and position, pairwise rotation and translation x (consecutive, 0-to-k)
+    assert dom.count('class="plot"') == 8
+    assert '<table id="whole-clip">' in dom and dom.count('class="whole-clip-ok"') == 2  # world model, control
+    assert "scale vs command" in dom and "RotErr" in dom and "CamMC" in dom
     assert 'id="tiny-model-note"' in dom and "tiny-model output is noise" in dom
     assert '<details open="" id="provenance">' in dom  # what made the rollout, at the top
     assert dom.count("<img ") == 2 * 8, "8 thumbnails of sim and world model, first to last frame"

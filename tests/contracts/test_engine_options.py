@@ -37,7 +37,8 @@ def test_defaults_mean_the_engines_choice():
         ({"vram_budget_gb": 0.0}, "for no budget"),
         ({"vram_budget_gb": True}, "vram_budget_gb"),
         ({"vram_budget_gb": float("nan")}, "vram_budget_gb"),
-        ({"devices": ["gpu0"]}, "'cpu', 'cuda' or 'cuda:N'"),
+        ({"devices": ["gpu0"]}, "device 'gpu0' must be one of auto (CUDA where there is a GPU, else the CPU), cpu"),
+        ({"devices": ["auto", "cuda:1"]}, "device 'auto' must be one of"),  # a two-GPU rollout names its GPUs
         ({"devices": []}, "devices must be a list"),
         ({"t5_on_cpu": "yes"}, "t5_on_cpu must be true or false"),
         ({"ckpt": ""}, "ckpt"),

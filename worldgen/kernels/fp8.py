@@ -33,6 +33,7 @@ import torch
 
 from contracts.engine_options import COMPUTES  # noqa: F401  (the one list; used by the pipeline)
 from worldgen.errors import InputError
+from worldgen.kernels import fused
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -87,6 +88,7 @@ def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @functools.cache
 def _compiled_quantize():
+    fused.allow_recompiles()
     # dynamic: one kernel for every Linear's shape (activations and weights alike)
     return torch.compile(_quantize_rows, dynamic=True, fullgraph=True)
 
@@ -164,6 +166,7 @@ def _quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @functools.cache
 def _compiled_quantize_tensor():
+    fused.allow_recompiles()
     # two kernels (the tensor's largest magnitude, then the scaled cast), no host synchronisation
     return torch.compile(_quantize_tensor, dynamic=False, fullgraph=True)
 

@@ -123,9 +123,25 @@ def camera_modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -
     return (1 + scale) * x + shift
 
 
+RECOMPILE_LIMIT = 64  # compiled variants kept per function (dynamo's default, 8, is too few here)
+
+
+def allow_recompiles() -> None:
+    """Let each compiled function keep RECOMPILE_LIMIT variants. Each has a few legitimate ones (bias or
+    gate present or None, float32 or bf16 inputs, each KV-window length of the FP8 path, the golden tiny
+    model's shapes beside the real ones); past dynamo's default of 8 a `fullgraph` function fails and
+    the job silently went eager for the rest of the process (seen on the H100: bench_fast --golden
+    before the rollouts, docs/benchmarks.md "Session 7: Fast")."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
+
+
 @functools.cache
 def _compiled(fn: Callable) -> Callable:
     import torch._inductor.config as inductor_config
+
+    allow_recompiles()
 
     # keep eager's bf16 roundings inside fused kernels (otherwise inductor skips down/up casts)
     inductor_config.emulate_precision_casts = True

@@ -183,11 +183,11 @@ class SelfAttention(nn.Module):
         # RMSNorm over the full width, then RoPE per head: one fused kernel each on CUDA
         q = fused.rms_norm_rope(self.q(x), self.norm_q.weight, *rope, self.norm_q.eps, self.num_heads).to(v.dtype)
         k = fused.rms_norm_rope(self.k(x), self.norm_k.weight, *rope, self.norm_k.eps, self.num_heads).to(v.dtype)
-        if kv is not None:
+        if kv is not None:  # the causal model: attend to the cache's window (this chunk's keys included)
             k, v = kv.update(k, v)
-        elif self.compute == "fp8":  # FP8 attention where cuDNN's kernel runs (worldgen.kernels.attention)
+        if self.compute == "fp8":  # FP8 attention where cuDNN's kernel runs (worldgen.kernels.attention)
             out = fp8_attention(q, k, v)
-            if out is not None:
+            if out is not None:  # e4m3 rows straight into the output projection's FP8 GEMM
                 return self.o(out)
         return self.o(attention(q, k, v, self.attention_backend))
 
@@ -359,6 +359,11 @@ class WanCameraDiT(nn.Module):
         cam = self.patch_embedding_wancamctrl(folded)
         return cam + self.c2ws_hidden_states_layer2(F.silu(self.c2ws_hidden_states_layer1(cam)))
 
+    def grid(self, x: torch.Tensor) -> tuple[int, int, int]:
+        """The token grid (frames, rows, columns) of a latent [B, C, F, H, W]."""
+        pf, ph, pw = self.cfg.patch_size
+        return x.shape[2] // pf, x.shape[3] // ph, x.shape[4] // pw
+
     def forward(
         self,
         x: torch.Tensor,
@@ -374,6 +379,30 @@ class WanCameraDiT(nn.Module):
         `context` is text embeddings (not yet zero-padded); `cam` the Plücker tensor or None.
         `cache`/`current_start`: the causal model's KV cache and the chunk's first token (see above).
         """
+        f, h, w = self.grid(x)
+        start_frame = 0
+        if cache is not None:
+            start_frame = current_start // (h * w)
+            cache.begin(current_start, f * h * w)
+        rope = rope_tables(self.cfg.head_dim, (f, h, w), x.device, start_frame)
+        out = self.forward_tokens(x, t, context, y, cam, cache, rope)
+        if cache is not None:
+            cache.commit()
+        return out
+
+    def forward_tokens(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        context: torch.Tensor | list[torch.Tensor] | None,
+        y: torch.Tensor,
+        cam: torch.Tensor | None,
+        cache: KVCache | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """`forward` once its RoPE tables are made and the cache has begun this call (`KVCache.begin`):
+        device work only, no host decisions that change between calls of the same shape and cache
+        step, so a chunk's forward can be captured as a CUDA graph (`worldgen.models.chunk_graph`)."""
         cfg = self.cfg
         dtype = self.compute_dtype
         inp = torch.cat([x, y], dim=1).to(dtype)
@@ -396,11 +425,6 @@ class WanCameraDiT(nn.Module):
         cam_tokens = None if cam is None or cached else self.embed_camera(cam[:1].to(dtype))
         if camera_cache is not None and not cached:
             camera_cache.restart(cam)
-        start_frame = 0
-        if cache is not None:
-            start_frame = current_start // (h * w)
-            cache.begin(current_start, tokens.shape[1])
-        rope = rope_tables(cfg.head_dim, (f, h, w), tokens.device, start_frame)
         for i, block in enumerate(self.blocks):
             block_cam = cam_tokens
             if camera_cache is not None:
@@ -408,8 +432,6 @@ class WanCameraDiT(nn.Module):
                     camera_cache.blocks[i] = block.camera_modulation(cam_tokens)
                 block_cam = camera_cache.blocks[i]
             tokens = block(tokens, e0, rope, text, block_cam, None if cache is None else cache.layers[i])
-        if cache is not None:
-            cache.commit()
         out = self.head(tokens, e)
         return unpatchify(out, (f, h, w), cfg.patch_size, cfg.out_dim)
 

@@ -95,14 +95,17 @@ class LayerKV:
             setattr(self, name, new)
             del old
 
+    def shift(self, step: _Step) -> None:
+        """Evict `step.evict` slots after the sink: the kept ones move left (clone: they overlap)."""
+        sink, ev, kept = step.sink, step.evict, step.kept
+        for t in self._tensors():
+            t[:, sink : sink + kept] = t[:, sink + ev : sink + ev + kept].clone()
+
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this call's rotated keys and values [1, L, n, d]; return the window to attend to."""
         step = self.owner.step
         if step.evict:
-            # shift left past the sink; clone: source and destination overlap
-            sink, ev, kept = step.sink, step.evict, step.kept
-            for t in self._tensors():
-                t[:, sink : sink + kept] = t[:, sink + ev : sink + ev + kept].clone()
+            self.shift(step)
         start, end = step.write_start, step.write_end
         if self.fp8:
             for value, store, scale in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
@@ -197,6 +200,23 @@ class KVCache:
         window = spec.max_attention_tokens or capacity
         self.step = _Step(local_end - num_tokens, local_end, max(0, local_end - window), evict, kept, sink)
         self._pending = (current_end, local_end)
+
+    def evict_now(self) -> None:
+        """Do the begun call's eviction on every layer now, so its `update`s only write: the slots a
+        call writes and reads are then the same for every call of a steady chunk loop (what a captured
+        chunk forward needs, `worldgen.models.chunk_graph`). The same slots end up in the same places."""
+        step = self.step
+        if step is None or not step.evict:
+            return
+        for layer in self.layers:
+            layer.shift(step)
+        self.step = dataclasses.replace(step, evict=0, kept=0, sink=0)
+
+    @property
+    def storage_key(self) -> tuple:
+        """What a captured forward depends on beside the step: which buffers, at which capacity."""
+        first = self.layers[0]
+        return (id(self), self.capacity, first.k.data_ptr())
 
     def close(self) -> None:
         """Free every slot now (layers point back at the cache, so dropping it alone would wait for gc)."""

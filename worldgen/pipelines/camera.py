@@ -145,8 +145,16 @@ def resample_poses(poses: np.ndarray, num_targets: int) -> torch.Tensor:
     predecessor first, so no interpolation takes the long way round), all in float64.
     """
     n = len(poses)
+    return resample_poses_at(poses, np.linspace(0, n - 1, num_targets))
+
+
+def resample_poses_at(poses: np.ndarray, target_index: np.ndarray) -> torch.Tensor:
+    """[n,4,4] poses sampled at fractional indices `target_index` (within 0..n-1) -> float32 [m,4,4]
+    (`resample_poses`' interpolation; each target reads only the two poses around it, so a prefix of
+    the poses gives the same values for the targets it covers: a live job, `fast_live`)."""
+    n = len(poses)
     source_index = np.linspace(0, n - 1, n)
-    target_index = np.linspace(0, n - 1, num_targets)
+    num_targets = len(target_index)
     translation = interp1d(
         source_index, poses[:, :3, 3], axis=0, kind="linear", bounds_error=False, fill_value="extrapolate"
     )(target_index)

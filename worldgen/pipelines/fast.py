@@ -26,6 +26,7 @@ from PIL import Image
 
 from contracts.settings import GenerationSettings
 from worldgen.errors import InputError
+from worldgen.models.chunk_graph import ChunkGraphs, enabled_by_environment
 from worldgen.models.dit import DiTConfig
 from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
 from worldgen.models.vae import StreamingDecoder, StreamingEncoder
@@ -37,6 +38,7 @@ from worldgen.pipelines.camera import (
     scale_intrinsics,
     validate_camera,
 )
+from worldgen.pipelines.decode_overlap import PendingDecode
 from worldgen.pipelines.fast_plan import (
     LOOP_MARGIN_GIB,
     FastFrames,
@@ -91,6 +93,13 @@ class FastPipeline(Pipeline):
         self.timings: dict[str, float] = {}  # seconds per part of the last `generate` (see _Clock)
         self.encode_tile_pixels: int | None = None  # VAE tiles before the loop / during it (None: whole frames)
         self.decode_tile_pixels: int | None = None
+        # Opt-in (LINGBOT_ISAAC_CHUNK_GRAPHS=1, or set it): captured forwards and the decode overlap have not
+        # yet been measured working on a GPU (docs/benchmarks.md, session 7); every forward eager by default.
+        self.use_chunk_graphs = enabled_by_environment()
+        self.graph_room = True  # whether the plan has room for a captured forward's pool / a decode beside it
+        self.overlap_decode = enabled_by_environment()  # False: each chunk decodes after its forwards, same stream
+        self.chunk_graphs: ChunkGraphs | None = None  # the last rollout's (its `decisions`, `captures`)
+        self.chunk_timings: list[dict[str, float]] = []  # seconds per chunk of the last `generate`
 
     # -- memory ------------------------------------------------------------------------------------
     def plan_job(self, latent_frames: int, lat_h: int, lat_w: int, options: FastOptions) -> CacheSpec:
@@ -131,6 +140,11 @@ class FastPipeline(Pipeline):
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.vae_cut, self.stream_encode = cut, stream_encode
+        # a captured forward's pool, or a decode beside the forwards, only without a budget: at 24 GiB
+        # on the H100 the pool (1.24 GiB at 4,524 tokens) made chunk 1's encode and decode run out of
+        # memory although the plan's arithmetic had room (the allocator held 3.3-3.6 GiB it could not
+        # use), docs/benchmarks.md "Session 7: Fast"
+        self.graph_room = usable is None
         self.decode_tile_pixels = cut.tile_pixels
         if stream_encode or usable is None:
             self.encode_tile_pixels = cut.tile_pixels
@@ -183,6 +197,13 @@ class FastPipeline(Pipeline):
             )
         return best[1:]
 
+    def _decode_stream(self) -> torch.cuda.Stream | None:
+        """A second CUDA stream for the chunk decodes when they may run beside the DiT: on CUDA, asked
+        for (`overlap_decode`), and with room in the plan for a decode beside a forward's activations."""
+        if self.device.type != "cuda" or not (self.overlap_decode and self.graph_room):
+            return None
+        return torch.cuda.Stream(self.device)
+
     def describe_plan(self) -> str:
         """The base plan's lines with the denoise line for the chunk loop and the KV cache added."""
         cut = getattr(self, "vae_cut", None)
@@ -231,7 +252,7 @@ class FastPipeline(Pipeline):
         noise: torch.Tensor,
         y: torch.Tensor | Callable[[int], torch.Tensor],
         context: torch.Tensor,
-        plucker: torch.Tensor | None,
+        plucker: torch.Tensor | Callable[[int], torch.Tensor | None] | None,
         options: FastOptions,
         generator: torch.Generator | None = None,
         renoise_draws: torch.Tensor | None = None,
@@ -243,7 +264,10 @@ class FastPipeline(Pipeline):
         [20, chunk_frames, lat_h, lat_w] (called in order, chunk 1's call while the cache still holds
         one chunk: see `ChunkConditioning`). Re-noising draws come from `generator` (CPU, so the
         result does not depend on the device), or from `renoise_draws`
-        [chunks, steps-1, 16, chunk_frames, lat_h, lat_w] when given.
+        [chunks, steps-1, 16, chunk_frames, lat_h, lat_w] when given. `plucker` may also be a function
+        giving chunk c's camera [1, 384, chunk_frames, lat_h, lat_w] (called in order, before anything of
+        chunk c runs; it may wait for poses: a live job, `worldgen.pipelines.fast_live`), or None when
+        there is no chunk c: the rollout then ends after the chunks made so far.
         """
         schedule = fast_schedule(options.shift, options.timestep_indices)
         _, lat_f, lat_h, lat_w = noise.shape
@@ -254,6 +278,8 @@ class FastPipeline(Pipeline):
         frame_tokens = (lat_h // 2) * (lat_w // 2)
         model = self.residency.use("fast")
         cache = self.new_cache(lat_f, frame_tokens, options, model.compute_dtype)
+        # steady chunks replay a captured CUDA graph (worldgen.models.chunk_graph): the same numbers
+        forward = self.chunk_graphs = ChunkGraphs(model, allowed=self.use_chunk_graphs and self.graph_room)
         device, steps = self.device, len(schedule.timesteps)
         context = [context.to(device)]
         total = chunks * (steps + 1) - 1  # no refresh after the last chunk
@@ -261,15 +287,21 @@ class FastPipeline(Pipeline):
         try:
             for c in range(chunks):
                 frames = slice(c * n, (c + 1) * n)
+                if callable(plucker):  # a live camera: chunk c starts once its poses are there
+                    cam_c = plucker(c)
+                    if cam_c is None:
+                        break
+                    cam_c = cam_c.to(device)
                 y_c = (y(c) if callable(y) else y[:, frames]).to(device)[None]
                 if c > 0:  # chunk 0 runs in a one-chunk cache (the rest of the conditioning encodes beside it)
                     cache.grow()
-                cam_c = None if plucker is None else plucker[:, :, frames].to(device)
+                if not callable(plucker):
+                    cam_c = None if plucker is None else plucker[:, :, frames].to(device)
                 start = c * n * frame_tokens
                 x_t = noise[:, frames].to(device, torch.float32)
                 for s, t in enumerate(schedule.timesteps):
                     timestep = torch.tensor([t], dtype=torch.int64, device=device)
-                    flow = model(x_t[None], timestep, context, y_c, cam_c, cache=cache, current_start=start)[0]
+                    flow = forward(x_t[None], timestep, context, y_c, cam_c, cache=cache, current_start=start)[0]
                     x0 = (x_t.double() - schedule.sigmas_x0[s] * flow.double()).to(torch.float32)
                     del flow
                     if s + 1 < steps:
@@ -285,13 +317,65 @@ class FastPipeline(Pipeline):
                 if c + 1 < chunks:
                     # refresh: the cache gets the clean chunk's keys/values (output discarded)
                     zero = torch.zeros(1, dtype=torch.int64, device=device)
-                    model(x0[None], zero, context, y_c, cam_c, cache=cache, current_start=start)
+                    forward(x0[None], zero, context, y_c, cam_c, cache=cache, current_start=start)
                     progress("denoise", (c + 1) * (steps + 1), total)
         finally:  # also when the consumer stops early (a cancelled job)
+            forward.close()
             cache.close()
             free_device_memory(device)
-        model = None
+        model = forward.model = None
         self.residency.phase_done("denoise")
+
+    @torch.no_grad()
+    def warm_up(self, settings: GenerationSettings | None = None, image_size: tuple[int, int] | None = None) -> float:
+        """Compile what a job of `settings` with an image of `image_size` (H, W; default the model frame)
+        runs, before any job: the DiT's forward on random inputs at the job's shapes, under the plan the
+        job gets, once per chunk (each a new KV-window length), then once more on the last (the CUDA-graph
+        capture). The fused kernels, FP8 quantizers, cuDNN graphs and the compile cache fill
+        (`worldgen.runtime.compile_cache`); no job's numbers change. The VAE and umT5 compile nothing.
+        -> seconds taken."""
+        import warnings
+
+        from contracts.model_frame import MODEL_FRAME
+        from worldgen.pipelines.request import latent_size
+
+        start = time.perf_counter()
+        settings = settings or GenerationSettings(model="fast")
+        lat_h, lat_w = latent_size(image_size or MODEL_FRAME, settings.max_area)
+        frame_tokens = (lat_h // 2) * (lat_w // 2)
+        options = FastOptions.from_settings(settings, frame_tokens)
+        with warnings.catch_warnings():  # the job says it when its frames get rounded
+            warnings.simplefilter("ignore")
+            frames = fast_frames(settings.frame_num, None, options.chunk_frames)
+        on_plan, self.on_plan = self.on_plan, None
+        try:
+            self.plan_job(frames.latent_frames, lat_h, lat_w, options)
+        finally:
+            self.on_plan = on_plan
+        model = self.residency.use("fast")
+        cache = self.new_cache(frames.latent_frames, frame_tokens, options, model.compute_dtype)
+        forward = ChunkGraphs(model, allowed=self.use_chunk_graphs and self.graph_room)
+        device, n = self.device, options.chunk_frames
+        generator = torch.Generator("cpu").manual_seed(0)
+        context = [torch.zeros(self.text_len, model.text_embedding[0].in_features, device=device)]
+        x = torch.randn(1, 16, n, lat_h, lat_w, generator=generator).to(device)
+        y = torch.zeros(1, 20, n, lat_h, lat_w, device=device)
+        cam = torch.zeros(1, 384, n, lat_h, lat_w, device=device)
+        t = torch.full((1,), 999, dtype=torch.int64, device=device)
+        chunks = frames.latent_frames // n
+        try:
+            for c in range(chunks):
+                if c > 0:
+                    cache.grow()
+                for _ in range(2 if c == chunks - 1 else 1):
+                    forward(x, t, context, y, cam, cache=cache, current_start=c * n * frame_tokens)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        finally:
+            forward.close()
+            cache.close()
+            free_device_memory(device)
+        return time.perf_counter() - start
 
     # -- all of it ---------------------------------------------------------------------------------
     def generate(
@@ -307,16 +391,22 @@ class FastPipeline(Pipeline):
         negative_context: torch.Tensor | None = None,
         options: FastOptions | None = None,
         on_chunk: ChunkCallback | None = None,
+        camera: Callable[[int], torch.Tensor | None] | None = None,
     ) -> torch.Tensor:
         """-> video [3, F, H, W] float32 in [-1, 1] on the CPU (see `Pipeline.generate`).
 
         `settings` gives size, frame_num, seed, shift and the Fast knobs (steps, guidance, boundary and
         the negative prompt do not apply); `options`, when given, replaces those knobs. `on_chunk(i, n, frames)` gets every chunk's decoded
         frames [3, f, H, W] as soon as they exist (the first chunk has 9 frames, the others 12).
+        `camera(c)`, instead of `poses`/`intrinsics`: chunk c's camera as it becomes known (a live job,
+        `worldgen.pipelines.fast_live.LiveCamera`); `settings.frame_num` is then the planned length and
+        the video ends early when `camera` returns None.
         """
         settings = settings or GenerationSettings(model="fast")
         progress = progress or _no_progress
         clock = _Clock(self.device)
+        if camera is not None and poses is not None:
+            raise InputError("a live camera replaces poses: give one or the other")
         poses, intrinsics = validate_camera(poses, intrinsics)
         chunk_frames = (options or FastOptions()).chunk_frames
         frames = fast_frames(settings.frame_num, None if poses is None else len(poses), chunk_frames)
@@ -335,7 +425,9 @@ class FastPipeline(Pipeline):
         lat_h, lat_w = h // 8, w // 8
         options = options or FastOptions.from_settings(settings, (lat_h // 2) * (lat_w // 2))
         self.plan_job(frames.latent_frames, lat_h, lat_w, options)
-        plucker = None if poses is None else fast_camera(poses, intrinsics, frames, h, w)
+        plucker = (
+            camera if camera is not None else None if poses is None else fast_camera(poses, intrinsics, frames, h, w)
+        )
 
         if self.stream_encode:  # chunk 0's frames inside the loop, the rest after chunk 0's preview
             y = ChunkConditioning(self, image_resized, frames.frames, options.chunk_frames, clock, progress)
@@ -369,25 +461,52 @@ class FastPipeline(Pipeline):
         with self.meter.phase("loop"):  # the DiT chunk loop, each chunk decoded as soon as it is done
             decoder = None
             streaming = True
+            self.chunk_timings = []
+            before = dict(clock.seconds)
+            # chunks 1.. decode on a second CUDA stream beside the next chunk's forwards where the plan
+            # leaves room for both at once (`graph_room`); chunk 0 decodes at once (its preview first)
+            side = self._decode_stream()
+            pending: PendingDecode | None = None
             for latent in self.rollout_chunks(noise, y, context, plucker, options, generator, progress=progress):
                 clock.lap("dit")
                 latents.append(latent.cpu())
+                timing: dict[str, float] = {"overlap": 0.0}
+                if pending is not None:  # the previous chunk's decode ran beside this chunk's forwards
+                    self.chunk_timings[-1]["overlap"] = pending.hidden_seconds()
+                    emit(pending.frames())
+                    pending = None
                 if streaming:
                     try:
                         decoder = decoder or StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels)
-                        piece = decoder.push(latent[None].to(next(decoder.vae.parameters()).device))[0].cpu()
+                        vae_device = next(decoder.vae.parameters()).device
+                        if side is None:
+                            emit(decoder.push(latent[None].to(vae_device))[0].cpu())
+                        else:
+                            pending = PendingDecode(decoder, latent.to(vae_device), side)
+                            if len(latents) == 1:  # the first preview as soon as it exists
+                                emit(pending.frames())
+                                pending = None
                     except torch.OutOfMemoryError as exc:
                         # the plan's estimate was short: finish the loop, then decode every chunk again
                         # with the same tiles once the KV cache is gone (so the same video)
-                        streaming, decoder = False, None
+                        streaming, decoder, pending = False, None, None
                         free_device_memory(self.device)
                         self.plan.notes += (
                             f"decoding chunk {len(latents) - 1} beside the KV cache ran out of memory "
                             f"({str(exc).splitlines()[0][:240]}): chunks decoded after the loop",
                         )
-                    else:
-                        emit(piece)
                 clock.lap("decode")
+                # this chunk's share (its forwards and the refresh before it, its encode, its decode:
+                # with a second stream, launching it and waiting for the previous chunk's to finish)
+                spent = {k: clock.seconds.get(k, 0.0) - before.get(k, 0.0) for k in ("dit", "encode", "decode")}
+                self.chunk_timings.append({**spent, **timing, "wall": sum(spent.values())})
+                before = dict(clock.seconds)
+            if pending is not None:  # the last chunk's decode: nothing left to overlap it with
+                emit(pending.frames())
+                pending = None
+                clock.lap("decode")
+                self.chunk_timings[-1]["decode"] += clock.seconds["decode"] - before["decode"]
+                self.chunk_timings[-1]["wall"] += clock.seconds["decode"] - before["decode"]
             if not streaming:
                 decoder, done = StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels), len(pieces)
                 device = next(decoder.vae.parameters()).device
@@ -402,6 +521,7 @@ class FastPipeline(Pipeline):
             self.residency.phase_done("decode")
         clock.mark("total")
         self.timings = clock.seconds
+        self.last_latents = latents  # each chunk's final latent (CPU), for comparisons (bench_fast)
         return torch.cat(pieces, dim=1)
 
 
@@ -461,8 +581,8 @@ class _Clock:
         self.seconds: dict[str, float] = {}
 
     def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":  # the loop's stream only: a decode on the second one goes on
+            torch.cuda.current_stream(self.device).synchronize()
         return time.perf_counter()
 
     def lap(self, name: str) -> None:

@@ -14,7 +14,14 @@ from typing import Any
 import torch
 
 from contracts.checkpoint_layout import TINY_CHECKPOINTS
-from contracts.engine_options import MODELS, TORCH_DTYPE_NAMES, EngineOptions, canonical_compute
+from contracts.engine_options import (
+    AUTO_DEVICE,
+    DEVICE_HELP,
+    MODELS,
+    TORCH_DTYPE_NAMES,
+    EngineOptions,
+    canonical_compute,
+)
 from worldgen.errors import InputError
 from worldgen.models.dit import DiTConfig
 from worldgen.models.tokenizer import PromptTokenizer
@@ -26,6 +33,24 @@ from worldgen.runtime.residency import ModelSlot, ResidencyPolicy
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """None or "auto": CUDA where there is a GPU, else the CPU; a CUDA device this machine (or this
+    PyTorch build) does not have is an InputError of one line, before anything touches CUDA."""
+    if device is None or str(device) == AUTO_DEVICE:
+        return default_device()
+    try:
+        device = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise InputError(f"device {device!r}: use one of {DEVICE_HELP}") from None
+    if device.type == "cuda":
+        from worldgen.pipelines.multi_gpu import check_devices
+
+        check_devices([str(device)])
+    elif device.type != "cpu":
+        raise InputError(f"device {str(device)!r}: use one of {DEVICE_HELP}")
+    return device
 
 
 def resolve_checkpoint(ckpt: str | Path) -> tuple[Path, bool]:
@@ -84,7 +109,7 @@ def load_pipeline(
             raise InputError(f"devices {list(devices)}: a rollout uses one or two devices")
         check_devices(devices)
         device = devices[0]
-    device = torch.device(device) if device is not None else default_device()
+    device = resolve_device(device)
     from worldgen.kernels.fp8 import COMPUTES, check_dtype, check_supported
 
     compute = canonical_compute(compute) or "exact"  # None: the engine's choice, the exact path
@@ -96,6 +121,10 @@ def load_pipeline(
         for name in devices or [device]:
             check_supported(name)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    if device.type == "cuda":  # compiled kernels kept under the user's cache folder across processes
+        from worldgen.runtime.compile_cache import use_persistent_cache
+
+        use_persistent_cache()
     if model not in MODELS:
         raise InputError(f"model {model!r} is unknown: use one of {', '.join(MODELS)}")
     root, is_tiny = resolve_checkpoint(ckpt)

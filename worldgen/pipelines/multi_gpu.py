@@ -91,12 +91,15 @@ def check_devices(devices: Sequence[str]) -> None:
     wanted = [torch.device(d) for d in devices if torch.device(d).type == "cuda"]
     if not wanted:
         return
-    names = ", ".join(devices)
+    names = f"device{'s' if len(devices) > 1 else ''} {', '.join(devices)}"
     if not torch.cuda.is_available():
-        raise InputError(f"devices {names}: this machine has no CUDA GPU (PyTorch {torch.__version__}); use cpu")
+        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, no GPU visible"
+        raise InputError(
+            f"{names}: this machine has no CUDA GPU (PyTorch {torch.__version__}: {build}); use cpu (or auto)"
+        )
     count = torch.cuda.device_count()
     if max(d.index or 0 for d in wanted) >= count:
-        raise InputError(f"devices {names}: this machine has {count} CUDA GPU(s) (indices 0..{count - 1})")
+        raise InputError(f"{names}: this machine has {count} CUDA GPU(s) (indices 0..{count - 1})")
 
 
 class GuidanceDevice:

@@ -1,0 +1,199 @@
+"""Live mode at real-time pace: a live job (model fast) fed 16 poses a second, as a simulation would.
+
+Usage:
+  CPU, tiny model (runs anywhere; its figures only show the machinery):
+    python bench/bench_live.py --frame-num 33
+  The lent H100: synthetic full-size Fast (bench/synthetic_checkpoint.py), 480x832, a 24 GiB budget:
+    python bench/bench_live.py --ckpt /tmp/fast-synth --build-synthetic --device cuda --vram-budget 24 \\
+        --size 480*832 --frame-num 81 --startup-timeout 1800 --json out/bench_live.json
+
+A real `lingbot-isaac serve` subprocess ([worker] model fast, warm: one short job first so the Fast DiT,
+umT5 and the VAE are resident before the clock starts). The client opens a live job with the episode's
+first frame (default data/sample_room; its path is continued at its last velocity when --frame-num asks
+for more poses) and sends one pose every 1/16 s times 1/--pace (each pose in its own batch, as a
+simulation step would). Per chunk it prints the pose-to-pixels latency (the server's: from the chunk's
+last pose arriving to its `chunk` message leaving; and the client's: from sending that pose to holding
+the chunk) and how far behind the model was. The server keeps up when it makes chunks at least as fast
+as the poses complete them (16 / 12 = 1.33 chunks a second at pace 1) and the lag does not grow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bridge.client import Client  # noqa: E402
+from bridge.episode_payload import EpisodePayload  # noqa: E402
+from bridge.job_events import Result  # noqa: E402
+from bridge.live_client import LiveChunks, LiveJob  # noqa: E402
+from contracts import atomic  # noqa: E402
+from contracts.model_frame import MODEL_SIZE  # noqa: E402
+
+POSE_FPS = 16.0  # the model's frame rate: one pose per video frame
+
+
+def ensure_synthetic(ckpt: Path) -> None:
+    from worldgen.runtime.checkpoint import FAST_NF4_DIR  # torch: only for the GPU run
+
+    if (ckpt / FAST_NF4_DIR / "model.safetensors").exists():
+        return
+    script = Path(__file__).with_name("synthetic_checkpoint.py")
+    subprocess.run([sys.executable, str(script), str(ckpt), "--layout", "nf4", "--experts", "none", "--fast"],
+                   check=True)  # fmt: skip
+
+
+def start_server(workdir: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    worker = [f'ckpt = "{args.ckpt}"', 'model = "fast"', f'device = "{args.device}"',
+              f"startup_timeout_s = {args.startup_timeout}", "stall_timeout_s = 900.0"]  # fmt: skip
+    if args.vram_budget:
+        worker.append(f"vram_budget_gb = {args.vram_budget}")
+    (workdir / "server.toml").write_text(
+        "[server]\n"
+        'bind = "tcp://127.0.0.1:*"\n'
+        f'spool_dir = "{workdir / "spool"}"\n'
+        "live_ahead_chunks = 1000\n"  # never refuse: the bench measures whether the model keeps up
+        "[limits]\nmax_frame_num = 1001\n"
+        "[worker]\n" + "\n".join(worker) + "\n"
+    )
+    log = open(workdir / "server.log", "wb")  # noqa: SIM115 (the child keeps it)
+    proc = subprocess.Popen([sys.executable, "-m", "lingbot_cli", "serve", "--config", str(workdir / "server.toml")],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=log, start_new_session=True)  # fmt: skip
+    line = proc.stdout.readline().decode()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise SystemExit(f"server did not start: {line!r}; see {workdir / 'server.log'}")
+    return proc, line.split()[-1]
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def extend_path(poses: np.ndarray, count: int) -> np.ndarray:
+    """`count` poses: the episode's, then on at its last step's velocity (translation only)."""
+    if len(poses) >= count:
+        return poses[:count]
+    step = poses[-1, :3, 3] - poses[-2, :3, 3]
+    more = np.repeat(poses[-1:], count - len(poses), axis=0)
+    more[:, :3, 3] += step * np.arange(1, count - len(poses) + 1)[:, None]
+    return np.concatenate([poses, more]).astype(np.float32)
+
+
+def run_live(client: Client, payload: EpisodePayload, settings: dict, poses: np.ndarray, pace: float) -> dict:
+    chunks = LiveChunks()
+    live = LiveJob.open(client, payload.image, payload.prompt, payload.intrinsics[:1], settings, on_event=chunks)
+    sent_at: list[float] = []
+    started = time.monotonic()
+
+    def feed() -> None:
+        for i, pose in enumerate(poses):
+            if pace > 0:
+                time.sleep(max(0.0, started + i / (POSE_FPS * pace) - time.monotonic()))
+            live.send_poses(pose[None], end=i == len(poses) - 1, timeout=3600)
+            sent_at.append(time.monotonic())
+
+    sender = threading.Thread(target=feed, daemon=True)
+    sender.start()
+    outcome = live.job.wait(timeout=None)
+    sender.join(timeout=10)
+    if not isinstance(outcome, Result):
+        raise SystemExit(f"the live job failed: {outcome}")
+    rows = []
+    for chunk in chunks.in_order():
+        timing = chunk.live or {}
+        last_pose = timing.get("poses", 0) - 1
+        client_lag = chunks.arrived_at[chunk.index] - sent_at[last_pose] if 0 <= last_pose < len(sent_at) else None
+        rows.append({"index": chunk.index, "poses": timing.get("poses"), "lag_s": timing.get("lag_s"),
+                     "client_lag_s": None if client_lag is None else round(client_lag, 3),
+                     "started_s": timing.get("started_s"), "sent_s": timing.get("sent_s"),
+                     "behind": timing.get("behind")})  # fmt: skip
+    return {"chunks": rows, "seconds": round(time.monotonic() - started, 3), "provenance": outcome.provenance}
+
+
+def verdict(rows: list[dict], pace: float) -> dict:
+    """Chunks a second after the first (sent times) against the rate the poses complete them."""
+    sent = [r["sent_s"] for r in rows if r["sent_s"] is not None]
+    lags = [r["lag_s"] for r in rows if r["lag_s"] is not None]
+    needed = POSE_FPS * pace / 12 if pace > 0 else None
+    rate = (len(sent) - 1) / (sent[-1] - sent[0]) if len(sent) > 1 and sent[-1] > sent[0] else None
+    keeps_up = (
+        None if needed is None or rate is None else rate >= 0.95 * needed and lags[-1] <= 2 * max(lags[1:2] or lags)
+    )
+    return {"chunk_rate_per_s": None if rate is None else round(rate, 3),
+            "pose_chunk_rate_per_s": None if needed is None else round(needed, 3),
+            "lag_first_s": lags[0] if lags else None, "lag_median_s": float(np.median(lags)) if lags else None,
+            "lag_last_s": lags[-1] if lags else None, "keeps_up": keeps_up}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ckpt", default="tiny", help="checkpoint folder (with the Fast DiT), or tiny")
+    parser.add_argument("--build-synthetic", action="store_true", help="write a full-size synthetic one at --ckpt")
+    parser.add_argument("--device", default="cpu", help="the worker's device: cpu, cuda, cuda:N")
+    parser.add_argument("--vram-budget", type=float, help="GiB, as `serve`'s [worker] vram_budget_gb")
+    parser.add_argument("--size", help=f"max area H*W (default: the tiny preset's on the CPU, else {MODEL_SIZE})")
+    parser.add_argument("--frame-num", type=int, default=81, help="the live job's planned frames (default 81)")
+    parser.add_argument("--pace", type=float, default=1.0, help="poses at 16/s times this (0: as fast as taken)")
+    parser.add_argument("--episode", type=Path, default=REPO / "data" / "sample_room", help="first frame, prompt, path")
+    parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds for the worker to load")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args()
+    if args.build_synthetic:
+        ensure_synthetic(Path(args.ckpt))
+    payload = EpisodePayload.from_dir(args.episode)
+    poses = extend_path(payload.poses.astype(np.float32), args.frame_num)
+    size = args.size or ("48*80" if args.ckpt == "tiny" else MODEL_SIZE)
+    settings = {"model": "fast", "size": size, "frame_num": args.frame_num, "seed": 0}
+    with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
+        proc, endpoint = start_server(Path(tmp), args)
+        try:
+            with Client(endpoint, timeout=60, give_up_s=args.startup_timeout + 3600) as client:
+                deadline = time.monotonic() + args.startup_timeout
+                while not client.health()["ok"]:
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"the worker is not ready after {args.startup_timeout} s")
+                    time.sleep(0.5)
+                warm = client.submit(payload, {**settings, "frame_num": 9}).wait()  # models resident, then the clock
+                if not isinstance(warm, Result):
+                    raise SystemExit(f"the warm-up job failed: {warm}")
+                figures = run_live(client, payload, settings, poses, args.pace)
+        finally:
+            stop_server(proc)
+    rows = figures["chunks"]
+    summary = verdict(rows, args.pace)
+    print(f"live job: {args.frame_num} frames at {size}, poses at {POSE_FPS * args.pace:g}/s "
+          f"({args.ckpt}, {args.device})")  # fmt: skip
+    print(" chunk  poses  started_s  sent_s  pose-to-pixels_s  client_s  behind")
+    for r in rows:
+        print(f" {r['index']:5d}  {r['poses']:5d}  {r['started_s']:9.2f}  {r['sent_s']:6.2f}  {r['lag_s']:16.2f}"
+              f"  {r['client_lag_s'] if r['client_lag_s'] is not None else float('nan'):8.2f}  {r['behind']:6d}")  # fmt: skip
+    print(f"chunks/s {summary['chunk_rate_per_s']} (the poses complete {summary['pose_chunk_rate_per_s']}/s): "
+          f"keeps up: {summary['keeps_up']}; lag first {summary['lag_first_s']} s, median {summary['lag_median_s']} s, "
+          f"last {summary['lag_last_s']} s")  # fmt: skip
+    if args.json:
+        record = {"args": {k: str(v) for k, v in vars(args).items()}, "settings": settings, "summary": summary,
+                  "chunks": rows, "seconds": figures["seconds"],
+                  "what_ran": {k: (figures["provenance"] or {}).get(k) for k in ("output", "compute", "timings")}}  # fmt: skip
+        atomic.write_json(args.json, record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

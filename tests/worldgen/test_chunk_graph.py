@@ -1,0 +1,87 @@
+"""The Fast chunk forward through `ChunkGraphs`: which calls are captured / replayed (on the CPU the same
+eager path runs and the decisions are what CUDA would do), eviction done before the forward gives the
+very same cache and outputs as eviction inside it, and the memory plan's say on the graph's pool."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.worldgen.test_fast import _cache, _call, _full_size_plan, _stacked, chunks_io, dit, fast_root  # noqa: F401
+from worldgen.models.chunk_graph import ChunkGraphs
+from worldgen.models.kv_cache import CacheSpec
+from worldgen.pipelines.fast_plan import FastOptions
+
+
+def _graph_call(graphs, io, cache, c, x="x", t=None):
+    f = slice(3 * c, 3 * c + 3)
+    t = io["t_a"] if t is None else t
+    out = graphs(io[x][:, f][None], t, [io["context"]], io["y"][:, f][None], io["cam"][:, :, f], cache=cache,
+                 current_start=30 * c)  # fmt: skip
+    return out[0]
+
+
+def test_eviction_before_the_forward_equals_eviction_inside_it(dit, chunks_io):  # noqa: F811
+    io = chunks_io
+    spec = CacheSpec(60, 10, rolling=True, sink_frames=1)  # 6 frames: chunk 2 evicts 3 frames after the sink
+    direct, graphed = _cache(spec), _cache(spec)
+    graphs = ChunkGraphs(dit)
+    zero = torch.zeros(1, dtype=torch.int64)
+    for c in range(3):
+        for x, t in (("x", None), ("x", None), ("x_clean", zero)):
+            assert torch.equal(_call(dit, io, direct, c, x, t), _graph_call(graphs, io, graphed, c, x, t))
+        assert (direct.global_end, direct.local_end) == (graphed.global_end, graphed.local_end)
+    for which in ("k", "v"):
+        assert torch.equal(_stacked(direct, which), _stacked(graphed, which))
+    # a call is captured when it repeats the last call's key (shapes, cache buffers, slots), replayed
+    # while the key holds; the first call (text keys/values made) and a changed window run eagerly.
+    # Chunk 2 evicts: after the eviction it writes and reads the slots chunk 1 did, so it replays.
+    assert graphs.decisions == ["eager", "capture", "replay", "eager", "capture", "replay"] + ["replay"] * 3
+
+
+def test_a_new_cache_is_never_replayed_into(dit, chunks_io):  # noqa: F811
+    graphs = ChunkGraphs(dit)
+    for _ in range(2):  # two rollouts, one cache each: the second one's calls do not match the first's graph
+        cache = _cache(CacheSpec(60, 10))
+        for _ in range(3):
+            _graph_call(graphs, chunks_io, cache, 0)
+    assert graphs.decisions == ["eager", "capture", "replay"] * 2
+
+
+def test_graphs_and_the_decode_overlap_only_without_a_budget():
+    # measured on the H100 at 24 GiB: the graph's pool beside chunk 1's encode / decode ran out of memory
+    pipe = _full_size_plan(24)
+    pipe.plan_job(21, 58, 104, FastOptions())
+    assert not pipe.graph_room
+    unbounded = _full_size_plan(None)
+    unbounded.plan_job(21, 58, 104, FastOptions())
+    assert unbounded.graph_room
+
+
+@pytest.mark.slow
+def test_warm_up_runs_the_jobs_shapes_and_changes_no_video():
+    from contracts.settings import GenerationSettings
+    from worldgen.pipelines.loader import load_pipeline
+
+    settings = GenerationSettings(model="fast", size="64*96", frame_num=21, seed=3)
+    image = torch.linspace(0, 1, 3 * 64 * 96).view(64, 96, 3).mul(255).to(torch.uint8).numpy()
+    poses = torch.eye(4).repeat(21, 1, 1).numpy()
+    intrinsics = torch.tensor([[400.0, 400.0, 416.0, 240.0]]).repeat(21, 1).numpy()
+    cold = load_pipeline("tiny", device="cpu", model="fast")
+    text_dim = cold.residency.use("fast").text_embedding[0].in_features
+    context = torch.randn(7, text_dim, generator=torch.Generator().manual_seed(1))
+    video = cold.generate(image, None, poses, intrinsics, settings, context=context)
+    warm = load_pipeline("tiny", device="cpu", model="fast")
+    assert warm.warm_up(settings, image_size=(64, 96)) > 0
+    # 2 chunks of 3 latent frames: one forward each, and a second on the last (where a graph is captured)
+    assert warm.chunk_graphs is None and warm.cache_spec.capacity_tokens == 6 * 4 * 6
+    assert torch.equal(warm.generate(image, None, poses, intrinsics, settings, context=context), video)
+
+
+@pytest.mark.slow  # the tiny Fast DiT at the default 480x832 frame: ~30 s of CPU
+def test_a_worker_asked_to_warm_up_does_it_at_load():
+    from contracts.engine_options import EngineOptions
+    from worldgen.worker import PipelineEngine
+
+    assert PipelineEngine(EngineOptions(model="fast", warm_up=True)).describe()["warm_up_s"] > 0
+    assert PipelineEngine(EngineOptions(model="fast")).describe()["warm_up_s"] is None

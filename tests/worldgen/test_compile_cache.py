@@ -1,0 +1,45 @@
+"""The compile cache lives under the project's cache root, and doctor says whether it is warm."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from worldgen.runtime import compile_cache
+
+
+def test_the_compile_cache_is_under_the_cache_root_and_says_cold_then_warm(tmp_path, monkeypatch):
+    monkeypatch.setenv("LINGBOT_ISAAC_CACHE", str(tmp_path))
+    for name in (compile_cache.INDUCTOR_ENV, compile_cache.TRITON_ENV):
+        monkeypatch.delenv(name, raising=False)
+    inductor, triton = compile_cache.use_persistent_cache()
+    assert (inductor, triton) == (tmp_path / "compile" / "inductor", tmp_path / "compile" / "triton")
+    assert os.environ[compile_cache.TRITON_ENV] == str(triton)
+    assert compile_cache.cache_state().startswith("cold")
+    (triton / "abc").mkdir(parents=True)
+    (triton / "abc" / "kernel.cubin").write_bytes(b"\0" * 2048)
+    assert compile_cache.cache_state().startswith("warm (1 compiled kernels")
+    monkeypatch.setenv(compile_cache.TRITON_ENV, str(tmp_path / "mine"))  # the user's own folder is kept
+    assert compile_cache.use_persistent_cache()[1] == tmp_path / "mine"
+
+
+def test_doctor_prints_the_compile_cache_state(tmp_path):
+    env = {**os.environ, "LINGBOT_ISAAC_CACHE": str(tmp_path), "PYTHONPATH": str(Path.cwd())}
+    env.pop(compile_cache.INDUCTOR_ENV, None)
+    env.pop(compile_cache.TRITON_ENV, None)
+    out = subprocess.run([sys.executable, "-m", "lingbot_cli", "doctor"], env=env, capture_output=True, text=True)
+    assert (
+        f"compile  cache cold (nothing compiled yet: the first job compiles its kernels) in {tmp_path / 'compile'}"
+        in out.stdout
+    ), out.stdout + out.stderr
+
+
+def test_compiled_kernels_keep_more_variants_than_dynamos_default():
+    import torch._dynamo.config as dynamo_config
+
+    from worldgen.kernels import fused
+
+    fused._compiled(fused.gated_residual.eager)  # building the compiled function (nothing compiles yet)
+    assert dynamo_config.recompile_limit >= fused.RECOMPILE_LIMIT == 64

@@ -1,0 +1,45 @@
+"""One Fast chunk's decode on a second CUDA stream, beside the next chunk's forwards (opt-in with the
+chunk graphs: `FastPipeline.overlap_decode`).
+
+Its own module: the stream and event bookkeeping is a concern apart from the chunk loop.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from worldgen.models.vae import StreamingDecoder
+
+
+class PendingDecode:
+    """One chunk's decode launched on a second CUDA stream (`FastPipeline._decode_stream`): it waits for
+    the chunk's latent on the loop's stream, then runs beside whatever the loop launches next. Every
+    push of the decoder runs on that stream, so its caches never cross streams."""
+
+    def __init__(self, decoder: StreamingDecoder, latent: torch.Tensor, stream: torch.cuda.Stream):
+        ready = torch.cuda.Event()
+        ready.record()  # on the loop's stream: the latent is final
+        self.start, self.done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            stream.wait_event(ready)
+            latent.record_stream(stream)  # read there: not reused by the loop before the decode ran
+            self.start.record()
+            self.piece = decoder.push(latent[None])[0]
+            self.done.record()
+        self.launched = time.perf_counter()
+        self.waited = 0.0
+
+    def frames(self) -> torch.Tensor:
+        """Wait for the decode; its frames on the CPU."""
+        begin = time.perf_counter()
+        self.done.synchronize()
+        self.waited = time.perf_counter() - begin
+        return self.piece.cpu()
+
+    def hidden_seconds(self) -> float:
+        """The decode's GPU seconds that ran while the loop went on (not waited for)."""
+        self.done.synchronize()
+        gpu = self.start.elapsed_time(self.done) / 1000
+        return max(0.0, gpu - self.waited)
