@@ -144,6 +144,9 @@ class PipelineEngine:
         return self.pipe
 
     def describe(self) -> dict[str, Any]:
+        from worldgen.kernels.fp8 import unsupported_reason_of  # torch: imported at load already
+
+        devices = [self.device] if len(self.options.devices) == 1 else self.options.devices  # "auto" resolved
         return {
             "model": self.ckpt,
             "engine": self.model,  # the model resident now: base or fast (chosen per job by settings.model)
@@ -152,24 +155,9 @@ class PipelineEngine:
             "torch": self.torch.__version__,
             "options": self.options.to_dict(),  # as the server sent them
             "pipeline": dict(self.pipe.engine) if self.pipe else {},  # as the pipeline applied them
-            # why a job's `compute = "fp8"` cannot run here (None: it can); the server refuses such
-            # jobs at its door with these words (`bridge.request_handling`)
-            "fp8_unsupported": self._fp8_unsupported(),
+            "fp8_unsupported": unsupported_reason_of(devices),  # why compute fp8 cannot run here: the door says it
             "warm_up_s": self.warm_up_s,  # seconds the Fast DiT's warm-up took at load (None: none ran)
         }
-
-    def _fp8_unsupported(self) -> str | None:
-        if not hasattr(self, "_fp8_reason"):  # the devices do not change: asked once
-            from worldgen.kernels.fp8 import unsupported_reason
-            from worldgen.pipelines.loader import resolve_device
-
-            try:  # "auto" as resolved at load (self.device); two GPUs of one rollout: both
-                devices = [self.device] if len(self.options.devices) == 1 else self.options.devices
-                reasons = [unsupported_reason(resolve_device(d)) for d in devices]
-            except (RuntimeError, AssertionError, InputError) as exc:  # no usable CUDA behind a cuda device
-                reasons = [f"--compute fp8: the device cannot be asked ({exc}); use --compute exact"]
-            self._fp8_reason = next((r for r in reasons if r), None)
-        return self._fp8_reason
 
     def generate(
         self,
@@ -388,20 +376,15 @@ class Worker:
         try:
             options = EngineOptions.from_dict(message.get("options") or {}, "the worker's engine options")
             self.engine = load_engine(options)
-        except CheckpointError as exc:  # permanent: the supervisor waits for a reload (wp.CONFIGURATION_EXITS)
-            self.send({"type": "fatal", "code": "checkpoint", "message": str(exc)})
+        except (CheckpointError, EngineOptionsError, InputError) as exc:  # permanent: the server waits for a reload
+            code = "checkpoint" if isinstance(exc, CheckpointError) else "options"  # e.g. a device not here
+            self.send({"type": "fatal", "code": code, "message": str(exc)})
             return wp.EXIT_CONFIGURATION
-        except (InputError, EngineOptionsError) as exc:  # options this engine cannot run (fp8 on a CPU ...)
-            self.send({"type": "fatal", "code": "options", "message": str(exc)})
-            return wp.EXIT_CONFIGURATION
-        except ImportError as exc:
+        except Exception as exc:  # a missing package is permanent too; anything else is retried
             log.error("cannot load the model:\n%s", traceback.format_exc())
-            self.send({"type": "fatal", "code": "missing_package", "message": f"{type(exc).__name__}: {exc}"})
-            return wp.EXIT_MISSING_PACKAGE
-        except Exception as exc:
-            log.error("cannot load the model:\n%s", traceback.format_exc())
-            self.send({"type": "fatal", "code": "load_failed", "message": f"{type(exc).__name__}: {exc}"})
-            return wp.EXIT_LOAD_FAILED
+            code = "missing_package" if isinstance(exc, ImportError) else "load_failed"
+            self.send({"type": "fatal", "code": code, "message": f"{type(exc).__name__}: {exc}"})
+            return wp.EXIT_MISSING_PACKAGE if code == "missing_package" else wp.EXIT_LOAD_FAILED
         self.info = {**self.engine.describe(), "load_s": round(time.monotonic() - started, 2)}
         self.state = "idle"
         self.send({"type": "ready", "pid": os.getpid(), **self.info})

@@ -41,6 +41,20 @@ MIN_ROWS = 256  # fewer rows than this: the bf16 GEMM is as fast and exact
 FAST_ACCUM = True  # Hopper's fast FP8 accumulation (partial sums promoted to float32 less often)
 
 
+def unsupported_reason_of(devices: list[str] | tuple[str, ...]) -> str | None:
+    """The first of `devices` that cannot run the FP8 path, and why (None: all can); a device
+    PyTorch cannot even ask is a reason too. A worker reports this in its `ready`: the server
+    refuses `compute = "fp8"` jobs at its door with these words."""
+    for device in devices:
+        try:
+            reason = unsupported_reason(device)
+        except (RuntimeError, AssertionError) as exc:  # no usable CUDA behind a cuda device
+            reason = f"--compute fp8: {device} cannot be asked ({exc}); use --compute exact"
+        if reason:
+            return reason
+    return None
+
+
 def unsupported_reason(device: torch.device | str) -> str | None:
     """None when `device` can run the FP8 path, else why not (one sentence, with what to use instead)."""
     device = torch.device(device)
