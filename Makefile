@@ -58,7 +58,7 @@ lock:
 # it gets a venv of its own with exact pins (lock/kit.txt, lock/kit-isaacsim.txt; edited by hand): Kit, Isaac Sim 6.2's run loop runner and version
 # extensions (isaacsim-core, without its dependencies: torch and the rest are never needed here,
 # in a folder of their own), and the Isaac side's packages (pxr from usd-core: Kit's kernel has none).
-PYTHON312 ?= $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12),\
+PYTHON312 ?= $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12 $(PYENV_ROOT)/versions/3.12*/bin/python3.12),\
 	$(shell $(p) -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && echo $(p))))
 KIT_VENV := .venv-kit
 KIT_LOCK := lock/kit.txt
