@@ -40,6 +40,7 @@ from bridge.job_events import Result  # noqa: E402
 from bridge.live_client import LiveChunks, LiveJob  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.model_frame import MODEL_SIZE  # noqa: E402
+from contracts.settings import FIELD_BY_NAME  # noqa: E402
 
 POSE_FPS = 16.0  # the model's frame rate: one pose per video frame
 
@@ -149,7 +150,9 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", help="the worker's device: cpu, cuda, cuda:N")
     parser.add_argument("--vram-budget", type=float, help="GiB, as `serve`'s [worker] vram_budget_gb")
     parser.add_argument("--size", help=f"max area H*W (default: the tiny preset's on the CPU, else {MODEL_SIZE})")
-    parser.add_argument("--frame-num", type=int, default=81, help="the live job's planned frames (default 81)")
+    parser.add_argument(
+        "--frame-num", type=int, default=FIELD_BY_NAME["frame_num"].default, help="the live job's planned frames"
+    )
     parser.add_argument("--pace", type=float, default=1.0, help="poses at 16/s times this (0: as fast as taken)")
     parser.add_argument("--episode", type=Path, default=REPO / "data" / "sample_room", help="first frame, prompt, path")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds for the worker to load")

@@ -24,14 +24,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from comparison.reconstruction import ReconstructionConfig  # noqa: E402
 from comparison.sfm_fidelity import evaluate_reconstruction  # noqa: E402
+from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH  # noqa: E402
+from contracts.settings import FIELD_BY_NAME  # noqa: E402
 from tests.comparison.scene import INTRINSICS_480x832, camera_path, render_frames  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--frames", type=int, default=81)
-    parser.add_argument("--height", type=int, default=480)
-    parser.add_argument("--width", type=int, default=832)
+    parser.add_argument("--frames", type=int, default=FIELD_BY_NAME["frame_num"].default)
+    parser.add_argument("--height", type=int, default=MODEL_HEIGHT)
+    parser.add_argument("--width", type=int, default=MODEL_WIDTH)
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--timeout-s", type=float, default=3600.0)
     args = parser.parse_args()
