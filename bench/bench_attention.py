@@ -50,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_TOKENS,
         help=f"sequence length (default: {DEFAULT_TOKENS}, the default frame)",
     )
+    parser.add_argument(
+        "--keys",
+        type=int,
+        help="keys and values per query row (default: --tokens; the Fast model's KV window: ~15,000)",
+    )
     full = DiTConfig()  # the A14B expert's attention shape
     parser.add_argument("--heads", type=int, default=full.num_heads, help=f"heads (default: {full.num_heads})")
     parser.add_argument("--head-dim", type=int, default=full.head_dim, help=f"head size (default: {full.head_dim})")
@@ -60,11 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device("cuda")
     torch.manual_seed(0)
     L, n, d = args.tokens, args.heads, args.head_dim
-    flop = 4 * L * L * n * d
+    S = args.keys or L
+    flop = 4 * L * S * n * d
     # the DiT's layout: one [B, L, n*d] projection viewed as [B, L, n, d]; q and k are RMS-normed
-    q, k, v = (torch.randn(1, L, n, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    q = torch.randn(1, L, n, d, device=dev, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, S, n, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}; "
-          f"{L} tokens x {n} heads x {d}: {flop / 1e12:.1f} TFLOP per call", flush=True)  # fmt: skip
+          f"{L} queries x {S} keys x {n} heads x {d}: {flop / 1e12:.1f} TFLOP per call", flush=True)  # fmt: skip
 
     def sdpa(q, k, v):
         return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)

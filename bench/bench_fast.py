@@ -21,6 +21,7 @@ whole <= 16 s; fp8 <= 1.0 s per chunk over chunks 1..6, whole <= 10 s, first chu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.kernel_profile import profiled  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.engine_options import ATTENTIONS  # noqa: E402
 from contracts.model_frame import MODEL_SIZE  # noqa: E402
@@ -212,8 +214,23 @@ def main() -> None:
         help="FastPipeline.warm_up (what `[worker] warm_up = true` does at server start) before the rollouts, "
         "at the first --frames entry and the episode image's shape, under the first --compute; timed",
     )
+    parser.add_argument(
+        "--sdpa-first",
+        choices=("cudnn", "flash", "efficient"),
+        help="PyTorch SDPA kernel tried first (default: the engine's choice)",
+    )
+    parser.add_argument(
+        "--profile-dir",
+        type=Path,
+        help="a --frames entry with a trailing p (81p) runs under torch.profiler: kernel families, GPU idle time "
+        "and the costliest kernels written here as profile-<compute>-<n>.txt (bench/kernel_profile.py)",
+    )
     parser.add_argument("--json", type=Path, help="write all results here (rewritten after each step)")
     args = parser.parse_args()
+    if args.sdpa_first:
+        from worldgen.kernels import attention
+
+        attention.SDPA_FIRST = args.sdpa_first
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     results: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
@@ -294,6 +311,8 @@ def main() -> None:
         if compute != pipe.compute:
             pipe.residency.use("fast").set_compute(compute)
             pipe.compute = compute
+        profiling = entry.endswith("p")
+        entry = entry.removesuffix("p")
         eager, serial = entry.endswith("eager"), entry.endswith("serial")
         entry = entry.removesuffix("eager").removesuffix("serial")
         pipe.use_chunk_graphs = not (eager or sticky_off)
@@ -301,8 +320,16 @@ def main() -> None:
         frames, cached = int(entry.rstrip("c")), entry.endswith("c")
         if cached and context is None:
             (context,) = pipe.encode_text([prompt])
+        region = contextlib.nullcontext()
+        if profiling and args.profile_dir:
+            args.profile_dir.mkdir(parents=True, exist_ok=True)
+            n = len(results["rollouts"])
+            region = profiled(
+                args.profile_dir / f"profile-{compute}-{n}.txt", f"{compute} rollout {n}, {frames} frames"
+            )
         try:
-            result = rollout(pipe, args, image, prompt, poses, intrinsics, frames, context if cached else None)
+            with region:
+                result = rollout(pipe, args, image, prompt, poses, intrinsics, frames, context if cached else None)
         except Exception as exc:
             traceback.print_exc()
             results["rollouts"].append({"frames_asked": frames, "compute": compute, "error": repr(exc)[:2000]})

@@ -39,6 +39,7 @@ from bridge.episode_payload import EpisodePayload  # noqa: E402
 from bridge.job_events import Result  # noqa: E402
 from bridge.live_client import LiveChunks, LiveJob  # noqa: E402
 from contracts import atomic  # noqa: E402
+from contracts.engine_options import COMPUTES  # noqa: E402
 from contracts.model_frame import MODEL_SIZE  # noqa: E402
 from contracts.settings import FIELD_BY_NAME  # noqa: E402
 
@@ -58,6 +59,8 @@ def ensure_synthetic(ckpt: Path) -> None:
 def start_server(workdir: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     worker = [f'ckpt = "{args.ckpt}"', 'model = "fast"', f'device = "{args.device}"',
               f"startup_timeout_s = {args.startup_timeout}", "stall_timeout_s = 900.0"]  # fmt: skip
+    if args.compute:
+        worker.append(f'compute = "{args.compute}"')
     if args.vram_budget:
         worker.append(f"vram_budget_gb = {args.vram_budget}")
     (workdir / "server.toml").write_text(
@@ -156,6 +159,7 @@ def main() -> int:
     parser.add_argument("--pace", type=float, default=1.0, help="poses at 16/s times this (0: as fast as taken)")
     parser.add_argument("--episode", type=Path, default=REPO / "data" / "sample_room", help="first frame, prompt, path")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds for the worker to load")
+    parser.add_argument("--compute", choices=COMPUTES, help="the worker's compute (default: the engine's, exact)")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
     if args.build_synthetic:
@@ -177,6 +181,9 @@ def main() -> int:
                 if not isinstance(warm, Result):
                     raise SystemExit(f"the warm-up job failed: {warm}")
                 figures = run_live(client, payload, settings, poses, args.pace)
+        except BaseException:
+            print((Path(tmp) / "server.log").read_text(errors="replace")[-4000:], file=sys.stderr)
+            raise
         finally:
             stop_server(proc)
     rows = figures["chunks"]

@@ -105,8 +105,25 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = 
         except Exception as exc:  # noqa: BLE001  (any failure of an optional kernel: SDPA instead)
             _failed.add(backend)
             warnings.warn(f"--attention {backend} failed ({exc}); using PyTorch SDPA from now on", stacklevel=2)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-    return out.transpose(1, 2).flatten(2)
+    return _sdpa(q, k, v).transpose(1, 2).flatten(2)
+
+
+# Which of PyTorch's SDPA kernels to try first on CUDA (None: PyTorch's own order). A setting so the
+# benchmarks can compare kernels in one process (bench/bench_fast.py --sdpa-first).
+SDPA_FIRST: str | None = None
+_SDPA_KERNELS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """PyTorch's SDPA on [B, L, n, d] views -> [B, n, L, d]."""
+    args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    if SDPA_FIRST is None or not q.is_cuda:
+        return F.scaled_dot_product_attention(*args)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    names = [_SDPA_KERNELS[SDPA_FIRST], *(n for n in _SDPA_KERNELS.values() if n != _SDPA_KERNELS[SDPA_FIRST])]
+    with sdpa_kernel([getattr(SDPBackend, n) for n in (*names, "MATH")], set_priority=True):
+        return F.scaled_dot_product_attention(*args)
 
 
 _fp8_usable: dict[tuple, bool] = {}  # (device, shapes) -> whether cuDNN's FP8 attention ran them

@@ -1,0 +1,83 @@
+"""Where a GPU region's time goes: its kernels by family, and how long the GPU sat idle between them.
+
+`profiled(path)` wraps a region (one rollout, say) in `torch.profiler` and writes `path`: the wall time,
+the GPU's busy time (the union of kernel intervals, so overlapping streams count once) and its idle
+share, each kernel family's total (GEMMs, attention, NF4 dequantization, FP8 quantization, Triton
+fusions, copies, the rest), then the 40 costliest kernels. Idle time is what launch overhead, host
+work and synchronisations cost: the part of a chunk that CUDA graphs or fewer launches can win back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+# kernel name -> family, first match wins (names as cuBLAS, cuDNN, PyTorch, Triton and bitsandbytes print them)
+FAMILIES = (
+    ("attention", r"fmha|flash|attention|sdpa|cudnn_generated|cudnn.*fprop"),
+    ("gemm fp8", r"e4m3|f8f6f4|fp8.*gemm|gemm.*fp8"),
+    ("gemm", r"gemm|sm90_xmma|nvjet|cutlass|ampere_bf16|wgmma"),
+    ("nf4 dequantize", r"kDequantize|dequantize"),
+    ("triton fused", r"^triton_"),
+    ("copy / cast", r"copy|Memcpy|memset|cat|CatArray|elementwise_kernel.*(copy|direct)"),
+    ("conv (VAE)", r"conv|implicit_gemm|cudnn::"),
+)
+
+
+def family_of(name: str) -> str:
+    for family, pattern in FAMILIES:
+        if re.search(pattern, name, re.IGNORECASE):
+            return family
+    return "other elementwise"
+
+
+def _busy_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals (microseconds in) -> seconds."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total / 1e6
+
+
+@contextlib.contextmanager
+def profiled(path: Path, label: str = "") -> Iterator[None]:
+    """Profile the region (CUDA kernels and host ops) and write the summary to `path`."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        yield
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    by_family: dict[str, float] = defaultdict(float)
+    intervals = []
+    for e in kernels:
+        s, t = e.time_range.start, e.time_range.end
+        intervals.append((s, t))
+        by_name[e.name][0] += (t - s) / 1e6
+        by_name[e.name][1] += 1
+        by_family[family_of(e.name)] += (t - s) / 1e6
+    busy = _busy_seconds(intervals)
+    lines = [
+        f"{label}: wall {wall:.3f} s, GPU busy {busy:.3f} s ({busy / wall:.0%}), idle {wall - busy:.3f} s; "
+        f"{len(kernels)} kernels",
+        "family totals (s, kernel time summed over streams):",
+    ]
+    lines += [f"  {f:<20} {t:8.3f}" for f, t in sorted(by_family.items(), key=lambda x: -x[1])]
+    lines.append("top kernels (s, calls, name):")
+    top = sorted(by_name.items(), key=lambda x: -x[1][0])[:40]
+    lines += [f"  {t:8.3f} {n:6d}  {name[:160]}" for name, (t, n) in top]
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[: 2 + len(by_family)]), flush=True)
