@@ -134,13 +134,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_worker_checkpoint(config: ServerConfig) -> None:
-    """The checkpoint layout the workers will load (and the Fast folder where the engine or the
-    preset asks for model fast), read before the server binds: a typo'd or half-downloaded folder
-    ends `serve` at once with the message `generate` prints, instead of a worker failing to start.
+    """The checkpoint layout of the model the workers load (`[worker] model`), read before the server
+    binds: a typo'd or half-downloaded folder ends `serve` at once with the message `generate` prints,
+    instead of a worker failing to start. The preset's model, where it is the other one and missing
+    (a Fast-only folder under the default preset), is a warning: jobs that name the workers' model run.
     A custom worker command, or Ray workers (whose nodes hold the checkpoint), are not checked here."""
     worker = config.worker
     if worker.command or worker.backend != "local":
         return
+    engine_model = worker.engine.model or "base"
+    check_checkpoint(worker.engine.ckpt, engine_model)  # the model the workers load: without it nothing runs
     preset = load_settings(config.generation_config, config.preset())
-    for model in dict.fromkeys((worker.engine.model or "base", preset.model)):
-        check_checkpoint(worker.engine.ckpt, model)
+    if preset.model != engine_model:
+        try:  # a folder with only the engine's model serves that model alone (worldgen.worker)
+            check_checkpoint(worker.engine.ckpt, preset.model)
+        except CheckpointError as exc:
+            logging.getLogger("bridge.server").warning(
+                f"jobs that leave the model to the preset ({preset.model}) will fail: {exc}; jobs that ask for "
+                f"model {engine_model} run (set model in each job's settings, or a preset with model = "
+                f'"{engine_model}" as generation_preset)'
+            )

@@ -48,6 +48,29 @@ def test_a_fast_server_without_the_fast_folder_is_refused_by_serve(tmp_path):
     assert done.returncode == 2 and "no LingBot-World-Fast model" in done.stderr, done.stderr
 
 
+def test_a_fast_only_folder_is_served_with_a_warning_about_the_presets_model(tmp_path):
+    """A folder holding only the Fast model (as `lingbot-isaac quantize` writes it, with umT5, VAE and
+    tokenizer) under `--model fast`: the default preset's base model is missing, which only jobs that
+    leave the model to the preset need, so serve binds and says so once (it refused to start before)."""
+    ckpt = tmp_path / "ckpt"
+    for name in ("lingbot_world_fast_bnb_nf4/config.json", "lingbot_world_fast_bnb_nf4/quantization_meta.json",
+                 "lingbot_world_fast_bnb_nf4/model.safetensors", "models_t5_umt5-xxl-enc-bf16.pth", "Wan2.1_VAE.pth",
+                 "tokenizer/tokenizer.json"):  # fmt: skip
+        (ckpt / name).parent.mkdir(parents=True, exist_ok=True)
+        (ckpt / name).write_text("{}")
+    proc = subprocess.Popen([sys.executable, "-m", "lingbot_cli", "serve", "--ckpt", str(ckpt), "--model", "fast",
+                             "--bind", "tcp://127.0.0.1:*", "--spool-dir", str(tmp_path / "spool")], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    assert line.startswith("listening on "), err
+    assert "jobs that leave the model to the preset (base) will fail" in err, err
+    assert "is neither checkpoint layout" in err and "model fast run" in err, err
+
+
 def test_a_configuration_error_is_said_at_once_and_not_retried_until_reload(servers, episode, tmp_path):
     """The real worker (`python -m worldgen.worker`) on an empty checkpoint folder: it exits with the
     configuration status; within 5 s health says why and the queued job fails with it; no restart

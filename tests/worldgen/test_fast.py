@@ -182,6 +182,31 @@ def test_fp8_cache_stays_close(dit, chunks_io):
     assert fp8.nbytes < 0.7 * exact.nbytes
 
 
+def test_the_fp8_window_for_fp8_attention_is_the_stored_window_with_one_scale():
+    """`update(fp8_window=True)` hands FP8 attention the cache's window re-scaled to one scale, made from
+    the stored bytes: it dequantizes to the same values as the bf16 window within e4m3's rounding, its
+    largest magnitude is the e4m3 maximum (the scale is the window's largest), and the slots written
+    are the same bytes either way."""
+    torch.manual_seed(0)
+    spec = CacheSpec(40, 10, storage="fp8")
+    k, v = (torch.randn(1, 20, 2, 8) * torch.logspace(-2, 1, 20).view(1, 20, 1, 1) for _ in range(2))
+    windows, stored = [], []
+    for fp8_window in (False, True):
+        cache = KVCache(spec, 1, 2, 8, torch.float32, "cpu")
+        cache.begin(0, 20)
+        windows.append(cache.layers[0].update(k, v, fp8_window=fp8_window))
+        stored.append(
+            torch.cat([cache.layers[0].k[:, :20].view(torch.uint8), cache.layers[0].v[:, :20].view(torch.uint8)])
+        )
+    (k_exact, v_exact), (k_q, v_q) = windows
+    for exact, quantized, original in ((k_exact, k_q, k), (v_exact, v_q, v)):
+        assert quantized.data.dtype == torch.float8_e4m3fn and quantized.data.shape == exact.shape
+        assert quantized.data.float().abs().max().item() == 448.0
+        assert rel_l2(quantized.dequantize(torch.float32), exact) < 5e-2  # one e4m3 rounding more
+        assert rel_l2(exact, original) < 5e-2
+    assert torch.equal(stored[0], stored[1])
+
+
 # -- frame counts ------------------------------------------------------------------------------------
 
 

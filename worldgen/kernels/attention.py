@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from contracts.engine_options import ATTENTIONS
 from worldgen.errors import InputError
 from worldgen.kernels import fp8
-from worldgen.kernels.fp8 import QuantizedRows, quantize_tensor
+from worldgen.kernels.fp8 import QuantizedRows, QuantizedTensor, quantize_tensor
 
 BACKENDS = ATTENTIONS  # the one list, in contracts.engine_options
 _PACKAGES = {
@@ -130,22 +130,34 @@ _fp8_usable: dict[tuple, bool] = {}  # (device, shapes) -> whether cuDNN's FP8 a
 FP8_ATTENTION = True  # False: `--compute fp8` keeps attention bf16 (benchmarks compare the two)
 
 
-def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> QuantizedRows | None:
-    """Self-attention in FP8 ([B, L, n, d] bf16 in; the output as e4m3 rows with their scales for
-    the output projection), or None where cuDNN's FP8 attention cannot run (the caller uses
-    `attention`): not CUDA bf16, too few tokens to matter, no Hopper, no cuDNN frontend, or a
-    shape cuDNN declines (said once)."""
+def fp8_attention_runs(q: torch.Tensor) -> bool:
+    """Whether `fp8_attention` takes these queries (before any shape is tried): CUDA bf16, enough
+    tokens to matter, Hopper with cuDNN's frontend installed. The FP8 KV cache then hands its window
+    over already in FP8 (`LayerKV.update(fp8_window=True)`)."""
     if not (FP8_ATTENTION and q.is_cuda and q.dtype == torch.bfloat16 and q.shape[1] >= fp8.MIN_ROWS):
+        return False
+    from worldgen.kernels import cudnn_attention
+
+    return _fp8_usable.setdefault((q.device,), cudnn_attention.fp8_unsupported_reason(q.device) is None)
+
+
+def fp8_attention(
+    q: torch.Tensor, k: torch.Tensor | QuantizedTensor, v: torch.Tensor | QuantizedTensor
+) -> QuantizedRows | None:
+    """Self-attention in FP8 ([B, L, n, d] bf16 q; k and v bf16, or already in e4m3 with one scale
+    each; the output as e4m3 rows with their scales for the output projection), or None where cuDNN's
+    FP8 attention cannot run (the caller uses `attention`): not CUDA bf16, too few tokens to matter,
+    no Hopper, no cuDNN frontend, or a shape cuDNN declines (said once)."""
+    if not fp8_attention_runs(q):
         return None
     from worldgen.kernels import cudnn_attention
 
-    if _fp8_usable.setdefault((q.device,), cudnn_attention.fp8_unsupported_reason(q.device) is None) is False:
-        return None
-    key = (q.device, q.shape, k.shape, v.shape)
+    k, v = (t if isinstance(t, QuantizedTensor) else quantize_tensor(t) for t in (k, v))
+    key = (q.device, q.shape, k.data.shape, v.data.shape)
     if _fp8_usable.get(key) is False:
         return None
     try:
-        o = cudnn_attention.fp8_attention_quantized(quantize_tensor(q), quantize_tensor(k), quantize_tensor(v))
+        o = cudnn_attention.fp8_attention_quantized(quantize_tensor(q), k, v)
     except torch.OutOfMemoryError:
         raise
     except Exception as exc:  # noqa: BLE001  (cuDNN declines this shape: bf16 attention for it)

@@ -246,16 +246,20 @@ def gelu_then_quantize(x: torch.Tensor, linear: torch.nn.Module) -> torch.Tensor
     return QuantizedRows(data, scale, tuple(x.shape[:-1]))
 
 
-def fp8_linear(x: torch.Tensor | QuantizedRows, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def fp8_linear(
+    x: torch.Tensor | QuantizedRows,
+    weight: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
     """y = x @ weight.T + bias with both operands in FP8 (per-token x scales, per-channel weight
     scales), float32 accumulation, bf16 out. x [..., K] (any float dtype, or already quantized),
-    weight [N, K]."""
+    weight [N, K] (quantized here), or already quantized as (e4m3 [N, K], float32 [N, 1] scales)."""
     if isinstance(x, QuantizedRows):
         lead, xq, x_scale = x.lead, x.data, x.scale
     else:
         lead = x.shape[:-1]
         xq, x_scale = quantize_rows(x.reshape(-1, x.shape[-1]))
-    wq, w_scale = quantize_rows(weight)
+    wq, w_scale = weight if isinstance(weight, tuple) else quantize_rows(weight)
     out = torch._scaled_mm(
         xq,
         wq.t(),  # column-major [K, N], as the FP8 GEMM wants its second operand
@@ -265,7 +269,7 @@ def fp8_linear(x: torch.Tensor | QuantizedRows, weight: torch.Tensor, bias: torc
         out_dtype=torch.bfloat16,
         use_fast_accum=FAST_ACCUM,
     )
-    return out.view(*lead, weight.shape[0])
+    return out.view(*lead, wq.shape[0])
 
 
 def wants_fp8(x: torch.Tensor, compute: str, dtype: torch.dtype) -> bool:

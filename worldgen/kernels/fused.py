@@ -123,6 +123,30 @@ def camera_modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -
     return (1 + scale) * x + shift
 
 
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn (the FP8 KV cache's range)
+
+
+def quantize_per_token(x: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., d] -> (e4m3 data, one scale per row in scale_dtype: absmax / 448): the FP8 KV cache's write.
+    Eager, this was six passes over a chunk's keys in float32 (copy, abs, amax, divide, cast); fused, one."""
+    scale = (x.float().abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / E4M3_MAX).to(scale_dtype)
+    return (x.float() / scale.float()).to(torch.float8_e4m3fn), scale
+
+
+def dequantize_per_token(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The FP8 KV cache's window in `dtype`: data * scale, rounded as the eager cast-then-multiply rounds."""
+    return data.to(dtype) * scale.to(dtype)
+
+
+def requantize_per_tensor(data: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FP8 KV cache's window (per-row scales) -> e4m3 with one scale for all of it (what cuDNN's FP8
+    attention takes), straight from the stored bytes: a row's largest magnitude is 448 x its scale, so
+    the tensor's scale is the largest row scale, and no bf16 copy of the window is made or read back."""
+    descale = scale.float().amax().clamp_min(1e-12)
+    q = (data.float() * (scale.float() / descale)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, descale.view(1, 1, 1, 1)
+
+
 RECOMPILE_LIMIT = 64  # compiled variants kept per function (dynamo's default, 8, is too few here)
 
 
@@ -175,3 +199,6 @@ rms_norm_rope = _dispatch(rms_norm_rope, _rms_norm_rope_functional)
 rms_norm_fused = _dispatch(rms_norm)
 gated_residual = _dispatch(gated_residual)
 camera_modulate = _dispatch(camera_modulate)
+quantize_per_token = _dispatch(quantize_per_token)
+dequantize_per_token = _dispatch(dequantize_per_token)
+requantize_per_tensor = _dispatch(requantize_per_tensor)

@@ -23,12 +23,16 @@ sum and a round to bf16, so the result is the same bits on any CPU.
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from worldgen.errors import CheckpointError
-from worldgen.kernels.fp8 import QuantizedRows, fp8_linear, wants_fp8
+from worldgen.kernels import fused
+from worldgen.kernels.fp8 import FP8, FP8_MAX, QuantizedRows, fp8_linear, quantize_rows, wants_fp8
 from worldgen.quiet import hide_known_harmless
 
 hide_known_harmless()  # before bitsandbytes logs its harmless CPU-kernel warning on import
@@ -114,12 +118,29 @@ class NF4Linear(nn.Module):
             weight = dequantize_nf4(self.weight, self.quant_state())
         return weight.to(dtype or self.compute_dtype)
 
+    def fp8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weight as the FP8 GEMM takes it: e4m3 [N, K] and float32 [N, 1] per-output-channel scales.
+        On CUDA straight from the NF4 bytes in one compiled pass (`fp8_rows_from_nf4`); elsewhere (or a
+        checkpoint without double quantization, or if that fails) dequantized to bf16 first and quantized
+        row by row: the same numbers, more memory traffic."""
+        fused_ok = self.weight.is_cuda and self.nested_absmax.numel() > 0 and self.in_features % self.blocksize == 0
+        if fused_ok and "nf4->fp8" not in _failed:
+            try:
+                return _compiled_fp8_rows()(
+                    self.weight, self.absmax, self.nested_quant_map, self.nested_absmax, self.nested_offset,
+                    self.quant_map, (self.out_features, self.in_features), self.blocksize, self.nested_blocksize,
+                )  # fmt: skip
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:  # noqa: BLE001  (no Triton / compiler: the two-step path, said once)
+                _failed.add("nf4->fp8")
+                warnings.warn(f"the fused NF4 -> FP8 weight kernel failed ({exc}); dequantizing first", stacklevel=2)
+        return quantize_rows(self.dequantized_weight(torch.bfloat16))
+
     def forward(self, x: torch.Tensor | QuantizedRows, dtype: torch.dtype | None = None) -> torch.Tensor:
         dtype = dtype or self.compute_dtype
-        if isinstance(x, QuantizedRows) or wants_fp8(
-            x, self.compute, dtype
-        ):  # NF4 -> bf16 -> FP8 per output channel, FP8 GEMM
-            return fp8_linear(x, self.dequantized_weight(torch.bfloat16), self.bias)
+        if isinstance(x, QuantizedRows) or wants_fp8(x, self.compute, dtype):  # FP8 per output channel, FP8 GEMM
+            return fp8_linear(x, self.fp8_weight(), self.bias)
         bias = None if self.bias is None else self.bias.to(dtype)
         return F.linear(x.to(dtype), self.dequantized_weight(dtype), bias)
 
@@ -129,16 +150,59 @@ class NF4Linear(nn.Module):
 
 def dequantize_nf4(packed: torch.Tensor, state: QuantState) -> torch.Tensor:
     """The NF4 weight in `state.dtype`, by the rule bitsandbytes' CUDA kernel follows (module docstring)."""
+    absmax = _absmax_of(state)
+    n = state.shape.numel()
+    packed = packed.reshape(-1)
+    nibbles = torch.stack((packed >> 4, packed & 0xF), dim=-1).reshape(-1)[:n]  # high nibble first
+    values = state.code[nibbles.long()] * _per_element(absmax, state.blocksize, n)
+    return values.reshape(state.shape).to(state.dtype)
+
+
+def _absmax_of(state: QuantState) -> torch.Tensor:
+    """The per-block absmax in float32, de-nested as bitsandbytes' CUDA kernel de-nests it."""
     absmax = state.absmax
     if state.nested:
         nested = state.state2
         absmax = nested.code[absmax.long()] * _per_element(nested.absmax, nested.blocksize, absmax.numel())
         absmax = absmax + state.offset
-    n = state.shape.numel()
-    packed = packed.reshape(-1)
-    nibbles = torch.stack((packed >> 4, packed & 0xF), dim=-1).reshape(-1)[:n]  # high nibble first
-    values = state.code[nibbles.long()] * _per_element(absmax.float(), state.blocksize, n)
-    return values.reshape(state.shape).to(state.dtype)
+    return absmax.float()
+
+
+def fp8_rows_from_nf4(
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    nested_code: torch.Tensor,
+    nested_absmax: torch.Tensor,
+    offset: torch.Tensor,
+    code: torch.Tensor,
+    shape: tuple[int, int],
+    blocksize: int,
+    nested_blocksize: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A double-quantized NF4 weight -> (e4m3 [N, K], float32 [N, 1] scales): the numbers of
+    `quantize_rows` on the bf16 weight `dequantize_nf4` gives (each value rounded to bf16 first, as
+    there), but compiled on CUDA into one pass that reads the 4-bit bytes and writes the e4m3 ones. The
+    two-step path wrote the bf16 weight (2 bytes a parameter) and read it back twice, for every Linear
+    of every forward. Needs K to be a multiple of the blocksize (blocks then never straddle rows)."""
+    out_features, in_features = shape
+    blocks = in_features // blocksize
+    nested = nested_absmax.repeat_interleave(nested_blocksize)[: absmax.numel()]
+    scales = (nested_code[absmax.long()] * nested + offset).float().view(out_features, blocks, 1)
+    packed = packed.reshape(out_features, blocks, blocksize // 2)
+    nibbles = torch.stack((packed >> 4, packed & 0xF), dim=-1).reshape(out_features, blocks, blocksize)
+    weight = (code[nibbles.long()] * scales).to(torch.bfloat16).float()
+    scale = weight.abs().amax(dim=(1, 2)).clamp(min=1e-12).view(out_features, 1) / FP8_MAX
+    q = (weight / scale.view(out_features, 1, 1)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q.view(out_features, in_features), scale
+
+
+_failed: set[str] = set()
+
+
+@functools.cache
+def _compiled_fp8_rows():
+    fused.allow_recompiles()
+    return torch.compile(fp8_rows_from_nf4, dynamic=False, fullgraph=True)
 
 
 def _per_element(scales: torch.Tensor, blocksize: int, n: int) -> torch.Tensor:

@@ -30,8 +30,15 @@ from torch import nn
 
 from worldgen.errors import CheckpointError
 from worldgen.kernels import fused
-from worldgen.kernels.attention import attention, fp8_attention
-from worldgen.kernels.fp8 import QuantizedRows, fp8_linear, gelu_then_quantize, quantize_input, wants_fp8
+from worldgen.kernels.attention import attention, fp8_attention, fp8_attention_runs
+from worldgen.kernels.fp8 import (
+    QuantizedRows,
+    QuantizedTensor,
+    fp8_linear,
+    gelu_then_quantize,
+    quantize_input,
+    wants_fp8,
+)
 from worldgen.models.camera_cache import CameraCache
 from worldgen.models.config_json import read_config
 
@@ -183,12 +190,14 @@ class SelfAttention(nn.Module):
         # RMSNorm over the full width, then RoPE per head: one fused kernel each on CUDA
         q = fused.rms_norm_rope(self.q(x), self.norm_q.weight, *rope, self.norm_q.eps, self.num_heads).to(v.dtype)
         k = fused.rms_norm_rope(self.k(x), self.norm_k.weight, *rope, self.norm_k.eps, self.num_heads).to(v.dtype)
+        fp8 = self.compute == "fp8" and fp8_attention_runs(q)  # cuDNN's FP8 kernel (worldgen.kernels.attention)
         if kv is not None:  # the causal model: attend to the cache's window (this chunk's keys included)
-            k, v = kv.update(k, v)
-        if self.compute == "fp8":  # FP8 attention where cuDNN's kernel runs (worldgen.kernels.attention)
+            k, v = kv.update(k, v, fp8_window=fp8)
+        if fp8:
             out = fp8_attention(q, k, v)
             if out is not None:  # e4m3 rows straight into the output projection's FP8 GEMM
                 return self.o(out)
+            k, v = (t.dequantize(q.dtype) if isinstance(t, QuantizedTensor) else t for t in (k, v))
         return self.o(attention(q, k, v, self.attention_backend))
 
 

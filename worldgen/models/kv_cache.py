@@ -25,9 +25,10 @@ import dataclasses
 import torch
 
 from contracts.settings import KV_CACHE_MODES
+from worldgen.kernels import fused
+from worldgen.kernels.fp8 import QuantizedTensor
 
 STORAGES = ("model", "fp8")
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,22 +102,23 @@ class LayerKV:
         for t in self._tensors():
             t[:, sink : sink + kept] = t[:, sink + ev : sink + ev + kept].clone()
 
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this call's rotated keys and values [1, L, n, d]; return the window to attend to."""
+    def update(self, k: torch.Tensor, v: torch.Tensor, fp8_window: bool = False) -> tuple:
+        """Write this call's rotated keys and values [1, L, n, d]; return the window to attend to: in
+        k's dtype, or, with `fp8_window` and FP8 storage, as two `QuantizedTensor`s (one scale each,
+        made from the stored bytes: the FP8 attention's input without a bf16 copy of the window)."""
         step = self.owner.step
         if step.evict:
             self.shift(step)
         start, end = step.write_start, step.write_end
         if self.fp8:
             for value, store, scale in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
-                s = (value.float().abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / FP8_MAX).to(scale.dtype)
-                scale[:, start:end] = s
-                store[:, start:end] = (value.float() / s.float()).to(torch.float8_e4m3fn)
+                store[:, start:end], scale[:, start:end] = fused.quantize_per_token(value, scale.dtype)
             lo = step.window_start
+            windows = ((self.k[:, lo:end], self.k_scale[:, lo:end]), (self.v[:, lo:end], self.v_scale[:, lo:end]))
+            if fp8_window:
+                return tuple(QuantizedTensor(*fused.requantize_per_tensor(d, s)) for d, s in windows)
             # dequantized in the compute dtype: one window-sized copy per layer, freed after attention
-            k_win = self.k[:, lo:end].to(k.dtype).mul_(self.k_scale[:, lo:end])
-            v_win = self.v[:, lo:end].to(v.dtype).mul_(self.v_scale[:, lo:end])
-            return k_win, v_win
+            return tuple(fused.dequantize_per_token(d, s, k.dtype) for d, s in windows)
         self.k[:, start:end] = k
         self.v[:, start:end] = v
         return self.k[:, step.window_start : end], self.v[:, step.window_start : end]
