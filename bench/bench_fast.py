@@ -189,7 +189,7 @@ def main() -> None:
     parser.add_argument(
         "--frames",
         default="81,161",
-        help="comma-separated frame counts, one rollout each; a trailing c (81c) reuses the prompt's embedding "
+        help='comma-separated frame counts, one rollout each ("": none, with --golden: the parity alone); a trailing c (81c) reuses the prompt\'s embedding '
         "from the run before, as the server's prompt cache does; 81serial: chunk decodes after the forwards on "
         "one stream (no overlap)",
     )
@@ -266,6 +266,8 @@ def main() -> None:
                 print(f"golden fp8 {name:<24} rel L2 {err:.2e} (fp8, MIN_ROWS 1)", flush=True)
         save()
         free_device_memory(device)
+    if not args.frames:  # --frames "": the golden parity alone
+        return
     if args.build_synthetic:
         ensure_synthetic(Path(args.ckpt))
     poses, intrinsics = load_action(args.action_path)

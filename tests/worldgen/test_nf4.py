@@ -110,7 +110,7 @@ def test_fp8_rows_straight_from_nf4_are_the_two_step_paths_bytes(shape):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("shape", FP8_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_fp8_rows_compiled_on_cuda_match_the_two_step_path(shape):
+def test_fp8_rows_from_the_triton_kernel_match_the_two_step_path(shape):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     layer = nf4_layer(*shape).to("cuda")
