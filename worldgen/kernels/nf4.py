@@ -230,12 +230,14 @@ if triton is not None:
             c = start + tl.arange(0, TILE)
             m = c < row_bytes
             byte = tl.load(packed_ptr + row * row_bytes + c, mask=m, other=0).to(tl.int32)
+            # (names not used before the loop: Triton refuses a loop variable that changes shape)
             blk = row * blocks_per_row + c // BLOCK_BYTES
-            a = tl.load(absmax_ptr + blk, mask=m, other=0).to(tl.int32)
-            am = tl.load(nested_code_ptr + a) * tl.load(nested_absmax_ptr + blk // NESTED_BLOCKSIZE, mask=m, other=0)
-            am = am + offset
-            hi = (tl.load(code_ptr + (byte >> 4)) * am).to(tl.bfloat16).to(tl.float32)
-            lo = (tl.load(code_ptr + (byte & 15)) * am).to(tl.bfloat16).to(tl.float32)
+            a_byte = tl.load(absmax_ptr + blk, mask=m, other=0).to(tl.int32)
+            nested = tl.load(nested_absmax_ptr + blk // NESTED_BLOCKSIZE, mask=m, other=0)
+            block_absmax = tl.load(nested_code_ptr + a_byte) * nested
+            block_absmax = block_absmax + offset
+            hi = (tl.load(code_ptr + (byte >> 4)) * block_absmax).to(tl.bfloat16).to(tl.float32)
+            lo = (tl.load(code_ptr + (byte & 15)) * block_absmax).to(tl.bfloat16).to(tl.float32)
             hi = tl.minimum(tl.maximum(hi / scale, -fp8_max), fp8_max)
             lo = tl.minimum(tl.maximum(lo / scale, -fp8_max), fp8_max)
             out = tl.interleave(hi, lo).to(q_ptr.dtype.element_ty)
