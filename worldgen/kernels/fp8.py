@@ -1,8 +1,9 @@
 """The FP8 compute path (`--compute fp8`): each large Linear as one FP8 GEMM on FP8 tensor cores.
 
 Weights stay as they are at rest and in VRAM (NF4, or bf16 for the original release). On each
-call a Linear's weight is dequantized to bf16 as on the exact path, then quantized to float8 e4m3
-with one scale per output channel; its input is quantized with one scale per token (computed on
+call a Linear's weight is quantized to float8 e4m3 with one scale per output channel, from bf16 (the
+original release) or straight from its NF4 bytes (`worldgen.kernels.nf4`: one Triton kernel, the
+numbers of dequantizing to bf16 first); its input is quantized with one scale per token (computed on
 the fly from that token's largest magnitude: "dynamic" scaling, nothing calibrated), and
 `torch._scaled_mm` multiplies the two on the FP8 tensor cores (twice the bf16 rate on Hopper and
 Ada), accumulating in float32 and writing bf16. Both quantizations are one fused Triton kernel
