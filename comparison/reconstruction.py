@@ -56,9 +56,9 @@ class ReconstructionConfig:
     mapper: str = "incremental"  # see MAPPERS
     overlap: int = 10  # each frame is matched with the next `overlap` frames of its video
     max_features: int = 4096  # SIFT features per frame
-    # the incremental mapper's first pair needs this median triangulation angle (COLMAP: 16, halved on
-    # each failed search of every pair; a 5-s clip of a walking camera starts at 4 after two failed
-    # searches of ~50 s each on 162 frames: docs/benchmarks.md, issue 26)
+    # the incremental mapper's first pair needs this median triangulation angle (COLMAP: 16; where no
+    # pair qualifies it searches them all again with half the inliers, then half the angle: from 8, a
+    # 5-s clip of a walking camera took two vain searches of ~50 s each on 162 frames to reach 4)
     init_min_tri_angle_deg: float = 4.0
     # global bundle adjustment each time the model grew by this factor (COLMAP: 1.1; 1.4 is its setting
     # for video, where consecutive frames overlap)
