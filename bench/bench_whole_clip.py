@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Time the whole-clip camera reconstruction of one episode (docs/benchmarks.md, issue 26).
 
-    python bench/bench_whole_clip.py [--frames 81] [--height 480 --width 832] [--trials 2]
+    python bench/bench_whole_clip.py [--frames 81] [--height 480 --width 832] [--trials N] [--timeout-s S]
 
 Renders the sim frames along the walk-and-pan path of tests/comparison/scene.py and a rollout at half
 the commanded translation (`tests.room_render`, deterministic), runs
 `comparison.sfm_fidelity.evaluate_reconstruction` on them as `lingbot-isaac compare` does, and prints
-the seconds of each stage (wall clock), the CPU seconds of COLMAP's process, and the numbers.
+the seconds of each stage (wall clock), the CPU seconds of COLMAP's process, and the numbers. The trial
+count and the time limit default to `lingbot-isaac compare`'s (`ReconstructionConfig`).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def main() -> int:
     parser.add_argument("--frames", type=int, default=FIELD_BY_NAME["frame_num"].default)
     parser.add_argument("--height", type=int, default=MODEL_HEIGHT)
     parser.add_argument("--width", type=int, default=MODEL_WIDTH)
-    parser.add_argument("--trials", type=int, default=2)
-    parser.add_argument("--timeout-s", type=float, default=3600.0)
+    defaults = ReconstructionConfig()
+    parser.add_argument("--trials", type=int, default=defaults.trials)
+    parser.add_argument("--timeout-s", type=float, default=defaults.timeout_s)
     args = parser.parse_args()
     started = time.perf_counter()
     commanded = camera_path(args.frames)
@@ -52,6 +54,7 @@ def main() -> int:
     print(f"whole-clip reconstruction: {time.perf_counter() - started:.0f} s wall, "
           f"{usage.ru_utime + usage.ru_stime:.0f} s CPU in COLMAP's process")  # fmt: skip
     print("stages (s):", json.dumps({k: round(v, 1) for k, v in result["run"]["seconds"].items()}))
+    print(f"trials finished: {result['run']['trials_finished']} of {args.trials}; notes: {result['notes']}")
     for name in ("control", "rollout"):
         section = result[name]
         numbers = {k: v and round(v["mean"], 4) for k, v in section["summary"].items()}

@@ -56,6 +56,13 @@ class ReconstructionConfig:
     mapper: str = "incremental"  # see MAPPERS
     overlap: int = 10  # each frame is matched with the next `overlap` frames of its video
     max_features: int = 4096  # SIFT features per frame
+    # the incremental mapper's first pair needs this median triangulation angle (COLMAP: 16; where no
+    # pair qualifies it searches them all again with half the inliers, then half the angle: from 8, a
+    # 5-s clip of a walking camera took two vain searches of ~50 s each on 162 frames to reach 4)
+    init_min_tri_angle_deg: float = 4.0
+    # global bundle adjustment each time the model grew by this factor (COLMAP: 1.1; 1.4 is its setting
+    # for video, where consecutive frames overlap)
+    ba_global_ratio: float = 1.4
     timeout_s: float = 1800.0  # per episode, everything included; finished trials are kept
     min_registered_ratio: float = 0.5  # fewer registered frames than this: "not reconstructed"
     threads: int = -1  # COLMAP's threads (-1: all cores)
@@ -199,6 +206,7 @@ def _collect(work: Path, run: ReconstructionRun) -> None:
         )
         run.mapper_used.append(data["mapper_used"])
         run.seconds[f"trial_{t}_s"] = data["seconds"]
+        run.seconds.update({f"trial_{t}_{name}_map_s": s for name, s in data["map_seconds"].items()})
         t += 1
 
 
@@ -252,6 +260,8 @@ def _map(database: Path, image_dir: Path, names: list[str], mapper: str, seed: i
         options.ba_refine_focal_length = False  # the intrinsics are known: keep them
         options.ba_refine_principal_point = False
         options.ba_refine_extra_params = False
+        options.mapper.init_min_tri_angle = config["init_min_tri_angle_deg"]
+        options.ba_global_frames_ratio = options.ba_global_points_ratio = config["ba_global_ratio"]
         return pycolmap.incremental_mapping(database, image_dir, out, options)
     options = pycolmap.GlobalPipelineOptions()
     options.image_names = names
@@ -334,8 +344,9 @@ def _child(work: Path) -> None:
     for t in range(config["trials"]):
         tick = time.perf_counter()
         seed = config["seed"] + t
-        result, used = {}, {}
+        result, used, map_seconds = {}, {}, {}
         for map_name, map_names in maps.items():
+            map_tick = time.perf_counter()
             mapper = "incremental" if config["mapper"] == "auto" else config["mapper"]
             models = _map(database, image_dir, map_names, mapper, seed, config, work / f"sfm_{t}_{map_name}")
             poses = _poses_by_stream(models, images, streams)
@@ -345,7 +356,8 @@ def _child(work: Path) -> None:
                 if _registered(other) > _registered(poses):
                     poses, mapper = other, "global"
             result[map_name], used[map_name] = poses, mapper
-        trial = {"maps": result, "mapper_used": used, "seconds": time.perf_counter() - tick}
+            map_seconds[map_name] = time.perf_counter() - map_tick
+        trial = {"maps": result, "mapper_used": used, "seconds": time.perf_counter() - tick, "map_seconds": map_seconds}
         (work / f"trial_{t}.json.tmp").write_text(json.dumps(trial))
         (work / f"trial_{t}.json.tmp").rename(work / f"trial_{t}.json")
 

@@ -92,10 +92,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-features", type=int, default=defaults.max_features, help="features detected per frame")
     sfm = ReconstructionConfig()
     parser.add_argument("--no-sfm", action="store_true", help="skip the whole-clip reconstruction (pairwise only)")
-    parser.add_argument("--sfm-trials", type=int, default=sfm.trials, help="seeded reconstruction trials per episode")
+    parser.add_argument(
+        "--sfm-trials",
+        type=int,
+        default=sfm.trials,
+        help="seeded reconstruction trials per episode (each maps the sim frames, then sim and rollout together)",
+    )
     parser.add_argument("--sfm-mapper", choices=MAPPERS, default=sfm.mapper, help="COLMAP's mapper")
     parser.add_argument(
-        "--sfm-timeout-s", type=float, default=sfm.timeout_s, help="time limit of the reconstruction per episode"
+        "--sfm-timeout-s",
+        type=float,
+        default=sfm.timeout_s,
+        help="time limit of the reconstruction per episode, features and matching included; trials not finished "
+        "by then are dropped and the report says how many of --sfm-trials finished",
     )
 
 
