@@ -112,7 +112,7 @@ try:  # Triton ships with CUDA builds of PyTorch; CPU-only installs have none an
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover - depends on the install
-    triton = None
+    triton = tl = None  # (worldgen.kernels.nf4 takes both from here)
 
 if triton is not None:
 

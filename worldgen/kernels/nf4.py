@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worldgen.errors import CheckpointError
-from worldgen.kernels.fp8 import FP8, FP8_MAX, QuantizedRows, fp8_linear, quantize_rows, wants_fp8
+from worldgen.kernels.fp8 import FP8, FP8_MAX, QuantizedRows, fp8_linear, quantize_rows, tl, triton, wants_fp8
 from worldgen.quiet import hide_known_harmless
 
 hide_known_harmless()  # before bitsandbytes logs its harmless CPU-kernel warning on import
@@ -195,13 +195,7 @@ def fp8_rows_from_nf4(
     return q.view(out_features, in_features), scale
 
 
-try:  # Triton ships with CUDA builds of PyTorch; CPU-only installs have none and never need it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the install
-    triton = None
-
-if triton is not None:
+if triton is not None:  # (imported in worldgen.kernels.fp8: CPU-only installs have none and never need it)
 
     @triton.jit
     def _nf4_fp8_rows_kernel(
