@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import re
 import subprocess
 import sys
@@ -39,9 +40,11 @@ from bench.kernel_profile import profiled  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.engine_options import ATTENTIONS  # noqa: E402
 from contracts.model_frame import MODEL_SIZE  # noqa: E402
-from contracts.settings import GenerationSettings  # noqa: E402
+from contracts.settings import FIELD_BY_NAME, GenerationSettings  # noqa: E402
 from worldgen.kernels.attention import resolve_backend  # noqa: E402
+from worldgen.models.chunk_graph import enabled_by_environment  # noqa: E402
 from worldgen.models.kv_cache import CacheSpec, KVCache  # noqa: E402
+from worldgen.models.vae import StreamingDecoder  # noqa: E402
 from worldgen.pipelines.camera import load_action  # noqa: E402
 from worldgen.pipelines.fast import FastPipeline  # noqa: E402
 from worldgen.pipelines.fast_plan import FastOptions  # noqa: E402
@@ -127,8 +130,45 @@ def ensure_synthetic(ckpt: Path) -> None:
     print(f"synthetic Fast checkpoint built in {time.perf_counter() - start:.0f} s", flush=True)
 
 
+@torch.no_grad()
+def vae_check(pipe: FastPipeline, latents: list[torch.Tensor]) -> dict:
+    """The last rollout's chunk latents decoded chunk by chunk by a float32 VAE and by a bf16 one (what
+    `--compute fp8` decodes with): GPU seconds of each, and the bf16 video's distance from float32's."""
+    keep, videos, seconds = pipe.vae_dtype, {}, {}
+    for dtype in (torch.float32, torch.bfloat16):
+        pipe.vae.unload()
+        pipe.vae_dtype = dtype
+        decoder = StreamingDecoder(pipe.vae.get(), pipe.decode_tile_pixels)
+        device = next(decoder.vae.parameters()).device
+        decoder.push(latents[0][None].to(device))  # the first push allocates; time a fresh decoder after it
+        decoder = StreamingDecoder(decoder.vae, pipe.decode_tile_pixels)
+        sync(device)
+        start = time.perf_counter()
+        pieces = [decoder.push(latent[None].to(device))[0] for latent in latents]
+        sync(device)
+        seconds[str(dtype).removeprefix("torch.")] = round(time.perf_counter() - start, 3)
+        videos[dtype] = torch.cat(pieces, dim=1).float().cpu()
+        del decoder, pieces
+    pipe.vae.unload()
+    pipe.vae_dtype = keep
+    exact, half = videos[torch.float32], videos[torch.bfloat16]
+    mse = float((exact - half).pow(2).mean())
+    return {
+        "decode_seconds": seconds,
+        "chunks": len(latents),
+        "rel_l2_bf16_vs_float32": rel(half, exact),
+        "psnr_db_bf16_vs_float32": round(10 * np.log10(4.0 / max(mse, 1e-20)), 2),  # video in [-1, 1]: peak 2
+        "max_abs_diff": float((exact - half).abs().max()),
+    }
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def rollout(pipe: FastPipeline, args, image, prompt, poses, intrinsics, frames: int, context=None) -> dict:
-    settings = GenerationSettings(size=args.size, frame_num=frames, seed=42)
+    settings = GenerationSettings(size=args.size, frame_num=frames, seed=42, attention_frames=args.attention_frames)
     if pipe.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(pipe.device)
     first_records = len(pipe.meter.records)
@@ -179,6 +219,34 @@ def rollout(pipe: FastPipeline, args, image, prompt, poses, intrinsics, frames: 
     return result
 
 
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One --frames entry: a rollout's length and how it runs."""
+
+    frames: int
+    cached: bool  # the prompt's embedding from the run before
+    graphs: bool  # chunk forwards captured as CUDA graphs
+    overlap: bool  # chunk decodes on a second stream
+    profile: bool
+    eager: bool = False  # 'eager': graphs asked for, then taken away (the --graph-check rollout)
+    serial: bool = False
+
+
+def parse_entry(text: str) -> Entry:
+    """'81', '81c', '81go', '81cgop', '81eager', '81serial' (see --frames)."""
+    match = re.fullmatch(r"(\d+)(c?)(g?)(o?)(eager|serial)?(p?)", text)
+    if match is None:
+        raise SystemExit(f"--frames entry {text!r}: a frame count with optional letters c, g, o, eager|serial, p")
+    count, cached, graphs, overlap, less, profile = match.groups()
+    if less:  # the old spellings: both asked for, less one
+        graphs_on, overlap_on = less != "eager", less != "serial"
+    elif graphs or overlap:
+        graphs_on, overlap_on = bool(graphs), bool(overlap)
+    else:  # the product's default
+        graphs_on = overlap_on = enabled_by_environment()
+    return Entry(int(count), bool(cached), graphs_on, overlap_on, bool(profile), less == "eager", less == "serial")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt", default="tiny", help="checkpoint folder (base folder with the Fast DiT), or tiny")
@@ -189,9 +257,12 @@ def main() -> None:
     parser.add_argument(
         "--frames",
         default="81,161",
-        help='comma-separated frame counts, one rollout each ("": none, with --golden: the parity alone); a trailing c (81c) reuses the prompt\'s embedding '
-        "from the run before, as the server's prompt cache does; 81serial: chunk decodes after the forwards on "
-        "one stream (no overlap)",
+        help='comma-separated frame counts, one rollout each ("": none, with --golden: the parity alone), each '
+        "the product's default path (chunk graphs and decode overlap as LINGBOT_ISAAC_CHUNK_GRAPHS says) unless "
+        "letters follow the number: c reuses the prompt's embedding from the run before (as the server's prompt "
+        "cache does), g captures chunk forwards as CUDA graphs, o decodes each chunk on a second stream beside "
+        "the next chunk's forwards (81cgo), p profiles the rollout (with --profile-dir); 81eager / 81serial: "
+        "graphs and overlap asked for, less the graphs / less the overlap",
     )
     parser.add_argument("--golden", type=Path, help="golden/fast folder: parity in bf16 on this device first")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -203,10 +274,30 @@ def main() -> None:
         "the last 81-frame rollout of each later compute is compared chunk by chunk with the first compute's",
     )
     parser.add_argument(
+        "--attention-frames",
+        type=int,
+        default=FIELD_BY_NAME["attention_frames"].default,
+        help="latent frames the DiT attends to (as `generate --attention-frames`): pins the KV window, so "
+        "plans that leave the cache different room run the same attention",
+    )
+    parser.add_argument(
+        "--vae-dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="the VAE's dtype for every rollout (auto: the engine's, float32 but bf16 under Fast fp8 on CUDA); "
+        "float32 with --compute exact,fp8 gives both the same memory plan, so the per-chunk distance is fp8's alone",
+    )
+    parser.add_argument(
+        "--vae-check",
+        action="store_true",
+        help="after the rollouts, the last one's chunk latents decoded by a float32 VAE and by a bf16 one: "
+        "seconds of each, and the bf16 video's distance from float32's (rel-L2, PSNR)",
+    )
+    parser.add_argument(
         "--graph-check",
         action="store_true",
-        help="after the first compute's rollouts, one more 81-frame rollout with every forward eager (no CUDA "
-        "graphs): its chunks against the graphed run's (identical expected)",
+        help="after the first compute's rollouts, the last --frames entry once more with every forward eager (no "
+        "CUDA graphs, the same plan): its chunks against that entry's (identical expected when it had g)",
     )
     parser.add_argument(
         "--warm-up",
@@ -306,20 +397,21 @@ def main() -> None:
     context = None
     latents: dict[str, list[torch.Tensor]] = {}  # compute -> the last 81-frame rollout's chunks
     sticky_off = False  # set when a rollout failed: graphs and overlap off from then on
-    entries = [(compute, entry) for compute in computes for entry in args.frames.split(",")]
-    if args.graph_check:
-        entries.insert(len(args.frames.split(",")), (computes[0], "81eager"))
+    listed = [parse_entry(text) for text in args.frames.split(",")]
+    entries = [(compute, entry) for compute in computes for entry in listed]
+    if args.graph_check:  # the first entry again, every forward eager
+        entries.insert(
+            len(listed), (computes[0], dataclasses.replace(listed[0], graphs=False, eager=True, profile=False))
+        )
     for compute, entry in entries:
         if compute != pipe.compute:
-            pipe.residency.use("fast").set_compute(compute)
-            pipe.compute = compute
-        profiling = entry.endswith("p")
-        entry = entry.removesuffix("p")
-        eager, serial = entry.endswith("eager"), entry.endswith("serial")
-        entry = entry.removesuffix("eager").removesuffix("serial")
-        pipe.use_chunk_graphs = not (eager or sticky_off)
-        pipe.overlap_decode = not (serial or sticky_off)
-        frames, cached = int(entry.rstrip("c")), entry.endswith("c")
+            pipe.set_compute(compute)  # the DiT's compute, and the VAE's dtype with it
+        if args.vae_dtype != "auto" and str(pipe.vae_dtype) != f"torch.{args.vae_dtype}":
+            pipe.vae.unload()  # reloads in the dtype asked for
+            pipe.vae_dtype = getattr(torch, args.vae_dtype)
+        profiling, eager, serial, frames, cached = entry.profile, entry.eager, entry.serial, entry.frames, entry.cached
+        pipe.use_chunk_graphs = entry.graphs and not sticky_off
+        pipe.overlap_decode = entry.overlap and not sticky_off
         if cached and context is None:
             (context,) = pipe.encode_text([prompt])
         region = contextlib.nullcontext()
@@ -342,6 +434,7 @@ def main() -> None:
             free_device_memory(device)
             continue
         result["eager_only"] = eager
+        result["chunk_graphs_asked"], result["vae_dtype"] = entry.graphs, str(pipe.vae_dtype).removeprefix("torch.")
         result["decode_overlap"] = bool(pipe.overlap_decode and pipe.graph_room and device.type == "cuda")
         if frames == 81 and not eager:
             latents[compute] = list(pipe.last_latents)
@@ -368,7 +461,7 @@ def main() -> None:
         print(result["plan"], flush=True)
         s = result["seconds"]
         print(
-            f"rollout {frames} frames, {compute}{' (eager)' if eager else ''}{' (serial decode)' if serial else ''} ({result['prompt']}) -> {result['frames']} at {result['size']}: first chunk {s['first_chunk']:.2f} s, "
+            f"rollout {frames} frames, {compute}, VAE {result['vae_dtype']}{', graphs' if entry.graphs else ''}{', overlap' if entry.overlap else ''}{' (eager)' if eager else ''}{' (serial decode)' if serial else ''} ({result['prompt']}) -> {result['frames']} at {result['size']}: first chunk {s['first_chunk']:.2f} s, "
             f"whole video {s['total']:.2f} s (text {s['text']:.2f}, encode {s['encode']:.2f}, DiT loop {s['dit']:.2f}, "
             f"decode {s['decode']:.2f}; {result['dit_seconds_per_forward']:.3f} s per DiT forward); peak VRAM {result.get('peak_vram_reserved_gib', '-')} GiB reserved "
             f"({result.get('peak_vram_allocated_gib', '-')} allocated), peak RSS {result['peak_rss_gib']} GiB; "
@@ -385,6 +478,12 @@ def main() -> None:
                     continue
                 verdict = "met" if value <= limit else f"MISSED by {value - limit:.2f} s"
                 print(f"  target ({compute}) {key} <= {limit:g} s: {value:.2f} s, {verdict}", flush=True)
+    if args.vae_check and results["rollouts"] and hasattr(pipe, "last_latents"):
+        results["vae_check"] = check = vae_check(pipe, pipe.last_latents)
+        print(f"VAE check, {check['chunks']} chunks decoded one by one: {check['decode_seconds']} s; bf16 vs float32 "
+              f"rel-L2 {check['rel_l2_bf16_vs_float32']:.3e}, PSNR {check['psnr_db_bf16_vs_float32']} dB, "
+              f"max |diff| {check['max_abs_diff']:.3f}", flush=True)  # fmt: skip
+        save()
     rss = peak_rss_gib()
     results["process_peak_rss_gib"] = None if rss is None else round(rss, 2)
     save()

@@ -92,11 +92,13 @@ class Pipeline:
         residency: ResidencyPolicy | None = None,
         compute: str = "exact",
         second_device: GuidanceDevice | None = None,
+        vae_dtype: torch.dtype = torch.float32,
     ):
         self.tokenizer = tokenizer
         self.text_encoder = text_encoder
         self.text_dtype = text_dtype  # the dtype umT5 computes in (None: as loaded)
         self.vae = vae
+        self.vae_dtype = vae_dtype  # what the VAE slot loads it in (`worldgen.pipelines.fast_plan.vae_dtype`)
         self.experts = experts
         self.device = torch.device(device)
         self.text_len = text_len

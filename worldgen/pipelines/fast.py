@@ -29,7 +29,7 @@ from worldgen.errors import InputError
 from worldgen.models.chunk_graph import ChunkGraphs, enabled_by_environment
 from worldgen.models.dit import DiTConfig
 from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
-from worldgen.models.vae import StreamingDecoder, StreamingEncoder
+from worldgen.models.vae import StreamingDecoder
 from worldgen.pipelines.base import Pipeline, Progress, _no_progress, condition_mask, prepare_image
 from worldgen.pipelines.camera import (
     plucker_embedding,
@@ -39,7 +39,9 @@ from worldgen.pipelines.camera import (
     validate_camera,
 )
 from worldgen.pipelines.decode_overlap import PendingDecode
+from worldgen.pipelines.fast_conditioning import ChunkConditioning
 from worldgen.pipelines.fast_plan import (
+    GRAPH_POOL_BYTES_PER_TOKEN,
     LOOP_MARGIN_GIB,
     FastFrames,
     FastOptions,
@@ -48,6 +50,7 @@ from worldgen.pipelines.fast_plan import (
     fast_schedule,
     full_cache_spec,
     stream_vae_cuts,
+    vae_dtype,
 )
 from worldgen.runtime.cuda_memory import free_device_memory
 from worldgen.runtime.memory import (
@@ -101,6 +104,16 @@ class FastPipeline(Pipeline):
         self.chunk_graphs: ChunkGraphs | None = None  # the last rollout's (its `decisions`, `captures`)
         self.chunk_timings: list[dict[str, float]] = []  # seconds per chunk of the last `generate`
 
+    def set_compute(self, compute: str) -> None:
+        """Switch the DiT's compute between jobs (the bench compares both in one process); the VAE is
+        dropped when its dtype changes with it (`worldgen.pipelines.fast_plan.vae_dtype`) and reloads."""
+        self.residency.use("fast").set_compute(compute)
+        self.compute = compute
+        dtype = vae_dtype("fast", compute, self.device)
+        if dtype != self.vae_dtype:
+            self.vae.unload()
+            self.vae_dtype = dtype
+
     # -- memory ------------------------------------------------------------------------------------
     def plan_job(self, latent_frames: int, lat_h: int, lat_w: int, options: FastOptions) -> CacheSpec:
         """Fit the memory plan to this job: the KV cache (`worldgen.models.kv_cache.plan_cache`), how the VAE
@@ -140,11 +153,9 @@ class FastPipeline(Pipeline):
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.vae_cut, self.stream_encode = cut, stream_encode
-        # a captured forward's pool, or a decode beside the forwards, only without a budget: at 24 GiB
-        # on the H100 the pool (1.24 GiB at 4,524 tokens) made chunk 1's encode and decode run out of
-        # memory although the plan's arithmetic had room (the allocator held 3.3-3.6 GiB it could not
-        # use), docs/benchmarks.md "Session 7: Fast"
-        self.graph_room = usable is None
+        # under a budget the plan leaves room for a captured forward's pool or a decode beside the
+        # forwards only when they are asked for (`_keeps_forward`): it costs KV-cache tokens
+        self.graph_room = usable is None or self._keeps_forward()
         self.decode_tile_pixels = cut.tile_pixels
         if stream_encode or usable is None:
             self.encode_tile_pixels = cut.tile_pixels
@@ -158,6 +169,11 @@ class FastPipeline(Pipeline):
             self.on_plan(self.describe_plan())
         return spec
 
+    def _keeps_forward(self) -> bool:
+        """Whether a chunk forward's activations outlive it (a CUDA graph's pool) or share the device with
+        a decode (the decode on a second stream): the plan then counts both at once."""
+        return self.device.type == "cuda" and (self.use_chunk_graphs or self.overlap_decode)
+
     def _fit_loop(self, usable: float, chunk_tokens: int, height: int, width: int, cache_for) -> tuple:
         """Under a budget: for each way to cut frames, the KV cache that fits beside the DiT, the text
         keys/values, the streamed VAE and one chunk's activations; keep the largest cache, then the cut
@@ -167,10 +183,18 @@ class FastPipeline(Pipeline):
         cross = 2 * cfg.num_layers * cfg.text_len * cfg.dim * elem / GiB
         fixed = self.plan.expert_gib + cross + VAE_WEIGHTS_GIB + LOOP_MARGIN_GIB
         act = activation_gib(chunk_tokens)
+        kept = GRAPH_POOL_BYTES_PER_TOKEN * chunk_tokens / GiB if self.use_chunk_graphs else act
+        keeps_forward = self._keeps_forward()
+
+        def beside(*pushes: float) -> float:
+            """The loop's transient peak: a VAE push after the forwards (eager, one stream), or beside
+            a forward's activations (kept in a graph pool, or a decode on a second stream)."""
+            return kept + max(pushes) if keeps_forward else max(act, *pushes)
+
+        vae_bytes = torch.empty(0, dtype=self.vae_dtype).element_size()
         best, refusal = None, None
-        for cut in stream_vae_cuts(height, width):
-            # decoding happens between forwards: its peak and the DiT's activations never coincide
-            room = usable - fixed - cut.decode_cache_gib - max(act, cut.decode_push_gib)
+        for cut in stream_vae_cuts(height, width, vae_bytes):
+            room = usable - fixed - cut.decode_cache_gib - beside(cut.decode_push_gib)
             try:
                 spec, why = cache_for(room)
             except ValueError as exc:
@@ -181,13 +205,13 @@ class FastPipeline(Pipeline):
             first_kv = spec.bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype) / GiB
             first_kv *= min(1.0, chunk_tokens / spec.capacity_tokens)
             with_encoder = fixed + first_kv + cut.encode_cache_gib + cut.decode_cache_gib
-            stream_encode = with_encoder + max(act, cut.decode_push_gib, cut.encode_push_gib) <= usable
+            stream_encode = with_encoder + beside(cut.decode_push_gib, cut.encode_push_gib) <= usable
             score = (spec.capacity_tokens, stream_encode, -cut.tiles)
             if best is None or score > best[0]:
                 best = (score, spec, why, cut, stream_encode)
         if best is None:
             smallest = min(
-                cut.decode_cache_gib + max(act, cut.decode_push_gib) for cut in stream_vae_cuts(height, width)
+                cut.decode_cache_gib + beside(cut.decode_push_gib) for cut in stream_vae_cuts(height, width, vae_bytes)
             )
             raise ValueError(
                 f"{refusal}. At {height}x{width} the Fast DiT ({self.plan.expert_gib:.1f} GiB), its text keys/values "
@@ -523,51 +547,6 @@ class FastPipeline(Pipeline):
         self.timings = clock.seconds
         self.last_latents = latents  # each chunk's final latent (CPU), for comparisons (bench_fast)
         return torch.cat(pieces, dim=1)
-
-
-class ChunkConditioning:
-    """y [20, chunk_frames, lat_h, lat_w] of chunk c, encoded as the loop goes (`StreamingEncoder`:
-    the same latents as encoding the whole video at once): chunk 0 encodes its own 4(n-1)+1 frames,
-    chunk 1 encodes every remaining frame and frees the encoder's caches, so the first preview waits
-    for 9 frames' encoding instead of the whole video's and the loop does not carry the caches."""
-
-    def __init__(self, pipe: Pipeline, image: torch.Tensor, frames: int, chunk_frames: int, clock, progress: Progress):
-        self.pipe, self.clock, self.progress = pipe, clock, progress
-        self.image, self.frames, self.n = image, frames, chunk_frames
-        _, _, h, w = image.shape
-        self.mask = condition_mask(frames, h // 8, w // 8)
-        self.latents: list[torch.Tensor] = []
-        self.encoder: StreamingEncoder | None = None
-
-    def _encode(self, first: int, count: int) -> None:
-        """Push frames [first, first + count) of the conditioning video (the image, then black)."""
-        device = self.pipe.device
-        video = torch.zeros(1, 3, count, *self.image.shape[-2:], device=device)
-        if first == 0:
-            video[0, :, :1] = self.image.to(device)
-        self.latents.append(self.encoder.push(video)[0].float().cpu())
-
-    def __call__(self, c: int) -> torch.Tensor:
-        n = self.n
-        if c == 0 or (c == 1 and self.encoder is not None):
-            self.clock.lap("dit")
-            # no meter phase here: it would reset the CUDA peak of the loop it runs inside
-            self.progress("encode", c, 2)
-            if c == 0:
-                vae = self.pipe.residency.use("vae")
-                self.encoder = StreamingEncoder(vae, self.pipe.encode_tile_pixels)
-                self._encode(0, 4 * (n - 1) + 1)
-            else:
-                step = 4 * n
-                for first in range(4 * (n - 1) + 1, self.frames, step):
-                    self._encode(first, min(step, self.frames - first))
-                self.encoder = None  # its caches go now, before the KV cache grows
-                free_device_memory(self.pipe.device)
-            self.progress("encode", c + 1, 2)
-            self.clock.lap("encode")
-        latent = torch.cat(self.latents, dim=1)
-        frames = slice(c * n, (c + 1) * n)
-        return torch.cat([self.mask[:, frames], latent[:, frames]])
 
 
 class _Clock:

@@ -31,6 +31,9 @@ DECODE_CACHE_BYTES_PER_PIXEL = 9_460  # whole frames: 3.40 GiB; two strips 3.92 
 DECODE_PUSH_BYTES_PER_PIXEL = 11_900  # whole frames: 4.19 GiB; two strips 2.47 GiB
 ENCODE_CACHE_BYTES_PER_PIXEL = 5_620  # whole frames: 2.02 GiB; two strips 2.33 GiB
 ENCODE_PUSH_BYTES_PER_PIXEL = 13_400  # whole frames: 4.75 GiB; two strips 2.77 GiB
+# A chunk forward captured as a CUDA graph keeps its own memory pool while the rollout lives: 1.23-1.24
+# GiB at 4,524 tokens on the H100 (docs/benchmarks.md, "Session 7: Fast"), above the activation estimate
+GRAPH_POOL_BYTES_PER_TOKEN = 1.24 * GiB / 4524
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,20 +48,23 @@ class StreamVAE:
     encode_push_gib: float  # transient, while frames encode
 
     @classmethod
-    def cut(cls, height: int, width: int, tile_pixels: int | None) -> StreamVAE:
+    def cut(cls, height: int, width: int, tile_pixels: int | None, element_size: int = 4) -> StreamVAE:
+        """`element_size`: bytes of the VAE's compute dtype (the per-pixel figures are float32's; a bf16
+        VAE's caches and activations are half as large)."""
         one, every, count = streamed_tiles(height, width, tile_pixels)
         tile = None if count == 1 else tile_pixels
+        k = element_size / 4 / GiB
         return cls(
             tile,
             count,
-            DECODE_CACHE_BYTES_PER_PIXEL * every / GiB,
-            DECODE_PUSH_BYTES_PER_PIXEL * one / GiB,
-            ENCODE_CACHE_BYTES_PER_PIXEL * every / GiB,
-            ENCODE_PUSH_BYTES_PER_PIXEL * one / GiB,
+            DECODE_CACHE_BYTES_PER_PIXEL * every * k,
+            DECODE_PUSH_BYTES_PER_PIXEL * one * k,
+            ENCODE_CACHE_BYTES_PER_PIXEL * every * k,
+            ENCODE_PUSH_BYTES_PER_PIXEL * one * k,
         )
 
 
-def stream_vae_cuts(height: int, width: int) -> list[StreamVAE]:
+def stream_vae_cuts(height: int, width: int, element_size: int = 4) -> list[StreamVAE]:
     """Whole frames, full-height strips (2 to 4: the cheapest tiles, measured), then ever smaller
     tiles (2 to 12 per frame); one entry per distinct cut."""
     h, w, overlap = height // 8, width // 8, 8  # in latent pixels (the streamed VAE's 64-pixel overlap)
@@ -67,7 +73,7 @@ def stream_vae_cuts(height: int, width: int) -> list[StreamVAE]:
     areas += [height * width // parts for parts in range(2, 13)]
     cuts, seen = [], set()
     for area in areas:
-        cut = StreamVAE.cut(height, width, area)
+        cut = StreamVAE.cut(height, width, area, element_size)
         key = (cut.tiles, round(cut.decode_cache_gib, 4), round(cut.decode_push_gib, 4))
         if key not in seen:
             seen.add(key)
@@ -164,6 +170,19 @@ def fast_frames(frame_num: int, num_poses: int | None, chunk_frames: int) -> Fas
             stacklevel=2,
         )
     return FastFrames(frames, pose_frames, latent)
+
+
+def vae_dtype(model: str, compute: str, device: torch.device) -> torch.dtype:
+    """The VAE's compute dtype: float32 as the reference, but bf16 for the Fast model under fp8 on CUDA.
+
+    A Fast chunk decodes while the next is awaited, and in float32 its decode was 0.52 s of a 1.87 s
+    chunk on the H100 (docs/benchmarks.md, "Session 8: Fast"); fp8 is the approximate path already,
+    and a Fast pipeline's jobs run in the compute it was loaded with (`FastPipeline.set_compute`
+    reloads the VAE when that changes), so no exact job decodes through a bf16 VAE. The base model's
+    jobs may switch compute per job: its VAE stays float32."""
+    if model == "fast" and compute == "fp8" and device.type == "cuda":
+        return torch.bfloat16
+    return torch.float32
 
 
 def full_cache_spec(latent_frames: int, frame_tokens: int, options: FastOptions) -> CacheSpec:

@@ -79,7 +79,7 @@ def load_pipeline(
     """Recognise the checkpoint, make the memory plan and return a pipeline whose models load lazily.
 
     `dtype` is the DiT/T5 compute dtype: bfloat16 on CUDA, float32 on the CPU by default. The VAE
-    runs in float32 as in the reference. `attention` picks the DiT's attention kernel
+    runs in float32 as in the reference, except under the Fast model's fp8 (`vae_dtype`). `attention` picks the DiT's attention kernel
     (`worldgen.kernels.attention`: auto, sdpa, flash, sage). `model`: "base" (the two experts) or "fast"
     (LingBot-World-Fast, a `worldgen.pipelines.fast.FastPipeline`). `compute`: "exact" ("bf16", its old name) or "fp8"
     (approximate, Ada/Hopper only: `worldgen.kernels.fp8`), a job's settings may override it. `devices`:
@@ -180,6 +180,9 @@ def load_pipeline(
             for name, folder in layout.experts.items()
         }
         extra["second_device"] = SecondDevice(other, ResidencyPolicy(plan2, experts=experts2))
+    from worldgen.pipelines.fast_plan import vae_dtype
+
+    vae_compute = vae_dtype(model, compute, device)
     if model == "fast":
         from worldgen.pipelines.fast import FastPipeline
 
@@ -191,7 +194,7 @@ def load_pipeline(
             "umT5",
             lambda: load_t5(layout, t5_device, t5_dtype, plan.stream_text_encoder),
         ),
-        vae=ModelSlot("VAE", lambda: load_vae(layout, device)),
+        vae=ModelSlot("VAE", lambda: load_vae(layout, device, pipe.vae_dtype)),  # `pipe`: it may change it
         device=device,
         text_len=text_len,
         name=f"{'tiny (random weights)' if is_tiny else root.name}{', Fast' if model == 'fast' else ''}, "
@@ -203,6 +206,7 @@ def load_pipeline(
         is_random_weights=is_tiny,
         text_dtype=t5_dtype,
         compute=compute,
+        vae_dtype=vae_compute,
     )
     pipe.engine = {
         "model": model,
@@ -213,6 +217,7 @@ def load_pipeline(
         "attention": backend,
         "text_encoder_device": str(t5_device),
         "text_encoder_streamed": plan.stream_text_encoder,  # --t5-on-cpu: block by block from its file
+        "vae_dtype": str(vae_compute).removeprefix("torch."),
         "vram_budget_gb": vram_budget_gb,  # as asked (the plan applies it on CUDA only)
     }
     # what the provenance record of each rollout says about the model (worldgen.rollout.rollout_record)
@@ -222,6 +227,7 @@ def load_pipeline(
         "checkpoint": str(root),
         "layout": layout.kind,
         "dtype": str(dtype).removeprefix("torch."),
+        "vae_dtype": str(vae_compute).removeprefix("torch."),
         "text_encoder": "cpu, streamed" if text_encoder_on_cpu else str(t5_device),
         "attention": backend,
     }

@@ -1,0 +1,55 @@
+"""Chunk c's conditioning y of a Fast rollout, encoded as the chunk loop goes (`FastPipeline` with
+`stream_encode`): its own module, the encoder's bookkeeping is a concern apart from the loop."""
+
+from __future__ import annotations
+
+import torch
+
+from worldgen.models.vae import StreamingEncoder
+from worldgen.pipelines.base import Pipeline, Progress, condition_mask
+from worldgen.runtime.cuda_memory import free_device_memory
+
+
+class ChunkConditioning:
+    """y [20, chunk_frames, lat_h, lat_w] of chunk c, encoded as the loop goes (`StreamingEncoder`:
+    the same latents as encoding the whole video at once): chunk 0 encodes its own 4(n-1)+1 frames,
+    chunk 1 encodes every remaining frame and frees the encoder's caches, so the first preview waits
+    for 9 frames' encoding instead of the whole video's and the loop does not carry the caches."""
+
+    def __init__(self, pipe: Pipeline, image: torch.Tensor, frames: int, chunk_frames: int, clock, progress: Progress):
+        self.pipe, self.clock, self.progress = pipe, clock, progress
+        self.image, self.frames, self.n = image, frames, chunk_frames
+        _, _, h, w = image.shape
+        self.mask = condition_mask(frames, h // 8, w // 8)
+        self.latents: list[torch.Tensor] = []
+        self.encoder: StreamingEncoder | None = None
+
+    def _encode(self, first: int, count: int) -> None:
+        """Push frames [first, first + count) of the conditioning video (the image, then black)."""
+        device = self.pipe.device
+        video = torch.zeros(1, 3, count, *self.image.shape[-2:], device=device)
+        if first == 0:
+            video[0, :, :1] = self.image.to(device)
+        self.latents.append(self.encoder.push(video)[0].float().cpu())
+
+    def __call__(self, c: int) -> torch.Tensor:
+        n = self.n
+        if c == 0 or (c == 1 and self.encoder is not None):
+            self.clock.lap("dit")
+            # no meter phase here: it would reset the CUDA peak of the loop it runs inside
+            self.progress("encode", c, 2)
+            if c == 0:
+                vae = self.pipe.residency.use("vae")
+                self.encoder = StreamingEncoder(vae, self.pipe.encode_tile_pixels)
+                self._encode(0, 4 * (n - 1) + 1)
+            else:
+                step = 4 * n
+                for first in range(4 * (n - 1) + 1, self.frames, step):
+                    self._encode(first, min(step, self.frames - first))
+                self.encoder = None  # its caches go now, before the KV cache grows
+                free_device_memory(self.pipe.device)
+            self.progress("encode", c + 1, 2)
+            self.clock.lap("encode")
+        latent = torch.cat(self.latents, dim=1)
+        frames = slice(c * n, (c + 1) * n)
+        return torch.cat([self.mask[:, frames], latent[:, frames]])
