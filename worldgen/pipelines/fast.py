@@ -191,9 +191,8 @@ class FastPipeline(Pipeline):
             a forward's activations (kept in a graph pool, or a decode on a second stream)."""
             return kept + max(pushes) if keeps_forward else max(act, *pushes)
 
-        vae_bytes = torch.empty(0, dtype=self.vae_dtype).element_size()
         best, refusal = None, None
-        for cut in stream_vae_cuts(height, width, vae_bytes):
+        for cut in stream_vae_cuts(height, width):
             room = usable - fixed - cut.decode_cache_gib - beside(cut.decode_push_gib)
             try:
                 spec, why = cache_for(room)
@@ -210,9 +209,7 @@ class FastPipeline(Pipeline):
             if best is None or score > best[0]:
                 best = (score, spec, why, cut, stream_encode)
         if best is None:
-            smallest = min(
-                cut.decode_cache_gib + beside(cut.decode_push_gib) for cut in stream_vae_cuts(height, width, vae_bytes)
-            )
+            smallest = min(cut.decode_cache_gib + beside(cut.decode_push_gib) for cut in stream_vae_cuts(height, width))
             raise ValueError(
                 f"{refusal}. At {height}x{width} the Fast DiT ({self.plan.expert_gib:.1f} GiB), its text keys/values "
                 f"({cross:.1f} GiB), the VAE ({VAE_WEIGHTS_GIB:.1f} GiB) with its smallest streamed cut and one "

@@ -48,23 +48,24 @@ class StreamVAE:
     encode_push_gib: float  # transient, while frames encode
 
     @classmethod
-    def cut(cls, height: int, width: int, tile_pixels: int | None, element_size: int = 4) -> StreamVAE:
-        """`element_size`: bytes of the VAE's compute dtype (the per-pixel figures are float32's; a bf16
-        VAE's caches and activations are half as large)."""
+    def cut(cls, height: int, width: int, tile_pixels: int | None) -> StreamVAE:
+        """The float32 figures whatever the VAE's dtype: a plan that halved them for a bf16 VAE grew the
+        24 GiB cache from 10 to 16 frames and chunk 1's cache grow ran out of memory on the H100 (2.6-3.0
+        GiB reserved and unusable: fragmentation; docs/benchmarks.md, "Session 9: Fast"). What a bf16
+        VAE saves is left as slack."""
         one, every, count = streamed_tiles(height, width, tile_pixels)
         tile = None if count == 1 else tile_pixels
-        k = element_size / 4 / GiB
         return cls(
             tile,
             count,
-            DECODE_CACHE_BYTES_PER_PIXEL * every * k,
-            DECODE_PUSH_BYTES_PER_PIXEL * one * k,
-            ENCODE_CACHE_BYTES_PER_PIXEL * every * k,
-            ENCODE_PUSH_BYTES_PER_PIXEL * one * k,
+            DECODE_CACHE_BYTES_PER_PIXEL * every / GiB,
+            DECODE_PUSH_BYTES_PER_PIXEL * one / GiB,
+            ENCODE_CACHE_BYTES_PER_PIXEL * every / GiB,
+            ENCODE_PUSH_BYTES_PER_PIXEL * one / GiB,
         )
 
 
-def stream_vae_cuts(height: int, width: int, element_size: int = 4) -> list[StreamVAE]:
+def stream_vae_cuts(height: int, width: int) -> list[StreamVAE]:
     """Whole frames, full-height strips (2 to 4: the cheapest tiles, measured), then ever smaller
     tiles (2 to 12 per frame); one entry per distinct cut."""
     h, w, overlap = height // 8, width // 8, 8  # in latent pixels (the streamed VAE's 64-pixel overlap)
@@ -73,7 +74,7 @@ def stream_vae_cuts(height: int, width: int, element_size: int = 4) -> list[Stre
     areas += [height * width // parts for parts in range(2, 13)]
     cuts, seen = [], set()
     for area in areas:
-        cut = StreamVAE.cut(height, width, area, element_size)
+        cut = StreamVAE.cut(height, width, area)
         key = (cut.tiles, round(cut.decode_cache_gib, 4), round(cut.decode_push_gib, 4))
         if key not in seen:
             seen.add(key)
