@@ -162,6 +162,16 @@ def vae_check(pipe: FastPipeline, latents: list[torch.Tensor]) -> dict:
     }
 
 
+def dynamo_compile_times() -> str:
+    """Dynamo's and Inductor's seconds per compiled function and phase, so far in this process (a table)."""
+    try:
+        from torch._dynamo.utils import compile_times
+
+        return compile_times(repr="str", aggregate=True)
+    except Exception as exc:  # noqa: BLE001  (a private API: say so instead of failing the bench)
+        return f"compile times not available ({exc})"
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -434,6 +444,9 @@ def main() -> None:
             free_device_memory(device)
             continue
         result["eager_only"] = eager
+        if len(results["rollouts"]) == 0:  # where a fresh process's first rollout spends its compile time
+            result["dynamo_compile_times"] = dynamo_compile_times()
+            print(result["dynamo_compile_times"], flush=True)
         result["chunk_graphs_asked"], result["vae_dtype"] = entry.graphs, str(pipe.vae_dtype).removeprefix("torch.")
         result["decode_overlap"] = bool(pipe.overlap_decode and pipe.graph_room and device.type == "cuda")
         if frames == 81 and not eager:

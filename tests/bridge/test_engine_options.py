@@ -33,6 +33,7 @@ def test_attention_t5_on_cpu_compute_and_budget_reach_the_pipeline(servers, epis
         assert applied["text_encoder_device"] == "cpu" and applied["text_encoder_streamed"] is True
         assert applied["compute"] == "exact" and applied["vram_budget_gb"] == 12.5
         assert applied["dtype"] == "float32" and health["model"]["dtype"] == "float32"
+        assert applied["vae_dtype"] == "float32"  # bf16 only for the Fast model under fp8 on CUDA
         # and the pipeline so loaded generates
         assert client.submit(EpisodePayload.from_dir(episode), {"steps": 1, "size": "48*80", "frame_num": 5}).result(
             timeout=120

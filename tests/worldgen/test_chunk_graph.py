@@ -48,14 +48,37 @@ def test_a_new_cache_is_never_replayed_into(dit, chunks_io):  # noqa: F811
     assert graphs.decisions == ["eager", "capture", "replay"] * 2
 
 
-def test_graphs_and_the_decode_overlap_only_without_a_budget():
-    # measured on the H100 at 24 GiB: the graph's pool beside chunk 1's encode / decode ran out of memory
+def test_under_a_budget_graphs_and_the_decode_overlap_get_room_only_when_asked_for():
+    # a captured forward keeps its pool (1.24 GiB at 4,524 tokens, measured) and a decode on a second stream
+    # runs beside a forward: the plan counts them at once, out of the KV cache (measured on the H100 at
+    # 24 GiB: 7 frames ran with graphs and the overlap, without running out of memory)
     pipe = _full_size_plan(24)
-    pipe.plan_job(21, 58, 104, FastOptions())
+    assert pipe.plan_job(21, 58, 104, FastOptions()).capacity_tokens == 10 * 1508
     assert not pipe.graph_room
+    asked = _full_size_plan(24)
+    asked.use_chunk_graphs = asked.overlap_decode = True
+    assert asked.plan_job(21, 58, 104, FastOptions()).capacity_tokens == 7 * 1508
+    assert asked.graph_room
+    overlap_only = _full_size_plan(24)
+    overlap_only.overlap_decode = True  # a forward's activations beside a decode, no pool kept
+    assert 7 * 1508 <= overlap_only.plan_job(21, 58, 104, FastOptions()).capacity_tokens <= 10 * 1508
     unbounded = _full_size_plan(None)
     unbounded.plan_job(21, 58, 104, FastOptions())
     assert unbounded.graph_room
+
+
+def test_the_fast_vae_computes_in_bf16_only_under_fp8_on_cuda():
+    from worldgen.pipelines.fast_plan import vae_dtype
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert vae_dtype("fast", "fp8", cuda) == torch.bfloat16
+    assert vae_dtype("fast", "exact", cuda) == torch.float32
+    assert vae_dtype("base", "fp8", cuda) == torch.float32  # base jobs may switch compute per job
+    assert vae_dtype("fast", "fp8", cpu) == torch.float32
+    # the bf16 VAE does not change the plan: its savings are slack (halving the figures ran out of memory)
+    half = _full_size_plan(24)
+    half.vae_dtype = torch.bfloat16
+    assert half.plan_job(21, 58, 104, FastOptions()).capacity_tokens == 10 * 1508
 
 
 @pytest.mark.slow
