@@ -261,7 +261,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt", default="tiny", help="checkpoint folder (base folder with the Fast DiT), or tiny")
     parser.add_argument("--build-synthetic", action="store_true", help="write a full-size synthetic one at --ckpt")
-    parser.add_argument("--action-path", type=Path, required=True, help="poses.npy, intrinsics.npy, image, prompt")
+    parser.add_argument(
+        "--action-path", type=Path, help="the episode: poses.npy, intrinsics.npy, image, prompt (needed with --frames)"
+    )
     parser.add_argument("--vram-budget", type=float, help="GiB, as `generate --vram-budget`")
     parser.add_argument("--size", default=MODEL_SIZE, help="max area H*W")
     parser.add_argument(
@@ -328,6 +330,8 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="write all results here (rewritten after each step)")
     args = parser.parse_args()
+    if args.frames and args.action_path is None:
+        parser.error("--action-path is needed for the rollouts of --frames (--frames '' runs the golden parity alone)")
     if args.sdpa_first:
         from worldgen.kernels import attention
 
