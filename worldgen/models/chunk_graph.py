@@ -11,7 +11,8 @@ the captured one runs eagerly; a key seen on two calls in a row is captured on t
 first chunks, whose window still grows, run eagerly or get a short-lived graph of their own).
 
 The graph keeps the forward's activations in its own memory pool while it lives (`allowed` is the
-memory plan's say); it is dropped with the rollout (`close`). A capture that fails (a kernel that
+memory plan's say: under a VRAM budget the plan counts the pool, out of the KV cache); it is dropped
+with the rollout (`close`). On the H100 its replays gave the eager forward's latents bit for bit. A capture that fails (a kernel that
 cannot be captured) falls back to eager for the rest of the process, said once in a warning.
 On the CPU nothing is captured: the calls run the same eager path (and keep the same bookkeeping,
 `decisions`, which the tests check).

@@ -96,8 +96,9 @@ class FastPipeline(Pipeline):
         self.timings: dict[str, float] = {}  # seconds per part of the last `generate` (see _Clock)
         self.encode_tile_pixels: int | None = None  # VAE tiles before the loop / during it (None: whole frames)
         self.decode_tile_pixels: int | None = None
-        # Opt-in (LINGBOT_ISAAC_CHUNK_GRAPHS=1, or set it): captured forwards and the decode overlap have not
-        # yet been measured working on a GPU (docs/benchmarks.md, session 7); every forward eager by default.
+        # Opt-in (LINGBOT_ISAAC_CHUNK_GRAPHS=1, or set it): on the H100 at 24 GiB they run (replays equal eager
+        # bit for bit) and take a steady fp8 chunk from 1.66 to 1.52 s, but their room shrinks the KV window
+        # from 10 to 7 frames (docs/benchmarks.md, "Session 9: Fast"); every forward eager by default.
         self.use_chunk_graphs = enabled_by_environment()
         self.graph_room = True  # whether the plan has room for a captured forward's pool / a decode beside it
         self.overlap_decode = enabled_by_environment()  # False: each chunk decodes after its forwards, same stream
