@@ -309,7 +309,8 @@ def main() -> None:
         "--graph-check",
         action="store_true",
         help="after the first compute's rollouts, the last --frames entry once more with every forward eager (no "
-        "CUDA graphs, the same plan): its chunks against that entry's (identical expected when it had g)",
+        "CUDA graphs): its chunks against that entry's. Under a budget its plan keeps no graph pool, so its KV "
+        "window may be larger: chunks are comparable until the window rolls (identical expected there)",
     )
     parser.add_argument(
         "--warm-up",

@@ -106,7 +106,9 @@ def test_a_planted_import_circle_is_found(tmp_path):
     root = copy_of_the_repo(tmp_path)
     path = root / "worldgen/pipelines/base.py"
     # a lazy import counts too: fast_conditioning imports base at the top
-    path.write_text(path.read_text() + "\n\ndef _planted():\n    from worldgen.pipelines import fast_conditioning  # noqa\n")
+    path.write_text(
+        path.read_text() + "\n\ndef _planted():\n    from worldgen.pipelines import fast_conditioning  # noqa\n"
+    )
     assert ["worldgen.pipelines.base", "worldgen.pipelines.fast_conditioning"] in import_circles(root)
 
 
