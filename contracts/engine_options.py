@@ -31,7 +31,8 @@ FP8_HELP = (
     "3.11 s exact (0.75x the time; its attention runs in FP8 too where cuDNN's FP8 kernel is installed: "
     "pip install nvidia-cudnn-frontend, Hopper only); on the golden DiT cases its output is 5.2e-2 to 5.3e-2 "
     "(rel-L2) from the reference's, against 5.7e-3 to 1.1e-2 for exact; not yet checked on trained weights "
-    "(docs/benchmarks.md). The GPU that runs it needs FP8 tensor cores (compute capability 8.9+: RTX 40xx, "
+    "(docs/benchmarks.md). With --model fast it also runs the VAE in bf16 (87 dB PSNR from float32 on random "
+    "weights). The GPU that runs it needs FP8 tensor cores (compute capability 8.9+: RTX 40xx, "
     "L40, H100); refused elsewhere"
 )
 # The attention kernels (worldgen.kernels.attention), and what each costs: the one wording of every --attention help.
