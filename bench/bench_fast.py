@@ -453,6 +453,7 @@ def main() -> None:
             result["dynamo_compile_times"] = dynamo_compile_times()
             print(result["dynamo_compile_times"], flush=True)
         result["chunk_graphs_asked"], result["vae_dtype"] = entry.graphs, str(pipe.vae_dtype).removeprefix("torch.")
+        result["chunk_graphs_allowed"] = bool(pipe.use_chunk_graphs and pipe.graph_room)  # the plan's say
         result["decode_overlap"] = bool(pipe.overlap_decode and pipe.graph_room and device.type == "cuda")
         if frames == 81 and not eager:
             latents[compute] = list(pipe.last_latents)
@@ -479,7 +480,7 @@ def main() -> None:
         print(result["plan"], flush=True)
         s = result["seconds"]
         print(
-            f"rollout {frames} frames, {compute}, VAE {result['vae_dtype']}{', graphs' if entry.graphs else ''}{', overlap' if entry.overlap else ''}{' (eager)' if eager else ''}{' (serial decode)' if serial else ''} ({result['prompt']}) -> {result['frames']} at {result['size']}: first chunk {s['first_chunk']:.2f} s, "
+            f"rollout {frames} frames, {compute}, VAE {result['vae_dtype']}{', graphs' if entry.graphs and pipe.graph_room else ''}{', overlap' if result['decode_overlap'] else ''}{' (eager)' if eager else ''}{' (serial decode)' if serial else ''} ({result['prompt']}) -> {result['frames']} at {result['size']}: first chunk {s['first_chunk']:.2f} s, "
             f"whole video {s['total']:.2f} s (text {s['text']:.2f}, encode {s['encode']:.2f}, DiT loop {s['dit']:.2f}, "
             f"decode {s['decode']:.2f}; {result['dit_seconds_per_forward']:.3f} s per DiT forward); peak VRAM {result.get('peak_vram_reserved_gib', '-')} GiB reserved "
             f"({result.get('peak_vram_allocated_gib', '-')} allocated), peak RSS {result['peak_rss_gib']} GiB; "

@@ -96,7 +96,7 @@ class FastPipeline(Pipeline):
         self.timings: dict[str, float] = {}  # seconds per part of the last `generate` (see _Clock)
         self.encode_tile_pixels: int | None = None  # VAE tiles before the loop / during it (None: whole frames)
         self.decode_tile_pixels: int | None = None
-        # Opt-in (LINGBOT_ISAAC_CHUNK_GRAPHS=1, or set it): on the H100 at 24 GiB they run (replays equal eager
+        # Opt-in (LINGBOT_ISAAC_CHUNK_GRAPHS=1, or set it): on the H100 at 24 GiB under fp8 they run (replays equal eager
         # bit for bit) and take a steady fp8 chunk from 1.66 to 1.52 s, but their room shrinks the KV window
         # from 10 to 7 frames (docs/benchmarks.md, "Session 9: Fast"); every forward eager by default.
         self.use_chunk_graphs = enabled_by_environment()
@@ -172,8 +172,11 @@ class FastPipeline(Pipeline):
 
     def _keeps_forward(self) -> bool:
         """Whether a chunk forward's activations outlive it (a CUDA graph's pool) or share the device with
-        a decode (the decode on a second stream): the plan then counts both at once."""
-        return self.device.type == "cuda" and (self.use_chunk_graphs or self.overlap_decode)
+        a decode (the decode on a second stream): the plan then counts both at once. Under a budget only
+        beside a bf16 VAE: with the float32 one the graph's pool ran out of memory at 24 GiB although the
+        arithmetic had room (sessions 7 and 9); beside the bf16 one it ran (docs/benchmarks.md, "Session 9: Fast")."""
+        asked = self.device.type == "cuda" and (self.use_chunk_graphs or self.overlap_decode)
+        return asked and (self.plan.usable_gib is None or self.vae_dtype == torch.bfloat16)
 
     def _fit_loop(self, usable: float, chunk_tokens: int, height: int, width: int, cache_for) -> tuple:
         """Under a budget: for each way to cut frames, the KV cache that fits beside the DiT, the text
