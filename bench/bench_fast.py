@@ -46,6 +46,7 @@ from worldgen.models.chunk_graph import enabled_by_environment  # noqa: E402
 from worldgen.models.kv_cache import CacheSpec, KVCache  # noqa: E402
 from worldgen.models.vae import StreamingDecoder  # noqa: E402
 from worldgen.pipelines.camera import load_action  # noqa: E402
+from worldgen.pipelines.compile_ahead import compiled_graphs  # noqa: E402
 from worldgen.pipelines.fast import FastPipeline  # noqa: E402
 from worldgen.pipelines.fast_plan import FastOptions  # noqa: E402
 from worldgen.pipelines.loader import load_pipeline  # noqa: E402
@@ -222,6 +223,9 @@ def rollout(pipe: FastPipeline, args, image, prompt, poses, intrinsics, frames: 
         "decisions": graphs.decisions if graphs else [],
     }
     result["per_chunk"] = [{k: round(v, 3) for k, v in t.items()} for t in pipe.chunk_timings]
+    # compiled beside the text and encode phases (None: this process had compiled this job's kernels)
+    result["compile_ahead"] = pipe.compile_ahead_report
+    result["graphs_compiled_in_process"] = compiled_graphs()
     result["compute"] = pipe.compute
     if pipe.device.type == "cuda":
         result["peak_vram_allocated_gib"] = round(torch.cuda.max_memory_allocated(pipe.device) / GiB, 2)
@@ -487,6 +491,12 @@ def main() -> None:
             f"DiT load {result['loads']['dit']:.1f} s (cumulative)",
             flush=True,
         )
+        ahead = result["compile_ahead"]
+        if ahead:  # the job's own compiles = the process's count now minus the count when the thread ended
+            own = None if ahead["graphs"] is None else result["graphs_compiled_in_process"] - ahead["graphs"]
+            print(f"  compiled ahead on a one-block copy: {ahead['seconds']} s, the job waited {ahead['waited']} s "
+                  f"for it; graphs the job compiled itself after it: {own}"
+                  f"{'; ERROR ' + ahead['error'] if ahead['error'] else ''}", flush=True)  # fmt: skip
         later = [t["wall"] for t in result["per_chunk"][1:]]
         result["seconds_per_chunk_1_on"] = round(sum(later) / len(later), 3) if later else None
         figures = {**s, "per_chunk": result["seconds_per_chunk_1_on"]}

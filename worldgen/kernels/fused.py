@@ -173,14 +173,18 @@ def _compiled(fn: Callable) -> Callable:
     return torch.compile(fn, fullgraph=True)
 
 
-def _dispatch(fn: Callable, traced: Callable | None = None) -> Callable:
-    """`fn` eager; on CUDA when enabled, `traced` (default `fn`: the same code) compiled."""
+def _dispatch(fn: Callable, traced: Callable | None = None, varying: tuple[int, ...] = ()) -> Callable:
+    """`fn` eager; on CUDA when enabled, `traced` (default `fn`: the same code) compiled. `varying`: the
+    tensor arguments whose dim 1 changes between calls (a KV window's length, queries against text
+    keys): compiled for any size from the first call, not once for the first size and again for all."""
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
         first = args[0]
         if not (_enabled and first.is_cuda and fn.__name__ not in _failed):
             return fn(*args, **kwargs)
+        for index in varying:
+            torch._dynamo.maybe_mark_dynamic(args[index], 1)
         try:
             return _compiled(traced or fn)(*args, **kwargs)
         except torch.OutOfMemoryError:
@@ -196,9 +200,9 @@ def _dispatch(fn: Callable, traced: Callable | None = None) -> Callable:
 
 modulated_layer_norm = _dispatch(modulated_layer_norm)
 rms_norm_rope = _dispatch(rms_norm_rope, _rms_norm_rope_functional)
-rms_norm_fused = _dispatch(rms_norm)
+rms_norm_fused = _dispatch(rms_norm, varying=(0,))
 gated_residual = _dispatch(gated_residual)
 camera_modulate = _dispatch(camera_modulate)
 quantize_per_token = _dispatch(quantize_per_token)
-dequantize_per_token = _dispatch(dequantize_per_token)
-requantize_per_tensor = _dispatch(requantize_per_tensor)
+dequantize_per_token = _dispatch(dequantize_per_token, varying=(0, 1))
+requantize_per_tensor = _dispatch(requantize_per_tensor, varying=(0, 1))
