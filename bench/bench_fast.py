@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -46,7 +47,6 @@ from worldgen.models.chunk_graph import enabled_by_environment  # noqa: E402
 from worldgen.models.kv_cache import CacheSpec, KVCache  # noqa: E402
 from worldgen.models.vae import StreamingDecoder  # noqa: E402
 from worldgen.pipelines.camera import load_action  # noqa: E402
-from worldgen.pipelines.compile_ahead import compiled_graphs  # noqa: E402
 from worldgen.pipelines.fast import FastPipeline  # noqa: E402
 from worldgen.pipelines.fast_plan import FastOptions  # noqa: E402
 from worldgen.pipelines.loader import load_pipeline  # noqa: E402
@@ -163,6 +163,15 @@ def vae_check(pipe: FastPipeline, latents: list[torch.Tensor]) -> dict:
     }
 
 
+def compiled_graphs() -> int | None:
+    """How many graphs dynamo has compiled in this process so far (None where this PyTorch does not say)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return None
+    return int(counters["stats"]["unique_graphs"])
+
+
 def dynamo_compile_times() -> str:
     """Dynamo's and Inductor's seconds per compiled function and phase, so far in this process (a table)."""
     try:
@@ -223,8 +232,6 @@ def rollout(pipe: FastPipeline, args, image, prompt, poses, intrinsics, frames: 
         "decisions": graphs.decisions if graphs else [],
     }
     result["per_chunk"] = [{k: round(v, 3) for k, v in t.items()} for t in pipe.chunk_timings]
-    # compiled beside the text and encode phases (None: this process had compiled this job's kernels)
-    result["compile_ahead"] = pipe.compile_ahead_report
     result["graphs_compiled_in_process"] = compiled_graphs()
     result["compute"] = pipe.compute
     if pipe.device.type == "cuda":
@@ -304,6 +311,13 @@ def main() -> None:
         "float32 with --compute exact,fp8 gives both the same memory plan, so the per-chunk distance is fp8's alone",
     )
     parser.add_argument(
+        "--compile-options",
+        type=json.loads,
+        default={},
+        help='JSON of Inductor settings for the fused kernels, e.g. \'{"triton.autotune_pointwise": false, '
+        '"deterministic": true}\' (one Triton config a kernel, no autotuning); refused when this PyTorch lacks one',
+    )
+    parser.add_argument(
         "--vae-check",
         action="store_true",
         help="after the rollouts, the last one's chunk latents decoded by a float32 VAE and by a bf16 one: "
@@ -337,6 +351,16 @@ def main() -> None:
     args = parser.parse_args()
     if args.frames and args.action_path is None:
         parser.error("--action-path is needed for the rollouts of --frames (--frames '' runs the golden parity alone)")
+    if args.compile_options:
+        import torch._inductor.config as inductor_config
+
+        from worldgen.kernels import fused
+
+        known = inductor_config.get_config_copy()
+        unknown = sorted(set(args.compile_options) - set(known))
+        if unknown:
+            parser.error(f"--compile-options: this PyTorch's Inductor has no setting {', '.join(unknown)}")
+        fused.COMPILE_OPTIONS.update(args.compile_options)
     if args.sdpa_first:
         from worldgen.kernels import attention
 
@@ -491,12 +515,7 @@ def main() -> None:
             f"DiT load {result['loads']['dit']:.1f} s (cumulative)",
             flush=True,
         )
-        ahead = result["compile_ahead"]
-        if ahead:  # the job's own compiles = the process's count now minus the count when the thread ended
-            own = None if ahead["graphs"] is None else result["graphs_compiled_in_process"] - ahead["graphs"]
-            print(f"  compiled ahead on a one-block copy: {ahead['seconds']} s, the job waited {ahead['waited']} s "
-                  f"for it; graphs the job compiled itself after it: {own}"
-                  f"{'; ERROR ' + ahead['error'] if ahead['error'] else ''}", flush=True)  # fmt: skip
+        print(f"  graphs compiled in this process so far: {result['graphs_compiled_in_process']}", flush=True)
         later = [t["wall"] for t in result["per_chunk"][1:]]
         result["seconds_per_chunk_1_on"] = round(sum(later) / len(later), 3) if later else None
         figures = {**s, "per_chunk": result["seconds_per_chunk_1_on"]}

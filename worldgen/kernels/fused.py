@@ -161,6 +161,11 @@ def allow_recompiles() -> None:
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
 
 
+# Inductor settings for these functions' kernels, on top of its defaults (a bench may try others:
+# bench_fast.py --compile-options); set before the first compile
+COMPILE_OPTIONS: dict[str, object] = {}
+
+
 @functools.cache
 def _compiled(fn: Callable) -> Callable:
     import torch._inductor.config as inductor_config
@@ -170,7 +175,7 @@ def _compiled(fn: Callable) -> Callable:
     # keep eager's bf16 roundings inside fused kernels (otherwise inductor skips down/up casts)
     inductor_config.emulate_precision_casts = True
     # dynamic=None: specialised to the first shape, generalised (no more recompiles) when another comes
-    return torch.compile(fn, fullgraph=True)
+    return torch.compile(fn, fullgraph=True, options=dict(COMPILE_OPTIONS) or None)
 
 
 def _dispatch(fn: Callable, traced: Callable | None = None, varying: tuple[int, ...] = ()) -> Callable:

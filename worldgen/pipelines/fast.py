@@ -26,12 +26,10 @@ from PIL import Image
 
 from contracts.settings import GenerationSettings
 from worldgen.errors import InputError
-from worldgen.kernels import fused
 from worldgen.models.chunk_graph import ChunkGraphs, enabled_by_environment
 from worldgen.models.dit import DiTConfig
 from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
 from worldgen.models.vae import StreamingDecoder
-from worldgen.pipelines import compile_ahead
 from worldgen.pipelines.base import Pipeline, Progress, _no_progress, condition_mask, prepare_image
 from worldgen.pipelines.camera import (
     plucker_embedding,
@@ -40,7 +38,6 @@ from worldgen.pipelines.camera import (
     scale_intrinsics,
     validate_camera,
 )
-from worldgen.pipelines.compile_ahead import CompileAhead, warm_forwards
 from worldgen.pipelines.decode_overlap import PendingDecode
 from worldgen.pipelines.fast_conditioning import ChunkConditioning
 from worldgen.pipelines.fast_plan import (
@@ -89,11 +86,9 @@ class FastPipeline(Pipeline):
     non-streamed one are the same video.
     """
 
-    def __init__(
-        self, *, dit: ModelSlot, dit_config: DiTConfig, dtype: torch.dtype | None = None, dit_kind: str = "bf16", **kw
-    ):
-        super().__init__(experts={"fast": dit}, **kw)
-        self.dit, self.dit_kind = dit, dit_kind  # dit_kind: the checkpoint's layout, "bf16" or "nf4"
+    def __init__(self, *, dit: ModelSlot, dit_config: DiTConfig, dtype: torch.dtype | None = None, **kwargs):
+        super().__init__(experts={"fast": dit}, **kwargs)
+        self.dit = dit
         self.dit_config = dit_config
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.cache_spec: CacheSpec | None = None  # this job's cache, chosen by `plan_job`
@@ -109,10 +104,6 @@ class FastPipeline(Pipeline):
         self.overlap_decode = enabled_by_environment()  # False: each chunk decodes after its forwards, same stream
         self.chunk_graphs: ChunkGraphs | None = None  # the last rollout's (its `decisions`, `captures`)
         self.chunk_timings: list[dict[str, float]] = []  # seconds per chunk of the last `generate`
-        # a job's kernels compile on a thread beside its text and encode phases (compile_ahead), once per process
-        self.compile_ahead: CompileAhead | None = None
-        self.compile_ahead_report: dict | None = None  # the last job's (None: nothing left to compile)
-        self._compiled_for: set[tuple] = set()
 
     def set_compute(self, compute: str) -> None:
         """Switch the DiT's compute between jobs (the bench compares both in one process); the VAE is
@@ -270,18 +261,14 @@ class FastPipeline(Pipeline):
                 lines += [f"  kv cache {self.cache_spec.describe()}", f"           ({self.cache_reason})"]
         return "\n".join(lines)
 
-    def new_cache(
-        self, latent_frames: int, frame_tokens: int, options: FastOptions, dtype: torch.dtype, num_layers: int = 0
-    ) -> KVCache:
-        """The job's cache (of `num_layers`, default the model's), one chunk at first (`KVCache.grow`: whole)."""
+    def new_cache(self, latent_frames: int, frame_tokens: int, options: FastOptions, dtype: torch.dtype) -> KVCache:
+        """The job's cache, allocated for one chunk at first (`KVCache.grow` makes it whole)."""
         cfg = self.dit_config
         spec = self.cache_spec
         if spec is None or spec.frame_tokens != frame_tokens:  # no plan for this size: the reference's cache
             spec = full_cache_spec(latent_frames, frame_tokens, options)
         start = options.chunk_frames * frame_tokens
-        return KVCache(
-            spec, num_layers or cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype, self.device, start_tokens=start
-        )
+        return KVCache(spec, cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype, self.device, start_tokens=start)
 
     # -- denoise -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -337,7 +324,6 @@ class FastPipeline(Pipeline):
                     cam_c = None if plucker is None else plucker[:, :, frames].to(device)
                 start = c * n * frame_tokens
                 x_t = noise[:, frames].to(device, torch.float32)
-                self._join_compile_ahead()  # its kernels are this chunk's
                 for s, t in enumerate(schedule.timesteps):
                     timestep = torch.tensor([t], dtype=torch.int64, device=device)
                     flow = forward(x_t[None], timestep, context, y_c, cam_c, cache=cache, current_start=start)[0]
@@ -364,14 +350,6 @@ class FastPipeline(Pipeline):
             free_device_memory(device)
         model = forward.model = None
         self.residency.phase_done("denoise")
-
-    def _join_compile_ahead(self) -> None:
-        if self.compile_ahead is not None:
-            self.compile_ahead.join()
-            self.compile_ahead_report, self.compile_ahead = self.compile_ahead.report(), None
-
-    def _compile_key(self, latent_frames: int, lat_h: int, lat_w: int, options: FastOptions) -> tuple:
-        return (latent_frames, lat_h, lat_w, options, self.compute, self.cache_spec, self.plan.ffn_chunk_tokens)
 
     @torch.no_grad()
     def warm_up(self, settings: GenerationSettings | None = None, image_size: tuple[int, int] | None = None) -> float:
@@ -402,14 +380,26 @@ class FastPipeline(Pipeline):
         model = self.residency.use("fast")
         cache = self.new_cache(frames.latent_frames, frame_tokens, options, model.compute_dtype)
         forward = ChunkGraphs(model, allowed=self.use_chunk_graphs and self.graph_room)
+        device, n = self.device, options.chunk_frames
+        generator = torch.Generator("cpu").manual_seed(0)
+        context = [torch.zeros(self.text_len, model.text_embedding[0].in_features, device=device)]
+        x = torch.randn(1, 16, n, lat_h, lat_w, generator=generator).to(device)
+        y = torch.zeros(1, 20, n, lat_h, lat_w, device=device)
+        cam = torch.zeros(1, 384, n, lat_h, lat_w, device=device)
+        t = torch.full((1,), 999, dtype=torch.int64, device=device)
+        chunks = frames.latent_frames // n
         try:
-            chunks = frames.latent_frames // options.chunk_frames
-            warm_forwards(forward, model, cache, chunks, options, lat_h, lat_w, self.device)
+            for c in range(chunks):
+                if c > 0:
+                    cache.grow()
+                for _ in range(2 if c == chunks - 1 else 1):
+                    forward(x, t, context, y, cam, cache=cache, current_start=c * n * frame_tokens)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
         finally:
             forward.close()
             cache.close()
-            free_device_memory(self.device)
-        self._compiled_for.add(self._compile_key(frames.latent_frames, lat_h, lat_w, options))
+            free_device_memory(device)
         return time.perf_counter() - start
 
     # -- all of it ---------------------------------------------------------------------------------
@@ -446,26 +436,20 @@ class FastPipeline(Pipeline):
         chunk_frames = (options or FastOptions()).chunk_frames
         frames = fast_frames(settings.frame_num, None if poses is None else len(poses), chunk_frames)
 
-        if context is None and (not prompt or not prompt.strip()):
-            raise InputError("prompt is empty: describe the scene (prompt.txt or --prompt)")
+        with self.meter.phase("text"):
+            progress("text", 0, 1)
+            if context is None:
+                if not prompt or not prompt.strip():
+                    raise InputError("prompt is empty: describe the scene (prompt.txt or --prompt)")
+                (context,) = self.encode_text([prompt])
+            progress("text", 1, 1)
+        clock.lap("text")
+
         image_resized = prepare_image(image, settings.max_area)
         _, _, h, w = image_resized.shape
         lat_h, lat_w = h // 8, w // 8
         options = options or FastOptions.from_settings(settings, (lat_h // 2) * (lat_w // 2))
         self.plan_job(frames.latent_frames, lat_h, lat_w, options)
-        self.compile_ahead_report = None
-        key = self._compile_key(frames.latent_frames, lat_h, lat_w, options)
-        if self.device.type == "cuda" and fused.enabled() and key not in self._compiled_for:
-            self._join_compile_ahead()  # a cancelled job's, still running
-            self._compiled_for.add(key)
-            self.compile_ahead = compile_ahead.start_for(self, frames.latent_frames, lat_h, lat_w, options)
-        with self.meter.phase("text"):
-            progress("text", 0, 1)
-            if context is None:
-                (context,) = self.encode_text([prompt])
-            progress("text", 1, 1)
-        clock.lap("text")
-
         plucker = (
             camera if camera is not None else None if poses is None else fast_camera(poses, intrinsics, frames, h, w)
         )

@@ -90,7 +90,6 @@ def load_pipeline(
     from worldgen.kernels.attention import resolve_backend
     from worldgen.runtime.checkpoint import (
         expert_files,
-        expert_kind,
         find_checkpoint,
         find_fast_checkpoint,
         load_expert,
@@ -188,7 +187,6 @@ def load_pipeline(
         from worldgen.pipelines.fast import FastPipeline
 
         kind, extra = FastPipeline, {"dit": experts["fast"], "dit_config": dit_config, "dtype": dtype}
-        extra["dit_kind"] = expert_kind(layout.experts["fast"])  # the compile-ahead copy's layout
     pipe = kind(
         **extra,
         tokenizer=PromptTokenizer(layout.tokenizer_dir / "tokenizer.json"),

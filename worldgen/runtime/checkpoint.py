@@ -140,8 +140,7 @@ def _compute_dtype_of(folder: Path) -> torch.dtype:
         raise CheckpointError(f"{meta_path}: no usable quant.compute_dtype ({exc})") from None
 
 
-def swap_linears_for_nf4(model: nn.Module, compute_dtype: torch.dtype) -> dict[str, NF4Linear]:
-    """Replace every Linear of `model` by an empty NF4Linear of its shape (its weight set later) -> them by name."""
+def _swap_linears_for_nf4(model: nn.Module, compute_dtype: torch.dtype) -> dict[str, NF4Linear]:
     swapped = {}
     for name, module in list(model.named_modules()):
         if isinstance(module, Linear):
@@ -174,7 +173,7 @@ def load_expert(
         return model.eval()
 
     _compute_dtype_of(folder)  # validates the meta file; we compute in the requested dtype
-    linears = swap_linears_for_nf4(model, dtype)
+    linears = _swap_linears_for_nf4(model, dtype)
     path = _nf4_file(folder)
     stream = (
         stream_safetensors(path, None, device, None, staging)
