@@ -313,9 +313,9 @@ def main() -> None:
     parser.add_argument(
         "--compile-options",
         type=json.loads,
-        default={},
-        help='JSON of Inductor settings for the fused kernels, e.g. \'{"triton.autotune_pointwise": false, '
-        '"deterministic": true}\' (one Triton config a kernel, no autotuning); refused when this PyTorch lacks one',
+        default=None,
+        help="JSON of Inductor settings for the fused kernels, replacing worldgen.kernels.fused.COMPILE_OPTIONS "
+        "(default: one Triton config a kernel, no autotuning); '{}' is Inductor's own defaults",
     )
     parser.add_argument(
         "--vae-check",
@@ -351,15 +351,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.frames and args.action_path is None:
         parser.error("--action-path is needed for the rollouts of --frames (--frames '' runs the golden parity alone)")
-    if args.compile_options:
+    if args.compile_options is not None:
         import torch._inductor.config as inductor_config
 
         from worldgen.kernels import fused
 
-        known = inductor_config.get_config_copy()
-        unknown = sorted(set(args.compile_options) - set(known))
+        unknown = sorted(set(args.compile_options) - set(inductor_config.get_config_copy()))
         if unknown:
             parser.error(f"--compile-options: this PyTorch's Inductor has no setting {', '.join(unknown)}")
+        fused.COMPILE_OPTIONS.clear()
         fused.COMPILE_OPTIONS.update(args.compile_options)
     if args.sdpa_first:
         from worldgen.kernels import attention

@@ -43,3 +43,18 @@ def test_compiled_kernels_keep_more_variants_than_dynamos_default():
 
     fused._compiled(fused.gated_residual.eager)  # building the compiled function (nothing compiles yet)
     assert dynamo_config.recompile_limit >= fused.RECOMPILE_LIMIT == 64
+
+
+def test_fused_kernels_compile_with_one_triton_config_and_no_setting_this_torch_lacks(monkeypatch):
+    import torch._inductor.config as inductor_config
+
+    from worldgen.kernels import fused
+
+    known = inductor_config.get_config_copy()
+    options = fused.compile_options()
+    # where this PyTorch has them: no pointwise autotuning, no timing runs to pick reduction configs
+    assert {k: v for k, v in {"triton.autotune_pointwise": False, "deterministic": True}.items() if k in known} == (
+        options or {}
+    )
+    monkeypatch.setitem(fused.COMPILE_OPTIONS, "no_such_inductor_setting", 1)  # a newer or older PyTorch's name
+    assert "no_such_inductor_setting" not in (fused.compile_options() or {})

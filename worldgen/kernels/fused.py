@@ -162,8 +162,19 @@ def allow_recompiles() -> None:
 
 
 # Inductor settings for these functions' kernels, on top of its defaults (a bench may try others:
-# bench_fast.py --compile-options); set before the first compile
-COMPILE_OPTIONS: dict[str, object] = {}
+# bench_fast.py --compile-options; set before the first compile). One Triton config a kernel, chosen
+# by Inductor's heuristics, never by timing runs: on the H100 a fresh process's first Fast chunk went
+# from 29.1 to 18.3 s (fp8) and 19.9-30.6 to 12.9 s (exact), warm chunks unchanged (docs/benchmarks.md,
+# "Session 10"), and the kernels no longer depend on timing noise.
+COMPILE_OPTIONS: dict[str, object] = {"triton.autotune_pointwise": False, "deterministic": True}
+
+
+def compile_options() -> dict[str, object] | None:
+    """COMPILE_OPTIONS this PyTorch's Inductor knows (one it lacks would fail every compile: left out)."""
+    import torch._inductor.config as inductor_config
+
+    known = inductor_config.get_config_copy()
+    return {k: v for k, v in COMPILE_OPTIONS.items() if k in known} or None
 
 
 @functools.cache
@@ -175,7 +186,7 @@ def _compiled(fn: Callable) -> Callable:
     # keep eager's bf16 roundings inside fused kernels (otherwise inductor skips down/up casts)
     inductor_config.emulate_precision_casts = True
     # dynamic=None: specialised to the first shape, generalised (no more recompiles) when another comes
-    return torch.compile(fn, fullgraph=True, options=dict(COMPILE_OPTIONS) or None)
+    return torch.compile(fn, fullgraph=True, options=compile_options())
 
 
 def _dispatch(fn: Callable, traced: Callable | None = None, varying: tuple[int, ...] = ()) -> Callable:
