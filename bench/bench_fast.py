@@ -311,6 +311,13 @@ def main() -> None:
         "float32 with --compute exact,fp8 gives both the same memory plan, so the per-chunk distance is fp8's alone",
     )
     parser.add_argument(
+        "--fused-kernels",
+        choices=("triton", "compile"),
+        default="triton",
+        help="the DiT's fused groups: hand-written Triton kernels where they take the call (the default), or "
+        "every one compiled by torch.compile (worldgen.kernels.fused.KERNELS)",
+    )
+    parser.add_argument(
         "--compile-options",
         type=json.loads,
         default=None,
@@ -351,6 +358,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.frames and args.action_path is None:
         parser.error("--action-path is needed for the rollouts of --frames (--frames '' runs the golden parity alone)")
+    from worldgen.kernels import fused as fused_kernels
+
+    fused_kernels.KERNELS = args.fused_kernels
     if args.compile_options is not None:
         import torch._inductor.config as inductor_config
 
@@ -368,6 +378,7 @@ def main() -> None:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     results: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+    results["fused_kernels"] = args.fused_kernels
 
     def save() -> None:
         if args.json:

@@ -8,7 +8,10 @@ once in plain PyTorch (the reference's order of operations and roundings, so the
 see exactly the old code) and, on CUDA when `enable(True)`, compiled by `torch.compile` into one
 Triton kernel per group. Inductor is told to emulate eager's bf16 roundings
 (`emulate_precision_casts`), so the fused kernels round where the eager code does: the same
-numerics class, only the order of float32 summation inside a reduction may differ.
+numerics class, only the order of float32 summation inside a reduction may differ. First, though,
+each call goes to a hand-written Triton kernel of the same group where one takes it
+(`worldgen.kernels.fused_triton`: no dynamo, no Inductor, a fraction of a second to compile);
+`KERNELS = "compile"` skips them.
 
 Only these small pure functions are compiled (not the blocks), so bitsandbytes' kernels, the
 attention kernels and the chunked feed-forward stay outside any graph, and a compile failure
@@ -189,6 +192,27 @@ def _compiled(fn: Callable) -> Callable:
     return torch.compile(fn, fullgraph=True, options=compile_options())
 
 
+KERNELS = "triton"  # "triton": the hand-written kernel where it takes the call, else compiled; "compile": compiled
+_hand_failed: set[str] = set()
+
+
+def _hand_written(name: str, args: tuple, kwargs: dict):
+    """`worldgen.kernels.fused_triton`'s kernel for `name` on these arguments; None when it has none for
+    them (or Triton failed here once: said in a warning, the compiled function from then on)."""
+    from worldgen.kernels import fused_triton  # imported late: it takes Triton from worldgen.kernels.fp8
+
+    if name in _hand_failed or not fused_triton.available():
+        return None
+    try:
+        return getattr(fused_triton, name)(*args, **kwargs)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (a Triton that cannot build it: the compiled function, said once)
+        _hand_failed.add(name)
+        warnings.warn(f"the Triton kernel {name} failed ({exc}); using the compiled function", stacklevel=3)
+        return None
+
+
 def _dispatch(fn: Callable, traced: Callable | None = None, varying: tuple[int, ...] = ()) -> Callable:
     """`fn` eager; on CUDA when enabled, `traced` (default `fn`: the same code) compiled. `varying`: the
     tensor arguments whose dim 1 changes between calls (a KV window's length, queries against text
@@ -197,7 +221,13 @@ def _dispatch(fn: Callable, traced: Callable | None = None, varying: tuple[int, 
     @functools.wraps(fn)
     def run(*args, **kwargs):
         first = args[0]
-        if not (_enabled and first.is_cuda and fn.__name__ not in _failed):
+        if not (_enabled and first.is_cuda):
+            return fn(*args, **kwargs)
+        if KERNELS == "triton":
+            out = _hand_written(fn.__name__, args, kwargs)
+            if out is not None:
+                return out
+        if fn.__name__ in _failed:
             return fn(*args, **kwargs)
         for index in varying:
             torch._dynamo.maybe_mark_dynamic(args[index], 1)

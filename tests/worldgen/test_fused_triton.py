@@ -1,0 +1,112 @@
+"""The hand-written Triton kernels of the fused groups (`worldgen.kernels.fused_triton`) against the eager
+functions they replace (`worldgen.kernels.fused`), at the DiT's widths, on CUDA: float32 results equal
+but for float32 rounding, bf16 and e4m3 results at most one step of their format apart (a row's sum in
+another order) and only rarely; on the CPU they take no call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worldgen.kernels import fp8, fused, fused_triton
+
+E4M3 = torch.float8_e4m3fn
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, step: float, rare: float = 0.01) -> None:
+    """Every element within one relative `step` of its format; fewer than `rare` of them differ at all."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    g, w = got.float(), want.float()
+    diff = (g - w).abs()
+    assert bool((diff <= step * w.abs() + 1e-30).all()), f"largest difference {diff.max().item():.3e}"
+    assert (diff > 0).float().mean().item() < rare
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (the kernels run on CUDA)")
+    if not fused_triton.available():
+        pytest.skip("needs Triton")
+    g = torch.Generator("cuda").manual_seed(0)
+
+    def randn(*shape, scale=1.0, dtype=torch.float32):
+        return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dtype)
+
+    b, tokens, dim, heads = 1, 300, 5120, 40
+    return {
+        "x": randn(b, tokens, dim, scale=3.0),
+        "shift": randn(b, 1, dim), "scale": randn(b, 1, dim, scale=0.1),
+        "w": randn(dim, dtype=torch.bfloat16), "bias": randn(dim, dtype=torch.bfloat16),
+        "xb": randn(b, tokens, dim, scale=2.0, dtype=torch.bfloat16),
+        "cos": torch.rand(tokens, dim // heads // 2, generator=g, device="cuda"),
+        "sin": torch.rand(tokens, dim // heads // 2, generator=g, device="cuda"),
+        "cam_scale": randn(1, tokens, dim, scale=0.1, dtype=torch.bfloat16),
+        "cam_shift": randn(1, tokens, dim, dtype=torch.bfloat16),
+        "k": randn(1, tokens, heads, dim // heads, scale=3.0, dtype=torch.bfloat16),
+        "heads": heads,
+    }  # fmt: skip
+
+
+BF16_STEP, E4M3_STEP = 2.0**-7, 2.0**-3
+
+
+@pytest.mark.cuda
+def test_norms_and_modulation_match_the_eager_functions(inputs):
+    i = inputs
+    for shift, scale, w, bias in ((i["shift"], i["scale"], None, None), (None, None, i["w"], i["bias"])):
+        args = (i["x"], shift, scale, w, bias, 1e-6, torch.bfloat16)
+        _close(fused_triton.modulated_layer_norm(*args), fused.modulated_layer_norm.eager(*args), BF16_STEP)
+    args = (i["xb"], i["w"], i["cos"], i["sin"], 1e-6, i["heads"])
+    _close(fused_triton.rms_norm_rope(*args), fused.rms_norm_rope.eager(*args), BF16_STEP, rare=0.05)
+    _close(fused_triton.rms_norm(i["xb"], i["w"], 1e-6), fused.rms_norm_fused.eager(i["xb"], i["w"], 1e-6), BF16_STEP)
+
+
+@pytest.mark.cuda
+def test_residuals_match_the_eager_functions(inputs):
+    i = inputs
+    y = i["xb"]
+    # float32 out: the same products and sums, a fused multiply-add at most (float32 rounding)
+    for gate in (i["scale"], None):
+        got, want = fused_triton.gated_residual(i["x"], y, gate), fused.gated_residual.eager(i["x"], y, gate)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    got = fused_triton.camera_modulate(i["x"], i["cam_scale"], i["cam_shift"])
+    want = fused.camera_modulate.eager(i["x"], i["cam_scale"], i["cam_shift"])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.cuda
+def test_the_fp8_cache_and_attention_quantizers_match_the_eager_functions(inputs):
+    k = inputs["k"]
+    q, scale = fused_triton.quantize_per_token(k, torch.bfloat16)
+    q_eager, scale_eager = fused.quantize_per_token.eager(k, torch.bfloat16)
+    _close(scale, scale_eager, BF16_STEP)
+    _close(q, q_eager, E4M3_STEP)
+    _close(fused_triton.dequantize_per_token(q_eager, scale_eager, torch.bfloat16),
+           fused.dequantize_per_token.eager(q_eager, scale_eager, torch.bfloat16), BF16_STEP)  # fmt: skip
+    (rq, descale), (rq_eager, descale_eager) = (
+        fused_triton.requantize_per_tensor(q_eager, scale_eager),
+        fused.requantize_per_tensor.eager(q_eager, scale_eager),
+    )
+    assert torch.equal(descale, descale_eager)
+    _close(rq, rq_eager, E4M3_STEP)
+    (tq, tdescale), (tq_eager, tdescale_eager) = fused_triton.quantize_tensor(k), fp8._quantize_tensor(k)
+    assert torch.equal(tdescale, tdescale_eager)
+    _close(tq, tq_eager, E4M3_STEP)
+
+
+@pytest.mark.cuda
+def test_the_dispatcher_takes_the_hand_written_kernel_on_cuda(inputs):
+    i = inputs
+    assert fused.KERNELS == "triton"
+    args = (i["x"], i["shift"], i["scale"], None, None, 1e-6, torch.bfloat16)
+    assert fused._hand_written("modulated_layer_norm", args, {}) is not None
+    assert not fused._hand_failed
+
+
+def test_on_the_cpu_no_kernel_takes_a_call():
+    x = torch.randn(1, 4, 8)
+    assert fused_triton.modulated_layer_norm(x, None, None, None, None, 1e-6, torch.float32) is None
+    assert fused_triton.gated_residual(x, x, None) is None
+    assert fused_triton.quantize_tensor(x) is None
+    assert torch.equal(fused.gated_residual(x, x, None), x + x)  # the eager function

@@ -1,0 +1,314 @@
+"""The DiT's fused elementwise groups (`worldgen.kernels.fused`) as hand-written Triton kernels, on CUDA.
+
+Why hand-written when `torch.compile` makes the same kernels: on the H100 a fresh process spent 11-13 s
+of its first Fast chunk in dynamo and Inductor for 14 small graphs, most of it Python (tracing, lowering,
+code generation, guards), and a second process still ~2 s loading them back (docs/benchmarks.md,
+"Session 10: Fast"); every call also pays dynamo's guards. A Triton kernel is compiled once per process
+in a fraction of a second, kept in Triton's disk cache (a second process loads it in milliseconds), and
+launched without guards.
+
+Numerics: each kernel rounds where the eager function rounds (a bf16 product, `1 + scale` in the
+scale's dtype, the casts to the output dtype) and computes in float32 in between; a row's float32 sums
+run in another order than PyTorch's, as Inductor's did. Each function takes the argument patterns the
+DiT calls it with and returns None for any other (the caller then uses the compiled function).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from worldgen.kernels.fp8 import tl, triton
+
+FP8 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# Triton's interpreter runs these kernels on CPU tensors (TRITON_INTERPRET=1: the tests, without a GPU)
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def available() -> bool:
+    return triton is not None
+
+
+def _on_device(t: torch.Tensor) -> bool:
+    return t.is_cuda or _INTERPRETED
+
+
+def _rows_of(x: torch.Tensor) -> bool:
+    return _on_device(x) and x.is_contiguous() and x.dim() >= 2
+
+
+def _broadcast_strides(t: torch.Tensor, x: torch.Tensor) -> tuple[int, int] | None:
+    """(batch stride, token stride) of `t` broadcast to x [B, L, D] (0 where broadcast); None when its
+    last dim is not contiguous or it does not broadcast."""
+    try:
+        te = t.expand(x.shape)
+    except RuntimeError:
+        return None
+    if te.stride(2) != 1 or not _on_device(t):
+        return None
+    return te.stride(0), te.stride(1)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _layer_norm_kernel(
+        x_ptr, out_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr, n_cols, tokens,
+        sh_b, sh_l, sc_b, sc_l, eps,
+        MODULATE: tl.constexpr, AFFINE: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0).to(tl.int64)
+        batch, token = row // tokens, row % tokens
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(x, axis=0) / n_cols
+        centred = tl.where(mask, x - mean, 0.0)
+        var = tl.sum(centred * centred, axis=0) / n_cols
+        h = centred * tl.rsqrt(var + eps)
+        if AFFINE:
+            h = h * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            h = h + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        if MODULATE:
+            scale = tl.load(scale_ptr + batch * sc_b + token * sc_l + cols, mask=mask, other=0.0).to(tl.float32)
+            shift = tl.load(shift_ptr + batch * sh_b + token * sh_l + cols, mask=mask, other=0.0).to(tl.float32)
+            h = h * (1.0 + scale) + shift
+        tl.store(out_ptr + row * n_cols + cols, h.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _rms_norm_kernel(
+        x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, n_cols, tokens, half_head, eps,
+        ROPE: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        # the row as (even, odd) pairs: RoPE rotates each pair; the norm is over all of them
+        row = tl.program_id(0).to(tl.int64)
+        pairs = tl.arange(0, BLOCK)
+        mask = pairs < n_cols // 2
+        base = x_ptr + row * n_cols + 2 * pairs
+        even = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+        odd = tl.load(base + 1, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt((tl.sum(even * even, axis=0) + tl.sum(odd * odd, axis=0)) / n_cols + eps)
+        dtype = out_ptr.dtype.element_ty
+        # normed rounded to x's dtype, times the weight in x's dtype, rounded again (the reference's order)
+        w_even = tl.load(w_ptr + 2 * pairs, mask=mask, other=0.0).to(dtype).to(tl.float32)
+        w_odd = tl.load(w_ptr + 2 * pairs + 1, mask=mask, other=0.0).to(dtype).to(tl.float32)
+        even = ((even * rstd).to(dtype).to(tl.float32) * w_even).to(dtype).to(tl.float32)
+        odd = ((odd * rstd).to(dtype).to(tl.float32) * w_odd).to(dtype).to(tl.float32)
+        if ROPE:
+            at = (row % tokens) * half_head + pairs % half_head
+            cos = tl.load(cos_ptr + at, mask=mask, other=0.0)
+            sin = tl.load(sin_ptr + at, mask=mask, other=0.0)
+            rotated_even = even * cos - odd * sin
+            odd = even * sin + odd * cos
+            even = rotated_even
+        out = out_ptr + row * n_cols + 2 * pairs
+        tl.store(out, even.to(dtype), mask=mask)
+        tl.store(out + 1, odd.to(dtype), mask=mask)
+
+    @triton.jit
+    def _residual_kernel(
+        x_ptr, y_ptr, a_ptr, b_ptr, out_ptr, numel, n_cols, tokens, a_b, a_l, b_b, b_l,
+        CAMERA: tl.constexpr, HAS_A: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        # gated residual: x + y * a (a: the gate, or none); camera: (1 + a) * x + b, 1 + a in a's dtype
+        at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = at < numel
+        row, col = at // n_cols, at % n_cols
+        batch, token = row // tokens, row % tokens
+        x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        if CAMERA:
+            a = tl.load(a_ptr + batch * a_b + token * a_l + col, mask=mask, other=0.0)
+            one_plus = (1.0 + a.to(tl.float32)).to(a.dtype).to(tl.float32)
+            shift = tl.load(b_ptr + batch * b_b + token * b_l + col, mask=mask, other=0.0).to(tl.float32)
+            out = one_plus * x + shift
+        else:
+            y = tl.load(y_ptr + at, mask=mask, other=0.0).to(tl.float32)
+            if HAS_A:
+                y = y * tl.load(a_ptr + batch * a_b + token * a_l + col, mask=mask, other=0.0).to(tl.float32)
+            out = x + y
+        tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _per_token_kernel(
+        x_ptr, s_ptr, q_ptr, s_out_ptr, descale_ptr, rows, n_cols,
+        MODE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        # MODE 0 quantize (x -> e4m3, one scale a row), 1 dequantize (e4m3 * scale -> out dtype),
+        # 2 requantize (e4m3 * row scale / tensor descale -> e4m3)
+        each = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        live = each < rows
+        r = each[:, None]
+        c = tl.arange(0, BLOCK)[None, :]
+        mask = (r < rows) & (c < n_cols)
+        x = tl.load(x_ptr + r * n_cols + c, mask=mask, other=0.0).to(tl.float32)
+        if MODE == 0:
+            amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12)
+            scale = (amax / 448.0).to(s_out_ptr.dtype.element_ty)
+            tl.store(s_out_ptr + each, scale, mask=live)
+            q = tl.minimum(tl.maximum(x / scale.to(tl.float32)[:, None], -448.0), 448.0)
+            tl.store(q_ptr + r * n_cols + c, q.to(q_ptr.dtype.element_ty), mask=mask)
+        elif MODE == 1:
+            dtype = q_ptr.dtype.element_ty
+            scale = tl.load(s_ptr + each, mask=live, other=0.0).to(dtype).to(tl.float32)
+            out = x.to(dtype).to(tl.float32) * scale[:, None]
+            tl.store(q_ptr + r * n_cols + c, out.to(dtype), mask=mask)
+        else:
+            ratio = tl.load(s_ptr + each, mask=live, other=0.0).to(tl.float32) / tl.load(descale_ptr)
+            q = tl.minimum(tl.maximum(x * ratio[:, None], -448.0), 448.0)
+            tl.store(q_ptr + r * n_cols + c, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _scale_cast_kernel(x_ptr, q_ptr, descale_ptr, numel, BLOCK: tl.constexpr):
+        at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = at < numel
+        x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(x / tl.load(descale_ptr), -448.0), 448.0)
+        tl.store(q_ptr + at, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+def _row_warps(block: int) -> int:
+    return 4 if block <= 2048 else 8 if block <= 8192 else 16
+
+
+def modulated_layer_norm(x, shift, scale, weight, bias, eps, out_dtype) -> torch.Tensor | None:
+    if not (_rows_of(x) and x.dim() == 3 and x.dtype == torch.float32 and out_dtype in _FLOATS):
+        return None
+    if (shift is None) != (scale is None) or (weight is None) != (bias is None):
+        return None
+    sh = sc = (0, 0)
+    if scale is not None:
+        sh, sc = _broadcast_strides(shift, x), _broadcast_strides(scale, x)
+        if sh is None or sc is None or scale.dtype != torch.float32 or shift.dtype != torch.float32:
+            return None
+    if weight is not None and not (weight.is_contiguous() and bias.is_contiguous() and weight.dim() == 1):
+        return None
+    b, tokens, cols = x.shape
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    block = triton.next_power_of_2(cols)
+    _layer_norm_kernel[(b * tokens,)](
+        x, out, x if shift is None else shift, x if scale is None else scale, x if weight is None else weight,
+        x if bias is None else bias, cols, tokens, *sh, *sc, eps,
+        MODULATE=scale is not None, AFFINE=weight is not None, BLOCK=block, num_warps=_row_warps(block),
+    )  # fmt: skip
+    return out
+
+
+def _rms_norm(x, weight, cos, sin, eps, half_head) -> torch.Tensor | None:
+    if not (_rows_of(x) and x.dtype in _FLOATS and x.shape[-1] % 2 == 0 and weight.is_contiguous()):
+        return None
+    cols = x.shape[-1]
+    tokens = x.shape[-2]
+    if cos is not None:
+        ok = cos.dtype == sin.dtype == torch.float32 and cos.is_contiguous() and sin.is_contiguous()
+        if not (ok and tuple(cos.shape) == (tokens, half_head) and _on_device(cos)):
+            return None
+    out = torch.empty_like(x)
+    block = triton.next_power_of_2(cols // 2)
+    _rms_norm_kernel[(x.numel() // cols,)](
+        x, weight, x if cos is None else cos, x if sin is None else sin, out, cols, tokens, max(half_head, 1), eps,
+        ROPE=cos is not None, BLOCK=block, num_warps=_row_warps(block),
+    )  # fmt: skip
+    return out
+
+
+def rms_norm(x, weight, eps) -> torch.Tensor | None:
+    return _rms_norm(x, weight, None, None, eps, 0)
+
+
+def rms_norm_rope(x, weight, cos, sin, eps, num_heads) -> torch.Tensor | None:
+    if x.dim() != 3 or x.shape[-1] % (2 * num_heads):
+        return None
+    b, s, cols = x.shape
+    out = _rms_norm(x, weight, cos, sin, eps, cols // num_heads // 2)
+    return None if out is None else out.view(b, s, num_heads, -1)
+
+
+def _residual(x, y, a, b, camera: bool) -> torch.Tensor | None:
+    if not (_rows_of(x) and x.dim() == 3 and x.dtype == torch.float32):
+        return None
+    if not camera and not (y.shape == x.shape and y.is_contiguous() and y.dtype in _FLOATS and _on_device(y)):
+        return None
+    ab = bb = (0, 0)
+    if a is not None:
+        ab = _broadcast_strides(a, x)
+        if ab is None:
+            return None
+    if camera:
+        bb = _broadcast_strides(b, x)
+        if bb is None or a.dtype not in _FLOATS or b.dtype not in _FLOATS:
+            return None
+    out = torch.empty_like(x)
+    block = 2048
+    _residual_kernel[(triton.cdiv(x.numel(), block),)](
+        x, x if y is None else y, x if a is None else a, x if b is None else b, out, x.numel(), x.shape[2],
+        x.shape[1], *ab, *bb, CAMERA=camera, HAS_A=a is not None, BLOCK=block, num_warps=8,
+    )  # fmt: skip
+    return out
+
+
+def gated_residual(x, y, gate) -> torch.Tensor | None:
+    if gate is not None and gate.dtype != torch.float32:
+        return None
+    return _residual(x, y, gate, None, camera=False)
+
+
+def camera_modulate(x, scale, shift) -> torch.Tensor | None:
+    return _residual(x, None, scale, shift, camera=True)
+
+
+def _per_token(x, s, q, s_out, descale, mode: int) -> None:
+    cols = x.shape[-1]
+    rows = x.numel() // cols
+    block = triton.next_power_of_2(cols)
+    per = max(1, 4096 // block)
+    _per_token_kernel[(triton.cdiv(rows, per),)](
+        x, s, q, s_out, descale, rows, cols, MODE=mode, ROWS=per, BLOCK=block, num_warps=4
+    )
+
+
+def quantize_per_token(x, scale_dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if not (_rows_of(x) and x.dtype in _FLOATS and scale_dtype in _FLOATS and x.shape[-1] <= 4096):
+        return None
+    q = torch.empty(x.shape, dtype=FP8, device=x.device)
+    scale = torch.empty((*x.shape[:-1], 1), dtype=scale_dtype, device=x.device)
+    _per_token(x, x, q, scale, x, 0)
+    return q, scale
+
+
+def _window_ok(data: torch.Tensor, scale: torch.Tensor) -> bool:
+    shaped = tuple(scale.shape) == (*data.shape[:-1], 1) and data.shape[-1] <= 4096
+    return _rows_of(data) and scale.is_contiguous() and data.dtype == FP8 and shaped and scale.dtype in _FLOATS
+
+
+def dequantize_per_token(data, scale, dtype) -> torch.Tensor | None:
+    if not (_window_ok(data, scale) and dtype in _FLOATS):
+        return None
+    out = torch.empty(data.shape, dtype=dtype, device=data.device)
+    _per_token(data, scale, out, scale, scale, 1)
+    return out
+
+
+def requantize_per_tensor(data, scale) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if not _window_ok(data, scale):
+        return None
+    descale = scale.float().amax().clamp_min(1e-12)
+    q = torch.empty(data.shape, dtype=FP8, device=data.device)
+    _per_token(data, scale, q, scale, descale, 2)
+    return q, descale.view(1, 1, 1, 1)
+
+
+def quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """x -> (e4m3, float32 [1, 1, 1, 1] descale) with x's largest magnitude at 448 (fp8.quantize_tensor)."""
+    if not (_on_device(x) and x.is_contiguous() and x.dtype in _FLOATS and x.numel() > 0):
+        return None
+    low, high = torch.aminmax(x)  # one pass, no |x| copy
+    descale = torch.maximum(-low, high).float().clamp(min=1e-12) / E4M3_MAX
+    q = torch.empty(x.shape, dtype=FP8, device=x.device)
+    block = 4096
+    _scale_cast_kernel[(triton.cdiv(x.numel(), block),)](x, q, descale, x.numel(), BLOCK=block, num_warps=8)
+    return q, descale.view(1, 1, 1, 1)
