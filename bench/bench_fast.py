@@ -312,10 +312,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--fused-kernels",
-        choices=("triton", "compile"),
-        default="triton",
-        help="the DiT's fused groups: hand-written Triton kernels where they take the call (the default), or "
-        "every one compiled by torch.compile (worldgen.kernels.fused.KERNELS)",
+        choices=("compile", "triton"),
+        default="compile",
+        help="the DiT's fused groups: every one compiled by torch.compile (the default), or hand-written Triton "
+        "kernels where they take the call (worldgen.kernels.fused.KERNELS)",
     )
     parser.add_argument(
         "--compile-options",

@@ -14,12 +14,15 @@ E4M3 = torch.float8_e4m3fn
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, step: float, rare: float = 0.01) -> None:
-    """Every element within one relative `step` of its format; fewer than `rare` of them differ at all."""
+    """Few elements differ at all (< `rare`), none by more than two rounding steps (`step`, relative) of the
+    tensor's largest magnitude (an element that is a cancelling sum differs by its operands' step), and the
+    whole is within a quarter step (rel-L2): what a row's sums in another order give, not a wrong index."""
     assert got.dtype == want.dtype and got.shape == want.shape
     g, w = got.float(), want.float()
     diff = (g - w).abs()
-    assert bool((diff <= step * w.abs() + 1e-30).all()), f"largest difference {diff.max().item():.3e}"
+    assert diff.max().item() <= 2 * step * w.abs().max().item(), f"largest difference {diff.max().item():.3e}"
     assert (diff > 0).float().mean().item() < rare
+    assert (diff.norm() / w.norm()).item() < step / 4
 
 
 @pytest.fixture(scope="module")
@@ -96,11 +99,11 @@ def test_the_fp8_cache_and_attention_quantizers_match_the_eager_functions(inputs
 
 
 @pytest.mark.cuda
-def test_the_dispatcher_takes_the_hand_written_kernel_on_cuda(inputs):
+def test_the_dispatcher_takes_the_hand_written_kernel_on_cuda_when_asked(inputs, monkeypatch):
     i = inputs
-    assert fused.KERNELS == "triton"
     args = (i["x"], i["shift"], i["scale"], None, None, 1e-6, torch.bfloat16)
-    assert fused._hand_written("modulated_layer_norm", args, {}) is not None
+    monkeypatch.setattr(fused, "KERNELS", "triton")
+    assert torch.equal(fused.modulated_layer_norm(*args), fused_triton.modulated_layer_norm(*args))
     assert not fused._hand_failed
 
 

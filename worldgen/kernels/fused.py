@@ -8,10 +8,9 @@ once in plain PyTorch (the reference's order of operations and roundings, so the
 see exactly the old code) and, on CUDA when `enable(True)`, compiled by `torch.compile` into one
 Triton kernel per group. Inductor is told to emulate eager's bf16 roundings
 (`emulate_precision_casts`), so the fused kernels round where the eager code does: the same
-numerics class, only the order of float32 summation inside a reduction may differ. First, though,
-each call goes to a hand-written Triton kernel of the same group where one takes it
-(`worldgen.kernels.fused_triton`: no dynamo, no Inductor, a fraction of a second to compile);
-`KERNELS = "compile"` skips them.
+numerics class, only the order of float32 summation inside a reduction may differ. With
+`KERNELS = "triton"` (opt-in) each call goes first to a hand-written Triton kernel of the same group
+where one takes it (`worldgen.kernels.fused_triton`: no dynamo, no Inductor).
 
 Only these small pure functions are compiled (not the blocks), so bitsandbytes' kernels, the
 attention kernels and the chunked feed-forward stay outside any graph, and a compile failure
@@ -192,7 +191,11 @@ def _compiled(fn: Callable) -> Callable:
     return torch.compile(fn, fullgraph=True, options=compile_options())
 
 
-KERNELS = "triton"  # "triton": the hand-written kernel where it takes the call, else compiled; "compile": compiled
+# "compile": every group compiled by torch.compile; "triton": the hand-written kernel where it takes the
+# call, else compiled. "compile" by default: on the H100 the hand-written kernels gave the same warm
+# chunks and no faster fresh process (their ~20 Triton compiles run one after another in the first
+# forwards; docs/benchmarks.md, "Session 10: Fast"), so they wait for a parallel precompile.
+KERNELS = "compile"
 _hand_failed: set[str] = set()
 
 
