@@ -35,6 +35,7 @@ import torch
 from contracts.engine_options import COMPUTES  # noqa: F401  (the one list; used by the pipeline)
 from worldgen.errors import InputError
 from worldgen.kernels import fused
+from worldgen.kernels.triton_lang import tl, triton  # None without Triton (nf4 takes both from here)
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -107,12 +108,6 @@ def _compiled_quantize():
     # dynamic: one kernel for every Linear's shape (activations and weights alike)
     return torch.compile(_quantize_rows, dynamic=True, fullgraph=True)
 
-
-try:  # Triton ships with CUDA builds of PyTorch; CPU-only installs have none and never need it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the install
-    triton = tl = None  # (worldgen.kernels.nf4 takes both from here)
 
 if triton is not None:
 

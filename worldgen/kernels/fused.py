@@ -202,7 +202,7 @@ _hand_failed: set[str] = set()
 def _hand_written(name: str, args: tuple, kwargs: dict):
     """`worldgen.kernels.fused_triton`'s kernel for `name` on these arguments; None when it has none for
     them (or Triton failed here once: said in a warning, the compiled function from then on)."""
-    from worldgen.kernels import fused_triton  # imported late: it takes Triton from worldgen.kernels.fp8
+    from worldgen.kernels import fused_triton  # imported late: Triton loads only when a CUDA call comes
 
     if name in _hand_failed or not fused_triton.available():
         return None

@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from worldgen.kernels.fp8 import tl, triton
+from worldgen.kernels.triton_lang import tl, triton
 
 FP8 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
