@@ -5,7 +5,10 @@ of its first Fast chunk in dynamo and Inductor for 14 small graphs, most of it P
 code generation, guards), and a second process still ~2 s loading them back (docs/benchmarks.md,
 "Session 10: Fast"); every call also pays dynamo's guards. A Triton kernel is compiled once per process
 in a fraction of a second, kept in Triton's disk cache (a second process loads it in milliseconds), and
-launched without guards.
+launched without guards. Opt-in for now (`fused.KERNELS = "triton"`): measured on the H100, a fresh
+process was no faster than the compiled path (its ~20 kernel variants and their C launchers build one
+after another inside the first forwards) and warm chunks were the same; building them in parallel
+before the first forward is what would make them pay (docs/benchmarks.md, "Session 10: Fast").
 
 Numerics: each kernel rounds where the eager function rounds (a bf16 product, `1 + scale` in the
 scale's dtype, the casts to the output dtype) and computes in float32 in between; a row's float32 sums
