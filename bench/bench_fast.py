@@ -165,11 +165,21 @@ def vae_check(pipe: FastPipeline, latents: list[torch.Tensor]) -> dict:
 
 def compiled_graphs() -> int | None:
     """How many graphs dynamo has compiled in this process so far (None where this PyTorch does not say)."""
+    if "torch._dynamo" not in sys.modules:  # not even imported: none (and no import for the asking)
+        return 0
     try:
         from torch._dynamo.utils import counters
     except ImportError:
         return None
     return int(counters["stats"]["unique_graphs"])
+
+
+def triton_variants() -> int:
+    """Variants of the hand-written Triton kernels compiled (or loaded from the disk cache) in this process."""
+    from worldgen.kernels import fp8, fused_triton, nf4
+
+    names = [(m, n) for m in (fused_triton, fp8, nf4) for n in dir(m) if n.startswith("_") and n.endswith("_kernel")]
+    return sum(len(c[0]) for m, n in names for c in getattr(getattr(m, n), "device_caches", {}).values())
 
 
 def dynamo_compile_times() -> str:
@@ -313,9 +323,16 @@ def main() -> None:
     parser.add_argument(
         "--fused-kernels",
         choices=("compile", "triton"),
-        default="compile",
-        help="the DiT's fused groups: every one compiled by torch.compile (the default), or hand-written Triton "
-        "kernels where they take the call (worldgen.kernels.fused.KERNELS)",
+        help="the DiT's fused groups: every one compiled by torch.compile, or hand-written Triton kernels where "
+        "they take the call (default: the engine's, worldgen.kernels.fused.KERNELS)",
+    )
+    parser.add_argument(
+        "--compile-ahead",
+        choices=("load", "job", "off"),
+        default="load",
+        help="the Triton kernels and cuDNN graphs compiled ahead (worldgen.pipelines.fast_warm_up): at load for "
+        "the default settings' shapes (the engine's way, the default), after load for the first --frames "
+        "entry and the episode image's shapes (what a caller that knows its job can ask), or not at all",
     )
     parser.add_argument(
         "--compile-options",
@@ -360,7 +377,11 @@ def main() -> None:
         parser.error("--action-path is needed for the rollouts of --frames (--frames '' runs the golden parity alone)")
     from worldgen.kernels import fused as fused_kernels
 
-    fused_kernels.KERNELS = args.fused_kernels
+    fused_kernels.KERNELS = args.fused_kernels = args.fused_kernels or fused_kernels.KERNELS
+    if args.compile_ahead != "load":
+        from worldgen.pipelines import fast_warm_up
+
+        fast_warm_up.COMPILE_AHEAD = False
     if args.compile_options is not None:
         import torch._inductor.config as inductor_config
 
@@ -426,9 +447,22 @@ def main() -> None:
         model="fast",
         use_text_cache=False,
         attention=args.attention,
+        compute=args.compute.split(",")[0],  # what the load compiles ahead for
     )
     results["attention"] = pipe.engine.get("attention")
     results["pipeline_seconds"] = round(time.perf_counter() - start, 2)
+    results["compile_ahead_seconds"] = pipe.engine.get("compile_ahead_s")
+    if args.compile_ahead == "job":
+        from PIL import Image
+
+        first = int(re.match(r"\d+", args.frames).group())
+        with Image.open(image) as img:
+            size = (img.height, img.width)
+        job = GenerationSettings(model="fast", size=args.size, frame_num=first)
+        results["compile_ahead_seconds"] = round(pipe.compile_ahead(job, size), 2)
+    print(f"pipeline loaded in {results['pipeline_seconds']} s (compile ahead, {args.compile_ahead}: "
+          f"{results['compile_ahead_seconds']} s; graphs compiled so far: {compiled_graphs()}; Triton variants: "
+          f"{triton_variants()})", flush=True)  # fmt: skip
     plans = []
     pipe.on_plan = plans.append
     results["rollouts"] = []
@@ -526,7 +560,8 @@ def main() -> None:
             f"DiT load {result['loads']['dit']:.1f} s (cumulative)",
             flush=True,
         )
-        print(f"  graphs compiled in this process so far: {result['graphs_compiled_in_process']}", flush=True)
+        print(f"  graphs compiled in this process so far: {result['graphs_compiled_in_process']}; Triton variants of "
+              f"the hand-written kernels: {triton_variants()}", flush=True)  # fmt: skip
         later = [t["wall"] for t in result["per_chunk"][1:]]
         result["seconds_per_chunk_1_on"] = round(sum(later) / len(later), 3) if later else None
         figures = {**s, "per_chunk": result["seconds_per_chunk_1_on"]}

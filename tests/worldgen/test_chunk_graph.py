@@ -109,6 +109,55 @@ def test_warm_up_runs_the_jobs_shapes_and_changes_no_video():
     assert torch.equal(warm.generate(image, None, poses, intrinsics, settings, context=context), video)
 
 
+def _tiny_job():
+    """A tiny Fast pipeline on `device`, a 2-chunk job's inputs, and its video from a pipeline never warmed."""
+    from contracts.settings import GenerationSettings
+    from worldgen.pipelines.loader import load_pipeline
+
+    settings = GenerationSettings(model="fast", size="64*96", frame_num=21, seed=3)
+    image = torch.linspace(0, 1, 3 * 64 * 96).view(64, 96, 3).mul(255).to(torch.uint8).numpy()
+    poses = torch.eye(4).repeat(21, 1, 1).numpy()
+    intrinsics = torch.tensor([[400.0, 400.0, 416.0, 240.0]]).repeat(21, 1).numpy()
+    job = (image, "a room", poses, intrinsics, settings)
+    return load_pipeline, job
+
+
+def test_compiling_ahead_runs_the_first_block_once_a_chunk_and_changes_no_video():
+    from worldgen.pipelines import fast_warm_up
+
+    load_pipeline, job = _tiny_job()
+    settings = job[-1]
+    cold = load_pipeline("tiny", device="cpu", model="fast")
+    video = cold.generate(*job)
+    warm = load_pipeline("tiny", device="cpu", model="fast")
+    model = warm.residency.use("fast")
+    blocks, calls = list(model.blocks), [0, 0]
+    hooks = [
+        b.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1)) for i, b in enumerate(blocks[:2])
+    ]
+    fast_warm_up._forward_each_chunk(warm, settings, (64, 96), full=False)  # what compile_ahead runs (CUDA only)
+    assert calls == [2, 0] and list(model.blocks) == blocks  # 2 chunks, block 0 only; all blocks back
+    for hook in hooks:
+        hook.remove()
+    assert torch.equal(warm.generate(*job), video)
+
+
+@pytest.mark.cuda
+def test_a_fast_pipeline_on_cuda_compiles_ahead_at_load_and_gives_the_same_video(monkeypatch):
+    from worldgen.pipelines import fast_warm_up
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (compiling ahead is for CUDA kernels)")
+    load_pipeline, job = _tiny_job()
+    ahead = load_pipeline("tiny", device="cuda", model="fast")
+    assert ahead.engine["compile_ahead_s"] > 0
+    video = ahead.generate(*job)
+    monkeypatch.setattr(fast_warm_up, "COMPILE_AHEAD", False)
+    plain = load_pipeline("tiny", device="cuda", model="fast")
+    assert "compile_ahead_s" not in plain.engine
+    assert torch.equal(plain.generate(*job), video)
+
+
 @pytest.mark.slow  # the tiny Fast DiT at the default 480x832 frame: ~30 s of CPU
 def test_a_worker_asked_to_warm_up_does_it_at_load():
     from contracts.engine_options import EngineOptions

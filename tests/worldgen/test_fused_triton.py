@@ -113,3 +113,23 @@ def test_on_the_cpu_no_kernel_takes_a_call():
     assert fused_triton.gated_residual(x, x, None) is None
     assert fused_triton.quantize_tensor(x) is None
     assert torch.equal(fused.gated_residual(x, x, None), x + x)  # the eager function
+
+
+def _variants(kernel) -> int:
+    """Variants of a Triton kernel compiled (or being compiled) in this process, on every device."""
+    return sum(len(caches[0]) for caches in kernel.device_caches.values())
+
+
+@pytest.mark.cuda
+def test_compiling_ahead_compiles_a_variant_for_every_token_count_and_runs_nothing(inputs):
+    from worldgen.kernels import triton_lang
+
+    i, kernel = inputs, fused_triton._layer_norm_kernel
+    x, half = i["x"], torch.float16  # float16 out: a variant no other test launches
+    with triton_lang.compiling_ahead() as ahead:
+        unwritten = fused_triton.modulated_layer_norm(x[:, :7].contiguous(), None, None, i["w"], i["bias"], 1e-6, half)
+        assert unwritten.shape == (1, 7, x.shape[-1]) and len(ahead.futures) == 1
+    compiled = _variants(kernel)
+    got = fused_triton.modulated_layer_norm(x, None, None, i["w"], i["bias"], 1e-6, half)  # 300 tokens, not 7
+    assert _variants(kernel) == compiled  # launched without compiling another variant
+    _close(got, fused.modulated_layer_norm.eager(x, None, None, i["w"], i["bias"], 1e-6, half), 2.0**-10)

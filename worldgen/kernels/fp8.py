@@ -35,7 +35,7 @@ import torch
 from contracts.engine_options import COMPUTES  # noqa: F401  (the one list; used by the pipeline)
 from worldgen.errors import InputError
 from worldgen.kernels import fused
-from worldgen.kernels.triton_lang import tl, triton  # None without Triton (nf4 takes both from here)
+from worldgen.kernels.triton_lang import launch, tl, triton  # None without Triton
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -136,9 +136,10 @@ def _triton_quantize_rows(x: torch.Tensor, gelu: bool = False) -> tuple[torch.Te
     scale = torch.empty((rows, 1), device=x.device, dtype=torch.float32)
     block = triton.next_power_of_2(cols)
     warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
-    _quantize_rows_kernel[(rows,)](
-        x, q, scale, cols, x.stride(0), q.stride(0), FP8_MAX, BLOCK=block, GELU=gelu, num_warps=warps
-    )
+    launch(
+        _quantize_rows_kernel, (rows,), x, q, scale, cols, x.stride(0), q.stride(0), FP8_MAX,
+        BLOCK=block, GELU=gelu, num_warps=warps,
+    )  # fmt: skip
     return q, scale
 
 

@@ -5,12 +5,12 @@ thirty separate elementwise kernels (LayerNorm, `* (1 + scale)`, `+ shift`, the 
 each Linear repeats, RMSNorm's five passes, RoPE's six, the gated residuals): tens of GB of memory
 traffic per block, about a quarter of the forward. Each function here is one of those groups, written
 once in plain PyTorch (the reference's order of operations and roundings, so the CPU golden tests
-see exactly the old code) and, on CUDA when `enable(True)`, compiled by `torch.compile` into one
-Triton kernel per group. Inductor is told to emulate eager's bf16 roundings
+see exactly the old code) and, on CUDA when `enable(True)`, one Triton kernel per group: hand-written
+(below) or compiled by `torch.compile`. Inductor is told to emulate eager's bf16 roundings
 (`emulate_precision_casts`), so the fused kernels round where the eager code does: the same
 numerics class, only the order of float32 summation inside a reduction may differ. With
-`KERNELS = "triton"` (opt-in) each call goes first to a hand-written Triton kernel of the same group
-where one takes it (`worldgen.kernels.fused_triton`: no dynamo, no Inductor).
+`KERNELS = "triton"` (the default) each call goes first to a hand-written Triton kernel of the same
+group where one takes it (`worldgen.kernels.fused_triton`: no dynamo, no Inductor).
 
 Only these small pure functions are compiled (not the blocks), so bitsandbytes' kernels, the
 attention kernels and the chunked feed-forward stay outside any graph, and a compile failure
@@ -191,11 +191,12 @@ def _compiled(fn: Callable) -> Callable:
     return torch.compile(fn, fullgraph=True, options=compile_options())
 
 
-# "compile": every group compiled by torch.compile; "triton": the hand-written kernel where it takes the
-# call, else compiled. "compile" by default: on the H100 the hand-written kernels gave the same warm
-# chunks and no faster fresh process (their ~20 Triton compiles run one after another in the first
-# forwards; docs/benchmarks.md, "Session 10: Fast"), so they wait for a parallel precompile.
-KERNELS = "compile"
+# "triton" (the default): the hand-written kernel where it takes the call (every call the DiT makes),
+# else compiled; "compile": every group compiled by torch.compile. Compiled ahead at load
+# (`worldgen.pipelines.fast_warm_up`), the hand-written kernels need no dynamo and no Inductor: on the
+# H100 a load took 7.6-8.7 s against 11.6-13.3 s, with the same warm chunks (docs/benchmarks.md,
+# "Session 11: Fast").
+KERNELS = "triton"
 _hand_failed: set[str] = set()
 
 

@@ -5,10 +5,10 @@ of its first Fast chunk in dynamo and Inductor for 14 small graphs, most of it P
 code generation, guards), and a second process still ~2 s loading them back (docs/benchmarks.md,
 "Session 10: Fast"); every call also pays dynamo's guards. A Triton kernel is compiled once per process
 in a fraction of a second, kept in Triton's disk cache (a second process loads it in milliseconds), and
-launched without guards. Opt-in for now (`fused.KERNELS = "triton"`): measured on the H100, a fresh
-process was no faster than the compiled path (its ~20 kernel variants and their C launchers build one
-after another inside the first forwards) and warm chunks were the same; building them in parallel
-before the first forward is what would make them pay (docs/benchmarks.md, "Session 10: Fast").
+launched without guards. The default (`fused.KERNELS = "triton"`) since they are compiled ahead, side
+by side, when a Fast pipeline loads (`worldgen.kernels.triton_lang.compiling_ahead`): one after another
+inside the first forwards, a fresh process was no faster than the compiled path (docs/benchmarks.md,
+"Session 10: Fast"); compiled ahead, its load took 7.6-8.7 s against 11.6-13.3 s ("Session 11: Fast").
 
 Numerics: each kernel rounds where the eager function rounds (a bf16 product, `1 + scale` in the
 scale's dtype, the casts to the output dtype) and computes in float32 in between; a row's float32 sums
@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from worldgen.kernels.triton_lang import tl, triton
+from worldgen.kernels.triton_lang import launch, tl, triton
 
 FP8 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -58,8 +58,9 @@ def _broadcast_strides(t: torch.Tensor, x: torch.Tensor) -> tuple[int, int] | No
 
 
 if triton is not None:
-
-    @triton.jit
+    # token and row counts are not specialised on: a kernel's variants do not depend on the job's size
+    # (`worldgen.kernels.triton_lang`: compiled ahead on a dry forward, launched on the real one)
+    @triton.jit(do_not_specialize=["tokens"])
     def _layer_norm_kernel(
         x_ptr, out_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr, n_cols, tokens,
         sh_b, sh_l, sc_b, sc_l, eps,
@@ -83,7 +84,7 @@ if triton is not None:
             h = h * (1.0 + scale) + shift
         tl.store(out_ptr + row * n_cols + cols, h.to(out_ptr.dtype.element_ty), mask=mask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["tokens"])
     def _rms_norm_kernel(
         x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, n_cols, tokens, half_head, eps,
         ROPE: tl.constexpr, BLOCK: tl.constexpr,
@@ -113,7 +114,7 @@ if triton is not None:
         tl.store(out, even.to(dtype), mask=mask)
         tl.store(out + 1, odd.to(dtype), mask=mask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["tokens"])
     def _residual_kernel(
         x_ptr, y_ptr, a_ptr, b_ptr, out_ptr, numel, n_cols, tokens, a_b, a_l, b_b, b_l,
         CAMERA: tl.constexpr, HAS_A: tl.constexpr, BLOCK: tl.constexpr,
@@ -136,7 +137,7 @@ if triton is not None:
             out = x + y
         tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=mask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["rows"])
     def _per_token_kernel(
         x_ptr, s_ptr, q_ptr, s_out_ptr, descale_ptr, rows, n_cols,
         MODE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
@@ -193,8 +194,8 @@ def modulated_layer_norm(x, shift, scale, weight, bias, eps, out_dtype) -> torch
     b, tokens, cols = x.shape
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     block = triton.next_power_of_2(cols)
-    _layer_norm_kernel[(b * tokens,)](
-        x, out, x if shift is None else shift, x if scale is None else scale, x if weight is None else weight,
+    launch(
+        _layer_norm_kernel, (b * tokens,), x, out, x if shift is None else shift, x if scale is None else scale, x if weight is None else weight,
         x if bias is None else bias, cols, tokens, *sh, *sc, eps,
         MODULATE=scale is not None, AFFINE=weight is not None, BLOCK=block, num_warps=_row_warps(block),
     )  # fmt: skip
@@ -212,8 +213,8 @@ def _rms_norm(x, weight, cos, sin, eps, half_head) -> torch.Tensor | None:
             return None
     out = torch.empty_like(x)
     block = triton.next_power_of_2(cols // 2)
-    _rms_norm_kernel[(x.numel() // cols,)](
-        x, weight, x if cos is None else cos, x if sin is None else sin, out, cols, tokens, max(half_head, 1), eps,
+    launch(
+        _rms_norm_kernel, (x.numel() // cols,), x, weight, x if cos is None else cos, x if sin is None else sin, out, cols, tokens, max(half_head, 1), eps,
         ROPE=cos is not None, BLOCK=block, num_warps=_row_warps(block),
     )  # fmt: skip
     return out
@@ -247,8 +248,8 @@ def _residual(x, y, a, b, camera: bool) -> torch.Tensor | None:
             return None
     out = torch.empty_like(x)
     block = 2048
-    _residual_kernel[(triton.cdiv(x.numel(), block),)](
-        x, x if y is None else y, x if a is None else a, x if b is None else b, out, x.numel(), x.shape[2],
+    launch(
+        _residual_kernel, (triton.cdiv(x.numel(), block),), x, x if y is None else y, x if a is None else a, x if b is None else b, out, x.numel(), x.shape[2],
         x.shape[1], *ab, *bb, CAMERA=camera, HAS_A=a is not None, BLOCK=block, num_warps=8,
     )  # fmt: skip
     return out
@@ -269,9 +270,10 @@ def _per_token(x, s, q, s_out, descale, mode: int) -> None:
     rows = x.numel() // cols
     block = triton.next_power_of_2(cols)
     per = max(1, 4096 // block)
-    _per_token_kernel[(triton.cdiv(rows, per),)](
-        x, s, q, s_out, descale, rows, cols, MODE=mode, ROWS=per, BLOCK=block, num_warps=4
-    )
+    launch(
+        _per_token_kernel, (triton.cdiv(rows, per),), x, s, q, s_out, descale, rows, cols,
+        MODE=mode, ROWS=per, BLOCK=block, num_warps=4,
+    )  # fmt: skip
 
 
 def quantize_per_token(x, scale_dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -313,5 +315,5 @@ def quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None
     descale = torch.maximum(-low, high).float().clamp(min=1e-12) / E4M3_MAX
     q = torch.empty(x.shape, dtype=FP8, device=x.device)
     block = 4096
-    _scale_cast_kernel[(triton.cdiv(x.numel(), block),)](x, q, descale, x.numel(), BLOCK=block, num_warps=8)
+    launch(_scale_cast_kernel, (triton.cdiv(x.numel(), block),), x, q, descale, x.numel(), BLOCK=block, num_warps=8)
     return q, descale.view(1, 1, 1, 1)

@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from worldgen.errors import CheckpointError
-from worldgen.kernels.fp8 import FP8, FP8_MAX, QuantizedRows, fp8_linear, quantize_rows, tl, triton, wants_fp8
+from worldgen.kernels.fp8 import FP8, FP8_MAX, QuantizedRows, fp8_linear, quantize_rows, wants_fp8
+from worldgen.kernels.triton_lang import launch, tl, triton
 from worldgen.quiet import hide_known_harmless
 
 hide_known_harmless()  # before bitsandbytes logs its harmless CPU-kernel warning on import
@@ -195,7 +196,7 @@ def fp8_rows_from_nf4(
     return q.view(out_features, in_features), scale
 
 
-if triton is not None:  # (imported in worldgen.kernels.fp8: CPU-only installs have none and never need it)
+if triton is not None:  # (worldgen.kernels.triton_lang: CPU-only installs have none and never need it)
 
     @triton.jit
     def _nf4_fp8_rows_kernel(
@@ -257,8 +258,8 @@ def _triton_fp8_rows(
     scale = torch.empty((out_features, 1), device=packed.device, dtype=torch.float32)
     blocks = in_features // blocksize
     TILE = 1024  # packed bytes a step: 2,048 weights
-    _nf4_fp8_rows_kernel[(out_features,)](
-        packed, absmax, nested_code, nested_absmax, offset.reshape(1).float(), code, q, scale,
+    launch(
+        _nf4_fp8_rows_kernel, (out_features,), packed, absmax, nested_code, nested_absmax, offset.reshape(1).float(), code, q, scale,
         in_features, in_features // 2, blocks, FP8_MAX,
         BLOCK_BYTES=blocksize // 2, NESTED_BLOCKSIZE=nested_blocksize, ROW_BLOCKS=triton.next_power_of_2(blocks),
         TILE=TILE, ROW_TILES=triton.cdiv(in_features // 2, TILE), num_warps=4, enable_fp_fusion=False,

@@ -417,7 +417,9 @@ class WanCameraDiT(nn.Module):
         inp = torch.cat([x, y], dim=1).to(dtype)
         tokens = self.patch_embedding(inp)
         b, _, f, h, w = tokens.shape
-        tokens = tokens.flatten(2).transpose(1, 2).float()  # [B, L, dim], residual stream in float32
+        # [B, L, dim], the residual stream in float32, laid out token after token: the hand-written fused
+        # kernels take rows (`worldgen.kernels.fused_triton`; a transposed stream went to torch.compile)
+        tokens = tokens.flatten(2).transpose(1, 2).contiguous().float()
 
         e = self.time_embedding[2](
             self.time_embedding[1](self.time_embedding[0](sinusoidal_embedding(cfg.freq_dim, t), torch.float32)),

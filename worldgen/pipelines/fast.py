@@ -351,56 +351,21 @@ class FastPipeline(Pipeline):
         model = forward.model = None
         self.residency.phase_done("denoise")
 
-    @torch.no_grad()
     def warm_up(self, settings: GenerationSettings | None = None, image_size: tuple[int, int] | None = None) -> float:
-        """Compile what a job of `settings` with an image of `image_size` (H, W; default the model frame)
-        runs, before any job: the DiT's forward on random inputs at the job's shapes, under the plan the
-        job gets, once per chunk (each a new KV-window length), then once more on the last (the CUDA-graph
-        capture). The fused kernels, FP8 quantizers, cuDNN graphs and the compile cache fill
-        (`worldgen.runtime.compile_cache`); no job's numbers change. The VAE and umT5 compile nothing.
-        -> seconds taken."""
-        import warnings
+        """Run the DiT's forward of a job of `settings` (image `image_size`, H x W) once per chunk before any
+        job, every kernel and cache filled (`worldgen.pipelines.fast_warm_up.warm_up`); -> seconds taken."""
+        from worldgen.pipelines.fast_warm_up import warm_up
 
-        from contracts.model_frame import MODEL_FRAME
-        from worldgen.pipelines.request import latent_size
+        return warm_up(self, settings, image_size)
 
-        start = time.perf_counter()
-        settings = settings or GenerationSettings(model="fast")
-        lat_h, lat_w = latent_size(image_size or MODEL_FRAME, settings.max_area)
-        frame_tokens = (lat_h // 2) * (lat_w // 2)
-        options = FastOptions.from_settings(settings, frame_tokens)
-        with warnings.catch_warnings():  # the job says it when its frames get rounded
-            warnings.simplefilter("ignore")
-            frames = fast_frames(settings.frame_num, None, options.chunk_frames)
-        on_plan, self.on_plan = self.on_plan, None
-        try:
-            self.plan_job(frames.latent_frames, lat_h, lat_w, options)
-        finally:
-            self.on_plan = on_plan
-        model = self.residency.use("fast")
-        cache = self.new_cache(frames.latent_frames, frame_tokens, options, model.compute_dtype)
-        forward = ChunkGraphs(model, allowed=self.use_chunk_graphs and self.graph_room)
-        device, n = self.device, options.chunk_frames
-        generator = torch.Generator("cpu").manual_seed(0)
-        context = [torch.zeros(self.text_len, model.text_embedding[0].in_features, device=device)]
-        x = torch.randn(1, 16, n, lat_h, lat_w, generator=generator).to(device)
-        y = torch.zeros(1, 20, n, lat_h, lat_w, device=device)
-        cam = torch.zeros(1, 384, n, lat_h, lat_w, device=device)
-        t = torch.full((1,), 999, dtype=torch.int64, device=device)
-        chunks = frames.latent_frames // n
-        try:
-            for c in range(chunks):
-                if c > 0:
-                    cache.grow()
-                for _ in range(2 if c == chunks - 1 else 1):
-                    forward(x, t, context, y, cam, cache=cache, current_start=c * n * frame_tokens)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-        finally:
-            forward.close()
-            cache.close()
-            free_device_memory(device)
-        return time.perf_counter() - start
+    def compile_ahead(
+        self, settings: GenerationSettings | None = None, image_size: tuple[int, int] | None = None
+    ) -> float:
+        """Compile the Triton kernels and cuDNN graphs a job of `settings` runs, side by side, before any job
+        (`worldgen.pipelines.fast_warm_up.compile_ahead`); -> seconds taken."""
+        from worldgen.pipelines.fast_warm_up import compile_ahead
+
+        return compile_ahead(self, settings, image_size)
 
     # -- all of it ---------------------------------------------------------------------------------
     def generate(

@@ -1,0 +1,117 @@
+"""Before any job: the Fast DiT's kernels compiled (`compile_ahead`, at load) or run once (`warm_up`).
+
+Both drive the DiT's forward once per chunk of a job of the given settings, on random inputs at the
+job's shapes, under the plan the job gets (each chunk a new KV-window length: the FP8 cache's window
+kernels and cuDNN's attention graphs of each length are made):
+- `compile_ahead` (every Fast pipeline on CUDA, when it loads): under
+  `worldgen.kernels.triton_lang.compiling_ahead`, so the hand-written Triton kernels the forward meets
+  are compiled on a pool of threads side by side instead of one after another inside the first job's
+  first forward, and only the DiT's first block runs (every block launches the same variants). What
+  is not Triton runs for real: the GEMMs, cuDNN's attention (its graphs for these shapes are built and
+  kept), the fused groups torch.compile takes (`fused.KERNELS = "compile"`). Seconds at load instead of
+  many more in the first chunk (docs/benchmarks.md, "Session 11: Fast").
+- `warm_up` (a server's `--warm-up`): every block runs, then once more on the last chunk (the CUDA-graph
+  capture), with nothing deferred: it also fills the torch.compile cache.
+No job's numbers change: the cache and the camera modulations made here are thrown away.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+
+import torch
+from torch import nn
+
+from contracts.settings import GenerationSettings
+from worldgen.kernels.triton_lang import compiling_ahead
+from worldgen.models.chunk_graph import ChunkGraphs
+from worldgen.pipelines.fast_plan import FastOptions, fast_frames
+from worldgen.runtime.cuda_memory import free_device_memory
+
+# Fast pipelines compile ahead when they load on CUDA (bench_fast.py --no-compile-ahead turns it off)
+COMPILE_AHEAD = True
+
+
+def compile_workers() -> int:
+    """Threads compiling side by side: Triton's compile is part Python (the GIL), part LLVM and ptxas."""
+    return max(1, min(8, (os.cpu_count() or 2) - 1))
+
+
+@torch.no_grad()
+def compile_ahead(pipe, settings: GenerationSettings | None = None, image_size: tuple[int, int] | None = None) -> float:
+    """Compile the Triton kernels a job of `settings` runs, in parallel, and build its cuDNN graphs;
+    -> seconds taken (0 off CUDA)."""
+    if pipe.device.type != "cuda":
+        return 0.0
+    start = time.perf_counter()
+    with compiling_ahead(compile_workers()):
+        _forward_each_chunk(pipe, settings, image_size, full=False)
+    return time.perf_counter() - start
+
+
+@torch.no_grad()
+def warm_up(pipe, settings: GenerationSettings | None = None, image_size: tuple[int, int] | None = None) -> float:
+    """Run the DiT's forward of a job of `settings` with an image of `image_size` (H, W; default the model
+    frame) once per chunk, then once more on the last (the CUDA-graph capture); -> seconds taken."""
+    start = time.perf_counter()
+    _forward_each_chunk(pipe, settings, image_size, full=True)
+    return time.perf_counter() - start
+
+
+@contextmanager
+def _first_block_only(model: nn.Module) -> Iterator[None]:
+    blocks = model.blocks
+    model.blocks = blocks[:1]
+    try:
+        yield
+    finally:
+        model.blocks = blocks
+
+
+def _forward_each_chunk(pipe, settings: GenerationSettings | None, image_size: tuple[int, int] | None, full: bool):
+    from contracts.model_frame import MODEL_FRAME
+    from worldgen.pipelines.request import latent_size
+
+    settings = settings or GenerationSettings(model="fast")
+    lat_h, lat_w = latent_size(image_size or MODEL_FRAME, settings.max_area)
+    frame_tokens = (lat_h // 2) * (lat_w // 2)
+    options = FastOptions.from_settings(settings, frame_tokens)
+    with warnings.catch_warnings():  # the job says it when its frames get rounded
+        warnings.simplefilter("ignore")
+        frames = fast_frames(settings.frame_num, None, options.chunk_frames)
+    on_plan, pipe.on_plan = pipe.on_plan, None
+    try:
+        pipe.plan_job(frames.latent_frames, lat_h, lat_w, options)
+    finally:
+        pipe.on_plan = on_plan
+    model = pipe.residency.use("fast")
+    cache = pipe.new_cache(frames.latent_frames, frame_tokens, options, model.compute_dtype)
+    forward = ChunkGraphs(model, allowed=full and pipe.use_chunk_graphs and pipe.graph_room)
+    device, n = pipe.device, options.chunk_frames
+    generator = torch.Generator("cpu").manual_seed(0)
+    context = [torch.zeros(pipe.text_len, model.text_embedding[0].in_features, device=device)]
+    x = torch.randn(1, 16, n, lat_h, lat_w, generator=generator).to(device)
+    y = torch.zeros(1, 20, n, lat_h, lat_w, device=device)
+    cam = torch.zeros(1, 384, n, lat_h, lat_w, device=device)
+    t = torch.full((1,), 999, dtype=torch.int64, device=device)
+    chunks = frames.latent_frames // n
+    camera_cache = model.camera_cache
+    try:
+        with nullcontext() if full else _first_block_only(model):
+            for c in range(chunks):
+                if c > 0:
+                    cache.grow()
+                for _ in range(2 if full and c == chunks - 1 else 1):
+                    forward(x, t, context, y, cam, cache=cache, current_start=c * n * frame_tokens)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    finally:
+        forward.close()
+        cache.close()
+        if camera_cache is not None:
+            camera_cache.clear()  # this camera's modulations (of one block only, when compiling ahead)
+        free_device_memory(device)
