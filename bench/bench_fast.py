@@ -201,6 +201,7 @@ def rollout(pipe: FastPipeline, args, image, prompt, poses, intrinsics, frames: 
     settings = GenerationSettings(size=args.size, frame_num=frames, seed=42, attention_frames=args.attention_frames)
     if pipe.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(pipe.device)
+        retries_before = torch.cuda.memory_stats(pipe.device).get("num_alloc_retries", 0)
     first_records = len(pipe.meter.records)
     chunks = []
     start = time.perf_counter()
@@ -246,6 +247,9 @@ def rollout(pipe: FastPipeline, args, image, prompt, poses, intrinsics, frames: 
     result["compute"] = pipe.compute
     if pipe.device.type == "cuda":
         result["peak_vram_allocated_gib"] = round(torch.cuda.max_memory_allocated(pipe.device) / GiB, 2)
+        # allocations that failed at the cap and were retried after freeing the allocator's cached blocks
+        # (each a device synchronisation; near the cap, kernels may also choose smaller workspaces)
+        result["alloc_retries"] = torch.cuda.memory_stats(pipe.device).get("num_alloc_retries", 0) - retries_before
         result["peak_vram_reserved_gib"] = round(torch.cuda.max_memory_reserved(pipe.device) / GiB, 2)
     return result
 
@@ -560,6 +564,7 @@ def main() -> None:
             f"DiT load {result['loads']['dit']:.1f} s (cumulative)",
             flush=True,
         )
+        print(f"  allocation retries at the cap: {result.get('alloc_retries')}", flush=True)
         print(f"  graphs compiled in this process so far: {result['graphs_compiled_in_process']}; Triton variants of "
               f"the hand-written kernels: {triton_variants()}", flush=True)  # fmt: skip
         later = [t["wall"] for t in result["per_chunk"][1:]]
