@@ -139,3 +139,21 @@ def test_streamed_bf16_file_in_float32_equals_the_resident_encoder():
         load_t5(layout, "cpu", torch.float32, stream_blocks=True), ids, mask, "cpu", torch.float32
     )
     assert all(torch.equal(a, b) for a, b in zip(resident, streamed, strict=True))
+
+
+@pytest.mark.cuda
+def test_streamed_to_a_gpu_through_pinned_buffers_equals_the_resident_encoder():
+    from worldgen.models.tokenizer import PromptTokenizer
+    from worldgen.runtime.checkpoint import find_checkpoint, load_t5
+    from worldgen.runtime.streamed_text_encoder import encode_prompts_streamed
+    from worldgen.runtime.tiny import ensure_tiny_checkpoint
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (the pinned staging is for copies to one)")
+    layout = find_checkpoint(ensure_tiny_checkpoint("bf16"))
+    ids, mask = PromptTokenizer(layout.tokenizer_dir / "tokenizer.json")(["a robot arm", "warehouse aisle"], 32)
+    resident = encode_prompts(load_t5(layout, "cuda", torch.bfloat16), ids.cuda(), mask.cuda())
+    encoder = load_t5(layout, "cpu", torch.bfloat16, stream_blocks=True)
+    streamed = encode_prompts_streamed(encoder, ids, mask, "cuda", torch.bfloat16)
+    assert all(torch.equal(a, b) for a, b in zip(resident, streamed, strict=True))
+    assert all(p.is_meta for p in encoder.blocks.parameters())

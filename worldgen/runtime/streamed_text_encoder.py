@@ -1,14 +1,40 @@
 """umT5 with its weights memory-mapped on the CPU, passed through the device one block at a time:
 the GPU holds one block (~0.4 GiB for umT5-XXL) instead of 10.6 GiB. A memory policy over
 `worldgen.models.t5`, so it lives here beside the streamed loads it relies on.
+
+To a GPU, each tensor goes through one of two pinned staging buffers (`tensor_stream.StagingBuffer`):
+the copy out of the mapped pages into one overlaps the GPU's copy out of the other, at the pinned
+rate. Straight from the mapped (pageable) pages, the copies were 1.3 s of a Fast rollout's 1.4-1.8 s
+text phase on the H100 (docs/benchmarks.md, "Session 11: Fast"), the GPU idle in between.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from worldgen.models.t5 import UMT5Encoder
-from worldgen.runtime.tensor_stream import release_host_pages
+from worldgen.runtime.tensor_stream import StagingBuffer, release_host_pages
+
+STAGING_BYTES = 128 * 2**20  # each of the two pinned buffers (umT5-XXL's largest tensor: 84 MB; grows if needed)
+
+
+def _move_block(block: nn.Module, device: torch.device, dtype: torch.dtype | None, staging: StagingBuffer) -> None:
+    """`block.to(device, dtype)` with every tensor copied through the pinned staging buffers."""
+
+    def staged(t: torch.Tensor) -> torch.Tensor:
+        host = staging.view(t.numel() * t.element_size()).view(t.dtype).view(t.shape)
+        host.copy_(t)  # from the mapped pages (the CPU), while the GPU copies out of the other buffer
+        out = host.to(device, non_blocking=True)
+        staging.copies_issued()
+        return out.to(dtype) if dtype is not None and out.is_floating_point() else out
+
+    for param in block.parameters():
+        param.data = staged(param.data)
+    for module in block.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[name] = staged(buffer)
 
 
 @torch.no_grad()
@@ -28,6 +54,7 @@ def encode_prompts_streamed(
     the next call (the text-embedding cache makes that rare).
     """
     device = torch.device(device)
+    staging = StagingBuffer(STAGING_BYTES, pin=True) if device.type == "cuda" else None
     x = encoder.embed(ids).to(device, dtype)  # the embedding lookup gathers rows on the CPU
     ids_mask = mask.to(device)
     shared = encoder.shared_position_bias(ids.shape[1])
@@ -38,7 +65,10 @@ def encode_prompts_streamed(
         # place, so holding the Parameters themselves would leave us only the moved copies and the
         # mapped pages of every block would stay resident until the whole file is unmapped.
         host_tensors = [t.detach() for t in (*block.parameters(), *block.buffers())]
-        block.to(device, dtype)
+        if staging is not None:
+            _move_block(block, device, dtype, staging)
+        else:
+            block.to(device, dtype)
         if device.type != "cpu":  # keep RSS flat: the mapped pages go back to the page cache
             for tensor in host_tensors:
                 release_host_pages(tensor)
