@@ -281,12 +281,19 @@ class WanVAE(nn.Module):
         self.conv1 = CausalConv3d(2 * cfg.z_dim, 2 * cfg.z_dim, 1)
         self.conv2 = CausalConv3d(cfg.z_dim, cfg.z_dim, 1)
         self.decoder = Decoder3d(cfg)
+        self._scales: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # `_scale`'s, per device
 
     def _scale(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (1, self.config.z_dim, 1, 1, 1)
-        mean = torch.tensor(self.config.mean, dtype=torch.float32, device=device).view(shape)
-        inv_std = 1.0 / torch.tensor(self.config.std, dtype=torch.float32, device=device).view(shape)
-        return mean, inv_std
+        """(mean, 1 / std) [1, z, 1, 1, 1] on `device`, made once a device: a tensor built from a Python list
+        on a GPU is a blocking copy that waits for the GPU's queue, and every chunk's encode and decode did
+        it once a tile (4.4 s of a profiled pair of Fast rollouts on the H100, docs/benchmarks.md)."""
+        key = torch.device(device)
+        if key not in self._scales:
+            shape = (1, self.config.z_dim, 1, 1, 1)
+            mean = torch.tensor(self.config.mean, dtype=torch.float32, device=key).view(shape)
+            inv_std = 1.0 / torch.tensor(self.config.std, dtype=torch.float32, device=key).view(shape)
+            self._scales[key] = (mean, inv_std)
+        return self._scales[key]
 
     @torch.no_grad()
     def encode(self, video: torch.Tensor) -> torch.Tensor:

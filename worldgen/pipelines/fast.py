@@ -333,7 +333,9 @@ class FastPipeline(Pipeline):
                         if renoise_draws is not None:
                             draw = renoise_draws[c, s].to(device, torch.float32)
                         else:
-                            draw = torch.randn(x0.shape, generator=generator, dtype=torch.float32).to(device)
+                            draw = torch.randn(x0.shape, generator=generator, dtype=torch.float32)
+                            # pinned and non-blocking: a pageable copy would wait for the GPU's queue
+                            draw = (draw.pin_memory() if device.type == "cuda" else draw).to(device, non_blocking=True)
                         x_t = renoise(x0, draw, schedule.sigmas_add_noise[s + 1])
                     progress("denoise", c * (steps + 1) + s + 1, total)
                 # the chunk is final: hand it out (to be decoded and shown) before the refresh, which
