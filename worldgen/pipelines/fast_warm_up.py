@@ -48,8 +48,13 @@ def compile_ahead(pipe, settings: GenerationSettings | None = None, image_size: 
     if pipe.device.type != "cuda":
         return 0.0
     start = time.perf_counter()
-    with compiling_ahead(compile_workers()):
-        _forward_each_chunk(pipe, settings, image_size, full=False)
+    try:
+        with compiling_ahead(compile_workers()):
+            _forward_each_chunk(pipe, settings, image_size, full=False)
+    except Exception as exc:  # noqa: BLE001  (only a head start: a job compiles what it meets, and fails on its own)
+        warnings.warn(f"compiling ahead failed ({type(exc).__name__}: {exc}); the first job compiles its kernels",
+                      stacklevel=2)  # fmt: skip
+        free_device_memory(pipe.device)
     return time.perf_counter() - start
 
 
