@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from contracts.settings import GenerationSettings
+from worldgen.errors import CheckpointError, InputError
 from worldgen.kernels.triton_lang import compiling_ahead
 from worldgen.models.chunk_graph import ChunkGraphs
 from worldgen.pipelines.fast_plan import FastOptions, fast_frames
@@ -51,6 +52,8 @@ def compile_ahead(pipe, settings: GenerationSettings | None = None, image_size: 
     try:
         with compiling_ahead(compile_workers()):
             _forward_each_chunk(pipe, settings, image_size, full=False)
+    except (CheckpointError, InputError):
+        raise  # the checkpoint or the settings: no job could run either
     except Exception as exc:  # noqa: BLE001  (only a head start: a job compiles what it meets, and fails on its own)
         warnings.warn(f"compiling ahead failed ({type(exc).__name__}: {exc}); the first job compiles its kernels",
                       stacklevel=2)  # fmt: skip
