@@ -128,7 +128,7 @@ class PipelineEngine:
     def _load(self, model: str):
         from worldgen.pipelines.loader import load_pipeline_from_options
 
-        return load_pipeline_from_options(self.options.replace(model=model))
+        return load_pipeline_from_options(self.options.replace(model=model), first_use_ahead=True)  # a server
 
     def _pipeline_for(self, model: str):
         """The pipeline of a job's model: one is resident at a time (a switch frees the other's models

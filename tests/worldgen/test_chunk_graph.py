@@ -165,3 +165,47 @@ def test_a_worker_asked_to_warm_up_does_it_at_load():
 
     assert PipelineEngine(EngineOptions(model="fast", warm_up=True)).describe()["warm_up_s"] > 0
     assert PipelineEngine(EngineOptions(model="fast")).describe()["warm_up_s"] is None
+
+
+def test_text_and_vae_run_ahead_once_with_the_job_shapes_and_change_no_video(tmp_path):
+    import warnings
+
+    from worldgen.pipelines.text_cache import TextCache
+
+    load_pipeline, job = _tiny_job()
+    settings = job[-1]
+    cold = load_pipeline("tiny", device="cpu", model="fast", text_cache_dir=tmp_path / "cold")
+    video = cold.generate(*job)
+    ahead = load_pipeline("tiny", device="cpu", model="fast", text_cache_dir=tmp_path / "ahead")
+    assert isinstance(ahead.text_cache, TextCache)
+    vae = ahead.residency.use("vae")
+    pushed: dict[str, list[tuple[int, ...]]] = {"encode": [], "decode": []}
+    originals = vae.encode_chunk, vae.decode_chunk
+
+    def spy(kind, original):
+        return lambda x, cache: pushed[kind].append(tuple(x.shape)) or original(x, cache)
+
+    vae.encode_chunk, vae.decode_chunk = spy("encode", originals[0]), spy("decode", originals[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a failure inside would only warn: here it fails the test
+        assert ahead.first_use_ahead(settings, (64, 96)) > 0
+    vae.encode_chunk, vae.decode_chunk = originals
+    # chunk 0's 9 frames at the job's 64x96 (frame 0 alone, then 4 + 4), two chunks of 3 latents decoded
+    assert pushed["encode"] == [(1, 3, 1, 64, 96), (1, 3, 4, 64, 96), (1, 3, 4, 64, 96)]
+    assert pushed["decode"] == [(1, 16, 1, 8, 12)] * 6
+    assert not any((tmp_path / "ahead").glob("*"))  # the placeholder prompt's embedding is not kept
+    assert torch.equal(ahead.generate(*job), video)
+
+
+@pytest.mark.cuda
+def test_a_server_pipeline_on_cuda_runs_text_and_vae_ahead_and_gives_the_same_video(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (running ahead is for CUDA's kernels and plans)")
+    load_pipeline, job = _tiny_job()
+    ahead = load_pipeline("tiny", device="cuda", model="fast", first_use_ahead=True, text_cache_dir=tmp_path)
+    assert ahead.engine["first_use_ahead_s"] > 0
+    assert not any(tmp_path.glob("*"))
+    video = ahead.generate(*job)
+    plain = load_pipeline("tiny", device="cuda", model="fast", use_text_cache=False)
+    assert "first_use_ahead_s" not in plain.engine
+    assert torch.equal(plain.generate(*job), video)

@@ -369,6 +369,15 @@ class FastPipeline(Pipeline):
 
         return compile_ahead(self, settings, image_size)
 
+    def first_use_ahead(
+        self, settings: GenerationSettings | None = None, image_size: tuple[int, int] | None = None
+    ) -> float:
+        """Run umT5 and the VAE once at a job's shapes before any job, as a server starts
+        (`worldgen.pipelines.fast_warm_up.first_use_ahead`); -> seconds taken."""
+        from worldgen.pipelines.fast_warm_up import first_use_ahead
+
+        return first_use_ahead(self, settings, image_size)
+
     # -- all of it ---------------------------------------------------------------------------------
     def generate(
         self,

@@ -1,4 +1,5 @@
-"""Before any job: the Fast DiT's kernels compiled (`compile_ahead`, at load) or run once (`warm_up`).
+"""Before any job: the Fast DiT's kernels compiled (`compile_ahead`, at load) or run once (`warm_up`),
+and the phases around it run once (`first_use_ahead`, at a server's start).
 
 Both drive the DiT's forward once per chunk of a job of the given settings, on random inputs at the
 job's shapes, under the plan the job gets (each chunk a new KV-window length: the FP8 cache's window
@@ -12,7 +13,13 @@ kernels and cuDNN's attention graphs of each length are made):
   many more in the first chunk (docs/benchmarks.md, "Session 11: Fast").
 - `warm_up` (a server's `--warm-up`): every block runs, then once more on the last chunk (the CUDA-graph
   capture), with nothing deferred: it also fills the torch.compile cache.
-No job's numbers change: the cache and the camera modulations made here are thrown away.
+- `first_use_ahead` (a worker's start, `worldgen.worker`): what a process pays the first time only around
+  the DiT, at a job's shapes: umT5 on a placeholder prompt (the tokenizer, its GEMMs' kernels, the pinned
+  staging), the VAE's streamed encode of chunk 0's frames and the decode of two chunks (cuDNN's plans and
+  kernels for these shapes). A second process's first chunk paid ~0.8 s more than a warm one for these
+  (docs/benchmarks.md, "Session 11: Fast"). Not at every load: a one-shot `generate` would pay them
+  anyway, once, and the placeholder's work on top.
+No job's numbers change: the cache, the camera modulations and the outputs made here are thrown away.
 """
 
 from __future__ import annotations
@@ -33,8 +40,9 @@ from worldgen.models.chunk_graph import ChunkGraphs
 from worldgen.pipelines.fast_plan import FastOptions, fast_frames
 from worldgen.runtime.cuda_memory import free_device_memory
 
-# Fast pipelines compile ahead when they load on CUDA (bench_fast.py --no-compile-ahead turns it off)
+# Fast pipelines compile ahead when they load on CUDA (bench_fast.py --compile-ahead off turns it off)
 COMPILE_AHEAD = True
+PLACEHOLDER_PROMPT = "a robot camera moves through a room"  # first_use_ahead's; its embedding is thrown away
 
 
 def compile_workers() -> int:
@@ -70,6 +78,44 @@ def warm_up(pipe, settings: GenerationSettings | None = None, image_size: tuple[
     return time.perf_counter() - start
 
 
+@torch.no_grad()
+def first_use_ahead(
+    pipe, settings: GenerationSettings | None = None, image_size: tuple[int, int] | None = None
+) -> float:
+    """Run umT5 once on a placeholder prompt and the VAE once at the shapes of a job of `settings` (image
+    `image_size`, H x W), so the first job's text, encode and decode run as a warm process's do; -> seconds
+    taken. The text-embedding cache is neither read nor written. Worth it on CUDA only (`load_pipeline`
+    calls it there): the CPU has no kernels or plans to prepare."""
+    from worldgen.models.vae import StreamingDecoder, StreamingEncoder
+
+    start = time.perf_counter()
+    try:
+        if pipe.tokenizer is not None:
+            pipe.encode_ids(*pipe.tokenizer([PLACEHOLDER_PROMPT], pipe.text_len))
+        lat_h, lat_w, _, options, frames = _planned_job(pipe, settings, image_size)
+        n = options.chunk_frames
+        vae = pipe.residency.use("vae")
+        device = next(vae.parameters()).device
+        encoder = StreamingEncoder(vae, pipe.encode_tile_pixels)
+        encoder.push(torch.zeros(1, 3, min(4 * (n - 1) + 1, frames.frames), lat_h * 8, lat_w * 8, device=device))
+        del encoder
+        pipe.residency.phase_done("encode")
+        decoder = StreamingDecoder(vae, pipe.decode_tile_pixels)
+        for _ in range(2):  # chunk 0 decodes its first frame alone, the chunks after it do not
+            decoder.push(torch.zeros(1, 16, n, lat_h, lat_w, device=device))
+        del decoder, vae
+        pipe.residency.phase_done("decode")
+        if pipe.device.type == "cuda":
+            torch.cuda.synchronize(pipe.device)
+    except (CheckpointError, InputError):
+        raise  # the checkpoint or the settings: no job could run either
+    except Exception as exc:  # noqa: BLE001  (only a head start: the first job pays what is left)
+        warnings.warn(f"running text and VAE ahead failed ({type(exc).__name__}: {exc})", stacklevel=2)
+    finally:
+        free_device_memory(pipe.device)
+    return time.perf_counter() - start
+
+
 @contextmanager
 def _first_block_only(model: nn.Module) -> Iterator[None]:
     blocks = model.blocks
@@ -80,7 +126,9 @@ def _first_block_only(model: nn.Module) -> Iterator[None]:
         model.blocks = blocks
 
 
-def _forward_each_chunk(pipe, settings: GenerationSettings | None, image_size: tuple[int, int] | None, full: bool):
+def _planned_job(pipe, settings: GenerationSettings | None, image_size: tuple[int, int] | None):
+    """The latent size, frame tokens, options and frames of a job of `settings` (default: the default
+    settings' job, the model frame), with the pipeline's plan made for it (told to no one)."""
     from contracts.model_frame import MODEL_FRAME
     from worldgen.pipelines.request import latent_size
 
@@ -96,6 +144,11 @@ def _forward_each_chunk(pipe, settings: GenerationSettings | None, image_size: t
         pipe.plan_job(frames.latent_frames, lat_h, lat_w, options)
     finally:
         pipe.on_plan = on_plan
+    return lat_h, lat_w, frame_tokens, options, frames
+
+
+def _forward_each_chunk(pipe, settings: GenerationSettings | None, image_size: tuple[int, int] | None, full: bool):
+    lat_h, lat_w, frame_tokens, options, frames = _planned_job(pipe, settings, image_size)
     model = pipe.residency.use("fast")
     cache = pipe.new_cache(frames.latent_frames, frame_tokens, options, model.compute_dtype)
     forward = ChunkGraphs(model, allowed=full and pipe.use_chunk_graphs and pipe.graph_room)

@@ -75,6 +75,7 @@ def load_pipeline(
     model: str = "base",
     compute: str | None = "exact",
     devices: list[str] | tuple[str, ...] | None = None,
+    first_use_ahead: bool = False,
 ) -> Pipeline:
     """Recognise the checkpoint, make the memory plan and return a pipeline whose models load lazily.
 
@@ -85,7 +86,9 @@ def load_pipeline(
     (approximate, Ada/Hopper only: `worldgen.kernels.fp8`), a job's settings may override it. `devices`:
     one device (as `device`) or two, the second running each step's unconditional pass
     (`worldgen.pipelines.multi_gpu`; `devices_for_gpus` turns `--gpus 0,1` into them). What was applied is
-    recorded in `pipe.engine` (the worker reports it in its health answers).
+    recorded in `pipe.engine` (the worker reports it in its health answers). A Fast pipeline on CUDA
+    compiles its kernels ahead (`FastPipeline.compile_ahead`); with `first_use_ahead` (a server) it also
+    runs umT5 and the VAE once (`FastPipeline.first_use_ahead`), so its first job is as quick as its next.
     """
     from worldgen.kernels.attention import resolve_backend
     from worldgen.runtime.checkpoint import (
@@ -236,6 +239,8 @@ def load_pipeline(
 
         if fast_warm_up.COMPILE_AHEAD:  # its kernels compiled side by side now, not in the first chunk
             pipe.engine["compile_ahead_s"] = round(pipe.compile_ahead(), 2)
+        if first_use_ahead:
+            pipe.engine["first_use_ahead_s"] = round(pipe.first_use_ahead(), 2)
     return pipe
 
 
