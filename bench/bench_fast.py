@@ -20,10 +20,8 @@ whole <= 16 s; fp8 <= 1.0 s per chunk over chunks 1..6, whole <= 10 s, first chu
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
-import json
 import re
 import subprocess
 import sys
@@ -37,11 +35,10 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.fast_args import fast_parser  # noqa: E402
 from bench.kernel_profile import profiled  # noqa: E402
 from contracts import atomic  # noqa: E402
-from contracts.engine_options import ATTENTIONS  # noqa: E402
-from contracts.model_frame import MODEL_SIZE  # noqa: E402
-from contracts.settings import FIELD_BY_NAME, GenerationSettings  # noqa: E402
+from contracts.settings import GenerationSettings  # noqa: E402
 from worldgen.kernels.attention import resolve_backend  # noqa: E402
 from worldgen.models.chunk_graph import enabled_by_environment  # noqa: E402
 from worldgen.models.kv_cache import CacheSpec, KVCache  # noqa: E402
@@ -283,99 +280,7 @@ def parse_entry(text: str) -> Entry:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ckpt", default="tiny", help="checkpoint folder (base folder with the Fast DiT), or tiny")
-    parser.add_argument("--build-synthetic", action="store_true", help="write a full-size synthetic one at --ckpt")
-    parser.add_argument(
-        "--action-path", type=Path, help="the episode: poses.npy, intrinsics.npy, image, prompt (needed with --frames)"
-    )
-    parser.add_argument("--vram-budget", type=float, help="GiB, as `generate --vram-budget`")
-    parser.add_argument("--size", default=MODEL_SIZE, help="max area H*W")
-    parser.add_argument(
-        "--frames",
-        default="81,161",
-        help='comma-separated frame counts, one rollout each ("": none, with --golden: the parity alone), each '
-        "the product's default path (chunk graphs and decode overlap as LINGBOT_ISAAC_CHUNK_GRAPHS says) unless "
-        "letters follow the number: c reuses the prompt's embedding from the run before (as the server's prompt "
-        "cache does), g captures chunk forwards as CUDA graphs, o decodes each chunk on a second stream beside "
-        "the next chunk's forwards (81cgo), p profiles the rollout (with --profile-dir); 81eager / 81serial: "
-        "graphs and overlap asked for, less the graphs / less the overlap",
-    )
-    parser.add_argument("--golden", type=Path, help="golden/fast folder: parity in bf16 on this device first")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--attention", choices=ATTENTIONS, default="auto", help="attention kernel (default: auto)")
-    parser.add_argument(
-        "--compute",
-        default="exact",
-        help="comma-separated computes (exact, fp8): the --frames list runs once per compute in the same pipeline; "
-        "the last 81-frame rollout of each later compute is compared chunk by chunk with the first compute's",
-    )
-    parser.add_argument(
-        "--attention-frames",
-        type=int,
-        default=FIELD_BY_NAME["attention_frames"].default,
-        help="latent frames the DiT attends to (as `generate --attention-frames`): pins the KV window, so "
-        "plans that leave the cache different room run the same attention",
-    )
-    parser.add_argument(
-        "--vae-dtype",
-        choices=("auto", "float32", "bfloat16"),
-        default="auto",
-        help="the VAE's dtype for every rollout (auto: the engine's, float32 but bf16 under Fast fp8 on CUDA); "
-        "float32 with --compute exact,fp8 gives both the same memory plan, so the per-chunk distance is fp8's alone",
-    )
-    parser.add_argument(
-        "--fused-kernels",
-        choices=("compile", "triton"),
-        help="the DiT's fused groups: every one compiled by torch.compile, or hand-written Triton kernels where "
-        "they take the call (default: the engine's, worldgen.kernels.fused.KERNELS)",
-    )
-    parser.add_argument(
-        "--compile-ahead",
-        choices=("load", "job", "off"),
-        default="load",
-        help="the Triton kernels and cuDNN graphs compiled ahead (worldgen.pipelines.fast_warm_up): at load for "
-        "the default settings' shapes (the engine's way, the default), after load for the first --frames "
-        "entry and the episode image's shapes (what a caller that knows its job can ask), or not at all",
-    )
-    parser.add_argument(
-        "--compile-options",
-        type=json.loads,
-        default=None,
-        help="JSON of Inductor settings for the fused kernels, replacing worldgen.kernels.fused.COMPILE_OPTIONS "
-        "(default: one Triton config a kernel, no autotuning); '{}' is Inductor's own defaults",
-    )
-    parser.add_argument(
-        "--vae-check",
-        action="store_true",
-        help="after the rollouts, the last one's chunk latents decoded by a float32 VAE and by a bf16 one: "
-        "seconds of each, and the bf16 video's distance from float32's (rel-L2, PSNR)",
-    )
-    parser.add_argument(
-        "--graph-check",
-        action="store_true",
-        help="after the first compute's rollouts, the last --frames entry once more with every forward eager (no "
-        "CUDA graphs): its chunks against that entry's. Under a budget its plan keeps no graph pool, so its KV "
-        "window may be larger: chunks are comparable until the window rolls (identical expected there)",
-    )
-    parser.add_argument(
-        "--warm-up",
-        action="store_true",
-        help="FastPipeline.warm_up (what `[worker] warm_up = true` does at server start) before the rollouts, "
-        "at the first --frames entry and the episode image's shape, under the first --compute; timed",
-    )
-    parser.add_argument(
-        "--sdpa-first",
-        choices=("cudnn", "flash", "efficient"),
-        help="PyTorch SDPA kernel tried first (default: the engine's choice)",
-    )
-    parser.add_argument(
-        "--profile-dir",
-        type=Path,
-        help="a --frames entry with a trailing p (81p) runs under torch.profiler: kernel families, GPU idle time "
-        "and the costliest kernels written here as profile-<compute>-<n>.txt (bench/kernel_profile.py)",
-    )
-    parser.add_argument("--json", type=Path, help="write all results here (rewritten after each step)")
+    parser = fast_parser(__doc__)
     args = parser.parse_args()
     if args.frames and args.action_path is None:
         parser.error("--action-path is needed for the rollouts of --frames (--frames '' runs the golden parity alone)")
@@ -452,10 +357,12 @@ def main() -> None:
         use_text_cache=False,
         attention=args.attention,
         compute=args.compute.split(",")[0],  # what the load compiles ahead for
+        first_use_ahead=args.first_use == "load",
     )
     results["attention"] = pipe.engine.get("attention")
     results["pipeline_seconds"] = round(time.perf_counter() - start, 2)
     results["compile_ahead_seconds"] = pipe.engine.get("compile_ahead_s")
+    results["first_use_ahead_seconds"] = pipe.engine.get("first_use_ahead_s")
     if args.compile_ahead == "job":
         from PIL import Image
 
@@ -465,7 +372,8 @@ def main() -> None:
         job = GenerationSettings(model="fast", size=args.size, frame_num=first)
         results["compile_ahead_seconds"] = round(pipe.compile_ahead(job, size), 2)
     print(f"pipeline loaded in {results['pipeline_seconds']} s (compile ahead, {args.compile_ahead}: "
-          f"{results['compile_ahead_seconds']} s; graphs compiled so far: {compiled_graphs()}; Triton variants: "
+          f"{results['compile_ahead_seconds']} s; text and VAE ahead, {args.first_use}: "
+          f"{results['first_use_ahead_seconds']} s; graphs compiled so far: {compiled_graphs()}; Triton variants: "
           f"{triton_variants()})", flush=True)  # fmt: skip
     plans = []
     pipe.on_plan = plans.append

@@ -197,12 +197,19 @@ def _command_lines(text: str) -> list[str]:
 
 def test_every_option_the_docs_give_a_script_is_one_of_its_options():
     """`python3 bench/bench_fast.py ... --frames 81`, `scripts/isaac_record_and_generate.py --keep-frames`:
-    each flag is an argparse option of that script (its source says "--flag")."""
+    each flag is an argparse option of that script (its source, or a sibling module it imports its command
+    line from, says "--flag")."""
+
+    def source_of(script: str) -> str:
+        text = (REPO / script).read_text()
+        siblings = re.findall(r"^from (scripts|bench)\.(\w+) import", text, re.MULTILINE)
+        return text + "".join((REPO / folder / f"{name}.py").read_text() for folder, name in siblings)
+
     wrong = []
     for doc in DOCS:
         for command in (c for line in _command_lines(_text(doc)) for c in re.split(r"&&|;|\|", line)):
             for script, rest in re.findall(r"((?:scripts|bench)/\w+\.py)(.*)", command):
-                source = (REPO / script).read_text()
+                source = source_of(script)
                 wrong += [f"{doc}: {script} {flag}" for flag in FLAG.findall(rest) if f'"{flag}"' not in source]
     assert not wrong, "\n".join(wrong)
 
