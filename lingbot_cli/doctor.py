@@ -17,7 +17,7 @@ PACKAGES = {  # module -> (what needs it, required for generation)
     "torch": ("worldgen (generation side only)", True),
     "safetensors": ("worldgen checkpoints", True),
     "tokenizers": ("worldgen text encoder", True),
-    "bitsandbytes": ("worldgen NF4 checkpoints", True),
+    "bitsandbytes": ("quantize to NF4 (reading NF4 checkpoints does not need it)", False),
     "ftfy": ("worldgen prompt cleaning", True),
     "imageio_ffmpeg": ("mp4 output", True),
     "scipy": ("camera interpolation", True),

@@ -7,6 +7,7 @@ so the layers here include ones that are not, and the rule is written out elemen
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -129,3 +130,66 @@ def test_fp8_rows_from_the_triton_kernel_match_the_two_step_path(shape):
     assert differ.float().mean().item() < 1e-3
     steps = (q.view(torch.uint8).int() - q_ref.view(torch.uint8).int()).abs()  # e4m3 bytes are ordered by magnitude
     assert steps.max().item() <= 1
+
+
+def test_the_quant_state_reads_as_bitsandbytes_reads_it():
+    from bitsandbytes.functional import QuantState
+
+    from worldgen.kernels.nf4 import read_quant_state
+
+    parts = {k.removeprefix("weight."): v for k, v in quantize_weight(torch.randn(24, 128).bfloat16()).items()}
+    ours = read_quant_state(parts, "layer")
+    theirs = QuantState.from_dict({k: v for k, v in parts.items() if k != "weight"}, device="cpu")
+    assert (ours.quant_type, ours.blocksize, ours.dtype, ours.shape) == (
+        theirs.quant_type, theirs.blocksize, theirs.dtype, theirs.shape,
+    )  # fmt: skip
+    assert torch.equal(ours.absmax, theirs.absmax) and torch.equal(ours.code, theirs.code)
+    assert torch.equal(ours.offset, theirs.offset) and ours.offset.dtype == theirs.offset.dtype
+    for field in ("absmax", "code", "blocksize", "dtype"):
+        a, b = getattr(ours.state2, field), getattr(theirs.state2, field)
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        (lambda meta: b"{not json", "JSONDecodeError"),
+        (lambda meta: json.dumps({**meta, "colour": "red"}).encode(), "unknown fields ['colour']"),
+        (lambda meta: json.dumps({k: v for k, v in meta.items() if k != "blocksize"}).encode(), "KeyError"),
+        (lambda meta: json.dumps({**meta, "dtype": "bfloat99"}).encode(), "bfloat99"),
+    ],
+    ids=["not-json", "unknown-field", "missing-field", "unknown-dtype"],
+)
+def test_an_unreadable_quant_state_is_a_checkpoint_error_naming_the_layer(damage, says):
+    from worldgen.errors import CheckpointError
+
+    parts = {k.removeprefix("weight."): v for k, v in quantize_weight(torch.randn(8, 64).bfloat16()).items()}
+    key = "quant_state.bitsandbytes__nf4"
+    meta = json.loads(bytes(parts[key].numpy()).decode())
+    parts[key] = torch.frombuffer(bytearray(damage(meta)), dtype=torch.uint8)
+    layer = NF4Linear(64, 8, bias=False, compute_dtype=torch.float32)
+    with pytest.raises(CheckpointError, match=r"blocks\.3\.ffn\.0: unreadable NF4 quant state") as caught:
+        layer.set_quant_state(parts, "blocks.3.ffn.0")
+    assert says in str(caught.value)
+
+
+def test_an_nf4_checkpoint_loads_and_runs_on_the_cpu_without_importing_bitsandbytes():
+    """Importing bitsandbytes imports dynamo and Inductor (seconds); only its own kernels need it."""
+    import subprocess
+    import sys
+
+    from worldgen.runtime.tiny import ensure_tiny_checkpoint
+
+    ensure_tiny_checkpoint("nf4")  # made with bitsandbytes here, once, so the child only reads it
+    code = (
+        "import sys, torch\n"
+        "from worldgen.pipelines.loader import load_pipeline\n"
+        "pipe = load_pipeline('tiny-nf4', device='cpu', model='base', use_text_cache=False)\n"
+        "model = pipe.residency.use('high')\n"
+        "weight = next(m for m in model.modules() if type(m).__name__ == 'NF4Linear').dequantized_weight()\n"
+        "assert torch.isfinite(weight).all()\n"
+        "print('bitsandbytes' in sys.modules, 'torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["False", "False"], out.stdout

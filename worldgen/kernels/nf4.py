@@ -12,17 +12,23 @@ what it does for long token sequences anyway.
 Dequantizing follows one rule on every device, the one bitsandbytes' CUDA kernel implements:
 value = code[nibble] * absmax[flat element index // blocksize] in float32 (high nibble first),
 where a double-quantized absmax is nested_code[byte] * nested_absmax[index // nested_blocksize]
-+ offset, and the result is rounded to the state's dtype (bf16). On CUDA we call bitsandbytes'
-kernel. On the CPU we do it with `dequantize_nf4` below rather than bitsandbytes' CPU kernel,
++ offset, and the result is rounded to the state's dtype (bf16). On CUDA our Triton kernel
+(`_triton_dequantize`) does it; elsewhere `dequantize_nf4` below, rather than bitsandbytes' CPU kernel,
 because that kernel depends on the instruction set: its AVX-512 version indexes absmax per row
 (row * (in_features // blocksize) + col // blocksize), which mis-scales every layer whose
 in_features is not a multiple of the blocksize (the tiny golden model's 32-wide embeddings), so
 the same checkpoint gave different weights on two CPUs. Every step is one IEEE float32 product or
 sum and a round to bf16, so the result is the same bits on any CPU.
+
+bitsandbytes is imported only to quantize (`quantize_weight`): importing it imports dynamo and
+Inductor (2.3-3.5 s a process), which loading and running a checkpoint never need. The quant state is
+read here (`read_quant_state`) as its `QuantState.from_dict` reads it, and the CUDA dequantize is ours.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import warnings
 
 import torch
@@ -34,9 +40,6 @@ from worldgen.kernels.fp8 import FP8, FP8_MAX, QuantizedRows, fp8_linear, quanti
 from worldgen.kernels.triton_lang import launch, tl, triton
 from worldgen.quiet import hide_known_harmless
 
-hide_known_harmless()  # before bitsandbytes logs its harmless CPU-kernel warning on import
-from bitsandbytes.functional import QuantState, dequantize_4bit, quantize_4bit  # noqa: E402
-
 QUANT_SUFFIXES = (
     "weight.absmax",
     "weight.quant_map",
@@ -45,6 +48,71 @@ QUANT_SUFFIXES = (
     "weight.quant_state.bitsandbytes__nf4",
 )
 TENSOR_FIELDS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
+PACKED_KEY = "quant_state.bitsandbytes__nf4"  # the packed JSON of the other fields, as bitsandbytes names it
+STATE_FIELDS = (*TENSOR_FIELDS, "quant_type", "blocksize", "dtype", "shape", "nested_blocksize", "nested_dtype",
+                "nested_offset")  # fmt: skip
+
+
+def _bitsandbytes_functional():
+    """bitsandbytes' functional API, imported on first use (module docstring)."""
+    hide_known_harmless()  # before bitsandbytes logs its harmless CPU-kernel warning on import
+    from bitsandbytes import functional
+
+    return functional
+
+
+@dataclasses.dataclass(frozen=True)
+class NestedState:
+    """The quantized block scales' own scales (bitsandbytes' `QuantState.state2`)."""
+
+    absmax: torch.Tensor
+    code: torch.Tensor
+    blocksize: int
+    dtype: torch.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class NF4State:
+    """What dequantizing an NF4 weight reads: bitsandbytes' `QuantState` fields, by its names."""
+
+    absmax: torch.Tensor
+    code: torch.Tensor
+    blocksize: int
+    dtype: torch.dtype
+    shape: torch.Size
+    quant_type: str = "nf4"
+    offset: torch.Tensor | None = None
+    state2: NestedState | None = None
+
+    @property
+    def nested(self) -> bool:
+        return self.state2 is not None
+
+
+def read_quant_state(components: dict[str, torch.Tensor], name: str) -> NF4State:
+    """`name.weight.*`'s tensors (keys without the `weight.` prefix) -> its state, read as bitsandbytes'
+    `QuantState.from_dict` reads the packed JSON and the tensors beside it; CheckpointError when unreadable."""
+    try:
+        fields = dict(json.loads(bytes(components[PACKED_KEY].cpu().numpy()).decode("utf-8")))
+        fields.update({k: v for k, v in components.items() if k in TENSOR_FIELDS})
+        unknown = sorted(set(fields) - set(STATE_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown fields {unknown}")
+        device = components["weight"].device
+        state2, offset = None, None
+        if "nested_absmax" in fields:
+            offset = torch.tensor(float(fields["nested_offset"])).to(device)
+            state2 = NestedState(
+                fields["nested_absmax"].to(device), fields["nested_quant_map"].to(device),
+                int(fields["nested_blocksize"]), getattr(torch, fields["nested_dtype"]),
+            )  # fmt: skip
+        return NF4State(
+            absmax=fields["absmax"].to(device), code=fields["quant_map"].to(device), blocksize=int(fields["blocksize"]),
+            dtype=getattr(torch, fields["dtype"]), shape=torch.Size(fields["shape"]), quant_type=fields["quant_type"],
+            offset=offset, state2=state2,
+        )  # fmt: skip
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # UnicodeDecodeError, JSONDecodeError: ValueError
+        raise CheckpointError(f"{name}: unreadable NF4 quant state ({type(exc).__name__}: {exc})") from None
 
 
 class NF4Linear(nn.Module):
@@ -67,12 +135,7 @@ class NF4Linear(nn.Module):
 
     def set_quant_state(self, components: dict[str, torch.Tensor], name: str) -> None:
         """Adopt the serialised components of `name.weight.*` (tensors already on their device)."""
-        try:
-            state = QuantState.from_dict(
-                {k: v for k, v in components.items() if k != "weight"}, device=components["weight"].device
-            )
-        except (ValueError, KeyError, AssertionError) as exc:
-            raise CheckpointError(f"{name}: unreadable NF4 quant state ({exc})") from None
+        state = read_quant_state(components, name)
         if state.quant_type != "nf4" or tuple(state.shape) != (self.out_features, self.in_features):
             raise CheckpointError(
                 f"{name}: quant state says {state.quant_type} {tuple(state.shape)}, the model expects "
@@ -89,17 +152,17 @@ class NF4Linear(nn.Module):
             empty = torch.empty(0, device=self.absmax.device)
             self.nested_absmax, self.nested_quant_map, self.nested_offset = empty, empty, empty
 
-    def quant_state(self) -> QuantState:
+    def quant_state(self) -> NF4State:
         nested = self.nested_absmax.numel() > 0
         state2 = None
         if nested:
-            state2 = QuantState(
+            state2 = NestedState(
                 absmax=self.nested_absmax,
                 code=self.nested_quant_map,
                 blocksize=self.nested_blocksize,
                 dtype=self.nested_dtype,
             )
-        return QuantState(
+        return NF4State(
             absmax=self.absmax,
             shape=torch.Size((self.out_features, self.in_features)),
             code=self.quant_map,
@@ -111,10 +174,18 @@ class NF4Linear(nn.Module):
         )
 
     def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        if self.weight.is_cuda:
-            weight = dequantize_4bit(self.weight, self.quant_state())
-        else:  # bitsandbytes' CPU kernel depends on the instruction set (module docstring)
-            weight = dequantize_nf4(self.weight, self.quant_state())
+        state = self.quant_state()
+        weight = None
+        if self.weight.is_cuda and state.nested and triton is not None and "nf4->bf16" not in _failed:
+            try:
+                weight = _triton_dequantize(self.weight, state)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:  # noqa: BLE001  (no Triton / compiler: the same rule in PyTorch ops, said once)
+                _failed.add("nf4->bf16")
+                warnings.warn(f"the NF4 dequantize kernel failed ({exc}); dequantizing with PyTorch ops", stacklevel=2)
+        if weight is None:
+            weight = dequantize_nf4(self.weight, state)
         return weight.to(dtype or self.compute_dtype)
 
     def fp8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,7 +219,7 @@ class NF4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, nf4, compute={self.compute_dtype}"
 
 
-def dequantize_nf4(packed: torch.Tensor, state: QuantState) -> torch.Tensor:
+def dequantize_nf4(packed: torch.Tensor, state: NF4State) -> torch.Tensor:
     """The NF4 weight in `state.dtype`, by the rule bitsandbytes' CUDA kernel follows (module docstring)."""
     absmax = _absmax_of(state)
     n = state.shape.numel()
@@ -158,7 +229,7 @@ def dequantize_nf4(packed: torch.Tensor, state: QuantState) -> torch.Tensor:
     return values.reshape(state.shape).to(state.dtype)
 
 
-def _absmax_of(state: QuantState) -> torch.Tensor:
+def _absmax_of(state: NF4State) -> torch.Tensor:
     """The per-block absmax in float32, de-nested as bitsandbytes' CUDA kernel de-nests it."""
     absmax = state.absmax
     if state.nested:
@@ -197,6 +268,30 @@ def fp8_rows_from_nf4(
 
 
 if triton is not None:  # (worldgen.kernels.triton_lang: CPU-only installs have none and never need it)
+
+    @triton.jit  # n specialised on (divisibility by 16): the loads and stores are then vectorised
+    def _nf4_dequantize_kernel(
+        packed_ptr, absmax_ptr, nested_code_ptr, nested_absmax_ptr, offset_ptr, code_ptr, out_ptr, n_bytes, n,
+        BLOCK_BYTES: tl.constexpr, NESTED_BLOCKSIZE: tl.constexpr, TILE: tl.constexpr,
+    ):  # fmt: skip
+        # the rule of the module docstring over the flat weight, TILE packed bytes a program: a byte's
+        # block is its flat index over the blocksize (never per row), its absmax de-nested as a product
+        # then the offset (two roundings: the launch turns FMA contraction off); both nibbles (high
+        # first) -> code x absmax in float32 -> the output dtype, interleaved back into weight order
+        c = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
+        m = c < n_bytes
+        byte = tl.load(packed_ptr + c, mask=m, other=0).to(tl.int32)
+        blk = c // BLOCK_BYTES
+        a = tl.load(absmax_ptr + blk, mask=m, other=0).to(tl.int32)
+        block_absmax = tl.load(nested_code_ptr + a, mask=m, other=0) * tl.load(
+            nested_absmax_ptr + blk // NESTED_BLOCKSIZE, mask=m, other=0
+        )
+        block_absmax = block_absmax + tl.load(offset_ptr)
+        hi = tl.load(code_ptr + (byte >> 4)) * block_absmax
+        lo = tl.load(code_ptr + (byte & 15)) * block_absmax
+        out = tl.interleave(hi, lo).to(out_ptr.dtype.element_ty)
+        oc = tl.program_id(0).to(tl.int64) * (2 * TILE) + tl.arange(0, 2 * TILE)
+        tl.store(out_ptr + oc, out, mask=oc < n)
 
     @triton.jit
     def _nf4_fp8_rows_kernel(
@@ -240,6 +335,24 @@ if triton is not None:  # (worldgen.kernels.triton_lang: CPU-only installs have 
             tl.store(q_ptr + row * in_features + oc, out, mask=oc < in_features)
 
 
+def _triton_dequantize(packed: torch.Tensor, state: NF4State) -> torch.Tensor:
+    """`dequantize_nf4` of a double-quantized weight as one hand-written Triton kernel: the same bits (the
+    rule is IEEE float32 products and sums, then one rounding) as bitsandbytes' CUDA kernel, which it
+    replaces: no import (module docstring), and faster on the H100 (35 against 56 us at 5,120 x 5,120,
+    66 against 94 us at 13,824 x 5,120; docs/benchmarks.md, "Session 12: Fast")."""
+    n = state.shape.numel()
+    out = torch.empty(state.shape, device=packed.device, dtype=state.dtype)
+    n_bytes = (n + 1) // 2
+    TILE = 1024  # packed bytes a program: 2,048 weights
+    launch(
+        _nf4_dequantize_kernel, (triton.cdiv(n_bytes, TILE),), packed, state.absmax, state.state2.code,
+        state.state2.absmax, state.offset.reshape(1).float(), state.code, out, n_bytes, n,
+        BLOCK_BYTES=state.blocksize // 2, NESTED_BLOCKSIZE=state.state2.blocksize, TILE=TILE, num_warps=4,
+        enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
+
+
 def _triton_fp8_rows(
     packed: torch.Tensor,
     absmax: torch.Tensor,
@@ -277,7 +390,9 @@ def _per_element(scales: torch.Tensor, blocksize: int, n: int) -> torch.Tensor:
 
 def quantize_weight(weight: torch.Tensor, blocksize: int = 64) -> dict[str, torch.Tensor]:
     """Dense weight -> the serialised NF4 components (`weight` plus `weight.*`), as bitsandbytes saves them."""
-    packed, state = quantize_4bit(weight, blocksize=blocksize, compress_statistics=True, quant_type="nf4")
+    packed, state = _bitsandbytes_functional().quantize_4bit(
+        weight, blocksize=blocksize, compress_statistics=True, quant_type="nf4"
+    )
     out = {"weight": packed}
     out.update({f"weight.{k}": v for k, v in state.as_dict(packed=True).items()})
     return out
