@@ -177,6 +177,11 @@ def main() -> int:
                     if time.monotonic() > deadline:
                         raise SystemExit(f"the worker is not ready after {args.startup_timeout} s")
                     time.sleep(0.5)
+                reported = client.health()["worker"].get("reported") or {}
+                ahead = reported.get("pipeline", {})
+                print(f"worker ready: loaded in {reported.get('load_s')} s (kernels compiled ahead "
+                      f"{ahead.get('compile_ahead_s')} s, text and VAE run ahead {ahead.get('first_use_ahead_s')} s)",
+                      flush=True)  # fmt: skip
                 warm = client.submit(payload, {**settings, "frame_num": 9}).wait()  # models resident, then the clock
                 if not isinstance(warm, Result):
                     raise SystemExit(f"the warm-up job failed: {warm}")
