@@ -186,10 +186,13 @@ def test_text_and_vae_run_ahead_once_with_the_job_shapes_and_change_no_video(tmp
         return lambda x, cache: pushed[kind].append(tuple(x.shape)) or original(x, cache)
 
     vae.encode_chunk, vae.decode_chunk = spy("encode", originals[0]), spy("decode", originals[1])
+    encoded_prompts, encode_ids = [], ahead.encode_ids
+    ahead.encode_ids = lambda ids, mask: encoded_prompts.append(ids.shape) or encode_ids(ids, mask)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a failure inside would only warn: here it fails the test
         assert ahead.first_use_ahead(settings, (64, 96)) > 0
     vae.encode_chunk, vae.decode_chunk = originals
+    assert encoded_prompts == [(1, ahead.text_len)]  # umT5 ran once, on one prompt of the model's text length
     # chunk 0's 9 frames at the job's 64x96 (frame 0 alone, then 4 + 4), two chunks of 3 latents decoded
     assert pushed["encode"] == [(1, 3, 1, 64, 96), (1, 3, 4, 64, 96), (1, 3, 4, 64, 96)]
     assert pushed["decode"] == [(1, 16, 1, 8, 12)] * 6

@@ -84,13 +84,15 @@ def first_use_ahead(
 ) -> float:
     """Run umT5 once on a placeholder prompt and the VAE once at the shapes of a job of `settings` (image
     `image_size`, H x W), so the first job's text, encode and decode run as a warm process's do; -> seconds
-    taken. The text-embedding cache is neither read nor written. Worth it on CUDA only (`load_pipeline`
-    calls it there): the CPU has no kernels or plans to prepare."""
+    taken. The text-embedding cache is neither read nor written; umT5 on the CPU beside a GPU pipeline is
+    left alone. Worth it on CUDA only (`load_pipeline` calls it there): the CPU has no kernels or plans
+    to prepare."""
     from worldgen.models.vae import StreamingDecoder, StreamingEncoder
 
     start = time.perf_counter()
     try:
-        if pipe.tokenizer is not None:
+        # not umT5 on the CPU beside a GPU pipeline (--t5-on-cpu): tens of seconds, and no kernel to prepare
+        if pipe.tokenizer is not None and pipe.plan.text_encoder_device.type == pipe.device.type:
             pipe.encode_ids(*pipe.tokenizer([PLACEHOLDER_PROMPT], pipe.text_len))
         lat_h, lat_w, _, options, frames = _planned_job(pipe, settings, image_size)
         n = options.chunk_frames
