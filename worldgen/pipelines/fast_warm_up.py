@@ -100,11 +100,12 @@ def first_use_ahead(
         device = next(vae.parameters()).device
         encoder = StreamingEncoder(vae, pipe.encode_tile_pixels)
         encoder.push(torch.zeros(1, 3, min(4 * (n - 1) + 1, frames.frames), lat_h * 8, lat_w * 8, device=device))
-        del encoder
+        del encoder, vae
         pipe.residency.phase_done("encode")
+        vae = pipe.residency.use("vae")  # as a job asks for it again (the plan may have let it go)
         decoder = StreamingDecoder(vae, pipe.decode_tile_pixels)
         for _ in range(2):  # chunk 0 decodes its first frame alone, the chunks after it do not
-            decoder.push(torch.zeros(1, 16, n, lat_h, lat_w, device=device))
+            decoder.push(torch.zeros(1, 16, n, lat_h, lat_w, device=next(vae.parameters()).device))
         del decoder, vae
         pipe.residency.phase_done("decode")
         if pipe.device.type == "cuda":
