@@ -39,7 +39,7 @@ import zmq
 from bridge import protocol
 from bridge.client_errors import BridgeError, ServerUnavailable
 from bridge.client_io import ClientIO, Request
-from bridge.client_job import Job
+from bridge.client_job import Job, wanted
 from bridge.episode_payload import EpisodePayload, settings_dict
 from bridge.job_events import EventCallback
 from bridge.protocol import Limits, ProtocolError
@@ -152,10 +152,8 @@ class Client(ClientIO):
             "settings": settings_dict(settings),
             "want_frames": bool(want_frames),
         }
-        if want_chunks:  # sent only when asked: older servers ignore it, older clients never see a chunk
-            fields["want_chunks"] = True
-            if want_stills:  # the same: only a client that asked meets a chunk's `still` frame
-                fields["want_stills"] = True
+        wants = wanted(want_chunks, want_stills)
+        fields.update(wants)
         if payload.name:
             fields["name"] = payload.name[:200]
         frames = protocol.encode(
@@ -170,7 +168,7 @@ class Client(ClientIO):
                 raise ProtocolError(f"expected 'accepted', got {message.type!r}")
             job = self._jobs.get(message.fields["job"])
             if job is None:
-                job = Job(self, message.fields["job"], message.fields["queue_position"])
+                job = Job(self, message.fields["job"], message.fields["queue_position"], wants)
                 if on_event is not None:
                     job.add_callback(on_event)
                 self._jobs[job.id] = job
@@ -178,9 +176,18 @@ class Client(ClientIO):
 
         return self._request(rid, frames, timeout, on_reply)
 
-    def watch(self, job_id: str, on_event: EventCallback | None = None, timeout: float | None = None) -> Job:
-        """Follow a job submitted earlier (by this or another process)."""
-        job = Job(self, job_id, None)
+    def watch(
+        self,
+        job_id: str,
+        on_event: EventCallback | None = None,
+        timeout: float | None = None,
+        *,
+        want_chunks: bool = False,
+        want_stills: bool = False,
+    ) -> Job:
+        """Follow a job submitted earlier (by this or another process). `want_chunks` (`want_stills`):
+        also get its Chunk events from now on (a Fast job's chunks made before are in its result)."""
+        job = Job(self, job_id, None, wanted(want_chunks, want_stills))
         if on_event is not None:
             job.add_callback(on_event)
         rid = self._new_rid()
@@ -190,7 +197,7 @@ class Client(ClientIO):
             self._apply_status(message)
             return self._jobs.get(job_id, job)
 
-        frames = protocol.encode("watch", {"rid": rid, "job": job_id})
+        frames = protocol.encode("watch", {"rid": rid, "job": job_id, **job.wants})
         return self._wait(self._request(rid, frames, timeout, on_reply), timeout)
 
     def cancel(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:

@@ -270,13 +270,14 @@ class ClientIO:
 
     def _heartbeat(self) -> None:
         """One `watch` per unfinished job (not already being watched): re-subscribes after a
-        reconnect or a server restart and fetches outcomes that were lost."""
+        reconnect or a server restart (to the chunks and stills too, where the job asked for them)
+        and fetches outcomes that were lost."""
         watching = {r.heartbeat_of for r in self._pending.values()}
-        for job_id in list(self._jobs):
+        for job_id, job in list(self._jobs.items()):
             if job_id in watching:
                 continue
             rid = self._new_rid()
-            frames = protocol.encode("watch", {"rid": rid, "job": job_id})
+            frames = protocol.encode("watch", {"rid": rid, "job": job_id, **job.wants})
             request = self._new_request(rid, frames, None, self._apply_status, heartbeat_of=job_id)
             request.future.add_done_callback(_quiet)
             self._pending[rid] = request

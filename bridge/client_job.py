@@ -16,13 +16,24 @@ from bridge.job_events import Chunk, Event, EventCallback, JobError, Progress, R
 log = logging.getLogger("bridge.client")
 
 
+def wanted(chunks: bool, stills: bool) -> dict[str, bool]:
+    """The `want_chunks` / `want_stills` fields of a submit, live open or watch: sent only when asked
+    (older servers ignore them; a client that never asked never meets a `chunk` or its `still`)."""
+    return {"want_chunks": True, **({"want_stills": True} if stills else {})} if chunks else {}
+
+
 class Job:
     """A submitted job. Its events arrive on the client's I/O thread; read them from any thread.
     `client`: the `bridge.client.Client` that follows it (its cancel and status)."""
 
-    def __init__(self, client: Any, job_id: str, queue_position: int | None) -> None:
+    def __init__(
+        self, client: Any, job_id: str, queue_position: int | None, wants: dict[str, bool] | None = None
+    ) -> None:
         self.id = job_id
         self.queue_position = queue_position
+        # what the client asked for beyond the outcome (want_chunks, want_stills): each `watch` of the
+        # job asks again, so a new connection (a reconnect, a restarted server) keeps getting them
+        self.wants = dict(wants or {})
         self._client = client
         self._cond = threading.Condition()
         self._history: list[Event] = []

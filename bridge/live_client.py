@@ -25,7 +25,7 @@ import numpy as np
 
 from bridge import protocol
 from bridge.client_errors import RequestFailed
-from bridge.client_job import Job
+from bridge.client_job import Job, wanted
 from bridge.episode_payload import settings_dict
 from bridge.job_events import Chunk, EventCallback
 from bridge.protocol import ProtocolError
@@ -87,7 +87,7 @@ class LiveJob:
                 raise ProtocolError(f"expected 'accepted', got {message.type!r}")
             job = client._jobs.get(message.fields["job"])
             if job is None:
-                job = Job(client, message.fields["job"], message.fields["queue_position"])
+                job = Job(client, message.fields["job"], message.fields["queue_position"], wanted(True, want_stills))
                 if on_event is not None:
                     job.add_callback(on_event)
                 client._jobs[job.id] = job

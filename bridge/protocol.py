@@ -189,7 +189,14 @@ REQUESTS: dict[str, dict[str, tuple[str, bool]]] = {
     },
     "cancel": {"rid": (ID, True), "job": (ID, True)},
     "status": {"rid": (ID, True), "job": (ID, True)},
-    "watch": {"rid": (ID, True), "job": (ID, True)},
+    "watch": {
+        "rid": (ID, True),
+        "job": (ID, True),
+        # this connection also gets the job's `chunk`s (and stills) from now on: a client that asked
+        # for them at submit re-asks on every heartbeat, so a reconnect or a server restart keeps them
+        "want_chunks": (BOOL, False),
+        "want_stills": (BOOL, False),
+    },
     "health": {"rid": (ID, True)},
     # live jobs (bridge/live_jobs.py): open with the first frame, then append pose batches, then end
     "live": {
@@ -495,11 +502,13 @@ class Submit:
 
 @dataclasses.dataclass(frozen=True)
 class JobRequest:
-    """`cancel`, `status` or `watch` of one job."""
+    """`cancel`, `status` or `watch` of one job (a `watch` may ask for chunks and stills)."""
 
     type: str
     rid: str
     job: str
+    want_chunks: bool = False
+    want_stills: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -527,7 +536,10 @@ def parse_request(frames: Sequence[Any], limits: Limits = Limits()) -> Request |
     if message.type in ("live", "poses"):
         return message
     if message.type != "submit":
-        return JobRequest(message.type, fields["rid"], fields["job"])
+        wants = (
+            {k: bool(fields.get(k, False)) for k in ("want_chunks", "want_stills")} if message.type == "watch" else {}
+        )
+        return JobRequest(message.type, fields["rid"], fields["job"], **wants)
     image = message.blobs["image"]
     poses, intrinsics = message.arrays["poses"], message.arrays["intrinsics"]
     fmt = image_format(image)

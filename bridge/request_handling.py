@@ -204,6 +204,10 @@ class RequestHandling:
             self._send_outcome(job, [peer])
         else:
             job.subscribers.add(peer)
+            if request.want_chunks:  # (a chunk already sent is not sent again: the result holds it)
+                job.chunk_peers.add(peer)
+                if request.want_stills:
+                    job.still_peers.add(peer)
 
     def _on_health(self, peer: bytes, request: Health) -> None:
         self._probe_storage()  # the answer says whether the spool is writable now

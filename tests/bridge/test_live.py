@@ -17,7 +17,7 @@ from bridge import protocol
 from bridge.client import Client
 from bridge.client_errors import RequestFailed
 from bridge.episode_payload import EpisodePayload
-from bridge.job_events import JobError, Result
+from bridge.job_events import Chunk, JobError, Result
 from bridge.live_client import LiveChunks, LiveJob
 from contracts.video import read_mp4
 from tests.bridge.conftest import TINY, ServerPool, make_episode, rss_mb, wait_for
@@ -230,6 +230,34 @@ def test_a_server_restart_loses_no_accepted_pose_and_the_job_goes_on(tmp_path, p
         assert isinstance(outcome, Result), outcome
         assert outcome.provenance["output"]["frames"] == 33
         assert [c.index for c in chunks.in_order()] == [0, 1, 2]
+        assert "1 job(s) resumed" in server.log()
+    finally:
+        pool.close()
+
+
+def test_after_a_server_restart_the_chunks_come_again_without_another_pose_batch(tmp_path, payload):
+    """The client's heartbeat `watch` asks for the job's chunks again on the restarted server's new
+    connection: the rerun's chunks arrive although the client sends no poses after the restart, only `end`."""
+    pool = ServerPool(tmp_path)
+    try:
+        server = pool.start(worker=TINY, live_idle_s=30.0).wait_loaded()
+        with Client(server.endpoint, timeout=30, heartbeat_s=0.5, give_up_s=900) as client:
+            chunks, every_chunk = LiveChunks(), []
+            live = LiveJob.open(client, payload.image, payload.prompt, payload.intrinsics, FAST, on_event=chunks)
+            live.job.add_callback(lambda e: every_chunk.append(e.index) if isinstance(e, Chunk) else None)
+            live.send_poses(payload.poses[:9])
+            live.send_poses(payload.poses[9:21])
+            wait_chunk(chunks, 0)
+            server.kill_group()
+            before = len(every_chunk)
+            server.tables["server"]["bind"] = server.endpoint
+            server.start()
+            live.end(timeout=300)  # no poses: the job makes the chunks of the 21 it holds
+            outcome = live.job.wait(timeout=JOB_S)
+        assert isinstance(outcome, Result), outcome
+        assert outcome.provenance["output"]["frames"] == 21  # chunks 0 and 1
+        assert every_chunk[before:] == [0, 1]  # the rerun's chunks, streamed to the re-watching connection
+        assert [c.index for c in chunks.in_order()] == [0, 1]
         assert "1 job(s) resumed" in server.log()
     finally:
         pool.close()

@@ -210,3 +210,14 @@ def test_fuzz_reply_decoder_raises_only_protocol_errors(frames):
         decode_reply(frames)
     except ProtocolError as exc:
         assert exc.code in protocol.ERROR_CODES
+
+
+def test_a_watch_may_ask_for_chunks_and_stills_and_other_job_requests_never_carry_them():
+    ask = protocol.parse_request(protocol.encode("watch", {"rid": "r1", "job": "j1", "want_chunks": True}))
+    assert (ask.type, ask.job, ask.want_chunks, ask.want_stills) == ("watch", "j1", True, False)
+    plain = protocol.parse_request(protocol.encode("watch", {"rid": "r2", "job": "j1"}))
+    assert not plain.want_chunks and not plain.want_stills
+    status = protocol.parse_request(protocol.encode("status", {"rid": "r3", "job": "j1", "want_chunks": True}))
+    assert not status.want_chunks  # only a watch subscribes
+    with pytest.raises(protocol.ProtocolError, match="want_chunks"):
+        protocol.parse_request(protocol.encode("watch", {"rid": "r4", "job": "j1", "want_chunks": "yes"}))
