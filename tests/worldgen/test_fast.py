@@ -390,6 +390,17 @@ def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
     )
     assert "every frame before the loop" in plans[-1]
     assert torch.equal(up_front, video)  # the streamed encoder gives the whole-video encoder's latents
+    # a live camera that ends after chunk 0: the video is that chunk's frames, the same as in the whole run
+    from worldgen.pipelines.fast import fast_camera
+    from worldgen.pipelines.fast_plan import FastOptions, fast_frames
+
+    poses, intrinsics = np.load(example / "poses.npy"), np.load(example / "intrinsics.npy")
+    n = FastOptions().chunk_frames
+    plucker = fast_camera(poses, intrinsics, fast_frames(25, len(poses), n), *video.shape[2:])
+    short = pipe.generate(
+        example / "image.jpg", "a room", None, None, settings, camera=lambda c: None if c else plucker[:, :, :n]
+    )
+    assert torch.equal(short, seen[0][2]) and short.is_contiguous()
 
 
 def _encoding_up_front(plan_job, pipe):
