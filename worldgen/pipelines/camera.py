@@ -214,13 +214,15 @@ def plucker_embedding(c2w: torch.Tensor, K: torch.Tensor, height: int, width: in
     v = v.reshape(1, -1) + 0.5
     x = (u - cx) / fx
     y = (v - cy) / fy
-    directions = torch.stack([x, y, torch.ones_like(x)], dim=-1).expand(frames, -1, -1)  # [f, h*w, 3]
+    directions = torch.stack([x, y, torch.ones_like(x)], dim=-1)  # [1, h*w, 3]: one K, the same for every frame
     directions = directions / directions.norm(dim=-1, keepdim=True)
-    rays_d = directions @ c2w[:, :3, :3].transpose(-1, -2)
-    rays_o = c2w[:, None, :3, 3].expand_as(rays_d)
-    rays = torch.cat([rays_o, rays_d], dim=-1)  # [f, h*w, 6]
 
     lat_h, lat_w = height // PATCH, width // PATCH
-    rays = rays.view(frames, lat_h, PATCH, lat_w, PATCH, 6)
-    # -> [1, (c, row in block, column in block), f, lat_h, lat_w]
-    return rays.permute(5, 2, 4, 0, 1, 3).reshape(1, 6 * PATCH * PATCH, frames, lat_h, lat_w).contiguous()
+    # [1, (c, row in block, column in block), f, lat_h, lat_w], written frame by frame: the whole
+    # video's rays at pixel resolution, and their folded copy, were ~1 GiB at 161 frames of 464x832
+    out = torch.empty(1, 6 * PATCH * PATCH, frames, lat_h, lat_w, dtype=c2w.dtype)
+    for i in range(frames):
+        rays_d = directions @ c2w[i, :3, :3].T
+        rays = torch.cat([c2w[i, :3, 3].expand_as(rays_d), rays_d], dim=-1)  # [1, h*w, 6]: [o, d]
+        out[0, :, i] = rays.view(lat_h, PATCH, lat_w, PATCH, 6).permute(4, 1, 3, 0, 2).reshape(-1, lat_h, lat_w)
+    return out
