@@ -78,6 +78,51 @@ def test_residuals_match_the_eager_functions(inputs):
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
 
 
+def _step_by_step(x, y, gate, cam, shift, scale, w, bias, quantize):
+    """`fused.residual_norm` as the eager functions compute it, quantized by `fp8.quantize_rows`' rule."""
+    if y is not None:
+        x = fused.gated_residual.eager(x, y, gate)
+    if cam is not None:
+        x = fused.camera_modulate.eager(x, *cam)
+    h = fused.modulated_layer_norm.eager(x, shift, scale, w, bias, 1e-6, torch.bfloat16)
+    return x, fp8._quantize_rows(h.reshape(-1, h.shape[-1])) if quantize else h
+
+
+@pytest.mark.cuda
+def test_a_residual_then_a_norm_in_one_kernel_matches_the_steps_one_by_one(inputs):
+    i = inputs
+    cam = (i["cam_scale"], i["cam_shift"])
+    cases = {  # the block's three: norm1 (+ FP8 rows), attention + camera + norm3, cross-attention + norm2
+        "norm1": (None, None, None, i["shift"], i["scale"], None, None),
+        "norm3": (i["xb"], i["scale"], cam, None, None, i["w"], i["bias"]),
+        "norm2": (i["xb"], None, None, i["shift"], i["scale"], None, None),
+    }
+    for name, case in cases.items():
+        for quantize in (False, True):
+            x, h = fused_triton.residual_norm(i["x"], *case, 1e-6, torch.bfloat16, quantize)
+            x_want, h_want = _step_by_step(i["x"], *case, quantize)
+            torch.testing.assert_close(x, x_want, rtol=1e-6, atol=1e-5, msg=name)
+            if case[0] is None and case[2] is None:
+                assert x is i["x"]  # nothing added: the stream itself, not a copy
+            if quantize:
+                (q, scale), (q_want, scale_want) = h, h_want
+                assert q.shape == i["x"].shape and scale.shape == (*i["x"].shape[:-1], 1)
+                _close(scale.view(-1, 1), scale_want, BF16_STEP)
+                _close(q.view(-1, q.shape[-1]), q_want, E4M3_STEP, rare=0.02)
+            else:
+                _close(h, h_want, BF16_STEP)
+    # the dispatcher takes it on CUDA; off, the same steps through the other kernels
+    got = fused.residual_norm(i["x"], *cases["norm3"], 1e-6, torch.bfloat16, True)
+    assert isinstance(got[1], tuple) and not fused._hand_failed
+    fused.enable(False)
+    try:
+        x, h = fused.residual_norm(i["x"], *cases["norm3"], 1e-6, torch.bfloat16, True)
+    finally:
+        fused.enable(True)
+    assert h.dtype == torch.bfloat16  # never quantized there: the caller quantizes
+    torch.testing.assert_close(x, got[0], rtol=1e-6, atol=1e-5)
+
+
 @pytest.mark.cuda
 def test_the_fp8_cache_and_attention_quantizers_match_the_eager_functions(inputs):
     k = inputs["k"]
@@ -111,6 +156,9 @@ def test_on_the_cpu_no_kernel_takes_a_call():
     x = torch.randn(1, 4, 8)
     assert fused_triton.modulated_layer_norm(x, None, None, None, None, 1e-6, torch.float32) is None
     assert fused_triton.gated_residual(x, x, None) is None
+    assert fused_triton.residual_norm(x, x, None, None, None, None, None, None, 1e-6, torch.bfloat16, True) is None
+    got, h = fused.residual_norm(x, x, None, None, None, None, None, None, 1e-6, torch.float32, True)
+    assert torch.equal(got, x + x) and h.dtype == torch.float32  # the steps, unquantized
     assert fused_triton.quantize_tensor(x) is None
     assert torch.equal(fused.gated_residual(x, x, None), x + x)  # the eager function
 

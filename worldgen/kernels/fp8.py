@@ -219,11 +219,27 @@ class QuantizedRows:
     scale: torch.Tensor  # float32 [M, 1]
     lead: tuple[int, ...]  # the leading shape of the original [..., K]
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*self.lead, self.data.shape[-1])
 
-def quantize_input(x: torch.Tensor, linear: torch.nn.Module) -> torch.Tensor | QuantizedRows:
-    """x quantized once when `linear` (and the Linears sharing x) would take the FP8 path, else x."""
+    @classmethod
+    def of(cls, data: torch.Tensor, scale: torch.Tensor) -> QuantizedRows:
+        """e4m3 [..., K] with float32 scales [..., 1] (a fused kernel's output) as rows."""
+        k = data.shape[-1]
+        return cls(data.view(-1, k), scale.view(-1, 1), tuple(data.shape[:-1]))
+
+
+def takes_fp8(x: torch.Tensor, linear: torch.nn.Module) -> bool:
+    """Whether `linear` would run x (or an input of x's rows) as an FP8 GEMM (`wants_fp8`)."""
     dtype = getattr(linear, "compute_dtype", None) or linear.weight.dtype
-    if not wants_fp8(x, getattr(linear, "compute", "exact"), dtype):
+    return wants_fp8(x, getattr(linear, "compute", "exact"), dtype)
+
+
+def quantize_input(x: torch.Tensor | QuantizedRows, linear: torch.nn.Module) -> torch.Tensor | QuantizedRows:
+    """x quantized once when `linear` (and the Linears sharing x) would take the FP8 path, else x (also
+    when x is quantized already)."""
+    if isinstance(x, QuantizedRows) or not takes_fp8(x, linear):
         return x
     data, scale = quantize_rows(x.reshape(-1, x.shape[-1]))
     return QuantizedRows(data, scale, tuple(x.shape[:-1]))
@@ -232,8 +248,7 @@ def quantize_input(x: torch.Tensor, linear: torch.nn.Module) -> torch.Tensor | Q
 def gelu_then_quantize(x: torch.Tensor, linear: torch.nn.Module) -> torch.Tensor | QuantizedRows:
     """The feed-forward's tanh GELU of x, quantized in the same kernel when `linear` (the layer it
     feeds) takes the FP8 path: the bf16 GELU output is never written out and read back."""
-    dtype = getattr(linear, "compute_dtype", None) or linear.weight.dtype
-    fuse = wants_fp8(x, getattr(linear, "compute", "exact"), dtype) and x.dtype == torch.bfloat16
+    fuse = takes_fp8(x, linear) and x.dtype == torch.bfloat16
     if not (fuse and triton is not None and x.shape[-1] <= 32768 and "gelu" not in _failed):
         return quantize_input(torch.nn.functional.gelu(x, approximate="tanh"), linear)
     try:

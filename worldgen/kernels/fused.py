@@ -256,3 +256,35 @@ camera_modulate = _dispatch(camera_modulate)
 quantize_per_token = _dispatch(quantize_per_token)
 dequantize_per_token = _dispatch(dequantize_per_token, varying=(0, 1))
 requantize_per_tensor = _dispatch(requantize_per_tensor, varying=(0, 1))
+
+
+def residual_norm(
+    x: torch.Tensor,
+    y: torch.Tensor | None,
+    gate: torch.Tensor | None,
+    cam: tuple[torch.Tensor, torch.Tensor] | None,
+    shift: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    out_dtype: torch.dtype,
+    quantize: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
+    """x [+ y * gate] [then the camera's (1 + scale) x + shift, `cam` = (scale, shift)] -> (that x, its
+    `modulated_layer_norm`). Between two sublayers of a block the residual stream is updated and the
+    next one's input made from it: on CUDA one hand-written kernel reads x once (it was two to four
+    kernels, each reading and writing the float32 stream), and with `quantize` (bf16 only) it also
+    gives the input as e4m3 rows with one float32 scale each, `fp8.quantize_rows`' rule, instead of
+    bf16. Elsewhere (or where that kernel does not take the call) the steps one by one, never
+    quantized: the caller quantizes what comes back as a tensor."""
+    if _enabled and x.is_cuda and KERNELS == "triton":
+        args = (x, y, gate, cam, shift, scale, weight, bias, eps, out_dtype, quantize)
+        done = _hand_written("residual_norm", args, {})
+        if done is not None:
+            return done
+    if y is not None:
+        x = gated_residual(x, y, gate)
+    if cam is not None:
+        x = camera_modulate(x, *cam)
+    return x, modulated_layer_norm(x, shift, scale, weight, bias, eps, out_dtype)

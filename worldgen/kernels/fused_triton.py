@@ -62,15 +62,33 @@ if triton is not None:
     # (`worldgen.kernels.triton_lang`: compiled ahead on a dry forward, launched on the real one)
     @triton.jit(do_not_specialize=["tokens"])
     def _layer_norm_kernel(
-        x_ptr, out_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr, n_cols, tokens,
-        sh_b, sh_l, sc_b, sc_l, eps,
-        MODULATE: tl.constexpr, AFFINE: tl.constexpr, BLOCK: tl.constexpr,
+        x_ptr, y_ptr, gate_ptr, cam_a_ptr, cam_b_ptr, x_out_ptr, out_ptr, row_scale_ptr,
+        shift_ptr, scale_ptr, w_ptr, b_ptr, n_cols, tokens,
+        g_b, g_l, ca_b, ca_l, cb_b, cb_l, sh_b, sh_l, sc_b, sc_l, eps,
+        RESIDUAL: tl.constexpr, GATE: tl.constexpr, CAMERA: tl.constexpr, MODULATE: tl.constexpr,
+        AFFINE: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
+        # one row in registers: [x + y * gate] [camera: (1 + a) x + b, 1 + a in a's dtype] (the residual
+        # stream's update, stored), then its LayerNorm [affine] [* (1 + scale) + shift], rounded to the
+        # output dtype, or to bf16 and then to e4m3 with one float32 scale a row (fp8.quantize_rows' rule)
         row = tl.program_id(0).to(tl.int64)
         batch, token = row // tokens, row % tokens
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
         x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+        if RESIDUAL:
+            y = tl.load(y_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+            if GATE:
+                y = y * tl.load(gate_ptr + batch * g_b + token * g_l + cols, mask=mask, other=0.0).to(tl.float32)
+            x = x + y
+        if CAMERA:
+            a = tl.load(cam_a_ptr + batch * ca_b + token * ca_l + cols, mask=mask, other=0.0)
+            one_plus = (1.0 + a.to(tl.float32)).to(a.dtype).to(tl.float32)
+            x = one_plus * x + tl.load(cam_b_ptr + batch * cb_b + token * cb_l + cols, mask=mask, other=0.0).to(
+                tl.float32
+            )
+        if RESIDUAL or CAMERA:
+            tl.store(x_out_ptr + row * n_cols + cols, x, mask=mask)
         mean = tl.sum(x, axis=0) / n_cols
         centred = tl.where(mask, x - mean, 0.0)
         var = tl.sum(centred * centred, axis=0) / n_cols
@@ -82,6 +100,11 @@ if triton is not None:
             scale = tl.load(scale_ptr + batch * sc_b + token * sc_l + cols, mask=mask, other=0.0).to(tl.float32)
             shift = tl.load(shift_ptr + batch * sh_b + token * sh_l + cols, mask=mask, other=0.0).to(tl.float32)
             h = h * (1.0 + scale) + shift
+        if QUANT:
+            h = tl.where(mask, h.to(tl.bfloat16).to(tl.float32), 0.0)
+            row_scale = tl.maximum(tl.max(tl.abs(h), axis=0), 1e-12) / 448.0
+            h = tl.minimum(tl.maximum(h / row_scale, -448.0), 448.0)
+            tl.store(row_scale_ptr + row, row_scale)
         tl.store(out_ptr + row * n_cols + cols, h.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit(do_not_specialize=["tokens"])
@@ -179,27 +202,47 @@ def _row_warps(block: int) -> int:
     return 4 if block <= 2048 else 8 if block <= 8192 else 16
 
 
-def modulated_layer_norm(x, shift, scale, weight, bias, eps, out_dtype) -> torch.Tensor | None:
+def residual_norm(x, y, gate, cam, shift, scale, weight, bias, eps, out_dtype, quantize) -> tuple | None:
+    """`fused.residual_norm` in one kernel: -> (x updated, h), h in out_dtype or (e4m3, float32 row scales)."""
     if not (_rows_of(x) and x.dim() == 3 and x.dtype == torch.float32 and out_dtype in _FLOATS):
         return None
     if (shift is None) != (scale is None) or (weight is None) != (bias is None):
         return None
-    sh = sc = (0, 0)
-    if scale is not None:
-        sh, sc = _broadcast_strides(shift, x), _broadcast_strides(scale, x)
-        if sh is None or sc is None or scale.dtype != torch.float32 or shift.dtype != torch.float32:
-            return None
+    if quantize and out_dtype != torch.bfloat16:
+        return None
+    cam_a, cam_b = (None, None) if cam is None else cam
+    named = {"gate": gate, "cam_a": cam_a, "cam_b": cam_b, "shift": shift, "scale": scale}
+    strides = {name: (0, 0) if t is None else _broadcast_strides(t, x) for name, t in named.items()}
+    if any(st is None for st in strides.values()):
+        return None
+    if any(t is not None and t.dtype != torch.float32 for t in (gate, shift, scale)):
+        return None
+    if cam is not None and not (cam_a.dtype in _FLOATS and cam_b.dtype in _FLOATS):
+        return None
+    if y is not None and not (y.shape == x.shape and y.is_contiguous() and y.dtype in _FLOATS and _on_device(y)):
+        return None
     if weight is not None and not (weight.is_contiguous() and bias.is_contiguous() and weight.dim() == 1):
         return None
     b, tokens, cols = x.shape
-    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    x_out = x if y is None and cam is None else torch.empty_like(x)
+    out = torch.empty(x.shape, dtype=FP8 if quantize else out_dtype, device=x.device)
+    row_scale = torch.empty((b, tokens, 1), dtype=torch.float32, device=x.device) if quantize else x
     block = triton.next_power_of_2(cols)
     launch(
-        _layer_norm_kernel, (b * tokens,), x, out, x if shift is None else shift, x if scale is None else scale, x if weight is None else weight,
-        x if bias is None else bias, cols, tokens, *sh, *sc, eps,
-        MODULATE=scale is not None, AFFINE=weight is not None, BLOCK=block, num_warps=_row_warps(block),
+        _layer_norm_kernel, (b * tokens,), x, x if y is None else y, x if gate is None else gate,
+        x if cam is None else cam_a, x if cam is None else cam_b, x_out, out, row_scale,
+        x if shift is None else shift, x if scale is None else scale, x if weight is None else weight,
+        x if bias is None else bias, cols, tokens, *strides["gate"], *strides["cam_a"], *strides["cam_b"],
+        *strides["shift"], *strides["scale"], eps,
+        RESIDUAL=y is not None, GATE=gate is not None, CAMERA=cam is not None, MODULATE=scale is not None,
+        AFFINE=weight is not None, QUANT=quantize, BLOCK=block, num_warps=_row_warps(block),
     )  # fmt: skip
-    return out
+    return x_out, ((out, row_scale) if quantize else out)
+
+
+def modulated_layer_norm(x, shift, scale, weight, bias, eps, out_dtype) -> torch.Tensor | None:
+    done = residual_norm(x, None, None, None, shift, scale, weight, bias, eps, out_dtype, False)
+    return None if done is None else done[1]
 
 
 def _rms_norm(x, weight, cos, sin, eps, half_head) -> torch.Tensor | None:

@@ -37,6 +37,7 @@ from worldgen.kernels.fp8 import (
     fp8_linear,
     gelu_then_quantize,
     quantize_input,
+    takes_fp8,
     wants_fp8,
 )
 from worldgen.models.camera_cache import CameraCache
@@ -245,8 +246,32 @@ class Block(nn.Module):
         h = quantize_input(h, self.cam_scale_layer)  # FP8 path: one quantization for scale and shift
         return self.cam_scale_layer(h), self.cam_shift_layer(h)
 
+    def residual_norm(
+        self,
+        x: torch.Tensor,
+        update: torch.Tensor | None,
+        gate: torch.Tensor | None,
+        cam: tuple[torch.Tensor, torch.Tensor] | None,
+        norm: LayerNorm,
+        modulation: tuple[torch.Tensor, torch.Tensor] | None,
+        linear: nn.Module,
+    ) -> tuple[torch.Tensor, torch.Tensor | QuantizedRows]:
+        """x + update * gate (no update: x), the camera's modulation, then `norm` of the result [* (1 +
+        scale) + shift, `modulation` = (shift, scale)] as `linear`'s input: e4m3 rows where it takes the
+        FP8 path. -> (the new x, that input). One kernel on CUDA (`fused.residual_norm`)."""
+        shift, scale = modulation or (None, None)
+        weight, bias = (norm.weight, norm.bias) if norm.elementwise_affine else (None, None)
+        fp8 = takes_fp8(x, linear)
+        x, h = fused.residual_norm(x, update, gate, cam, shift, scale, weight, bias, norm.eps, self.compute_dtype, fp8)
+        return x, QuantizedRows.of(*h) if isinstance(h, tuple) else quantize_input(h, linear)
+
     def _ffn(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        h = fused.modulated_layer_norm(x, shift, scale, None, None, self.norm2.eps, self.compute_dtype)
+        return self._ffn_of(
+            x, self.residual_norm(x, None, None, None, self.norm2, (shift, scale), self.ffn[0])[1], gate
+        )
+
+    def _ffn_of(self, x: torch.Tensor, h: torch.Tensor | QuantizedRows, gate: torch.Tensor) -> torch.Tensor:
+        """x + ffn(h) * gate, h the feed-forward's normed input."""
         hidden = self.ffn[0](h)
         if self.ffn[2].compute == "fp8":  # GELU and the FP8 quantization of its output in one kernel
             return fused.gated_residual(x, self.ffn[2](gelu_then_quantize(hidden, self.ffn[2])), gate)
@@ -256,13 +281,16 @@ class Block(nn.Module):
         self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor
     ) -> torch.Tensor:
         """x + ffn(norm2(x)*(1+scale)+shift)*gate, in token chunks when `ffn_chunk_tokens` is set."""
-        chunk = self.ffn_chunk_tokens
-        if not chunk or chunk >= x.shape[1]:
+        if not self._ffn_chunked(x):
             return self._ffn(x, shift, scale, gate)
+        chunk = self.ffn_chunk_tokens
         out = torch.empty_like(x)
         for start in range(0, x.shape[1], chunk):
             out[:, start : start + chunk] = self._ffn(x[:, start : start + chunk], shift, scale, gate)
         return out
+
+    def _ffn_chunked(self, x: torch.Tensor) -> bool:
+        return bool(self.ffn_chunk_tokens) and self.ffn_chunk_tokens < x.shape[1]
 
     def forward(
         self,
@@ -277,18 +305,21 @@ class Block(nn.Module):
         them (`worldgen.models.camera_cache`), or None (no camera)."""
         # m0..m5: [B, 1, dim] float32 (one row per sample, broadcast over tokens)
         m = (self.modulation.float() + e0).unsqueeze(2).unbind(1)
-        dtype = self.compute_dtype
         # norm1(x) * (1 + m1) + m0, rounded once to the compute dtype the Linears cast to anyway
-        h = fused.modulated_layer_norm(x, m[0], m[1], None, None, self.norm1.eps, dtype)
-        x = fused.gated_residual(x, self.self_attn(h, rope, kv), m[2])
-        if cam is not None:
-            x = fused.camera_modulate(x, *(cam if isinstance(cam, tuple) else self.camera_modulation(cam)))
-        if isinstance(self.norm3, LayerNorm):
-            h = fused.modulated_layer_norm(x, None, None, self.norm3.weight, self.norm3.bias, self.norm3.eps, dtype)
+        _, h = self.residual_norm(x, None, None, None, self.norm1, (m[0], m[1]), self.self_attn.q)
+        attended = self.self_attn(h, rope, kv)
+        if cam is not None and not isinstance(cam, tuple):
+            cam = self.camera_modulation(cam)
+        if isinstance(self.norm3, LayerNorm):  # the residual, the camera and norm3 in one pass
+            x, h = self.residual_norm(x, attended, m[2], cam, self.norm3, None, self.cross_attn.q)
         else:
-            h = x
-        x = fused.gated_residual(x, self.cross_attn(h, context, kv), None)
-        return self.feed_forward(x, m[3], m[4], m[5])
+            x = fused.gated_residual(x, attended, m[2])
+            h = x = x if cam is None else fused.camera_modulate(x, *cam)
+        crossed = self.cross_attn(h, context, kv)
+        if self._ffn_chunked(x):
+            return self.feed_forward(fused.gated_residual(x, crossed, None), m[3], m[4], m[5])
+        x, h = self.residual_norm(x, crossed, None, None, self.norm2, (m[3], m[4]), self.ffn[0])
+        return self._ffn_of(x, h, m[5])
 
 
 class Head(nn.Module):
