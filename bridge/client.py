@@ -32,8 +32,10 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import zmq
 
 from bridge import protocol
@@ -144,9 +146,7 @@ class Client(ClientIO):
     ) -> concurrent.futures.Future:
         """Like submit, without blocking: a Future of the Job."""
         payload.check_limits(self.limits)
-        rid = self._new_rid()
         fields = {
-            "rid": rid,
             "client": self.client_id,
             "prompt": payload.prompt,
             "settings": settings_dict(settings),
@@ -156,25 +156,11 @@ class Client(ClientIO):
         fields.update(wants)
         if payload.name:
             fields["name"] = payload.name[:200]
-        frames = protocol.encode(
-            "submit",
-            fields,
-            {"poses": payload.poses, "intrinsics": payload.intrinsics},
-            {"image": payload.image},
-        )
-
-        def on_reply(message: protocol.Message) -> Job:
-            if message.type != "accepted":
-                raise ProtocolError(f"expected 'accepted', got {message.type!r}")
-            job = self._jobs.get(message.fields["job"])
-            if job is None:
-                job = Job(self, message.fields["job"], message.fields["queue_position"], wants)
-                if on_event is not None:
-                    job.add_callback(on_event)
-                self._jobs[job.id] = job
-            return job
-
-        return self._request(rid, frames, timeout, on_reply)
+        arrays = {"poses": payload.poses, "intrinsics": payload.intrinsics}
+        return self.call_async(
+            "submit", fields, arrays, {"image": payload.image},
+            on_reply=lambda message: self.accepted_job(message, wants, on_event), timeout=timeout,
+        )  # fmt: skip
 
     def watch(
         self,
@@ -190,15 +176,13 @@ class Client(ClientIO):
         job = Job(self, job_id, None, wanted(want_chunks, want_stills))
         if on_event is not None:
             job.add_callback(on_event)
-        rid = self._new_rid()
 
         def on_reply(message: protocol.Message) -> Job:
             self._jobs.setdefault(job_id, job)
             self._apply_status(message)
             return self._jobs.get(job_id, job)
 
-        frames = protocol.encode("watch", {"rid": rid, "job": job_id, **job.wants})
-        return self._wait(self._request(rid, frames, timeout, on_reply), timeout)
+        return self.call("watch", {"job": job_id, **job.wants}, on_reply=on_reply, timeout=timeout)
 
     def cancel(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
         """Cancel a queued job (at once) or a running one (at its next denoising step). Returns the
@@ -206,29 +190,70 @@ class Client(ClientIO):
         return self._wait(self.cancel_async(job_id, timeout), timeout)
 
     def cancel_async(self, job_id: str, timeout: float | None = None) -> concurrent.futures.Future:
-        rid = self._new_rid()
-        return self._request(rid, protocol.encode("cancel", {"rid": rid, "job": job_id}), timeout, _fields)
+        return self.call_async("cancel", {"job": job_id}, timeout=timeout)
 
     def status(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
         """state (queued/running/done/failed/cancelled), queue_position, phase, step, total, error."""
-        rid = self._new_rid()
-        frames = protocol.encode("status", {"rid": rid, "job": job_id})
-        return self._wait(self._request(rid, frames, timeout, _fields), timeout)
+        return self.call("status", {"job": job_id}, timeout=timeout)
 
     def health(self, timeout: float | None = None) -> dict[str, Any]:
         """The server's and the worker's state: ok, model, gpu, memory, queue, worker, server."""
         return self._wait(self.health_async(timeout), timeout)
 
     def health_async(self, timeout: float | None = None) -> concurrent.futures.Future:
-        rid = self._new_rid()
-        return self._request(rid, protocol.encode("health", {"rid": rid}), timeout, _fields)
+        return self.call_async("health", timeout=timeout)
 
     def reload(self, timeout: float | None = None) -> int:
         """Ask the server to start again the workers it gave up on (a configuration error is not
         retried on a timer); -> how many it started."""
+        return int(self.call("reload", timeout=timeout)["restarted"])
+
+    def call(
+        self,
+        type_: str,
+        fields: dict[str, Any] | None = None,
+        arrays: dict[str, np.ndarray] | None = None,
+        blobs: dict[str, bytes] | None = None,
+        *,
+        on_reply: Callable[[protocol.Message], Any] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """One request of `type_` (its rid added here), retried as every request is (Lazy Pirate), and
+        its answer: `on_reply(message)`, by default the reply's fields. Raises RequestFailed (the
+        server's error answer) or ServerUnavailable. The requests above use it, and so can a protocol
+        extension's client (`bridge.live_client`)."""
+        future = self.call_async(type_, fields, arrays, blobs, on_reply=on_reply, timeout=timeout)
+        return self._wait(future, timeout)
+
+    def call_async(
+        self,
+        type_: str,
+        fields: dict[str, Any] | None = None,
+        arrays: dict[str, np.ndarray] | None = None,
+        blobs: dict[str, bytes] | None = None,
+        *,
+        on_reply: Callable[[protocol.Message], Any] | None = None,
+        timeout: float | None = None,
+    ) -> concurrent.futures.Future:
+        """`call` without blocking: a Future of the answer."""
         rid = self._new_rid()
-        future = self._request(rid, protocol.encode("reload", {"rid": rid}), timeout, _fields)
-        return int(self._wait(future, timeout)["restarted"])
+        frames = protocol.encode(type_, {"rid": rid, **(fields or {})}, arrays, blobs)
+        return self._request(rid, frames, timeout, on_reply or _fields)
+
+    def accepted_job(
+        self, message: protocol.Message, wants: dict[str, bool], on_event: EventCallback | None = None
+    ) -> Job:
+        """The Job an `accepted` answer names: the one this client follows already (the answer to a
+        retried request), else a new one it follows from now on."""
+        if message.type != "accepted":
+            raise ProtocolError(f"expected 'accepted', got {message.type!r}")
+        job = self._jobs.get(message.fields["job"])
+        if job is None:
+            job = Job(self, message.fields["job"], message.fields["queue_position"], wants)
+            if on_event is not None:
+                job.add_callback(on_event)
+            self._jobs[job.id] = job
+        return job
 
     def close(self) -> None:
         """Stop the I/O thread; unfinished jobs end with JobError("closed"). Idempotent, bounded."""

@@ -72,28 +72,18 @@ class LiveJob:
     ) -> LiveJob:
         """Open a live job (model fast; `frame_num` is its planned length: the most poses it takes).
         Raises RequestFailed (bad_settings for another model ...) or ServerUnavailable."""
-        rid = client._new_rid()
-        fields: dict[str, Any] = {"rid": rid, "live_v": protocol.LIVE_VERSION, "client": client.client_id,
-                                  "prompt": prompt, "settings": settings_dict(settings)}  # fmt: skip
+        fields: dict[str, Any] = {"live_v": protocol.LIVE_VERSION, "client": client.client_id, "prompt": prompt,
+                                  "settings": settings_dict(settings)}  # fmt: skip
         if want_stills:
             fields["want_stills"] = True
         if name:
             fields["name"] = name[:200]
         intrinsics = np.asarray(intrinsics, dtype=np.float32).reshape(-1, 4)[:1]
-        frames = protocol.encode("live", fields, {"intrinsics": intrinsics}, {"image": image})
-
-        def on_reply(message: protocol.Message) -> Job:
-            if message.type != "accepted":
-                raise ProtocolError(f"expected 'accepted', got {message.type!r}")
-            job = client._jobs.get(message.fields["job"])
-            if job is None:
-                job = Job(client, message.fields["job"], message.fields["queue_position"], wanted(True, want_stills))
-                if on_event is not None:
-                    job.add_callback(on_event)
-                client._jobs[job.id] = job
-            return job
-
-        job = client._wait(client._request(rid, frames, timeout, on_reply), timeout)
+        wants = wanted(True, want_stills)
+        job = client.call(
+            "live", fields, {"intrinsics": intrinsics}, {"image": image},
+            on_reply=lambda message: client.accepted_job(message, wants, on_event), timeout=timeout,
+        )  # fmt: skip
         return cls(client, job)
 
     def send_poses(
@@ -106,7 +96,7 @@ class LiveJob:
         deadline = time.monotonic() + (self.client.timeout if timeout is None else timeout)
         with self.lock:  # one batch at a time, in order
             while True:
-                fields = {"rid": self.client._new_rid(), "job": self.job.id, "seq": self.seq}
+                fields = {"job": self.job.id, "seq": self.seq}
                 if end:
                     fields["end"] = True
                 try:
@@ -123,24 +113,20 @@ class LiveJob:
 
     def end(self, timeout: float | None = None) -> dict[str, Any]:
         """No more poses: the job makes the chunks whose poses it holds, then its result. Returns its status."""
-        rid = self.client._new_rid()
-        frames = protocol.encode("end", {"rid": rid, "job": self.job.id})
-        return self.client._wait(self.client._request(rid, frames, timeout, lambda m: dict(m.fields)), timeout)
+        return self.client.call("end", {"job": self.job.id}, timeout=timeout)
 
     def cancel(self, timeout: float | None = None) -> dict[str, Any]:
         return self.client.cancel(self.job.id, timeout=timeout)
 
     def _request(self, type_: str, fields: dict, arrays: dict, deadline: float) -> PosesAck:
-        timeout = max(0.1, deadline - time.monotonic())
-
         def on_reply(message: protocol.Message) -> PosesAck:
             if message.type != "poses_ok":
                 raise ProtocolError(f"expected 'poses_ok', got {message.type!r}")
             f = message.fields
             return PosesAck(f["seq"], f["poses"], f["chunks_ready"], f["chunks_sent"], f["behind"], f["ended"])
 
-        frames = protocol.encode(type_, fields, arrays)
-        return self.client._wait(self.client._request(fields["rid"], frames, timeout, on_reply), timeout)
+        timeout = max(0.1, deadline - time.monotonic())
+        return self.client.call(type_, fields, arrays, on_reply=on_reply, timeout=timeout)
 
 
 class LiveChunks:
