@@ -95,6 +95,27 @@ def test_case_d_rolling_cache_with_sink(dit, chunks_io, fast_root):
     assert rel_l2(_stacked(cache, "v"), io["d_cache_v_final"]) < DIT_TOL
 
 
+@pytest.mark.parametrize("storage", ["model", "fp8"])
+@pytest.mark.parametrize("evict", [7, 40, 50])
+def test_a_rolling_shift_moves_the_kept_slots_as_a_copy_of_them_would(storage, evict):
+    """The shift copies in pieces no longer than the eviction (no temporary): every kept slot, values and
+    fp8 scales, lands where a copy of the whole kept range would put it; the sink and the rest stay."""
+    from worldgen.models.kv_cache import _Step
+
+    cache = KVCache(CacheSpec(100, 10, storage, rolling=True, sink_frames=1), 1, 2, 4, torch.float32, "cpu")
+    layer = cache.layers[0]
+    tensors = layer._tensors()
+    for i, t in enumerate(tensors):  # distinct values in every slot (e4m3 holds small integers exactly)
+        t.copy_((torch.arange(t.numel()).reshape(t.shape) % 200 + i).to(t.dtype))
+    before = [t.clone() for t in tensors]
+    sink, kept = 10, 90 - evict
+    layer.shift(_Step(0, 0, 0, evict=evict, kept=kept, sink=sink))
+    for t, old in zip(tensors, before, strict=True):
+        assert torch.equal(t[:, sink : sink + kept].float(), old[:, sink + evict : sink + evict + kept].float())
+        assert torch.equal(t[:, :sink].float(), old[:, :sink].float())
+        assert torch.equal(t[:, sink + kept :].float(), old[:, sink + kept :].float())
+
+
 @pytest.fixture(scope="module")
 def loop_case(fast_root, dit):
     io = load_file(fast_root / "loop" / "io.safetensors")

@@ -144,6 +144,29 @@ def test_the_fp8_cache_and_attention_quantizers_match_the_eager_functions(inputs
 
 
 @pytest.mark.cuda
+def test_the_fp8_cache_write_lands_in_its_slots_and_nowhere_else(inputs):
+    """`fused.quantize_per_token_into` (the KV cache's write, straight into the slots) stores the same bytes
+    as `quantize_per_token` returns, in slots [a, b) of a larger store, and leaves every other slot alone."""
+    k = inputs["k"]
+    tokens = k.shape[1]
+    store = torch.full((1, 3 * tokens, *k.shape[2:]), 7.0, device="cuda").to(torch.float8_e4m3fn)
+    scales = torch.full((1, 3 * tokens, k.shape[2], 1), 5.0, device="cuda", dtype=torch.bfloat16)
+    fused.quantize_per_token_into(k, store[:, tokens : 2 * tokens], scales[:, tokens : 2 * tokens])
+    q, scale = fused_triton.quantize_per_token(k, torch.bfloat16)
+    assert torch.equal(store[:, tokens : 2 * tokens].view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(scales[:, tokens : 2 * tokens], scale)
+    for outside in (slice(0, tokens), slice(2 * tokens, None)):
+        assert store[:, outside].float().eq(7.0).all() and scales[:, outside].eq(5.0).all()
+    with_eager = torch.zeros_like(store)
+    fused.enable(False)
+    try:
+        fused.quantize_per_token_into(k, with_eager[:, :tokens], scales[:, :tokens])
+    finally:
+        fused.enable(True)
+    _close(with_eager[:, :tokens], q, E4M3_STEP)
+
+
+@pytest.mark.cuda
 def test_the_dispatcher_takes_the_hand_written_kernel_on_cuda_when_asked(inputs, monkeypatch):
     i = inputs
     args = (i["x"], i["shift"], i["scale"], None, None, 1e-6, torch.bfloat16)

@@ -135,6 +135,17 @@ def quantize_per_token(x: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch
     return (x.float() / scale.float()).to(torch.float8_e4m3fn), scale
 
 
+def quantize_per_token_into(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor) -> None:
+    """`quantize_per_token` written into the FP8 KV cache's slots (`data`, `scale`: x's shape, one scale a
+    row): on CUDA the kernel stores there itself, with no chunk-sized result copied in afterwards."""
+    hand_written = _enabled and x.is_cuda and KERNELS == "triton"
+    if hand_written and _hand_written("quantize_per_token_into", (x, data, scale), {}):
+        return
+    q, s = quantize_per_token(x, scale.dtype)
+    data.copy_(q)
+    scale.copy_(s)
+
+
 def dequantize_per_token(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The FP8 KV cache's window in `dtype`: data * scale, rounded as the eager cast-then-multiply rounds."""
     return data.to(dtype) * scale.to(dtype)
