@@ -297,14 +297,15 @@ if triton is not None:  # (worldgen.kernels.triton_lang: CPU-only installs have 
     def _nf4_fp8_rows_kernel(
         packed_ptr, absmax_ptr, nested_code_ptr, nested_absmax_ptr, offset_ptr, code_ptr, q_ptr, scale_ptr,
         in_features, row_bytes, blocks_per_row, fp8_max,
-        BLOCK_BYTES: tl.constexpr, NESTED_BLOCKSIZE: tl.constexpr, ROW_BLOCKS: tl.constexpr, TILE: tl.constexpr,
+        BLOCK_BYTES: tl.constexpr, NESTED_BLOCKSIZE: tl.constexpr, ROW_BLOCKS: tl.constexpr, TILE_BLOCKS: tl.constexpr,
         ROW_TILES: tl.constexpr,
     ):  # fmt: skip
         # one program per output row: its block scales first (de-nested as bitsandbytes does: a product,
         # then the offset, two roundings: the launch turns FMA contraction off), the row's scale from
         # them (a block's largest weight is its absmax times NF4's code 1.0, so the row's largest bf16
-        # weight is its largest bf16 absmax), then the row's bytes tile by tile: both nibbles (high
-        # first) -> code x absmax -> bf16 -> / scale -> e4m3, interleaved back into weight order
+        # weight is its largest bf16 absmax), then the row TILE_BLOCKS quantization blocks at a time,
+        # each block's bytes beside its one absmax: both nibbles (high first) -> code x absmax -> bf16 ->
+        # / scale -> e4m3, interleaved back into weight order
         row = tl.program_id(0).to(tl.int64)
         offset = tl.load(offset_ptr)
         b = tl.arange(0, ROW_BLOCKS)
@@ -316,23 +317,24 @@ if triton is not None:  # (worldgen.kernels.triton_lang: CPU-only installs have 
         scale = tl.maximum(tl.max(tl.abs(am.to(tl.bfloat16).to(tl.float32)), axis=0), 1e-12) / fp8_max
         tl.store(scale_ptr + row, scale)
         for t in range(ROW_TILES):
-            start = t * TILE
-            c = start + tl.arange(0, TILE)
-            m = c < row_bytes
-            byte = tl.load(packed_ptr + row * row_bytes + c, mask=m, other=0).to(tl.int32)
             # (names not used before the loop: Triton refuses a loop variable that changes shape)
-            blk = row * blocks_per_row + c // BLOCK_BYTES
-            a_byte = tl.load(absmax_ptr + blk, mask=m, other=0).to(tl.int32)
-            nested = tl.load(nested_absmax_ptr + blk // NESTED_BLOCKSIZE, mask=m, other=0)
-            block_absmax = tl.load(nested_code_ptr + a_byte) * nested
-            block_absmax = block_absmax + offset
+            blk = t * TILE_BLOCKS + tl.arange(0, TILE_BLOCKS)
+            live = blk < blocks_per_row
+            at = row * blocks_per_row + blk
+            a_blk = tl.load(absmax_ptr + at, mask=live, other=0).to(tl.int32)
+            block_absmax = tl.load(nested_code_ptr + a_blk) * tl.load(
+                nested_absmax_ptr + at // NESTED_BLOCKSIZE, mask=live, other=0
+            )
+            block_absmax = (block_absmax + offset)[:, None]
+            c = blk[:, None] * BLOCK_BYTES + tl.arange(0, BLOCK_BYTES)[None, :]
+            byte = tl.load(packed_ptr + row * row_bytes + c, mask=live[:, None], other=0).to(tl.int32)
             hi = (tl.load(code_ptr + (byte >> 4)) * block_absmax).to(tl.bfloat16).to(tl.float32)
             lo = (tl.load(code_ptr + (byte & 15)) * block_absmax).to(tl.bfloat16).to(tl.float32)
             hi = tl.minimum(tl.maximum(hi / scale, -fp8_max), fp8_max)
             lo = tl.minimum(tl.maximum(lo / scale, -fp8_max), fp8_max)
             out = tl.interleave(hi, lo).to(q_ptr.dtype.element_ty)
-            oc = 2 * start + tl.arange(0, 2 * TILE)
-            tl.store(q_ptr + row * in_features + oc, out, mask=oc < in_features)
+            oc = blk[:, None] * (2 * BLOCK_BYTES) + tl.arange(0, 2 * BLOCK_BYTES)[None, :]
+            tl.store(q_ptr + row * in_features + oc, out, mask=live[:, None])
 
 
 def _triton_dequantize(packed: torch.Tensor, state: NF4State) -> torch.Tensor:
@@ -365,17 +367,20 @@ def _triton_fp8_rows(
     nested_blocksize: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`fp8_rows_from_nf4` as one hand-written Triton kernel: 0.5 byte read and 1 written a weight.
-    (Inductor's compile of that function ran 8x slower on the H100: 0.14 ms a Linear, 2.3 s a rollout.)"""
+    (Inductor's compile of that function ran 8x slower on the H100: 0.14 ms a Linear, 2.3 s a rollout.)
+    32 blocks a step and one warp a row: 25 / 66 / 66 us at 5,120 x 5,120 / 13,824 x 5,120 / 5,120 x
+    13,824 against 28-32 / 74-84 / 65-74 for 1,024-byte steps of four warps (docs/benchmarks.md, "Session 14:
+    Fast"; the same bytes)."""
     out_features, in_features = shape
     q = torch.empty(shape, device=packed.device, dtype=FP8)
     scale = torch.empty((out_features, 1), device=packed.device, dtype=torch.float32)
     blocks = in_features // blocksize
-    TILE = 1024  # packed bytes a step: 2,048 weights
+    tile = 32  # quantization blocks a step: 2,048 weights at the blocksize of 64
     launch(
         _nf4_fp8_rows_kernel, (out_features,), packed, absmax, nested_code, nested_absmax, offset.reshape(1).float(), code, q, scale,
         in_features, in_features // 2, blocks, FP8_MAX,
         BLOCK_BYTES=blocksize // 2, NESTED_BLOCKSIZE=nested_blocksize, ROW_BLOCKS=triton.next_power_of_2(blocks),
-        TILE=TILE, ROW_TILES=triton.cdiv(in_features // 2, TILE), num_warps=4, enable_fp_fusion=False,
+        TILE_BLOCKS=tile, ROW_TILES=triton.cdiv(blocks, tile), num_warps=1, enable_fp_fusion=False,
     )  # fmt: skip
     return q, scale
 
