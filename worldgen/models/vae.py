@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worldgen.errors import CheckpointError, InputError
+from worldgen.kernels import channel_norm
 from worldgen.models.config_json import read_config
 
 CACHE_FRAMES = 2
@@ -107,6 +108,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.normalize(x, dim=1) * self.scale * self.gamma
 
+    def then_silu(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(self(x)): one kernel on CUDA (`worldgen.kernels.channel_norm`), these ops elsewhere."""
+        return channel_norm.rms_norm_silu(x, self.gamma, self.scale)
+
 
 def _conv2d_per_frame(x: torch.Tensor, conv: nn.Conv2d, stride: int = 1, padding: int = 0) -> torch.Tensor:
     """Apply a Conv2d to every frame of [B, C, T, H, W] without folding time into the batch."""
@@ -170,9 +175,7 @@ class ResidualBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: FrameCache) -> torch.Tensor:
         h = self.shortcut(x)
-        for layer in self.residual:
-            x = layer(x, cache) if isinstance(layer, CausalConv3d) else layer(x)
-        return x + h
+        return _run(self.residual, x, cache) + h
 
 
 class AttentionBlock(nn.Module):
@@ -198,8 +201,15 @@ _CACHED = (CausalConv3d, Resample, ResidualBlock, AttentionBlock)  # layers that
 
 
 def _run(layers: nn.Sequential, x: torch.Tensor, cache: FrameCache) -> torch.Tensor:
-    for layer in layers:
+    """The layers in order; an RMSNorm followed by SiLU as one step (`RMSNorm.then_silu`)."""
+    i = 0
+    while i < len(layers):
+        layer = layers[i]
+        if isinstance(layer, RMSNorm) and i + 1 < len(layers) and isinstance(layers[i + 1], nn.SiLU):
+            x, i = layer.then_silu(x), i + 2
+            continue
         x = layer(x, cache) if isinstance(layer, _CACHED) else layer(x)
+        i += 1
     return x
 
 

@@ -1,0 +1,72 @@
+"""The VAE's channel RMS norm followed by SiLU (every residual block and head: `RMSNorm`, then `nn.SiLU`)
+as one hand-written Triton kernel on CUDA.
+
+Eager, the pair is six passes over the activation (the norm's reduction, its clamp, the division, the
+two products, SiLU), each reading and writing the whole tile of video; the VAE runs it about 30 times a
+chunk, at up to 96 channels x 4 frames x 464 x 448. One kernel reads it once and writes it once: 2.3-3.8x
+faster on the H100 (docs/benchmarks.md, "Session 14: Fast").
+
+Numerics: the eager ops' roundings (the norm, the quotient and each product rounded to the activation's
+dtype, as PyTorch rounds each op), float32 in between, the division IEEE-rounded; the channel sum runs in
+another order and Triton's exponential is not CUDA's `expf`, so a rare bf16 element differs by one step.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from worldgen.kernels.triton_lang import launch, tl, triton
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter runs it on CPU tensors
+POSITIONS = 16  # positions (t, y, x) a program: with all channels, 16 x 512 values at most
+_failed: set[str] = set()
+
+
+def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, scale: float, eps: float = 1e-12) -> torch.Tensor:
+    """silu(F.normalize(x, dim=1) * scale * gamma) for x [B, C, ...] and gamma [C, 1, ...]."""
+    on_device = x.is_cuda or _INTERPRETED
+    fits = x.dim() >= 3 and x.is_contiguous() and x.dtype in _FLOATS and x.shape[1] <= 512
+    if on_device and fits and gamma.numel() == x.shape[1] and triton is not None and not _failed:
+        try:
+            return _triton_rms_norm_silu(x, gamma, scale, eps)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (no Triton / compiler: the eager ops, said once)
+            _failed.add("rms_norm_silu")
+            warnings.warn(f"the VAE's fused norm + SiLU kernel failed ({exc}); using PyTorch ops", stacklevel=2)
+    return F.silu(F.normalize(x, dim=1, eps=eps) * scale * gamma)
+
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["positions"])
+    def _rms_norm_silu_kernel(x_ptr, g_ptr, out_ptr, channels, positions, scale, eps, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):  # fmt: skip
+        # a tile of all channels x BLOCK_P positions of one sample; channel rows are BLOCK_P contiguous values
+        p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+        c = tl.arange(0, BLOCK_C)
+        mask = (c[:, None] < channels) & (p[None, :] < positions)
+        at = tl.program_id(1).to(tl.int64) * channels * positions + c[:, None] * positions + p[None, :]
+        x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        dtype = out_ptr.dtype.element_ty
+        norm = tl.maximum(tl.sqrt(tl.sum(x * x, axis=0)).to(dtype).to(tl.float32), eps)
+        y = tl.math.div_rn(x, norm[None, :]).to(dtype).to(tl.float32)
+        y = (y * scale).to(dtype).to(tl.float32)
+        y = (y * tl.load(g_ptr + c, mask=c < channels, other=0.0).to(tl.float32)[:, None]).to(dtype).to(tl.float32)
+        y = tl.math.div_rn(y, 1.0 + tl.exp(-y))
+        tl.store(out_ptr + at, y.to(dtype), mask=mask)
+
+
+def _triton_rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, scale: float, eps: float) -> torch.Tensor:
+    batch, channels = x.shape[:2]
+    positions = x[0, 0].numel()
+    out = torch.empty_like(x)
+    launch(
+        _rms_norm_silu_kernel, (triton.cdiv(positions, POSITIONS), batch), x, gamma.reshape(-1), out, channels,
+        positions, float(scale), eps, BLOCK_C=triton.next_power_of_2(channels), BLOCK_P=POSITIONS, num_warps=8,
+    )  # fmt: skip
+    return out
