@@ -2,9 +2,10 @@
 as one hand-written Triton kernel on CUDA.
 
 Eager, the pair is six passes over the activation (the norm's reduction, its clamp, the division, the
-two products, SiLU), each reading and writing the whole tile of video; the VAE runs it about 30 times a
-chunk, at up to 96 channels x 4 frames x 464 x 448. One kernel reads it once and writes it once: 2.3-3.8x
-faster on the H100 (docs/benchmarks.md, "Session 14: Fast").
+two products, SiLU), each reading and writing the whole tile of video; an 81-frame Fast rollout runs it
+2,100 times (encode and decode), at up to 96 channels x 4 frames x 464 x 448. One kernel reads it once
+and writes it once: 1.7-3.8x faster on the H100, 0.57 -> 0.31 GPU s a rollout (docs/benchmarks.md,
+"Session 14: Fast").
 
 Numerics: the eager ops' roundings (the norm, the quotient and each product rounded to the activation's
 dtype, as PyTorch rounds each op), float32 in between, the division IEEE-rounded; the channel sum runs in
