@@ -56,6 +56,31 @@ def test_a_cached_camera_gives_the_same_output_and_skips_its_layers(dit, io):
     assert not torch.equal(moved, plain)
 
 
+def test_a_cache_of_the_first_blocks_gives_the_same_output_and_keeps_the_tokens_for_the_rest(dit, io):
+    cam = io["cam"]
+    inputs = (io["x"][None], torch.tensor([900]), [io["context"]], io["y"][None])
+    calls = {0: [], 1: []}
+    hooks = [dit.blocks[i].cam_scale_layer.register_forward_hook(lambda *_, i=i: calls[i].append(1)) for i in calls]
+    try:
+        with torch.no_grad():
+            plain = dit(*inputs, cam)
+            dit.camera_cache = cache = CameraCache(max_blocks=1)
+            first = dit(*inputs, cam)
+            assert set(cache.blocks) == {0} and cache.tokens is not None and cache.holds(cam, len(dit.blocks))
+            calls[0].clear(), calls[1].clear()
+            second = dit(io["x"][None], torch.tensor([250]), [io["context"]], io["y"][None], cam)
+            seen = {i: len(c) for i, c in calls.items()}
+            dit.camera_cache = None
+            plain_t250 = dit(io["x"][None], torch.tensor([250]), [io["context"]], io["y"][None], cam)
+    finally:
+        dit.camera_cache = None
+        for hook in hooks:
+            hook.remove()
+    assert seen == {0: 0, 1: 1}  # block 0 read back, block 1 computed from the kept tokens
+    assert torch.equal(first, plain) and torch.equal(second, plain_t250)
+    assert cache.nbytes() == sum(t.numel() * t.element_size() for t in (*cache.blocks[0], cache.tokens))
+
+
 def test_the_pipeline_caches_per_expert_gives_the_same_latent_and_frees_it(case):  # noqa: F811
     pipe, settings, example, io = case
     context, negative = pipe.encode_ids(io["ids"], io["mask"])

@@ -17,7 +17,7 @@ from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
 from worldgen.pipelines.base import prepare_image
 from worldgen.pipelines.camera import validate_action
 from worldgen.pipelines.fast import FastPipeline, fast_camera, y_from_latent
-from worldgen.pipelines.fast_plan import FastOptions, fast_frames, fast_schedule
+from worldgen.pipelines.fast_plan import FastOptions, camera_blocks, fast_frames, fast_schedule
 from worldgen.runtime.checkpoint import FAST_DIR, find_fast_checkpoint, load_expert
 from worldgen.runtime.residency import ModelSlot
 
@@ -194,6 +194,26 @@ def test_loop_progress_counts_steps_and_refreshes(loop_case):
     assert next(chunks, None) is None and seen[-1] == (14, 14)  # no refresh after the last chunk
 
 
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_a_chunks_forwards_share_its_camera_modulation_and_give_the_same_latent(loop_case, blocks):
+    pipe, io, _ = loop_case
+    model = pipe.residency.use("fast")
+    computed = []
+    hook = model.blocks[0].cam_scale_layer.register_forward_hook(lambda *_: computed.append(1))
+    try:
+        pipe.camera_blocks = 0
+        plain = _rollout(pipe, io, FastOptions())
+        every_forward = len(computed)
+        pipe.camera_blocks, computed[:] = blocks, []
+        shared = _rollout(pipe, io, FastOptions())
+    finally:
+        pipe.camera_blocks = 0
+        hook.remove()
+    assert torch.equal(shared, plain)
+    assert every_forward == 14 and len(computed) == 3  # 3 chunks: once each, not in each of their forwards
+    assert model.camera_cache is None  # detached when the rollout ends
+
+
 def test_fp8_cache_stays_close(dit, chunks_io):
     io = chunks_io
     exact, fp8 = _cache(CacheSpec(60, 10)), _cache(CacheSpec(60, 10, storage="fp8"))
@@ -287,6 +307,34 @@ def test_full_size_plan_at_24_gib_streams_in_strips_with_a_rolling_window():
         _full_size_plan(24).plan_job(21, 90, 160, FastOptions())  # 720p does not fit 24 GiB, and says why
     pipe = _full_size_plan(40)
     assert pipe.plan_job(21, 90, 160, FastOptions()).rolling  # with more memory it does
+
+
+def test_the_camera_modulation_is_kept_in_as_many_blocks_as_the_plan_has_room_for():
+    assert camera_blocks(None, 4524, 5120, 40, torch.bfloat16) == 40  # no plan (the CPU): every block
+    per_block = 1.1 * 2 * 4524 * 5120 * 2 / 2**30
+    assert camera_blocks(40 * per_block, 4524, 5120, 40, torch.bfloat16) == 40
+    # one block short: 39, the camera tokens (half a block) kept for the 40th
+    assert camera_blocks(40 * per_block - 0.01, 4524, 5120, 40, torch.bfloat16) == 39
+    assert camera_blocks(39.4 * per_block, 4524, 5120, 40, torch.bfloat16) == 38
+    assert (
+        camera_blocks(0.05, 4524, 5120, 40, torch.bfloat16) == 0 == camera_blocks(-2.0, 4524, 5120, 40, torch.bfloat16)
+    )
+    # 24 GiB at 480p: beside a bf16 VAE (fp8), the half of its float32 figures it leaves unused; none beside
+    # a float32 one (exact), whatever the KV cache leaves
+    exact = _full_size_plan(24)
+    exact.plan_job(21, 58, 104, FastOptions())
+    fp8 = _full_size_plan(24)
+    fp8.vae_dtype = torch.bfloat16
+    assert fp8.plan_job(21, 58, 104, FastOptions()) == exact.cache_spec  # the same KV cache either way
+    saving = fp8.vae_cut.bf16_saving_gib
+    assert saving == pytest.approx(3.09, abs=0.01)  # two strips' decoder caches and push, halved
+    assert exact.camera_blocks == 0 and fp8.camera_blocks == camera_blocks(saving, 4524, 5120, 40, torch.bfloat16) == 32
+    assert "camera modulation kept a chunk in 32 of 40 blocks" in fp8.describe_plan()
+    assert "in 0 of 40 blocks" in exact.describe_plan()
+    # no budget: what the card leaves beside everything resident; every block on an 80 GB card
+    unlimited = _full_size_plan(None)
+    unlimited.plan_job(21, 58, 104, FastOptions())
+    assert unlimited.camera_blocks == 40
 
 
 def test_rolling_cache_runs_a_video_longer_than_itself(loop_case):

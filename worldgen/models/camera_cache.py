@@ -1,19 +1,25 @@
-"""The camera's modulation of each DiT block, computed once per job and expert, reused every step.
+"""The camera's modulation of each DiT block, computed once per camera tensor, reused every forward.
 
 A block's camera path (`cam_injector_layer1/2`, `cam_scale_layer`, `cam_shift_layer`, and the
 model's `embed_camera` before the blocks) depends only on the camera's Plücker tensor and the
-expert's weights: not on the noisy latent, the timestep or the prompt. A rollout runs it unchanged
-in every one of its 2 x 70 forwards per expert: four Linears over every token in each of the 40
-blocks, 14% of a forward's FLOPs at 480p. With a `CameraCache` attached (`model.camera_cache`),
-the first forward with a camera stores each block's (scale, shift) and the later forwards with the
-same camera tensor read them back: the same numbers, so the output is unchanged.
+expert's weights: not on the noisy latent, the timestep or the prompt. The base model runs it
+unchanged in every one of its 2 x 70 forwards per expert, the Fast model in each of a chunk's 5
+(4 steps and the cache refresh): four Linears over every token in each of the 40 blocks, 14% of a
+base forward's FLOPs at 480p and a quarter of a Fast forward's GEMM work. With a `CameraCache`
+attached (`model.camera_cache`), the first forward with a camera stores each block's (scale, shift)
+and the later forwards with the same camera tensor read them back: the same numbers, so the output
+is unchanged.
 
 It costs 2 x tokens x dim values in the compute dtype per block (26.8 GiB for the A14B expert at
-480p in bf16), so `worldgen.runtime.memory.MemoryPlan` turns it on only where that fits beside everything
-else (an 80 GB card, not a 24 GB one), and the pipeline attaches it to one expert at a time.
+480p in bf16; 3.5 GiB for a Fast chunk), so `worldgen.runtime.memory.MemoryPlan` turns it on only
+where that fits beside everything else (an 80 GB card, not a 24 GB one), and the pipeline attaches
+it to one expert at a time. The Fast pipeline may cover only the first `max_blocks` blocks (what its
+plan leaves after the KV cache): the camera tokens are then kept too, for the blocks after them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -23,26 +29,55 @@ def cache_gib(tokens: int, dim: int = 5120, num_layers: int = 40, bytes_per_valu
     return 2 * tokens * dim * num_layers * bytes_per_value / 2**30
 
 
+def block_bytes(tokens: int, dim: int, bytes_per_value: int) -> int:
+    """Bytes one block's cached (scale, shift) take for `tokens` camera tokens."""
+    return 2 * tokens * dim * bytes_per_value
+
+
 class CameraCache:
     """Per-block (scale, shift) of one camera tensor. `source` is the tensor they were computed from:
-    a forward given another tensor (another job, another chunk) recomputes and replaces them."""
+    a forward given another tensor (another job, another chunk) recomputes and replaces them.
+    `max_blocks` (None: every block) caps how many blocks are covered, from the first."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_blocks: int | None = None) -> None:
+        self.max_blocks = max_blocks
         self.source: torch.Tensor | None = None
+        self.tokens: torch.Tensor | None = None  # the camera tokens, kept while a block is not covered
         self.blocks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
+    def covered(self, num_blocks: int) -> int:
+        return num_blocks if self.max_blocks is None else min(self.max_blocks, num_blocks)
+
     def holds(self, cam: torch.Tensor | None, num_blocks: int) -> bool:
-        """True when every block's modulation of this very camera tensor is stored."""
-        return cam is not None and cam is self.source and len(self.blocks) == num_blocks
+        """True when every covered block's modulation of this very camera tensor is stored."""
+        return cam is not None and cam is self.source and len(self.blocks) == self.covered(num_blocks)
+
+    def block_inputs(
+        self, cam: torch.Tensor, blocks: Sequence, embed: Callable[[torch.Tensor], torch.Tensor]
+    ) -> list[torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
+        """Each block's camera input for the Plücker tensor `cam`: its stored (scale, shift) where covered
+        (computed now on the first forward with `cam`), else the camera tokens `embed(cam)`."""
+        covered = self.covered(len(blocks))
+        if not self.holds(cam, len(blocks)):
+            self.restart(cam)
+        tokens = self.tokens
+        if tokens is None and (len(self.blocks) < covered or covered < len(blocks)):
+            tokens = embed(cam)
+        for i in range(covered):
+            if i not in self.blocks:
+                self.blocks[i] = blocks[i].camera_modulation(tokens)
+        self.tokens = tokens if covered < len(blocks) else None
+        return [self.blocks[i] if i < covered else tokens for i in range(len(blocks))]
 
     def restart(self, cam: torch.Tensor) -> None:
-        self.source, self.blocks = cam, {}
+        self.source, self.tokens, self.blocks = cam, None, {}
 
     def clear(self) -> None:
-        self.source, self.blocks = None, {}
+        self.source, self.tokens, self.blocks = None, None, {}
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for pair in self.blocks.values() for t in pair)
+        kept = [t for pair in self.blocks.values() for t in pair] + ([] if self.tokens is None else [self.tokens])
+        return sum(t.numel() * t.element_size() for t in kept)
 
 
 class CameraCaches:

@@ -399,6 +399,15 @@ class WanCameraDiT(nn.Module):
         cam = self.patch_embedding_wancamctrl(folded)
         return cam + self.c2ws_hidden_states_layer2(F.silu(self.c2ws_hidden_states_layer1(cam)))
 
+    def camera_inputs(self, cam: torch.Tensor | None, dtype: torch.dtype) -> list:
+        """Each block's camera input: None (no camera), the camera tokens, or its (scale, shift) read
+        from the attached `camera_cache` (`worldgen.models.camera_cache`)."""
+        if cam is None:
+            return [None] * len(self.blocks)
+        if self.camera_cache is None:
+            return [self.embed_camera(cam[:1].to(dtype))] * len(self.blocks)
+        return self.camera_cache.block_inputs(cam, self.blocks, lambda c: self.embed_camera(c[:1].to(dtype)))
+
     def grid(self, x: torch.Tensor) -> tuple[int, int, int]:
         """The token grid (frames, rows, columns) of a latent [B, C, F, H, W]."""
         pf, ph, pw = self.cfg.patch_size
@@ -461,19 +470,10 @@ class WanCameraDiT(nn.Module):
         # with a cache the text keys/values are computed on its first call only: no need to embed again
         text = None if cache is not None and cache.has_text else self.embed_text(context)
         # camera tokens are the same for every sample of the batch: [1, L, dim], broadcast in the blocks;
-        # with a camera cache, each block's modulation of this camera is computed once (first forward)
-        camera_cache = self.camera_cache if cam is not None else None
-        cached = camera_cache is not None and camera_cache.holds(cam, len(self.blocks))
-        cam_tokens = None if cam is None or cached else self.embed_camera(cam[:1].to(dtype))
-        if camera_cache is not None and not cached:
-            camera_cache.restart(cam)
+        # with a camera cache, each covered block's modulation of this camera is computed once (first forward)
+        cams = self.camera_inputs(cam, dtype)
         for i, block in enumerate(self.blocks):
-            block_cam = cam_tokens
-            if camera_cache is not None:
-                if not cached:
-                    camera_cache.blocks[i] = block.camera_modulation(cam_tokens)
-                block_cam = camera_cache.blocks[i]
-            tokens = block(tokens, e0, rope, text, block_cam, None if cache is None else cache.layers[i])
+            tokens = block(tokens, e0, rope, text, cams[i], None if cache is None else cache.layers[i])
         out = self.head(tokens, e)
         return unpatchify(out, (f, h, w), cfg.patch_size, cfg.out_dim)
 

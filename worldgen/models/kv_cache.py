@@ -56,6 +56,13 @@ class CacheSpec:
             return slots * (head_dim + size)  # one byte per value, one scale per token and head
         return slots * head_dim * size
 
+    def planned_bytes(self, num_layers: int, num_heads: int, head_dim: int, compute_dtype: torch.dtype) -> int:
+        """What a plan counts for it: `bytes`, plus for FP8 the window dequantized for one layer at a
+        time during attention (transient)."""
+        size = torch.empty(0, dtype=compute_dtype).element_size()
+        dequant = 2 * self.capacity_tokens * num_heads * head_dim * size if self.storage == "fp8" else 0
+        return self.bytes(num_layers, num_heads, head_dim, compute_dtype) + dequant
+
     def describe(self) -> str:
         kind = "in the compute dtype" if self.storage == "model" else "FP8 (e4m3, per-token scales)"
         text = f"{self.capacity_tokens // self.frame_tokens} latent frames ({self.capacity_tokens:,} tokens), {kind}"
@@ -269,12 +276,8 @@ def plan_cache(
     def make(frames: int, storage: str, rolling: bool, sink: int) -> CacheSpec:
         return CacheSpec(frames * frame_tokens, frame_tokens, storage, rolling, sink, max_attention_tokens)
 
-    elem = torch.empty(0, dtype=compute_dtype).element_size()
-
     def size(spec: CacheSpec) -> int:
-        """The cache, plus for FP8 the window dequantized for one layer at a time (transient)."""
-        dequant = 2 * spec.capacity_tokens * num_heads * head_dim * elem if spec.storage == "fp8" else 0
-        return spec.bytes(num_layers, num_heads, head_dim, compute_dtype) + dequant
+        return spec.planned_bytes(num_layers, num_heads, head_dim, compute_dtype)
 
     # the reference: whole video; max_attention_tokens also flips its rolling gate (never rolls here)
     ref_rolling, ref_sink = max_attention_tokens is not None, sink_frames or 0

@@ -16,7 +16,6 @@ chunks (a warning says so); the camera path spans the poses of the 4n+1 frames a
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from PIL import Image
 
 from contracts.settings import GenerationSettings
 from worldgen.errors import InputError
+from worldgen.models.camera_cache import CameraCache
 from worldgen.models.chunk_graph import ChunkGraphs, enabled_by_environment
 from worldgen.models.dit import DiTConfig
 from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
@@ -46,6 +46,7 @@ from worldgen.pipelines.fast_plan import (
     FastFrames,
     FastOptions,
     StreamVAE,
+    camera_blocks,
     fast_frames,
     fast_schedule,
     full_cache_spec,
@@ -54,12 +55,14 @@ from worldgen.pipelines.fast_plan import (
 )
 from worldgen.runtime.cuda_memory import free_device_memory
 from worldgen.runtime.memory import (
+    CUDA_CONTEXT_GIB,
     VAE_WEIGHTS_GIB,
     GiB,
     activation_gib,
     vae_peak_gib,
     vae_tile_pixels,
 )
+from worldgen.runtime.metering import LapClock
 from worldgen.runtime.residency import ModelSlot
 
 ChunkCallback = Callable[[int, int, torch.Tensor], None]  # (chunk index, chunks, its frames [3, f, H, W])
@@ -93,7 +96,7 @@ class FastPipeline(Pipeline):
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.cache_spec: CacheSpec | None = None  # this job's cache, chosen by `plan_job`
         self.cache_reason = ""
-        self.timings: dict[str, float] = {}  # seconds per part of the last `generate` (see _Clock)
+        self.timings: dict[str, float] = {}  # seconds per part of the last `generate` (see `LapClock`)
         self.encode_tile_pixels: int | None = None  # VAE tiles before the loop / during it (None: whole frames)
         self.decode_tile_pixels: int | None = None
         # Opt-in (LINGBOT_ISAAC_CHUNK_GRAPHS=1, or set it): on the H100 at 24 GiB under fp8 they run (replays equal eager
@@ -104,6 +107,7 @@ class FastPipeline(Pipeline):
         self.overlap_decode = enabled_by_environment()  # False: each chunk decodes after its forwards, same stream
         self.chunk_graphs: ChunkGraphs | None = None  # the last rollout's (its `decisions`, `captures`)
         self.chunk_timings: list[dict[str, float]] = []  # seconds per chunk of the last `generate`
+        self.camera_blocks = 0  # blocks whose camera modulation a chunk's forwards share (`plan_job` decides)
 
     def set_compute(self, compute: str) -> None:
         """Switch the DiT's compute between jobs (the bench compares both in one process); the VAE is
@@ -149,8 +153,12 @@ class FastPipeline(Pipeline):
         try:
             if usable is None:  # no budget: whole frames, the reference's cache, conditioning chunk by chunk
                 (spec, why), cut, stream_encode = cache_for(None), StreamVAE.cut(height, width, None), True
+                spare = self._spare_without_budget(spec, cut, chunk_tokens)
             else:
                 spec, why, cut, stream_encode = self._fit_loop(usable, chunk_tokens, height, width, cache_for)
+                # what the KV cache leaves is no room in practice: 7 blocks' camera beside the float32 VAE
+                # made its decode retry allocations at the cap (docs/benchmarks.md, "Session 15: Fast")
+                spare = 0.0
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.vae_cut, self.stream_encode = cut, stream_encode
@@ -166,6 +174,9 @@ class FastPipeline(Pipeline):
             self.encode_tile_pixels = None if vae_peak_gib(pixels) <= room else vae_tile_pixels(room)
         self.plan.vae_tile_pixels = self.decode_tile_pixels
         self.cache_spec, self.cache_reason = spec, why
+        if spare is not None and self.vae_dtype == torch.bfloat16:
+            spare += cut.bf16_saving_gib
+        self.camera_blocks = camera_blocks(spare, chunk_tokens, cfg.dim, cfg.num_layers, self.dtype)
         if self.on_plan is not None:
             self.on_plan(self.describe_plan())
         return spec
@@ -222,6 +233,17 @@ class FastPipeline(Pipeline):
             )
         return best[1:]
 
+    def _spare_without_budget(self, spec: CacheSpec, cut: StreamVAE, chunk_tokens: int) -> float | None:
+        """No budget: on a GPU, what its memory leaves beside every resident model (umT5 too), the KV cache,
+        the VAE's whole frames and one chunk's activations; None off CUDA (no plan)."""
+        cfg, card = self.dit_config, self.plan.card_gib
+        if self.device.type != "cuda" or card is None:
+            return None
+        kv = spec.planned_bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype) / GiB
+        resident = self.plan.expert_gib + self.plan.text_encoder_gib + VAE_WEIGHTS_GIB + LOOP_MARGIN_GIB
+        vae = cut.decode_cache_gib + max(activation_gib(chunk_tokens), cut.decode_push_gib)
+        return card - CUDA_CONTEXT_GIB - resident - kv - vae
+
     def _decode_stream(self) -> torch.cuda.Stream | None:
         """A second CUDA stream for the chunk decodes when they may run beside the DiT: on CUDA, asked
         for (`overlap_decode`), and with room in the plan for a decode beside a forward's activations."""
@@ -242,8 +264,11 @@ class FastPipeline(Pipeline):
         lines = []
         for line in self.plan.describe().splitlines():
             if line.startswith("  denoise"):
-                ffn = line.rsplit("; ", 1)[-1]
+                ffn = next(part for part in line.split("; ") if part.startswith("feed-forward"))
                 line = f"  denoise Fast DiT resident, chunk by chunk (4 steps, then 1 cache refresh before the next chunk); {ffn}"
+                line += (
+                    f"; camera modulation kept a chunk in {self.camera_blocks} of {self.dit_config.num_layers} blocks"
+                )
             elif line.startswith("  encode"):
                 when = (
                     "the first chunk's frames first, the rest after its preview"
@@ -305,6 +330,9 @@ class FastPipeline(Pipeline):
         cache = self.new_cache(lat_f, frame_tokens, options, model.compute_dtype)
         # steady chunks replay a captured CUDA graph (worldgen.models.chunk_graph): the same numbers
         forward = self.chunk_graphs = ChunkGraphs(model, allowed=self.use_chunk_graphs and self.graph_room)
+        # a chunk's 5 forwards share its camera's modulation where the plan has room (not with graphs: eager)
+        if plucker is not None and self.camera_blocks and not forward.allowed:
+            model.camera_cache = CameraCache(self.camera_blocks)
         device, steps = self.device, len(schedule.timesteps)
         context = [context.to(device)]
         total = chunks * (steps + 1) - 1  # no refresh after the last chunk
@@ -349,6 +377,7 @@ class FastPipeline(Pipeline):
         finally:  # also when the consumer stops early (a cancelled job)
             forward.close()
             cache.close()
+            model.camera_cache = None
             free_device_memory(device)
         model = forward.model = None
         self.residency.phase_done("denoise")
@@ -405,7 +434,7 @@ class FastPipeline(Pipeline):
         """
         settings = settings or GenerationSettings(model="fast")
         progress = progress or _no_progress
-        clock = _Clock(self.device)
+        clock = LapClock(self.device)
         if camera is not None and poses is not None:
             raise InputError("a live camera replaces poses: give one or the other")
         poses, intrinsics = validate_camera(poses, intrinsics)
@@ -554,30 +583,6 @@ class _DecodedVideo:
             return torch.empty(3, 0, 0, 0)
         end = self.spans[-1][1]
         return self.buffer if end == self.frames else self.buffer[:, :end].clone()
-
-
-class _Clock:
-    """Seconds per part of one rollout (`timings`): text, encode, dit (the chunk loop's forwards),
-    decode (the chunk decodes), first_chunk (start to the first decoded chunk), total. The device is
-    synchronised at each lap so GPU work is counted where it happens (a few syncs per chunk)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.start = self.last = self._now()
-        self.seconds: dict[str, float] = {}
-
-    def _now(self) -> float:
-        if self.device.type == "cuda":  # the loop's stream only: a decode on the second one goes on
-            torch.cuda.current_stream(self.device).synchronize()
-        return time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = self._now()
-        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
-        self.last = now
-
-    def mark(self, name: str) -> None:
-        self.seconds[name] = self._now() - self.start
 
 
 def y_from_latent(image_latent: torch.Tensor, frames: int) -> torch.Tensor:

@@ -12,6 +12,7 @@ import torch
 
 from contracts.settings import FIELD_BY_NAME, GenerationSettings
 from worldgen.errors import InputError
+from worldgen.models.camera_cache import block_bytes
 from worldgen.models.kv_cache import MODES, CacheSpec
 from worldgen.models.vae import streamed_tiles
 from worldgen.pipelines.camera import TEMPORAL_STRIDE, frames_for_poses
@@ -63,6 +64,14 @@ class StreamVAE:
             ENCODE_CACHE_BYTES_PER_PIXEL * every / GiB,
             ENCODE_PUSH_BYTES_PER_PIXEL * one / GiB,
         )
+
+    @property
+    def bf16_saving_gib(self) -> float:
+        """What a bf16 VAE leaves unused of the float32 figures counted for the loop (half the decoder's
+        caches and push; its peak was 3 GiB lower, docs/benchmarks.md, "Session 9: Fast"). Kept out of
+        the KV cache, whose growth chunk by chunk fragmented memory when it took this room; a chunk's
+        camera modulation (`camera_blocks`), the same allocation every chunk, may use it."""
+        return (self.decode_cache_gib + self.decode_push_gib) / 2
 
 
 def stream_vae_cuts(height: int, width: int) -> list[StreamVAE]:
@@ -184,6 +193,21 @@ def vae_dtype(model: str, compute: str, device: torch.device) -> torch.dtype:
     if model == "fast" and compute == "fp8" and device.type == "cuda":
         return torch.bfloat16
     return torch.float32
+
+
+def camera_blocks(spare_gib: float | None, chunk_tokens: int, dim: int, num_layers: int, dtype: torch.dtype) -> int:
+    """How many DiT blocks keep a chunk's camera modulation across its forwards (`worldgen.models.camera_cache`:
+    the same numbers, a chunk's 4 steps and refresh compute it once): every block without a limit
+    (`spare_gib` None), else as many as the room the plan leaves after the KV cache holds, the camera
+    tokens counted when some blocks are left out (they still need them), 10% for the allocator's rounding."""
+    if spare_gib is None:
+        return num_layers
+    elem = torch.empty(0, dtype=dtype).element_size()
+    per_block = 1.1 * block_bytes(chunk_tokens, dim, elem) / GiB
+    if num_layers * per_block <= spare_gib:
+        return num_layers
+    tokens = 1.1 * chunk_tokens * dim * elem / GiB
+    return max(0, int((spare_gib - tokens) // per_block))
 
 
 def full_cache_spec(latent_frames: int, frame_tokens: int, options: FastOptions) -> CacheSpec:

@@ -102,3 +102,30 @@ class PhaseMeter:
 
     def as_dict(self) -> list[dict]:
         return [dataclasses.asdict(r) for r in self.records]
+
+
+class LapClock:
+    """Seconds per part of one run (`seconds`): `lap(name)` adds the time since the last lap to `name`,
+    `mark(name)` records the time since the start (a Fast rollout's text, encode, dit, decode,
+    first_chunk, total). On CUDA the current stream is synchronised at each lap, so GPU work is counted
+    where it happens (a few syncs per chunk); a second stream's work goes on."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.start = self.last = self._now()
+        self.seconds: dict[str, float] = {}
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":  # the loop's stream only: a decode on the second one goes on
+            import torch
+
+            torch.cuda.current_stream(self.device).synchronize()
+        return time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = self._now()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def mark(self, name: str) -> None:
+        self.seconds[name] = self._now() - self.start
