@@ -36,6 +36,7 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.fast_args import fast_parser  # noqa: E402
+from bench.host_bound import blocks_timed  # noqa: E402
 from bench.kernel_profile import profiled  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.settings import GenerationSettings  # noqa: E402
@@ -55,6 +56,7 @@ from worldgen.runtime.residency import ModelSlot  # noqa: E402
 
 GiB = 2**30
 # issue 21, warm pipeline, 81 frames at 480x832 under --vram-budget 24 (per_chunk: chunks 1..6, seconds each)
+HOST_FORWARD = 18  # the one an 'h' entry times: chunk 3's third step, the KV window full at 24 GiB
 TARGETS = {"exact": {"dit": 10.0, "total": 16.0}, "fp8": {"per_chunk": 1.0, "total": 10.0, "first_chunk": 2.0}}
 
 
@@ -264,21 +266,24 @@ class Entry:
     profile: bool
     eager: bool = False  # 'eager': graphs asked for, then taken away (the --graph-check rollout)
     serial: bool = False
+    host: bool = False  # one steady forward's blocks timed on the host and the GPU (bench.host_bound)
 
 
 def parse_entry(text: str) -> Entry:
-    """'81', '81c', '81go', '81cgop', '81eager', '81serial' (see --frames)."""
-    match = re.fullmatch(r"(\d+)(c?)(g?)(o?)(eager|serial)?(p?)", text)
+    """'81', '81c', '81go', '81cgop', '81eager', '81serial', '81h' (see --frames)."""
+    match = re.fullmatch(r"(\d+)(c?)(g?)(o?)(eager|serial)?(p?)(h?)", text)
     if match is None:
-        raise SystemExit(f"--frames entry {text!r}: a frame count with optional letters c, g, o, eager|serial, p")
-    count, cached, graphs, overlap, less, profile = match.groups()
+        raise SystemExit(f"--frames entry {text!r}: a frame count with optional letters c, g, o, eager|serial, p, h")
+    count, cached, graphs, overlap, less, profile, host = match.groups()
     if less:  # the old spellings: both asked for, less one
         graphs_on, overlap_on = less != "eager", less != "serial"
     elif graphs or overlap:
         graphs_on, overlap_on = bool(graphs), bool(overlap)
     else:  # the product's default
         graphs_on = overlap_on = enabled_by_environment()
-    return Entry(int(count), bool(cached), graphs_on, overlap_on, bool(profile), less == "eager", less == "serial")
+    return Entry(
+        int(count), bool(cached), graphs_on, overlap_on, bool(profile), less == "eager", less == "serial", bool(host)
+    )
 
 
 def main() -> None:
@@ -423,8 +428,9 @@ def main() -> None:
             region = profiled(
                 args.profile_dir / f"profile-{compute}-{n}.txt", f"{compute} rollout {n}, {frames} frames"
             )
+        timed = blocks_timed(HOST_FORWARD) if entry.host else contextlib.nullcontext()
         try:
-            with region:
+            with region, timed as host_times:
                 result = rollout(pipe, args, image, prompt, poses, intrinsics, frames, context if cached else None)
         except Exception as exc:
             traceback.print_exc()
@@ -436,6 +442,9 @@ def main() -> None:
             free_device_memory(device)
             continue
         result["eager_only"] = eager
+        if host_times is not None:
+            result["host_bound"] = host_times.as_dict()
+            print(f"  {host_times.summary()}", flush=True)
         if len(results["rollouts"]) == 0:  # where a fresh process's first rollout spends its compile time
             result["dynamo_compile_times"] = dynamo_compile_times()
             print(result["dynamo_compile_times"], flush=True)

@@ -19,15 +19,17 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-# kernel name -> family, first match wins (names as cuBLAS, cuDNN, PyTorch, Triton and bitsandbytes print them)
+# kernel name -> family, first match wins (names as cuBLAS, cuDNN, PyTorch, Triton and bitsandbytes print them;
+# the examples in tests/test_bench_tools.py are names from an H100 profile)
 FAMILIES = (
-    ("attention", r"fmha|flash|attention|sdpa|cudnn_generated|cudnn.*fprop"),
-    ("gemm fp8", r"e4m3|f8f6f4|fp8.*gemm|gemm.*fp8"),
+    ("attention", r"fmha|flash|attention|sdpa"),
+    ("nf4 weights", r"nf4|kDequantize|dequantize"),
+    ("gemm fp8", r"e4m3|f8f6f4|fp8.*gemm|gemm.*fp8|nvjet_\w*?_qq"),  # cuBLASLt's nvjet kernels: qq = e4m3 inputs
+    ("conv (VAE)", r"conv|fprop_implicit_gemm|nhwckrsc|nchwToNhwc|nhwcToNchw|cudnn::|upsample"),
     ("gemm", r"gemm|sm90_xmma|nvjet|cutlass|ampere_bf16|wgmma"),
-    ("nf4 dequantize", r"kDequantize|dequantize"),
-    ("triton fused", r"^triton_"),
+    ("triton hand-written", r"^_\w+_kernel$"),  # worldgen.kernels (fused_triton, fp8, channel_norm)
+    ("triton fused", r"^triton_"),  # Inductor's
     ("copy / cast", r"copy|Memcpy|memset|cat|CatArray|elementwise_kernel.*(copy|direct)"),
-    ("conv (VAE)", r"conv|implicit_gemm|cudnn::"),
 )
 
 

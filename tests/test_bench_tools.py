@@ -1,0 +1,50 @@
+"""The benchmarks' own tools: the profile's kernel families and the host-bound timing of a forward's blocks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bench.host_bound import blocks_timed
+from bench.kernel_profile import family_of
+from worldgen.models.dit import Block, WanCameraDiT
+from worldgen.runtime.checkpoint import load_expert
+
+# names as an H100 profile of a Fast fp8 rollout printed them (docs/benchmarks.md, "Session 15: Fast")
+PROFILED = {
+    "nvjet_sm90_qqtst_128x128_128x6_1x2_h_bz_ovscale_bias_TNT": "gemm fp8",
+    "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f8_knob_32_64x256x128_4x1x1_cga1x1x1_kernel0_0": "attention",
+    "sm80_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize256x32x32_stage4_warpsize4x1x1_g1_"
+    "tensor16x8x16_execute_kernel__5x_cudnn": "conv (VAE)",
+    "void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16, __nv_bfloat16, float, false, true>": "conv (VAE)",
+    "_nf4_fp8_rows_kernel": "nf4 weights",
+    "_layer_norm_kernel": "triton hand-written",
+    "_rms_norm_silu_kernel": "triton hand-written",
+    "triton_poi_fused_add_mul_0": "triton fused",
+    "Memcpy DtoH (Device -> Pageable)": "copy / cast",
+    "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda": "copy / cast",
+    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float>>>": "other elementwise",
+}
+
+
+@pytest.mark.parametrize("name", list(PROFILED))
+def test_each_profiled_kernel_lands_in_its_family(name):
+    assert family_of(name) == PROFILED[name]
+
+
+def test_a_forwards_blocks_are_timed_and_the_model_left_as_it_was(golden):
+    dit = load_expert(golden / "dit" / "bf16_layout", "cpu", torch.float32)
+    io = load_file(golden / "dit" / "io.safetensors")
+    inputs = (io["x"][None], torch.tensor([900]), [io["context"]], io["y"][None], io["cam"])
+    with torch.no_grad():
+        plain = dit(*inputs)
+        with blocks_timed(2) as times:
+            first, second, third = dit(*inputs), dit(*inputs), dit(*inputs)
+    assert len(times.cpu) == len(dit.blocks) and all(t > 0 for t in times.cpu) and times.gpu == []  # no GPU here
+    assert torch.equal(second, plain) and torch.equal(first, plain) and torch.equal(third, plain)
+    assert times.summary().startswith(f"host bound, forward 2, {len(dit.blocks)} blocks: CPU enqueue")
+    assert WanCameraDiT.forward_tokens.__module__ == Block.forward.__module__ == "worldgen.models.dit"
+    with blocks_timed(99) as unreached:
+        dit(*inputs)
+    assert "not reached" in unreached.summary()
