@@ -20,8 +20,6 @@ as the poses complete them (16 / 12 = 1.33 chunks a second at pace 1) and the la
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench import server_process  # noqa: E402
 from bridge.client import Client  # noqa: E402
 from bridge.episode_payload import EpisodePayload  # noqa: E402
 from bridge.job_events import Result  # noqa: E402
@@ -71,23 +70,7 @@ def start_server(workdir: Path, args: argparse.Namespace) -> tuple[subprocess.Po
         "[limits]\nmax_frame_num = 1001\n"
         "[worker]\n" + "\n".join(worker) + "\n"
     )
-    log = open(workdir / "server.log", "wb")  # noqa: SIM115 (the child keeps it)
-    proc = subprocess.Popen([sys.executable, "-m", "lingbot_cli", "serve", "--config", str(workdir / "server.toml")],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=log, start_new_session=True)  # fmt: skip
-    line = proc.stdout.readline().decode()
-    if not line.startswith("listening on "):
-        proc.kill()
-        raise SystemExit(f"server did not start: {line!r}; see {workdir / 'server.log'}")
-    return proc, line.split()[-1]
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    return server_process.start(workdir / "server.toml")
 
 
 def extend_path(poses: np.ndarray, count: int) -> np.ndarray:
@@ -190,7 +173,7 @@ def main() -> int:
             print((Path(tmp) / "server.log").read_text(errors="replace")[-4000:], file=sys.stderr)
             raise
         finally:
-            stop_server(proc)
+            server_process.stop(proc)
     rows = figures["chunks"]
     summary = verdict(rows, args.pace)
     print(f"live job: {args.frame_num} frames at {size}, poses at {POSE_FPS * args.pace:g}/s "

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench import server_process  # noqa: E402
 from bridge.client import Client  # noqa: E402
 from bridge.episode_payload import EpisodePayload  # noqa: E402
 from bridge.job_events import Result  # noqa: E402
@@ -57,26 +57,10 @@ def start_server(
         f"devices = [{device_list}]\n"
         f"startup_timeout_s = {args.startup_timeout}\n"
     )
-    log = open(workdir / "server.log", "wb")  # noqa: SIM115 (the child keeps it)
     env = dict(os.environ)
     if threads:  # the workers inherit it (a CPU pool of several sets its own share per worker)
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    proc = subprocess.Popen([sys.executable, "-m", "lingbot_cli", "serve", "--config", str(config)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=log, start_new_session=True, env=env)  # fmt: skip
-    line = proc.stdout.readline().decode()
-    if not line.startswith("listening on "):
-        proc.kill()
-        raise SystemExit(f"server did not start: {line!r}; see {workdir / 'server.log'}")
-    return proc, line.split()[-1]
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    return server_process.start(config, env)
 
 
 def job_settings(args: argparse.Namespace) -> dict:
@@ -111,7 +95,7 @@ def measure(
                 outcomes = [job.wait() for job in jobs]
                 seconds = time.monotonic() - started
         finally:
-            stop_server(proc)
+            server_process.stop(proc)
             if args.out:  # the server's log beside the figures: what the workers did, and why a job was short
                 tag = "_".join(d.replace(":", "") for d in devices)
                 log_copy = args.out.with_name(f"{args.out.stem}.{tag}.gpus{gpus}.server.log")
