@@ -12,11 +12,22 @@ cache, then the build of its launcher) and the caller gets its outputs unwritten
 meets every variant a job will launch and has them compiled side by side; the job then launches them
 with no compile. The kernels' token-count arguments are not specialised on (`do_not_specialize`), so a
 variant does not depend on the job's size.
+
+Launching: Triton's own launch (`JITFunction.run`) binds and specialises every argument, turns its options
+into a string for the cache key, builds launch metadata and calls two (empty) hook chains, every time. A
+warm Fast forward launches ~1,000 of our kernels and its enqueue outran the GPU (docs/benchmarks.md,
+"Session 15: Fast"). So `launch` keeps, per variant of a call (`_call_key`: more than Triton specialises
+on, so one variant never needs two compiled kernels), the compiled kernel Triton chose and calls its C
+launcher with what Triton hands it (every argument in the kernel's order, no metadata and no hooks while
+no hook is installed). A variant's first two launches go through Triton, the second checking that Triton
+picks the same compiled kernel and binds the same trailing arguments; it is launched directly from the
+third on. Set LINGBOT_ISAAC_DIRECT_LAUNCH=0 to launch everything through Triton.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 import warnings
@@ -31,7 +42,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the install
     triton = tl = None
 
-__all__ = ["CompileAhead", "compiling_ahead", "launch", "tl", "triton"]
+__all__ = ["CompileAhead", "LaunchCounts", "compiling_ahead", "counts", "launch", "tl", "triton"]
 
 
 class CompileAhead:
@@ -43,7 +54,7 @@ class CompileAhead:
         self.started = time.perf_counter()
 
     def submit(self, kernel, grid, args: tuple, kwargs: dict) -> None:
-        key = (kernel, tuple(_variant(a) for a in args), tuple(sorted(kwargs.items())))
+        key = (kernel, tuple(map(_arg_key, args)), tuple(sorted(kwargs.items())))
         if key not in self.futures:
             device = torch.cuda.current_device()
             self.futures[key] = self.pool.submit(_warm, device, kernel, grid, args, kwargs)
@@ -53,15 +64,6 @@ class CompileAhead:
         self.pool.shutdown(wait=True)
         errors = [f"{key[0].__name__}: {f.exception()}" for key, f in self.futures.items() if f.exception()]
         return len(self.futures), errors
-
-
-def _variant(arg) -> object:
-    """What of an argument makes another Triton variant (roughly: a repeat only costs a second compile)."""
-    if isinstance(arg, torch.Tensor):
-        return (arg.dtype, arg.data_ptr() % 16 == 0)
-    if isinstance(arg, bool) or not isinstance(arg, int):
-        return arg if isinstance(arg, (bool, float, str, type(None))) else type(arg)
-    return (arg == 1, arg % 16 == 0)
 
 
 def _warm(device: int, kernel, grid, args: tuple, kwargs: dict) -> None:
@@ -79,13 +81,133 @@ _ahead_owner: threading.Thread | None = None  # the thread whose launches compil
 _ahead_lock = threading.Lock()
 
 
+DIRECT_SWITCH = "LINGBOT_ISAAC_DIRECT_LAUNCH"  # "0": every launch through Triton's own path
+
+
+class LaunchCounts:
+    """How this process's launches went: straight to the C launcher, or through Triton's `run`."""
+
+    __slots__ = ("direct", "triton")
+
+    def __init__(self) -> None:
+        self.direct = self.triton = 0
+
+
+counts = LaunchCounts()
+
+
+class _Direct:
+    """One call variant's compiled kernel and what its C launcher takes beside the call's own arguments."""
+
+    __slots__ = ("compiled", "run", "function", "packed", "tail", "checked")
+
+    def __init__(self, compiled, tail: tuple) -> None:
+        self.compiled, self.tail, self.checked = compiled, tail, False
+        self.run, self.function, self.packed = compiled.run, compiled.function, compiled.packed_metadata
+
+
+_direct: dict[tuple, _Direct | None] = {}  # call variant -> its launcher, or None: always through Triton
+_I32, _U64 = 2**31, 2**63
+
+
+def _arg_key(arg) -> object:
+    """What of one argument Triton specialises on, or more: a tensor's dtype and 16-byte alignment; an
+    int's being 1, a multiple of 16, and its integer type's range; the value of anything else hashable."""
+    if isinstance(arg, torch.Tensor):
+        return (arg.dtype, arg.data_ptr() % 16 == 0)
+    kind = arg.__class__
+    if kind is int:
+        return (int, arg == 1, arg % 16 == 0, -_I32 <= arg < _I32, arg >= _U64)
+    if kind is float:
+        return float  # Triton passes every float as fp32 and specialises on none
+    return (kind, arg)  # bools, None, strings, constexpr values: the value (unhashable: TypeError)
+
+
+def _call_key(kernel, args: tuple, kwargs: dict) -> tuple:
+    """The call's variant: `_arg_key` of each argument (tensors inline: most arguments are, and this runs
+    at every launch), the kwargs, the device."""
+    tensor = torch.Tensor
+    keys = [(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, tensor) else _arg_key(a) for a in args]
+    return (kernel, torch.cuda.current_device(), *keys, *kwargs.items())
+
+
+def _hooks_idle() -> bool:
+    """No launch hook installed (a profiler such as proton installs them): Triton's calls would do nothing."""
+    runtime = triton.knobs.runtime
+    return not runtime.launch_enter_hook.calls and not runtime.launch_exit_hook.calls
+
+
+def _triton_binding(kernel, args: tuple, kwargs: dict) -> tuple | None:
+    """(the compiled kernel Triton launches for this call, every argument in the kernel's order), or None
+    when it has none compiled yet; what `JITFunction.run` does before it launches."""
+    knobs = triton.knobs
+    options = dict(kwargs)
+    options["debug"] = options.get("debug", kernel.debug) or knobs.runtime.debug
+    options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    kernel_cache, key_cache, _, _, binder = kernel.device_caches[torch.cuda.current_device()]
+    bound, specialization, options = binder(*args, **options)
+    compiled = kernel_cache.get(triton.runtime.jit.compute_cache_key(key_cache, specialization, options))
+    return None if compiled is None else (compiled, tuple(bound.values()))
+
+
+def _learn(kernel, key: tuple, args: tuple, kwargs: dict, known: _Direct | None) -> None:
+    """After a launch through Triton: keep the variant's launcher (first launch), or check it (second)."""
+    plain = (
+        isinstance(kernel, triton.runtime.jit.JITFunction)
+        and not kernel.pre_run_hooks
+        and os.environ.get(DIRECT_SWITCH, "1") != "0"
+    )
+    binding = _triton_binding(kernel, args, kwargs) if plain else None
+    if binding is not None and hasattr(binding[0], "result"):
+        return  # compiled asynchronously and not done yet: learn at a later launch
+    if binding is None or not _same(binding[1][: len(args)], args):
+        _direct[key] = None
+        return
+    compiled, values = binding
+    tail = values[len(args) :]
+    if known is None:
+        _direct[key] = _Direct(compiled, tail)
+    elif compiled is known.compiled and _same(tail, known.tail):
+        known.checked = True
+    else:  # the variant key missed something Triton specialises on: never direct
+        _direct[key] = None
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """The same objects, or equal values (never a tensor's elementwise ==)."""
+    return len(a) == len(b) and all(
+        x is y or (not isinstance(x, torch.Tensor) and x == y) for x, y in zip(a, b, strict=True)
+    )
+
+
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
-    """`kernel[grid](*args, **kwargs)`; inside `compiling_ahead()` (on its thread) the compile only."""
+    """`kernel[grid](*args, **kwargs)`; inside `compiling_ahead()` (on its thread) the compile only; a
+    variant launched twice before goes straight to its C launcher (module docstring)."""
     ahead = _ahead
     if ahead is not None and threading.current_thread() is _ahead_owner:
         ahead.submit(kernel, grid, args, kwargs)
         return
+    try:
+        key = _call_key(kernel, args, kwargs)
+        known = _direct.get(key, False)
+    except TypeError:  # an unhashable argument: no variant key
+        key, known = None, None
+    if known and known.checked and grid.__class__ is tuple and _hooks_idle():
+        device = key[1]
+        known.run(
+            grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+            _current_stream(device), known.function, known.packed, None, None, None, *args, *known.tail,
+        )  # fmt: skip
+        counts.direct += 1
+        return
     kernel[grid](*args, **kwargs)
+    counts.triton += 1
+    if key is not None and known is not None and (known is False or not known.checked):
+        _learn(kernel, key, args, kwargs, known or None)
+
+
+def _current_stream(device: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(device)
 
 
 @contextlib.contextmanager
