@@ -7,18 +7,24 @@ enqueue it, against the GPU's seconds to run it (CUDA events after the sleep), s
 forward: a CPU figure above the GPU's means fewer or cheaper launches (or CUDA graphs) win time and GPU
 kernel work does not. Session 15 found a warm fp8 Fast forward bound this way (docs/benchmarks.md,
 "Session 15: Fast": 214.7 ms against 196.8 ms over 40 blocks). Only the timed forward is slowed (by the
-sleeps and syncs), and its output is unchanged. Off CUDA the GPU column is empty.
+sleeps and syncs), and its output is unchanged. Off CUDA the GPU column is empty. The forward after it
+runs the same way under `cProfile`, which says where the host's time goes (functions by their own time;
+the profiler's own cost inflates the many small calls, so read it for the order, not the figures).
 """
 
 from __future__ import annotations
 
 import contextlib
+import cProfile
 import dataclasses
+import pstats
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
+from worldgen.kernels import triton_lang
 from worldgen.models.dit import Block, WanCameraDiT
 
 SLEEP_CYCLES = 30_000_000  # ~20 ms on an H100: longer than any block's launches
@@ -30,22 +36,28 @@ class BlockTimes:
     cpu: list[float] = dataclasses.field(default_factory=list)  # seconds to enqueue each block
     gpu: list[float] = dataclasses.field(default_factory=list)  # seconds the GPU ran each (CUDA only)
     forwards_seen: int = 0
+    launches: list[int] = dataclasses.field(default_factory=lambda: [0, 0])  # (direct, through Triton)
+    host_functions: list[tuple[str, int, float]] = dataclasses.field(default_factory=list)  # the next forward's
 
     def summary(self) -> str:
         if not self.cpu:
             return f"host bound: forward {self.forward} was not reached ({self.forwards_seen} forwards)"
         cpu_ms = sum(self.cpu) * 1e3
         text = f"host bound, forward {self.forward}, {len(self.cpu)} blocks: CPU enqueue {cpu_ms:.1f} ms"
+        text += f" ({self.launches[0]} Triton launches direct, {self.launches[1]} through Triton's own path)"
         if not self.gpu:
             return text
         gpu_ms = sum(self.gpu) * 1e3
         bound = "the CPU" if cpu_ms > gpu_ms else "the GPU"
         per_block = ", ".join(f"{c * 1e3:.2f}/{g * 1e3:.2f}" for c, g in zip(self.cpu[:4], self.gpu[:4], strict=True))
-        return f"{text}, GPU {gpu_ms:.1f} ms: bound by {bound} (first blocks, CPU/GPU ms: {per_block})"
+        text = f"{text}, GPU {gpu_ms:.1f} ms: bound by {bound} (first blocks, CPU/GPU ms: {per_block})"
+        top = "; ".join(f"{name} {calls}x {ms:.1f} ms" for name, calls, ms in self.host_functions[:8])
+        return f"{text}\n  host time of forward {self.forward + 1} under cProfile, by own time: {top}" if top else text
 
     def as_dict(self) -> dict:
         return {"forward": self.forward, "cpu_ms": [round(c * 1e3, 3) for c in self.cpu],
-                "gpu_ms": [round(g * 1e3, 3) for g in self.gpu]}  # fmt: skip
+                "gpu_ms": [round(g * 1e3, 3) for g in self.gpu], "launches_direct_triton": self.launches,
+                "host_functions": self.host_functions}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -58,11 +70,16 @@ def blocks_timed(forward: int) -> Iterator[BlockTimes]:
     def forward_tokens(self, *args, **kwargs):
         nonlocal timing
         times.forwards_seen += 1
-        timing = times.forwards_seen == forward
+        timing = times.forwards_seen in (forward, forward + 1)
+        profiler = cProfile.Profile() if times.forwards_seen == forward + 1 else None
         try:
-            return plain_forward_tokens(self, *args, **kwargs)
+            if profiler is None:
+                return plain_forward_tokens(self, *args, **kwargs)
+            return profiler.runcall(plain_forward_tokens, self, *args, **kwargs)
         finally:
             timing = False
+            if profiler is not None:
+                times.host_functions = _by_own_time(profiler)
 
     def block_forward(self, x, *args, **kwargs):
         if not timing:
@@ -73,11 +90,17 @@ def blocks_timed(forward: int) -> Iterator[BlockTimes]:
             torch.cuda._sleep(SLEEP_CYCLES)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
+        counts = triton_lang.counts
+        launched = (counts.direct, counts.triton)
         began = time.perf_counter()
         out = plain_block(self, x, *args, **kwargs)
         if cuda:
             end.record()
+        if times.forwards_seen == forward + 1:  # the profiled one: only kept busy
+            return out
         times.cpu.append(time.perf_counter() - began)
+        times.launches[0] += counts.direct - launched[0]
+        times.launches[1] += counts.triton - launched[1]
         if cuda:
             end.synchronize()
             times.gpu.append(start.elapsed_time(end) / 1e3)
@@ -88,3 +111,13 @@ def blocks_timed(forward: int) -> Iterator[BlockTimes]:
         yield times
     finally:
         WanCameraDiT.forward_tokens, Block.forward = plain_forward_tokens, plain_block
+
+
+def _by_own_time(profiler: cProfile.Profile, top: int = 25) -> list[tuple[str, int, float]]:
+    """(file:line(function), calls, own ms) of the `top` functions by their own time."""
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (primitive calls, calls, own s, cumulative s, callers)}
+    rows = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    return [
+        (f"{Path(file).name}:{line}({name})", calls, round(own * 1e3, 2))
+        for (file, line, name), (_, calls, own, _, _) in rows
+    ]
