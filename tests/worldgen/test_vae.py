@@ -104,3 +104,17 @@ def test_config_from_json_round_trip_and_errors(tmp_path, golden):
     bad.write_text(json.dumps({"dim": 8, "z_dim": 4}))
     with pytest.raises(CheckpointError, match="mean and std need z_dim=4"):
         VAEConfig.from_json(bad)
+
+
+@pytest.mark.parametrize("timed", [True, False])
+def test_only_a_timed_bf16_vae_on_cuda_lets_cudnn_time_its_algorithms(timed):
+    from worldgen.models.vae import _conv_algorithms
+
+    cases = [(torch.zeros(1, dtype=torch.bfloat16), False), (torch.zeros(1), False)]
+    if torch.cuda.is_available():
+        cases += [(torch.zeros(1, dtype=torch.bfloat16, device="cuda"), timed), (torch.zeros(1, device="cuda"), False)]
+    before = torch.backends.cudnn.benchmark
+    for weight, benchmark in cases:
+        with _conv_algorithms(weight, timed):
+            assert torch.backends.cudnn.benchmark is (before or benchmark)
+        assert torch.backends.cudnn.benchmark is before

@@ -13,10 +13,21 @@ reference that are not plain causal convolution over the whole stream, reproduce
   doubled by a causal conv whose history starts at latent frame 1 (zeros before it).
 Spatial convs of resamplers run as Conv3d with a (1, 3, 3) view of the Conv2d weight: the same
 sums without reshaping the video into a batch of images.
+
+A server's bf16 VAE on CUDA (the Fast model's fp8 path, `timed_conv`, set by the loader for a pipeline
+that runs its models once ahead: a long-lived one) lets cuDNN time its convolution algorithms once per
+shape (`cudnn.benchmark`, `_conv_algorithms`): encode 1.29 -> 1.08-1.14 s and decode 2.15 -> 1.88-1.99 s
+an 81-frame rollout on the H100. The timing adds ~2.3 s to the process's start (in the run-ahead), more
+than one rollout wins back, so a one-job process (`generate`) keeps cuDNN's heuristics (docs/benchmarks.md,
+"Session 16: Fast"). The algorithm chosen can differ between processes, and with it the last bit of a
+bf16 sum. A float32 VAE (the reference's numerics) always keeps the heuristics: timed, its decode ran
+slower under a 24 GiB cap (5.0-6.3 against 3.1 s) and its start 5.8 s longer.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -292,6 +303,7 @@ class WanVAE(nn.Module):
         self.conv2 = CausalConv3d(cfg.z_dim, cfg.z_dim, 1)
         self.decoder = Decoder3d(cfg)
         self._scales: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # `_scale`'s, per device
+        self.timed_conv = False  # a bf16 VAE on CUDA: cuDNN times its algorithms (module docstring)
 
     def _scale(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, 1 / std) [1, z, 1, 1, 1] on `device`, made once a device: a tensor built from a Python list
@@ -324,7 +336,8 @@ class WanVAE(nn.Module):
     def encode_chunk(self, chunk: torch.Tensor, cache: FrameCache) -> torch.Tensor:
         """One chunk (frame 0 alone, then 4 frames) -> its normalised latent frame, float32."""
         weight = self.conv1.weight
-        x = self.encoder(chunk.to(weight.dtype), cache)
+        with _conv_algorithms(weight, self.timed_conv):
+            x = self.encoder(chunk.to(weight.dtype), cache)
         z = self.config.z_dim  # only the mean half of the posterior is needed
         mu = F.conv3d(x, weight[:z], self.conv1.bias[:z])
         del x
@@ -344,8 +357,21 @@ class WanVAE(nn.Module):
         """One normalised latent frame -> its pixel frames (1 for the first, then 4), float32, clamped."""
         mean, inv_std = self._scale(latent_frame.device)
         z = (latent_frame.float() / inv_std + mean).to(self.conv2.weight.dtype)
-        x = self.decoder(self.conv2(z), cache)
+        with _conv_algorithms(self.conv2.weight, self.timed_conv):
+            x = self.decoder(self.conv2(z), cache)
         return x.float().clamp_(-1.0, 1.0)
+
+
+@contextlib.contextmanager
+def _conv_algorithms(weight: torch.Tensor, timed: bool) -> Iterator[None]:
+    """cuDNN times its algorithms for a `timed` bf16 VAE on CUDA, keeps its heuristics otherwise."""
+    timed = timed and weight.is_cuda and weight.dtype == torch.bfloat16
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = before or timed
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
 
 
 # -- spatial tiling ---------------------------------------------------------------------------------

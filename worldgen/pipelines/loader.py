@@ -97,7 +97,6 @@ def load_pipeline(
         find_fast_checkpoint,
         load_expert,
         load_t5,
-        load_vae,
     )
     from worldgen.runtime.cuda_memory import apply_memory_cap, gpu_total_gib
     from worldgen.runtime.memory import plan_memory
@@ -197,7 +196,7 @@ def load_pipeline(
             "umT5",
             lambda: load_t5(layout, t5_device, t5_dtype, plan.stream_text_encoder),
         ),
-        vae=ModelSlot("VAE", lambda: load_vae(layout, device, pipe.vae_dtype)),  # `pipe`: it may change it
+        vae=ModelSlot("VAE", lambda: _vae(layout, device, pipe.vae_dtype, first_use_ahead)),  # `pipe`: it may change it
         device=device,
         text_len=text_len,
         name=f"{'tiny (random weights)' if is_tiny else root.name}{', Fast' if model == 'fast' else ''}, "
@@ -242,6 +241,16 @@ def load_pipeline(
         if first_use_ahead:
             pipe.engine["first_use_ahead_s"] = round(pipe.first_use_ahead(), 2)
     return pipe
+
+
+def _vae(layout, device: torch.device, dtype: torch.dtype, long_lived: bool) -> torch.nn.Module:
+    """The VAE; a long-lived pipeline's (one that runs its models once ahead) lets cuDNN time a bf16 VAE's
+    convolutions: its run-ahead pays the timing once (`worldgen.models.vae`)."""
+    from worldgen.runtime.checkpoint import load_vae
+
+    vae = load_vae(layout, device, dtype)
+    vae.timed_conv = long_lived
+    return vae
 
 
 def load_pipeline_from_options(options: EngineOptions, **kwargs: Any) -> Pipeline:
