@@ -207,10 +207,17 @@ def evaluate_reconstruction(
     streams = {SIM: sim[:count], ROLLOUT: rollout} if sim is not None else {ROLLOUT: rollout}
     run = reconstruct_paths(streams, intrinsics, config)
     base.update(config=run.to_dict()["config"], run=run.to_dict())
+    return {**base, **read_run(run, poses, count, with_sim=sim is not None), "seconds": time.perf_counter() - started}
+
+
+def read_run(run: ReconstructionRun, poses: np.ndarray, count: int, with_sim: bool) -> dict[str, Any]:
+    """A finished (or timed-out) reconstruction's trials against the commanded `poses` of its `count` frames:
+    {"status", "reason", "control", "rollout", "notes"}; trials a time limit cut off are said in the notes."""
+    config = run.config
     control_trials, rollout_trials = [], []
     for t, maps in enumerate(run.trials):
         seed = config.seed + t
-        if sim is not None:
+        if with_sim:
             trial = _trial_numbers(maps.get("control", {}).get(SIM), poses, count, run, SIM)
             control_trials.append({"seed": seed, **trial})
         joint = maps.get("joint") or maps.get("rollout") or {}
@@ -218,7 +225,7 @@ def evaluate_reconstruction(
         if trial["status"] == "reconstructed":
             trial["anchored"] = (
                 _anchor(joint, poses, trial, count)
-                if sim is not None
+                if with_sim
                 else {"reason": "no sim frames to anchor the scale: a clip reconstructed alone has an arbitrary size"}
             )
         rollout_trials.append(trial)
@@ -229,7 +236,7 @@ def evaluate_reconstruction(
     )
     sections = {}
     for name, trials in (("control", control_trials), ("rollout", rollout_trials)):
-        if name == "control" and sim is None:
+        if name == "control" and not with_sim:
             sections[name] = None
             continue
         section = _summarise(trials, count)
@@ -242,11 +249,9 @@ def evaluate_reconstruction(
             f"time limit ({config.timeout_s:g} s) reached: {len(run.trials)} of {config.trials} trials finished"
         )
     return {
-        **base,
         "status": sections["rollout"]["status"],
         "reason": sections["rollout"]["reason"],
         "control": sections["control"],
         "rollout": sections["rollout"],
         "notes": notes,
-        "seconds": time.perf_counter() - started,
     }

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from comparison.camera_metrics import anchored_errors, fit_similarity, path_errors, rotation_angle_deg
-from comparison.reconstruction import ReconstructionConfig, _pairs
-from comparison.sfm_fidelity import evaluate_reconstruction
+from comparison.reconstruction import ReconstructionConfig, ReconstructionRun, RegisteredPoses, _pairs
+from comparison.sfm_fidelity import evaluate_reconstruction, read_run
 from tests.comparison.scene import INTRINSICS_480x832, camera_path, render_frames
 from tests.room_render import look_at
 
@@ -205,6 +205,25 @@ def test_the_time_limit_is_kept_and_reported():
     result = evaluate_reconstruction(None, frames, camera_path(4), np.tile(INTRINSICS_480x832, (4, 1)), config)
     assert result["run"]["timed_out"] and result["seconds"] < 30
     assert result["rollout"]["status"] == "not reconstructed" and "time limit" in result["rollout"]["reason"]
+
+
+def test_trials_a_time_limit_cut_off_are_said_and_the_finished_one_is_kept():
+    """A run stopped after 1 of 3 trials (as `_collect` reads it back): that trial's numbers, and a note."""
+    commanded = camera_path(FRAMES)
+    scale, rotation, shift = random_similarity(3)
+    model = commanded.copy()  # the map's own frame: the commanded cameras under a similarity
+    model[:, :3, :3] = rotation @ commanded[:, :3, :3]
+    model[:, :3, 3] = scale * commanded[:, :3, 3] @ rotation.T + shift
+    registered = RegisteredPoses(0, dict(enumerate(model)))
+    config = ReconstructionConfig(trials=3, timeout_s=60.0)
+    run = ReconstructionRun(config, (HEIGHT, WIDTH), {}, trials=[{"control": {"sim": registered},
+                            "joint": {"sim": registered, "rollout": registered}}], timed_out=True)  # fmt: skip
+    result = read_run(run, commanded, FRAMES, with_sim=True)
+    assert result["notes"] == ["time limit (60 s) reached: 1 of 3 trials finished"]
+    assert result["status"] == "reconstructed" and result["control"]["trials_reconstructed"] == 1
+    (trial,) = result["rollout"]["trials"]
+    assert trial["registered"] == FRAMES and trial["anchored"]["scale_vs_command"] == pytest.approx(1.0)
+    assert result["rollout"]["summary"]["rot_err_deg_per_frame"]["max"] < 1e-6
 
 
 @pytest.mark.slow
