@@ -19,6 +19,12 @@ SHARED = Path(os.environ.get("LINGBOT_ISAAC_SHARED", REPO.parent / "shared"))
 GOLDEN = SHARED / "golden"
 
 
+def pythonpath_with_repo() -> str:
+    """PYTHONPATH for a subprocess of the checkout's code: the checkout first, then the caller's path (packages
+    installed beside it, as on a lent GPU machine, where a path of the checkout alone hid them)."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+
 @pytest.fixture(scope="session")
 def golden() -> Path:
     if not GOLDEN.is_dir():

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.conftest import REPO, pythonpath_with_repo
 
 # After doctor ran, bitsandbytes' CPU backend logs what it logs on import on CPUs with AVX512-BF16
 # (this machine may have none): the same logger, the same words.
@@ -21,7 +21,7 @@ DOCTOR_THEN_BNB_NOTICE = (
 
 
 def test_doctor_knows_the_built_in_tiny_model_and_hides_the_harmless_bitsandbytes_notice(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "LINGBOT_ISAAC_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, "PYTHONPATH": pythonpath_with_repo(), "LINGBOT_ISAAC_CACHE": str(tmp_path / "cache")}
     env.pop("LINGBOT_ISAAC_VERBOSE", None)
     result = subprocess.run(
         [sys.executable, "-c", DOCTOR_THEN_BNB_NOTICE], cwd=REPO, env=env, capture_output=True, text=True, timeout=300

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from contracts.video import read_mp4
+from tests.conftest import pythonpath_with_repo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 
 def lingbot_isaac(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": pythonpath_with_repo()}
     return subprocess.run([sys.executable, "-m", "lingbot_cli.main", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, check=False)  # fmt: skip
 

@@ -23,13 +23,14 @@ from lingbot_isaac.recording import write_recording_episode  # noqa: E402
 from lingbot_isaac.resample import RecordingGapWarning  # noqa: E402
 from lingbot_isaac.sources import SourceOptions, kind_of, open_source  # noqa: E402
 from lingbot_isaac.usd_file import UsdFileError  # noqa: E402
+from tests.conftest import pythonpath_with_repo  # noqa: E402
 from tests.isaac.test_sources import animated_stage, reference_trajectory, write_isaacsim_session  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": pythonpath_with_repo()}
     command = [sys.executable, "-m", "lingbot_cli", *args]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
+from tests.conftest import pythonpath_with_repo
 from worldgen.runtime import compile_cache
 
 
@@ -26,7 +26,7 @@ def test_the_compile_cache_is_under_the_cache_root_and_says_cold_then_warm(tmp_p
 
 
 def test_doctor_prints_the_compile_cache_state(tmp_path):
-    env = {**os.environ, "LINGBOT_ISAAC_CACHE": str(tmp_path), "PYTHONPATH": str(Path.cwd())}
+    env = {**os.environ, "LINGBOT_ISAAC_CACHE": str(tmp_path), "PYTHONPATH": pythonpath_with_repo()}
     env.pop(compile_cache.INDUCTOR_ENV, None)
     env.pop(compile_cache.TRITON_ENV, None)
     out = subprocess.run([sys.executable, "-m", "lingbot_cli", "doctor"], env=env, capture_output=True, text=True)
