@@ -43,7 +43,7 @@ from contracts.settings import GenerationSettings  # noqa: E402
 from worldgen.kernels.attention import resolve_backend  # noqa: E402
 from worldgen.models.chunk_graph import enabled_by_environment  # noqa: E402
 from worldgen.models.kv_cache import CacheSpec, KVCache  # noqa: E402
-from worldgen.models.vae import StreamingDecoder  # noqa: E402
+from worldgen.models.vae_tiling import StreamingDecoder  # noqa: E402
 from worldgen.pipelines.camera import load_action  # noqa: E402
 from worldgen.pipelines.fast import FastPipeline  # noqa: E402
 from worldgen.pipelines.fast_plan import FastOptions  # noqa: E402

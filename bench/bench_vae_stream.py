@@ -24,7 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contracts import atomic  # noqa: E402
-from worldgen.models.vae import WAN21_VAE, StreamingDecoder, StreamingEncoder, WanVAE  # noqa: E402
+from worldgen.models.vae import WAN21_VAE, WanVAE  # noqa: E402
+from worldgen.models.vae_tiling import StreamingDecoder, StreamingEncoder  # noqa: E402
 
 GiB = 2**30
 

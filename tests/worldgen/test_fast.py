@@ -397,7 +397,8 @@ def test_fast_folder_alone_needs_the_shared_parts(tmp_path, fast_root):
 
 @pytest.mark.parametrize("tile_pixels", [None, 24 * 24])
 def test_streamed_decode_equals_whole_decode(tile_pixels):
-    from worldgen.models.vae import WAN21_VAE, StreamingDecoder, WanVAE, decode_tiled
+    from worldgen.models.vae import WAN21_VAE, WanVAE
+    from worldgen.models.vae_tiling import StreamingDecoder, decode_tiled
 
     torch.manual_seed(0)
     import dataclasses
@@ -414,7 +415,8 @@ def test_streamed_decode_equals_whole_decode(tile_pixels):
 @pytest.mark.parametrize("tile_pixels", [None, 24 * 24])
 def test_streamed_encode_equals_whole_encode(tile_pixels):
     """The Fast loop encodes each chunk's conditioning frames as it goes: 9 frames, then 12 at a time."""
-    from worldgen.models.vae import WAN21_VAE, StreamingEncoder, WanVAE, encode_tiled
+    from worldgen.models.vae import WAN21_VAE, WanVAE
+    from worldgen.models.vae_tiling import StreamingEncoder, encode_tiled
 
     torch.manual_seed(0)
     import dataclasses

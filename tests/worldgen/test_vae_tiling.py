@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.worldgen.numerics import rel_l2
-from worldgen.models.vae import _tiled, decode_tiled, encode_tiled, tile_shape, tile_starts
+from worldgen.models.vae_tiling import _tiled, decode_tiled, encode_tiled, tile_shape, tile_starts
 from worldgen.runtime.checkpoint import find_checkpoint, load_vae
 from worldgen.runtime.tiny import ensure_tiny_checkpoint
 

@@ -162,7 +162,7 @@ class Pipeline:
     def condition(self, image_resized: torch.Tensor, frames: int) -> torch.Tensor:
         """[3, 1, h, w] image -> y [20, lat_f, lat_h, lat_w]: mask (4) + VAE latent of image + black frames."""
         _, _, h, w = image_resized.shape
-        from worldgen.models.vae import encode_tiled
+        from worldgen.models.vae_tiling import encode_tiled
 
         vae = self.residency.use("vae")
         device = next(vae.parameters()).device
@@ -260,7 +260,7 @@ class Pipeline:
     # -- decode -----------------------------------------------------------------------------------
     @torch.no_grad()
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
-        from worldgen.models.vae import decode_tiled
+        from worldgen.models.vae_tiling import decode_tiled
 
         vae = self.residency.use("vae")
         device = next(vae.parameters()).device

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from worldgen.models.vae import StreamingDecoder
+from worldgen.models.vae_tiling import StreamingDecoder
 
 
 class PendingDecode:

@@ -29,7 +29,7 @@ from worldgen.models.camera_cache import CameraCache
 from worldgen.models.chunk_graph import ChunkGraphs, enabled_by_environment
 from worldgen.models.dit import DiTConfig
 from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
-from worldgen.models.vae import StreamingDecoder
+from worldgen.models.vae_tiling import StreamingDecoder
 from worldgen.pipelines.base import Pipeline, Progress, _no_progress, condition_mask, prepare_image
 from worldgen.pipelines.camera import (
     plucker_embedding,
@@ -85,7 +85,7 @@ class FastPipeline(Pipeline):
     """The base pipeline's text/encode phases, the causal chunk loop, and a chunk-by-chunk decode.
 
     Each finished chunk is decoded right away (the VAE decoder's causal caches carried over, see
-    `worldgen.models.vae.StreamingDecoder`) whether or not anyone watches, so a streamed video and a
+    `worldgen.models.vae_tiling.StreamingDecoder`) whether or not anyone watches, so a streamed video and a
     non-streamed one are the same video.
     """
 

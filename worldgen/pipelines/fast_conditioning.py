@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from worldgen.models.vae import StreamingEncoder
+from worldgen.models.vae_tiling import StreamingEncoder
 from worldgen.pipelines.base import Pipeline, Progress, condition_mask
 from worldgen.runtime.cuda_memory import free_device_memory
 

@@ -14,7 +14,7 @@ from contracts.settings import FIELD_BY_NAME, GenerationSettings
 from worldgen.errors import InputError
 from worldgen.models.camera_cache import block_bytes
 from worldgen.models.kv_cache import MODES, CacheSpec
-from worldgen.models.vae import streamed_tiles
+from worldgen.models.vae_tiling import streamed_tiles
 from worldgen.pipelines.camera import TEMPORAL_STRIDE, frames_for_poses
 from worldgen.pipelines.scheduler import FlowUniPCScheduler
 from worldgen.runtime.memory import GiB
@@ -78,7 +78,7 @@ def stream_vae_cuts(height: int, width: int) -> list[StreamVAE]:
     """Whole frames, full-height strips (2 to 4: the cheapest tiles, measured), then ever smaller
     tiles (2 to 12 per frame); one entry per distinct cut."""
     h, w, overlap = height // 8, width // 8, 8  # in latent pixels (the streamed VAE's 64-pixel overlap)
-    # a tile is full height only when its area allows a square of that height (`worldgen.models.vae.tile_shape`)
+    # a tile is full height only when its area allows a square of that height (`worldgen.models.vae_tiling.tile_shape`)
     areas = [None] + [64 * h * max(h, -(-(w + (k - 1) * overlap) // k)) for k in (2, 3, 4)]
     areas += [height * width // parts for parts in range(2, 13)]
     cuts, seen = [], set()

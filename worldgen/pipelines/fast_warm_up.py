@@ -87,7 +87,7 @@ def first_use_ahead(
     taken. The text-embedding cache is neither read nor written; umT5 on the CPU beside a GPU pipeline is
     left alone. Worth it on CUDA only (`load_pipeline` calls it there): the CPU has no kernels or plans
     to prepare."""
-    from worldgen.models.vae import StreamingDecoder, StreamingEncoder
+    from worldgen.models.vae_tiling import StreamingDecoder, StreamingEncoder
 
     start = time.perf_counter()
     try:

@@ -1,0 +1,196 @@
+"""The Wan VAE over spatial tiles, whole or streamed a few frames at a time (`worldgen.models.vae`'s network).
+
+When a whole frame does not fit the memory budget, the video is cut into overlapping spatial
+tiles, each run through every chunk with its own frame cache, and blended back with linear ramps
+across the overlaps. The decoder's middle attention sees one tile instead of the whole frame, so
+tiled output differs slightly from the reference; whole frames are used whenever they fit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worldgen.errors import InputError
+from worldgen.models.vae import FrameCache, WanVAE
+
+
+def tile_starts(size: int, tile: int, overlap: int) -> list[int]:
+    """Starts of tiles of length `tile` covering [0, size), neighbours overlapping by >= `overlap`."""
+    if tile >= size:
+        return [0]
+    stride = tile - overlap
+    count = -(-(size - tile) // stride) + 1
+    return [round(i * (size - tile) / (count - 1)) for i in range(count)]
+
+
+def _ramp(length: int, start: int, tile: int, size: int, overlap: int, device) -> torch.Tensor:
+    """Blend weights along one axis of a tile: rising over the overlap with a left/top neighbour, falling
+    over the overlap with a right/bottom one, 1 elsewhere (and at the frame's own borders)."""
+    weight = torch.ones(length, device=device)
+    ramp = torch.arange(1, overlap + 1, device=device, dtype=torch.float32) / (overlap + 1)
+    if start > 0:
+        weight[:overlap] = ramp
+    if start + tile < size:
+        weight[-overlap:] = ramp.flip(0)
+    return weight
+
+
+def tile_shape(height: int, width: int, max_pixels: int, unit: int) -> tuple[int, int]:
+    """Tile (h, w), multiples of `unit`, of area <= max_pixels: whole rows when they fit, else near-square."""
+    if height * width <= max_pixels:
+        return height, width
+    side = max(unit, int(max_pixels**0.5) // unit * unit)
+    tile_h = min(height, side)
+    tile_w = min(width, max(unit, max_pixels // tile_h // unit * unit))
+    return tile_h, tile_w
+
+
+def _tiled(
+    run_tile, source: torch.Tensor, scale: float, tile_hw: tuple[int, int], overlap: int, unit: int
+) -> torch.Tensor:
+    """Apply `run_tile` (source tile -> output tile `scale` times larger or smaller) over spatial tiles of
+    `source` [B, C, T, H, W] and blend. `tile_hw` and `overlap` are in source pixels, multiples of
+    `unit` (8 for pixels going into the encoder, so every tile starts on a latent pixel)."""
+    height, width = source.shape[-2:]
+    tile_h, tile_w = tile_hw
+    overlap = max(unit, overlap // unit * unit)
+    rows = [s * unit for s in tile_starts(height // unit, tile_h // unit, overlap // unit)]
+    cols = [s * unit for s in tile_starts(width // unit, tile_w // unit, overlap // unit)]
+    out = weights = None
+    for top in rows:
+        for left in cols:
+            piece = run_tile(source[..., top : top + tile_h, left : left + tile_w])
+            if out is None:
+                size = (round(height * scale), round(width * scale))
+                out = torch.zeros(*piece.shape[:-2], *size, device=piece.device, dtype=torch.float32)
+                weights = torch.zeros(size, device=piece.device, dtype=torch.float32)
+            h, w = piece.shape[-2:]
+            o = round(overlap * scale)
+            y0, x0 = round(top * scale), round(left * scale)
+            wy = _ramp(h, y0, h, size[0], o, piece.device)
+            wx = _ramp(w, x0, w, size[1], o, piece.device)
+            blend = wy[:, None] * wx[None, :]
+            out[..., y0 : y0 + h, x0 : x0 + w] += piece * blend
+            weights[y0 : y0 + h, x0 : x0 + w] += blend
+            del piece
+    return out / weights
+
+
+@torch.no_grad()
+def encode_tiled(vae: WanVAE, video: torch.Tensor, max_tile_pixels: int | None, overlap: int = 64) -> torch.Tensor:
+    """`vae.encode` over spatial tiles of at most `max_tile_pixels` (None or a big enough value: whole frames)."""
+    height, width = video.shape[-2:]
+    if max_tile_pixels is None or height * width <= max_tile_pixels:
+        return vae.encode(video)
+    tile = tile_shape(height, width, max_tile_pixels, unit=8)
+    return _tiled(vae.encode, video, 1 / 8, tile, min(overlap, min(tile) // 4), unit=8)
+
+
+@torch.no_grad()
+def decode_tiled(vae: WanVAE, latent: torch.Tensor, max_tile_pixels: int | None, overlap: int = 64) -> torch.Tensor:
+    """`vae.decode` over spatial tiles of at most `max_tile_pixels` output pixels (None: whole frames)."""
+    h, w = latent.shape[-2:]
+    if max_tile_pixels is None or h * w * 64 <= max_tile_pixels:
+        return vae.decode(latent)
+    tile = tile_shape(h, w, max_tile_pixels // 64, unit=1)
+    return _tiled(vae.decode, latent, 8, tile, min(overlap // 8, min(tile) // 4), unit=1)
+
+
+class _Streaming:
+    """Run a VAE half a few frames at a time over fixed spatial tiles, each tile's causal frame cache
+    carried from one call to the next, so the pieces, concatenated, equal the whole-video tiled result
+    (same tiles, same per-frame arithmetic)."""
+
+    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int):
+        self.vae = vae
+        self.max_tile_pixels = max_tile_pixels
+        self.overlap = overlap
+        self.caches: dict[tuple[int, int], FrameCache] = {}
+
+    def cache_bytes(self) -> int:
+        """Bytes held by every tile's causal caches (what a streamed VAE keeps between calls)."""
+        return sum(t.numel() * t.element_size() for c in self.caches.values() for t in c.values() if t is not None)
+
+
+class StreamingDecoder(_Streaming):
+    """`decode_tiled` a few latent frames at a time (see `_Streaming`): a streamed video equals a
+    decoded-at-the-end one."""
+
+    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int = 64):
+        super().__init__(vae, max_tile_pixels, overlap)
+
+    def _run(self, key: tuple[int, int], latent: torch.Tensor) -> torch.Tensor:
+        cache = self.caches.setdefault(key, {})
+        frames = [self.vae.decode_chunk(latent[:, :, t : t + 1], cache) for t in range(latent.shape[2])]
+        return torch.cat(frames, dim=2)
+
+    @torch.no_grad()
+    def push(self, latent: torch.Tensor) -> torch.Tensor:
+        """The next latent frames [B, z, t, h, w] -> their video frames [B, 3, f, 8h, 8w] float32."""
+        h, w = latent.shape[-2:]
+        if self.max_tile_pixels is None or h * w * 64 <= self.max_tile_pixels:
+            return self._run((0, 0), latent)
+        tile = tile_shape(h, w, self.max_tile_pixels // 64, unit=1)
+        overlap = min(self.overlap // 8, min(tile) // 4)
+        positions = iter(_tile_positions(h, w, tile, overlap, unit=1))
+        return _tiled(lambda piece: self._run(next(positions), piece), latent, 8, tile, overlap, unit=1)
+
+
+class StreamingEncoder(_Streaming):
+    """`encode_tiled` a few frames at a time (see `_Streaming`): the first push holds 4k+1 frames
+    (frame 0 is encoded alone, as `WanVAE.encode` does), every later one 4k frames; the latents,
+    concatenated, equal `encode_tiled` of the whole video."""
+
+    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int = 64):
+        super().__init__(vae, max_tile_pixels, overlap)
+        self.frames_seen = 0
+
+    def _run(self, key: tuple[int, int], video: torch.Tensor) -> torch.Tensor:
+        cache = self.caches.setdefault(key, {})
+        first = self.frames_seen == 0
+        starts = [0, *range(1, video.shape[2], 4)] if first else list(range(0, video.shape[2], 4))
+        sizes = [1 if first and s == 0 else 4 for s in starts]
+        return torch.cat(
+            [self.vae.encode_chunk(video[:, :, s : s + n], cache) for s, n in zip(starts, sizes, strict=True)], dim=2
+        )
+
+    @torch.no_grad()
+    def push(self, video: torch.Tensor) -> torch.Tensor:
+        """The next frames [B, 3, f, H, W] in [-1, 1] -> their latent frames [B, z, t, H/8, W/8]."""
+        frames, height, width = video.shape[2:]
+        if (frames - (1 if self.frames_seen == 0 else 0)) % 4 or height % 8 or width % 8:
+            raise InputError(
+                f"streamed VAE encode takes 4k+1 frames first, then 4k frames, H and W multiples of 8; got "
+                f"{frames} frames (after {self.frames_seen}) of {height}x{width}"
+            )
+        if self.max_tile_pixels is None or height * width <= self.max_tile_pixels:
+            latent = self._run((0, 0), video)
+        else:
+            tile = tile_shape(height, width, self.max_tile_pixels, unit=8)
+            overlap = min(self.overlap, min(tile) // 4)
+            positions = iter(_tile_positions(height, width, tile, overlap, unit=8))
+            latent = _tiled(lambda piece: self._run(next(positions), piece), video, 1 / 8, tile, overlap, unit=8)
+        self.frames_seen += frames
+        return latent
+
+
+def streamed_tiles(height: int, width: int, max_tile_pixels: int | None, overlap: int = 64) -> tuple[int, int, int]:
+    """(pixels of one tile, pixels of all tiles, tiles) of a `height` x `width` frame as `StreamingDecoder`
+    cuts it (`StreamingEncoder`'s cut is the same to within rounding): what their memory scales with."""
+    if max_tile_pixels is None or height * width <= max_tile_pixels:
+        return height * width, height * width, 1
+    h, w = height // 8, width // 8
+    tile = tile_shape(h, w, max_tile_pixels // 64, unit=1)
+    count = len(_tile_positions(h, w, tile, min(overlap // 8, min(tile) // 4), unit=1))
+    one = tile[0] * tile[1] * 64
+    return one, one * count, count
+
+
+def _tile_positions(
+    height: int, width: int, tile_hw: tuple[int, int], overlap: int, unit: int
+) -> list[tuple[int, int]]:
+    """(top, left) of every tile in the order `_tiled` visits them."""
+    overlap = max(unit, overlap // unit * unit)
+    rows = [s * unit for s in tile_starts(height // unit, tile_hw[0] // unit, overlap // unit)]
+    cols = [s * unit for s in tile_starts(width // unit, tile_hw[1] // unit, overlap // unit)]
+    return [(top, left) for top in rows for left in cols]
