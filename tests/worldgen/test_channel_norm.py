@@ -31,18 +31,21 @@ def test_a_residual_block_runs_its_layers_in_order_with_the_norm_and_silu_as_one
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last_3d])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", [(1, 384, 2, 9, 13), (1, 96, 3, 40, 37), (2, 20, 1, 5, 5)])
-def test_the_kernel_matches_the_eager_norm_and_silu(dtype, shape):
+def test_the_kernel_matches_the_eager_norm_and_silu(dtype, shape, layout):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (the kernel runs on CUDA)")
     g = torch.Generator("cuda").manual_seed(0)
     x = (torch.randn(*shape, generator=g, device="cuda") * 3).to(dtype)
     x[:, :, 0, 0, 0] = 0  # a position of zeros: the norm's eps clamp, 0 out
+    x = x.contiguous(memory_format=layout)
     gamma = (1 + 0.2 * torch.randn(shape[1], 1, 1, 1, generator=g, device="cuda")).to(dtype)
-    got, want = channel_norm.rms_norm_silu(x, gamma, shape[1] ** 0.5), _eager(x, gamma)
+    got, want = channel_norm.rms_norm_silu(x, gamma, shape[1] ** 0.5), _eager(x.contiguous(), gamma)
     assert "rms_norm_silu" not in channel_norm._failed
     assert got.dtype == dtype and got.shape == want.shape
+    assert got.is_contiguous(memory_format=layout)  # the layout it was given
     assert got[:, :, 0, 0, 0].eq(0).all()
     diff = (got.float() - want.float()).abs()
     if dtype == torch.bfloat16:  # a rare element one bf16 step away (another sum order, another exp)

@@ -6,11 +6,12 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tests.worldgen.golden import golden_model
 from tests.worldgen.numerics import rel_l2
 from worldgen.errors import CheckpointError, InputError
-from worldgen.models.vae import WAN21_VAE, VAEConfig, WanVAE
+from worldgen.models.vae import WAN21_VAE, VAEConfig, WanVAE, interleave_frame_pairs, layout_of, upsample_2x
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +72,35 @@ def test_bf16_runs_and_stays_close(golden_vae):
     # Measured on these weights: encode 7e-4, decode 4e-3 rel-L2 from the float32 reference.
     assert rel_l2(latent[0], io["latent"]) < 1e-2
     assert rel_l2(video[0], io["decoded"]) < 3e-2
+
+
+def test_channels_last_gives_the_same_latent_and_video(golden_vae, encoded, decoded):
+    """The layout the VAE runs in on CUDA, forced here on the CPU: the same numbers, float32 inputs and
+    outputs in the contiguous layout, the convolution weights moved once."""
+    vae, io = golden_vae
+    with torch.device("meta"):
+        channels_last = WanVAE(vae.config)
+    channels_last.load_state_dict({k: v.clone() for k, v in vae.state_dict().items()}, assign=True)
+    channels_last.channels_last = True
+    latent = channels_last.encode(io["video"][None])
+    video = channels_last.decode(io["latent"][None])
+    assert channels_last.encoder.conv1.weight.is_contiguous(memory_format=torch.channels_last_3d)
+    assert not vae.encoder.conv1.weight.is_contiguous(memory_format=torch.channels_last_3d)  # the CPU default
+    assert latent.is_contiguous() and video.is_contiguous()
+    assert rel_l2(latent, encoded) < 1e-5 and rel_l2(video, decoded) < 1e-5
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last_3d])
+def test_the_upsample_and_the_frame_pairs_keep_the_layout_and_the_values(layout):
+    x = torch.randn(2, 6, 3, 4, 5).contiguous(memory_format=layout)
+    assert layout_of(x) == layout
+    up = upsample_2x(x)
+    assert torch.equal(up, F.interpolate(x.contiguous(), scale_factor=(1.0, 2.0, 2.0), mode="nearest-exact"))
+    assert layout_of(up) == layout
+    pairs = interleave_frame_pairs(x)
+    want = x.contiguous().view(2, 2, 3, 3, 4, 5).permute(0, 2, 3, 1, 4, 5).reshape(2, 3, 6, 4, 5)
+    assert torch.equal(pairs, want)
+    assert layout_of(pairs) == layout
 
 
 def test_bad_frame_count_is_an_input_error(golden_vae):

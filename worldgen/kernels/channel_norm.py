@@ -7,6 +7,10 @@ two products, SiLU), each reading and writing the whole tile of video; an 81-fra
 and writes it once: 1.7-3.8x faster on the H100, 0.57 -> 0.31 GPU s a rollout (docs/benchmarks.md,
 "Session 14: Fast").
 
+Both layouts a VAE runs in: contiguous [B, C, T, H, W], and channels-last (`torch.channels_last_3d`, the
+layout cuDNN's convolutions run in on CUDA without transposing, `worldgen.models.vae`); the kernel reads
+a tile of positions x all channels either way, through the layout's strides.
+
 Numerics: the eager ops' roundings (the norm, the quotient and each product rounded to the activation's
 dtype, as PyTorch rounds each op), float32 in between, the division IEEE-rounded; the channel sum runs in
 another order and Triton's exponential is not CUDA's `expf`, so a rare bf16 element differs by one step.
@@ -31,7 +35,7 @@ _failed: set[str] = set()
 def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, scale: float, eps: float = 1e-12) -> torch.Tensor:
     """silu(F.normalize(x, dim=1) * scale * gamma) for x [B, C, ...] and gamma [C, 1, ...]."""
     on_device = x.is_cuda or _INTERPRETED
-    fits = x.dim() >= 3 and x.is_contiguous() and x.dtype in _FLOATS and x.shape[1] <= 512
+    fits = x.dim() >= 3 and _layout(x) is not None and x.dtype in _FLOATS and x.shape[1] <= 512
     if on_device and fits and gamma.numel() == x.shape[1] and triton is not None and not _failed:
         try:
             return _triton_rms_norm_silu(x, gamma, scale, eps)
@@ -43,15 +47,33 @@ def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, scale: float, eps: float
     return F.silu(F.normalize(x, dim=1, eps=eps) * scale * gamma)
 
 
+def _layout(x: torch.Tensor) -> torch.memory_format | None:
+    """The layout the kernel reads `x` [B, C, ...] in: contiguous, channels-last (5-D), or None (neither)."""
+    if x.is_contiguous():
+        return torch.contiguous_format
+    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
+        return torch.channels_last_3d
+    return None
+
+
 if triton is not None:
 
     @triton.jit(do_not_specialize=["positions"])
-    def _rms_norm_silu_kernel(x_ptr, g_ptr, out_ptr, channels, positions, scale, eps, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):  # fmt: skip
-        # a tile of all channels x BLOCK_P positions of one sample; channel rows are BLOCK_P contiguous values
+    def _rms_norm_silu_kernel(
+        x_ptr, g_ptr, out_ptr, channels, positions, scale, eps, channel_stride, position_stride,
+        BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
+    ):  # fmt: skip
+        # a tile of all channels x BLOCK_P positions of one sample: channel rows of BLOCK_P contiguous
+        # values (contiguous layout: channel_stride = positions, position_stride = 1), or positions of
+        # all channels side by side (channels-last: 1 and channels)
         p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
         c = tl.arange(0, BLOCK_C)
         mask = (c[:, None] < channels) & (p[None, :] < positions)
-        at = tl.program_id(1).to(tl.int64) * channels * positions + c[:, None] * positions + p[None, :]
+        at = (
+            tl.program_id(1).to(tl.int64) * channels * positions
+            + c[:, None] * channel_stride
+            + p[None, :] * position_stride
+        )
         x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
         dtype = out_ptr.dtype.element_ty
         norm = tl.maximum(tl.sqrt(tl.sum(x * x, axis=0)).to(dtype).to(tl.float32), eps)
@@ -65,9 +87,12 @@ if triton is not None:
 def _triton_rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, scale: float, eps: float) -> torch.Tensor:
     batch, channels = x.shape[:2]
     positions = x[0, 0].numel()
-    out = torch.empty_like(x)
+    layout = _layout(x)
+    out = torch.empty_like(x, memory_format=layout)
+    strides = (positions, 1) if layout == torch.contiguous_format else (1, channels)
     launch(
         _rms_norm_silu_kernel, (triton.cdiv(positions, POSITIONS), batch), x, gamma.reshape(-1), out, channels,
-        positions, float(scale), eps, BLOCK_C=triton.next_power_of_2(channels), BLOCK_P=POSITIONS, num_warps=8,
+        positions, float(scale), eps, *strides, BLOCK_C=triton.next_power_of_2(channels), BLOCK_P=POSITIONS,
+        num_warps=8,
     )  # fmt: skip
     return out

@@ -22,6 +22,16 @@ than one rollout wins back, so a one-job process (`generate`) keeps cuDNN's heur
 "Session 16: Fast"). The algorithm chosen can differ between processes, and with it the last bit of a
 bf16 sum. A float32 VAE (the reference's numerics) always keeps the heuristics: timed, its decode ran
 slower under a 24 GiB cap (5.0-6.3 against 3.1 s) and its start 5.8 s longer.
+
+On CUDA the VAE runs channels-last (`torch.channels_last_3d`: [B, C, T, H, W] stored as B, T, H, W, C;
+`WanVAE.channels_last`, None: on CUDA only): cuDNN's convolutions run in that layout, and with contiguous
+tensors every one of them transposed its input and output (0.39 GPU s of an 81-frame Fast rollout in bf16,
+0.43 s in float32). With it and the decoded chunks' pinned copy to the host (`cuda_memory.to_host`, ~0.25 s
+of it), the rollout's bf16 decode went from 1.84-1.93 to 1.22-1.24 s, its encode from 1.07-1.15 to
+0.89-0.92 s on the H100 (docs/benchmarks.md, "Session 17: Fast"). The layers
+here keep the layout through their joins, pads and shuffles (`upsample_2x`, `interleave_frame_pairs`);
+elementwise ops and `torch.cat` keep it by themselves. The CPU keeps the contiguous layout (the golden
+tests' numbers; its convolutions return contiguous tensors anyway).
 """
 
 from __future__ import annotations
@@ -96,9 +106,37 @@ class CausalConv3d(nn.Conv3d):
             front = [] if past is None else [past]
             missing = self.time_pad - (0 if past is None else past.shape[2])
             if missing:
-                front.insert(0, x.new_zeros(*x.shape[:2], missing, *x.shape[3:]))
+                zeros = torch.zeros(*x.shape[:2], missing, *x.shape[3:], dtype=x.dtype, device=x.device)
+                front.insert(0, zeros.contiguous(memory_format=layout_of(x)))
             x = torch.cat([*front, x], dim=2)
         return super().forward(x)
+
+
+def layout_of(x: torch.Tensor) -> torch.memory_format:
+    """channels-last for a 5-D tensor stored so (and not also contiguous), else contiguous."""
+    channels_last = x.dim() == 5 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d)
+    return torch.channels_last_3d if channels_last else torch.contiguous_format
+
+
+def upsample_2x(x: torch.Tensor) -> torch.Tensor:
+    """Nearest ("nearest-exact": source pixel dst // 2 at scale 2) 2x spatial upsampling of [B, C, T, H, W]
+    as one copy in x's layout, whichever it is (the values of `F.interpolate(..., mode="nearest-exact")`)."""
+    b, c, t, h, w = x.shape
+    if layout_of(x) == torch.channels_last_3d:
+        rows = x.permute(0, 2, 3, 4, 1)[:, :, :, None, :, None, :].expand(b, t, h, 2, w, 2, c)
+        return rows.reshape(b, t, 2 * h, 2 * w, c).permute(0, 4, 1, 2, 3)
+    return x[:, :, :, :, None, :, None].expand(b, c, t, h, 2, w, 2).reshape(b, c, t, 2 * h, 2 * w)
+
+
+def interleave_frame_pairs(x: torch.Tensor) -> torch.Tensor:
+    """[B, 2C, T, H, W], channel halves the two output frames of each input frame -> [B, C, 2T, H, W], in
+    x's layout (one copy)."""
+    b, c2, t, h, w = x.shape
+    c = c2 // 2
+    if layout_of(x) == torch.channels_last_3d:
+        frames = x.permute(0, 2, 3, 4, 1).reshape(b, t, h, w, 2, c).permute(0, 1, 4, 2, 3, 5)
+        return frames.reshape(b, 2 * t, h, w, c).permute(0, 4, 1, 2, 3)
+    return x.view(b, 2, c, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)
 
 
 def _last_frames(past: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
@@ -154,8 +192,7 @@ class Resample(nn.Module):
         if self.mode.startswith("up"):
             if self.mode == "upsample3d":
                 x = self._double_frames(x, cache)
-            x = F.interpolate(x, scale_factor=(1.0, 2.0, 2.0), mode="nearest-exact")
-            return _conv2d_per_frame(x, conv, padding=1)
+            return _conv2d_per_frame(upsample_2x(x), conv, padding=1)
 
         x = _conv2d_per_frame(F.pad(x, (0, 1, 0, 1)), conv, stride=2)
         if self.mode == "downsample3d":
@@ -169,9 +206,7 @@ class Resample(nn.Module):
         if self not in cache:  # first chunk: latent frame 0 stays a single frame
             cache[self] = None
             return x
-        b, c, t, h, w = x.shape
-        x = self.time_conv(x, cache)  # [B, 2C, T, H, W]: channel halves are the two output frames
-        return x.view(b, 2, c, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)
+        return interleave_frame_pairs(self.time_conv(x, cache))  # [B, 2C, T, H, W] -> [B, C, 2T, H, W]
 
 
 class ResidualBlock(nn.Module):
@@ -205,7 +240,7 @@ class AttentionBlock(nn.Module):
         q, k, v = qkv.contiguous().chunk(3, dim=-1)
         out = F.scaled_dot_product_attention(q, k, v)  # [BT, 1, HW, C]
         out = self.proj(out.squeeze(1).transpose(1, 2).reshape(b * t, c, h, w))
-        return x + out.reshape(b, t, c, h, w).permute(0, 2, 1, 3, 4)
+        return x + out.reshape(b, t, c, h, w).permute(0, 2, 1, 3, 4)  # channels-last in, channels-last out
 
 
 _CACHED = (CausalConv3d, Resample, ResidualBlock, AttentionBlock)  # layers that take the cache
@@ -304,6 +339,22 @@ class WanVAE(nn.Module):
         self.decoder = Decoder3d(cfg)
         self._scales: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # `_scale`'s, per device
         self.timed_conv = False  # a bf16 VAE on CUDA: cuDNN times its algorithms (module docstring)
+        # activations and convolution weights channels-last (module docstring): None on CUDA only, or always / never
+        self.channels_last: bool | None = None
+        self._weights_layout = torch.contiguous_format
+
+    def _layout(self, weight: torch.Tensor) -> torch.memory_format:
+        """The activations' layout on `weight`'s device, the convolution weights moved to it (once)."""
+        wanted = weight.is_cuda if self.channels_last is None else self.channels_last
+        layout = torch.channels_last_3d if wanted else torch.contiguous_format
+        if layout != self._weights_layout:
+            images = torch.channels_last if layout == torch.channels_last_3d else torch.contiguous_format
+            for module in self.modules():
+                if isinstance(module, nn.Conv3d | nn.Conv2d):
+                    kernel = module.weight
+                    kernel.data = kernel.data.contiguous(memory_format=layout if kernel.dim() == 5 else images)
+            self._weights_layout = layout
+        return layout
 
     def _scale(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, 1 / std) [1, z, 1, 1, 1] on `device`, made once a device: a tensor built from a Python list
@@ -336,13 +387,14 @@ class WanVAE(nn.Module):
     def encode_chunk(self, chunk: torch.Tensor, cache: FrameCache) -> torch.Tensor:
         """One chunk (frame 0 alone, then 4 frames) -> its normalised latent frame, float32."""
         weight = self.conv1.weight
+        layout = self._layout(weight)
         with _conv_algorithms(weight, self.timed_conv):
-            x = self.encoder(chunk.to(weight.dtype), cache)
+            x = self.encoder(chunk.to(weight.dtype, memory_format=layout), cache)
         z = self.config.z_dim  # only the mean half of the posterior is needed
         mu = F.conv3d(x, weight[:z], self.conv1.bias[:z])
         del x
         mean, inv_std = self._scale(mu.device)
-        return (mu.float() - mean) * inv_std
+        return (mu.to(torch.float32, memory_format=torch.contiguous_format) - mean) * inv_std
 
     @torch.no_grad()
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
@@ -356,10 +408,11 @@ class WanVAE(nn.Module):
     def decode_chunk(self, latent_frame: torch.Tensor, cache: FrameCache) -> torch.Tensor:
         """One normalised latent frame -> its pixel frames (1 for the first, then 4), float32, clamped."""
         mean, inv_std = self._scale(latent_frame.device)
-        z = (latent_frame.float() / inv_std + mean).to(self.conv2.weight.dtype)
+        layout = self._layout(self.conv2.weight)
+        z = (latent_frame.float() / inv_std + mean).to(self.conv2.weight.dtype, memory_format=layout)
         with _conv_algorithms(self.conv2.weight, self.timed_conv):
             x = self.decoder(self.conv2(z), cache)
-        return x.float().clamp_(-1.0, 1.0)
+        return x.to(torch.float32, memory_format=torch.contiguous_format).clamp_(-1.0, 1.0)
 
 
 @contextlib.contextmanager
