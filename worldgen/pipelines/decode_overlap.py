@@ -11,6 +11,7 @@ import time
 import torch
 
 from worldgen.models.vae_tiling import StreamingDecoder
+from worldgen.runtime.cuda_memory import to_host
 
 
 class PendingDecode:
@@ -36,7 +37,7 @@ class PendingDecode:
         begin = time.perf_counter()
         self.done.synchronize()
         self.waited = time.perf_counter() - begin
-        return self.piece.cpu()
+        return to_host(self.piece)
 
     def hidden_seconds(self) -> float:
         """The decode's GPU seconds that ran while the loop went on (not waited for)."""

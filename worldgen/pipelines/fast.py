@@ -53,7 +53,7 @@ from worldgen.pipelines.fast_plan import (
     stream_vae_cuts,
     vae_dtype,
 )
-from worldgen.runtime.cuda_memory import free_device_memory
+from worldgen.runtime.cuda_memory import free_device_memory, to_host
 from worldgen.runtime.memory import (
     CUDA_CONTEXT_GIB,
     VAE_WEIGHTS_GIB,
@@ -510,7 +510,7 @@ class FastPipeline(Pipeline):
                         decoder = decoder or StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels)
                         vae_device = next(decoder.vae.parameters()).device
                         if side is None:
-                            emit(decoder.push(latent[None].to(vae_device))[0].cpu())
+                            emit(to_host(decoder.push(latent[None].to(vae_device))[0]))
                         else:
                             pending = PendingDecode(decoder, latent.to(vae_device), side)
                             if len(latents) == 1:  # the first preview as soon as it exists
@@ -541,7 +541,7 @@ class FastPipeline(Pipeline):
                 decoder, done = StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels), len(pieces)
                 device = next(decoder.vae.parameters()).device
                 for i, latent in enumerate(latents):
-                    piece = decoder.push(latent[None].to(device))[0].cpu()
+                    piece = to_host(decoder.push(latent[None].to(device))[0])
                     if i < done:
                         pieces.put(i, piece)
                     else:
