@@ -43,6 +43,7 @@ from contracts.episode import EpisodeError
 from contracts.provenance import sidecar_path
 from contracts.settings import GenerationSettings, SettingsError
 from contracts.video import read_mp4
+from worldgen.chunk_files import ChunkReport
 from worldgen.errors import CheckpointError, InputError
 from worldgen.runtime.metering import peak_rss_gib, rss_gib
 
@@ -68,10 +69,6 @@ class JobCancelled(Exception):
     """Raised inside the progress callback to stop a job the supervisor cancelled."""
 
 
-# (index, chunks, the chunk's mp4, its frames, a PNG still of its last frame or None)
-ChunkFn = Callable[[int, int, Path, int, "Path | None"], None]
-
-
 class Engine(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
@@ -81,7 +78,7 @@ class Engine(Protocol):
         settings: GenerationSettings,
         output: Path,
         progress: ProgressFn,
-        on_chunk: ChunkFn | None = None,
+        on_chunk: ChunkReport | None = None,
         peer: dict[str, Any] | None = None,  # a two-GPU job of a pool: who runs its unconditional passes
     ) -> Path: ...
 
@@ -165,7 +162,7 @@ class PipelineEngine:
         settings: GenerationSettings,
         output: Path,
         progress: ProgressFn,
-        on_chunk: ChunkFn | None = None,
+        on_chunk: ChunkReport | None = None,
         peer: dict[str, Any] | None = None,
     ) -> Path:
         pipe = self._pipeline_for(settings.model)
@@ -194,41 +191,24 @@ class PipelineEngine:
         return serve_guidance(load, address, token, on_step, stop)
 
     def _generate(self, pipe, episode_dir, settings, output, progress, on_chunk) -> Path:
+        from worldgen.chunk_files import chunk_reporter
         from worldgen.rollout import generate_episode
 
-        chunk_fn = self._chunk_writer(settings, output, progress, on_chunk)
-        return Path(generate_episode(pipe, episode_dir, settings, output, progress=progress, on_chunk=chunk_fn))
+        with chunk_reporter(settings, output, progress, on_chunk) as chunk_fn:
+            return Path(generate_episode(pipe, episode_dir, settings, output, progress=progress, on_chunk=chunk_fn))
 
     def generate_live(
         self, episode_dir, feed, settings, output, progress, on_chunk, on_plan, on_start
     ) -> tuple[Path, int]:
         """A live job (model fast): `worldgen.live_rollout.generate_live_episode` on the warm Fast pipeline."""
+        from worldgen.chunk_files import chunk_reporter
         from worldgen.live_rollout import generate_live_episode
 
         pipe = self._pipeline_for("fast")
-        chunk_fn = self._chunk_writer(settings, output, progress, on_chunk)
-        return generate_live_episode(pipe, episode_dir, feed, settings, output, progress, chunk_fn, on_plan, on_start)
-
-    @staticmethod
-    def _chunk_writer(settings, output, progress, on_chunk):
-        chunk_fn = None
-        if settings.model == "fast":
-            from contracts.video import still_png
-            from worldgen.video_out import to_uint8_frames, write_mp4
-
-            def chunk_fn(index: int, total: int, frames) -> None:
-                # every Fast job reports its chunks as progress (replay's bar, the window); the chunk's
-                # mp4 is written and sent only to a client that asked for it (want_chunks), with a
-                # small PNG of its last frame for a client that shows it without a video decoder
-                if on_chunk is not None:
-                    pixels = to_uint8_frames(frames)
-                    path = output.with_name(f"{output.stem}.chunk{index:03d}.mp4")
-                    write_mp4(pixels, path, fps=settings.fps)
-                    still = atomic.write_bytes(path.with_suffix(".png"), still_png(pixels[-1]), durable=False)
-                    on_chunk(index, total, path, len(pixels), still)
-                progress("chunk", index + 1, total)
-
-        return chunk_fn
+        with chunk_reporter(settings, output, progress, on_chunk) as chunk_fn:
+            return generate_live_episode(
+                pipe, episode_dir, feed, settings, output, progress, chunk_fn, on_plan, on_start
+            )
 
     def expected_frames(self, episode_dir: Path, settings: GenerationSettings) -> int | None:
         """Frames `generate` writes for this episode: the request cut to what the poses cover, as the
