@@ -39,6 +39,7 @@ from worldgen.pipelines.camera import (
     validate_camera,
 )
 from worldgen.pipelines.decode_overlap import PendingDecode
+from worldgen.pipelines.decoded_video import DecodedVideo
 from worldgen.pipelines.fast_conditioning import ChunkConditioning
 from worldgen.pipelines.fast_plan import (
     GRAPH_POOL_BYTES_PER_TOKEN,
@@ -477,7 +478,7 @@ class FastPipeline(Pipeline):
         elif tuple(noise.shape) != shape:
             raise InputError(f"noise has shape {tuple(noise.shape)}, expected {shape}")
 
-        pieces = _DecodedVideo(frames.frames)
+        pieces = DecodedVideo(frames.frames)
         latents: list[torch.Tensor] = []
         num_chunks = frames.latent_frames // options.chunk_frames
 
@@ -553,36 +554,6 @@ class FastPipeline(Pipeline):
         self.timings = clock.seconds
         self.last_latents = latents  # each chunk's final latent (CPU), for comparisons (bench_fast)
         return pieces.video()
-
-
-class _DecodedVideo:
-    """The video [3, F, H, W] on the CPU, written chunk by chunk as the chunks decode: one copy of the
-    frames, where a list of pieces joined at the end held two (0.7 GiB more at 161 frames, 464x832)."""
-
-    def __init__(self, frames: int):
-        self.frames = frames
-        self.buffer: torch.Tensor | None = None
-        self.spans: list[tuple[int, int]] = []  # chunk i's frames: buffer[:, start:end]
-
-    def __len__(self) -> int:
-        return len(self.spans)
-
-    def put(self, index: int, piece: torch.Tensor) -> None:
-        """Chunk `index`'s frames [3, f, H, W]: the next chunk, or one already put again (same length)."""
-        if self.buffer is None:
-            self.buffer = torch.empty((piece.shape[0], self.frames, *piece.shape[2:]), dtype=piece.dtype)
-        if index == len(self.spans):
-            start = self.spans[-1][1] if self.spans else 0
-            self.spans.append((start, start + piece.shape[1]))
-        start, end = self.spans[index]
-        self.buffer[:, start:end] = piece
-
-    def video(self) -> torch.Tensor:
-        """The frames put so far (all of them unless a live camera ended the video early)."""
-        if self.buffer is None:
-            return torch.empty(3, 0, 0, 0)
-        end = self.spans[-1][1]
-        return self.buffer if end == self.frames else self.buffer[:, :end].clone()
 
 
 def y_from_latent(image_latent: torch.Tensor, frames: int) -> torch.Tensor:
