@@ -28,10 +28,10 @@ On CUDA the VAE runs channels-last (`torch.channels_last_3d`: [B, C, T, H, W] st
 tensors every one of them transposed its input and output (0.39 GPU s of an 81-frame Fast rollout in bf16,
 0.43 s in float32). With it and the decoded chunks' pinned copy to the host (`cuda_memory.to_host`, ~0.25 s
 of it), the rollout's bf16 decode went from 1.84-1.93 to 1.22-1.24 s, its encode from 1.07-1.15 to
-0.89-0.92 s on the H100 (docs/benchmarks.md, "Session 17: Fast"). The layers
-here keep the layout through their joins, pads and shuffles (`upsample_2x`, `interleave_frame_pairs`);
-elementwise ops and `torch.cat` keep it by themselves. The CPU keeps the contiguous layout (the golden
-tests' numbers; its convolutions return contiguous tensors anyway).
+0.89-0.92 s on the H100 (docs/benchmarks.md, "Session 17: Fast"). The layers here keep the layout through
+their joins, pads and shuffles (`upsample_2x`, `interleave_frame_pairs`); elementwise ops and `torch.cat`
+keep it by themselves. The CPU keeps the contiguous layout (the golden tests' numbers; its convolutions
+return contiguous tensors anyway).
 """
 
 from __future__ import annotations
