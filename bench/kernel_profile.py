@@ -3,7 +3,9 @@
 `profiled(path)` wraps a region (one rollout, say) in `torch.profiler` and writes `path`: the wall time,
 the GPU's busy time (the union of kernel intervals, so overlapping streams count once) and its idle
 share, each kernel family's total (GEMMs, attention, NF4 dequantization, FP8 quantization, Triton
-fusions, copies, the rest), then the 40 costliest kernels. Idle time is what launch overhead, host
+fusions, copies, the rest), the 40 costliest kernels, then the 40 costliest call sites: the line of
+our code (`worldgen/`, `bench/`) that launched a kernel, with the PyTorch op and its input shapes, so a
+copy or an elementwise kernel names the line to fuse or remove. Idle time is what launch overhead, host
 work and synchronisations cost: the part of a chunk that CUDA graphs or fewer launches can win back.
 """
 
@@ -53,15 +55,50 @@ def _busy_seconds(intervals: list[tuple[float, float]]) -> float:
     return total / 1e6
 
 
+OUR_CODE = re.compile(r"(worldgen|bench)/[\w/]+\.py\(\d+\): \w+")
+
+
+def call_site(event) -> tuple[str, str, str]:
+    """(our function that launched it: "worldgen/models/dit.py(182): forward", the PyTorch op it called
+    there, that op's input shapes) for a CPU event, walking up the profiler's tree of Python calls
+    (`with_stack`) and ops. Without a frame of our code: ("", the outermost op, its shapes)."""
+    op = event
+    while event is not None:
+        found = OUR_CODE.search(event.name)
+        if found:
+            break
+        if "::" in event.name:
+            op = event  # a PyTorch op (aten::...), not a Python frame
+        event = event.cpu_parent
+    shapes = ",".join("x".join(map(str, s)) for s in (op.input_shapes or ()) if s)
+    return (found.group(0) if event is not None else "", op.name, shapes[:60])
+
+
+def _site_lines(events: list) -> list[str]:
+    """The 40 costliest (call site, op, input shapes, kernel family) by the GPU time of their kernels."""
+    by_site: dict[tuple[str, str, str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        for k in getattr(e, "kernels", ()) or ():
+            key = (*call_site(e), family_of(k.name))
+            by_site[key][0] += k.duration / 1e6
+            by_site[key][1] += 1
+    top = sorted(by_site.items(), key=lambda x: -x[1][0])[:40]
+    return ["top call sites (s, kernels, family, our function, op [input shapes]):"] + [
+        f"  {t:8.3f} {n:6d}  {family:<20} {site or '-'}  {op} [{shapes}]" for (site, op, shapes, family), (t, n) in top
+    ]
+
+
 @contextlib.contextmanager
 def profiled(path: Path, label: str = "") -> Iterator[None]:
-    """Profile the region (CUDA kernels and host ops) and write the summary to `path`."""
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    """Profile the region (CUDA kernels and host ops, with Python stacks and input shapes) and write the
+    summary to `path`."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True, with_stack=True) as prof:
         start = time.perf_counter()
         yield
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    events = prof.events()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     by_family: dict[str, float] = defaultdict(float)
     intervals = []
@@ -81,5 +118,6 @@ def profiled(path: Path, label: str = "") -> Iterator[None]:
     lines.append("top kernels (s, calls, name):")
     top = sorted(by_name.items(), key=lambda x: -x[1][0])[:40]
     lines += [f"  {t:8.3f} {n:6d}  {name[:160]}" for name, (t, n) in top]
+    lines += _site_lines([e for e in events if e.device_type == torch.autograd.DeviceType.CPU])
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines[: 2 + len(by_family)]), flush=True)

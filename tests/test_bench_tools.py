@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.profiler import ProfilerActivity, profile
 
 from bench.host_bound import blocks_timed
-from bench.kernel_profile import family_of
-from worldgen.models.dit import Block, WanCameraDiT
+from bench.kernel_profile import call_site, family_of
+from worldgen.models.dit import Block, LayerNorm, WanCameraDiT
 from worldgen.runtime.checkpoint import load_expert
 
 # names as an H100 profile of a Fast fp8 rollout printed them (docs/benchmarks.md, "Session 15: Fast")
@@ -48,3 +51,15 @@ def test_a_forwards_blocks_are_timed_and_the_model_left_as_it_was(golden):
     with blocks_timed(99) as unreached:
         dit(*inputs)
     assert "not reached" in unreached.summary()
+
+
+def test_a_profiled_op_is_put_down_to_our_function_and_the_op_it_called():
+    norm = LayerNorm(8, 1e-6, elementwise_affine=False)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True) as prof:
+        norm(torch.ones(2, 8, dtype=torch.bfloat16))
+    sites = {call_site(e) for e in prof.events() if e.name in ("aten::copy_", "aten::native_layer_norm")}
+    ours = {
+        (op, shapes) for site, op, shapes in sites if re.fullmatch(r"worldgen/models/dit\.py\(\d+\): forward", site)
+    }
+    # the cast inside `x.float()` is put down to the call LayerNorm.forward made (aten::to), not to its inner copy_
+    assert ("aten::to", "2x8") in ours and ("aten::layer_norm", "2x8") in ours, sites

@@ -98,3 +98,22 @@ def test_plan_memory_refuses_what_cannot_fit_naming_the_fix():
 def test_apply_memory_cap_without_a_budget_touches_nothing():
     apply_memory_cap(plan_memory("cpu", 16))  # a CPU plan has no cap: would raise on a CPU-only torch otherwise
     apply_memory_cap(MemoryPlan.unlimited("cuda"))
+
+
+@pytest.mark.cuda
+def test_the_allocator_cap_is_the_budget_less_the_cuda_context():
+    """Under --vram-budget B this process may reserve B less the context, as on a card of B GiB."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (the cap is the CUDA allocator's)")
+    budget = 6.0
+    apply_memory_cap(MemoryPlan(torch.device("cuda"), vram_budget_gb=budget, usable_gib=budget - CUDA_CONTEXT_GIB))
+    try:
+        torch.cuda.empty_cache()
+        fits = torch.empty(int((budget - CUDA_CONTEXT_GIB - 0.2) * 2**30), dtype=torch.uint8, device="cuda")
+        del fits
+        torch.cuda.empty_cache()
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(int((budget - CUDA_CONTEXT_GIB + 0.2) * 2**30), dtype=torch.uint8, device="cuda")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()

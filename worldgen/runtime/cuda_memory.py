@@ -24,7 +24,11 @@ def gpu_total_gib(device: torch.device | str) -> float | None:
 
 def apply_memory_cap(plan: MemoryPlan) -> None:
     """Enforce the plan's VRAM budget through the CUDA allocator's per-process fraction, so a 24 GB
-    card is emulated on a larger GPU and a GPU shared with Isaac Sim is respected. No budget: no-op."""
+    card is emulated on a larger GPU and a GPU shared with Isaac Sim is respected. No budget: no-op.
+
+    The cap is the budget less the CUDA context (`MemoryPlan.usable_gib`): the context lives outside
+    the allocator, so capping the allocator at the whole budget let this process hold ~0.5 GiB more
+    than a card of that size has (reserved 23.3-23.99 GiB under --vram-budget 24 on an H100)."""
     if plan.vram_budget_gb is None or plan.device.type != "cuda":
         return
     if use_expandable_segments():
@@ -32,7 +36,7 @@ def apply_memory_cap(plan: MemoryPlan) -> None:
     total = gpu_total_gib(plan.device)
     # the allocator wants an index: plain "cuda" means the current device
     index = plan.device.index if plan.device.index is not None else torch.cuda.current_device()
-    torch.cuda.set_per_process_memory_fraction(min(1.0, plan.vram_budget_gb / total), index)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, plan.usable_gib / total), index)
 
 
 ALLOCATOR_SETTINGS = "expandable_segments:True"
