@@ -60,18 +60,20 @@ OUR_CODE = re.compile(r"(worldgen|bench)/[\w/]+\.py\(\d+\): \w+")
 
 def call_site(event) -> tuple[str, str, str]:
     """(our function that launched it: "worldgen/models/dit.py(182): forward", the PyTorch op it called
-    there, that op's input shapes) for a CPU event, walking up the profiler's tree of Python calls
-    (`with_stack`) and ops. Without a frame of our code: ("", the outermost op, its shapes)."""
-    op = event
-    while event is not None:
-        found = OUR_CODE.search(event.name)
-        if found:
-            break
-        if "::" in event.name:
-            op = event  # a PyTorch op (aten::...), not a Python frame
-        event = event.cpu_parent
+    there, that op's input shapes) for a CPU event. The op is the outermost of the PyTorch ops
+    (aten::...) nested around the event; our frame the first in that op's recorded stack (`with_stack`,
+    torch 2.11) or among the events above it (torch 2.13 records Python calls as events of their own).
+    Without one: ("", the op, its shapes)."""
+    op, above = event, event.cpu_parent
+    while above is not None and "::" in above.name:
+        op, above = above, above.cpu_parent
+    frames = list(op.stack or ())
+    while above is not None:
+        frames.append(above.name)
+        above = above.cpu_parent
+    found = next((m for m in map(OUR_CODE.search, frames) if m), None)
     shapes = ",".join("x".join(map(str, s)) for s in (op.input_shapes or ()) if s)
-    return (found.group(0) if event is not None else "", op.name, shapes[:60])
+    return (found.group(0) if found else "", op.name, shapes[:60])
 
 
 def _site_lines(events: list) -> list[str]:
