@@ -109,7 +109,6 @@ class FastPipeline(Pipeline):
         self.chunk_graphs: ChunkGraphs | None = None  # the last rollout's (its `decisions`, `captures`)
         self.chunk_timings: list[dict[str, float]] = []  # seconds per chunk of the last `generate`
         self.camera_blocks = 0  # blocks whose camera modulation a chunk's forwards share (`plan_job` decides)
-        self.refresh_first = False  # chunks 1.. refresh the cache, then free their camera, then decode (`plan_job`)
 
     def set_compute(self, compute: str) -> None:
         """Switch the DiT's compute between jobs (the bench compares both in one process); the VAE is
@@ -155,15 +154,13 @@ class FastPipeline(Pipeline):
         try:
             if usable is None:  # no budget: whole frames, the reference's cache, conditioning chunk by chunk
                 (spec, why), cut, stream_encode = cache_for(None), StreamVAE.cut(height, width, None), True
-                spare, self.refresh_first = self._spare_without_budget(spec, cut, chunk_tokens), False
+                spare = self._spare_without_budget(spec, cut, chunk_tokens)
             else:
                 spec, why, cut, stream_encode = self._fit_loop(usable, chunk_tokens, height, width, cache_for)
-                # what the KV cache leaves is no room in practice: 7 blocks' camera kept through the float32
-                # VAE's decode made it retry allocations at the cap (docs/benchmarks.md, "Session 15: Fast").
-                # Beside that VAE, chunks 1.. free their camera before their decode (`refresh_first`): the
-                # camera then has what a decode's push needs beyond a forward's activations
-                self.refresh_first = self.vae_dtype == torch.float32 and not self._keeps_forward()
-                spare = max(0.0, cut.decode_push_gib - activation_gib(chunk_tokens)) if self.refresh_first else 0.0
+                # what the KV cache leaves is no room in practice: 7 blocks' camera beside the float32 VAE
+                # made its decode retry allocations at the cap (docs/benchmarks.md, "Session 15: Fast"), and
+                # 8-17 blocks freed before each decode ran out of memory at a 24 GiB card's cap ("Session 18")
+                spare = 0.0
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.vae_cut, self.stream_encode = cut, stream_encode
@@ -273,7 +270,6 @@ class FastPipeline(Pipeline):
                 line = f"  denoise Fast DiT resident, chunk by chunk (4 steps, then 1 cache refresh before the next chunk); {ffn}"
                 line += (
                     f"; camera modulation kept a chunk in {self.camera_blocks} of {self.dit_config.num_layers} blocks"
-                    + (", freed before each decode (chunks 1.. refresh the cache first)" if self.refresh_first else "")
                 )
             elif line.startswith("  encode"):
                 when = (
@@ -373,20 +369,13 @@ class FastPipeline(Pipeline):
                         x_t = renoise(x0, draw, schedule.sigmas_add_noise[s + 1])
                     progress("denoise", c * (steps + 1) + s + 1, total)
                 # the chunk is final: hand it out (to be decoded and shown) before the refresh, which
-                # only changes the cache; the last chunk's refresh is skipped (nothing reads it). With
-                # `refresh_first` chunks 1.. refresh, then free their camera's modulation for the decode
-                late = self.refresh_first and c > 0
-                if not late:
-                    yield x0
+                # only changes the cache; the last chunk's refresh is skipped (nothing reads it)
+                yield x0
                 if c + 1 < chunks:
                     # refresh: the cache gets the clean chunk's keys/values (output discarded)
                     zero = torch.zeros(1, dtype=torch.int64, device=device)
                     forward(x0[None], zero, context, y_c, cam_c, cache=cache, current_start=start)
                     progress("denoise", (c + 1) * (steps + 1), total)
-                if late:
-                    if model.camera_cache is not None:
-                        model.camera_cache.clear()
-                    yield x0
         finally:  # also when the consumer stops early (a cancelled job)
             forward.close()
             cache.close()
