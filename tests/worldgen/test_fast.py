@@ -16,7 +16,7 @@ from worldgen.errors import CheckpointError, InputError
 from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
 from worldgen.pipelines.base import prepare_image
 from worldgen.pipelines.camera import validate_action
-from worldgen.pipelines.fast import FastPipeline, fast_camera, y_from_latent
+from worldgen.pipelines.fast import FastCamera, FastPipeline, fast_camera, y_from_latent
 from worldgen.pipelines.fast_plan import FastOptions, camera_blocks, fast_frames, fast_schedule
 from worldgen.runtime.checkpoint import FAST_DIR, find_fast_checkpoint, load_expert
 from worldgen.runtime.residency import ModelSlot
@@ -153,6 +153,10 @@ def test_loop_inputs(loop_case, lingbot_examples):
     assert rel_l2(image, io["image_resized"]) < 1e-5
     plucker = fast_camera(poses, intrinsics, frames, spec["height"], spec["width"])
     assert rel_l2(plucker, io["plucker"]) < 1e-5
+    # the camera a batch job's loop gets chunk by chunk is the whole camera's chunks, bit for bit
+    by_chunk = FastCamera(poses, intrinsics, frames, spec["height"], spec["width"], chunk_frames=3)
+    chunks = [by_chunk(c) for c in range(frames.latent_frames // 3)]
+    assert all(chunk.shape[2] == 3 for chunk in chunks) and torch.equal(torch.cat(chunks, dim=2), plucker)
     assert rel_l2(y_from_latent(io["y_vae"], frames.frames), io["y"]) < 1e-6
 
 
