@@ -3,9 +3,9 @@
 `profiled(path)` wraps a region (one rollout, say) in `torch.profiler` and writes `path`: the wall time,
 the GPU's busy time (the union of kernel intervals, so overlapping streams count once) and its idle
 share, each kernel family's total (GEMMs, attention, NF4 dequantization, FP8 quantization, Triton
-fusions, copies, the rest), the 40 costliest kernels, then the 40 costliest call sites: the line of
-our code (`worldgen/`, `bench/`) that launched a kernel, with the PyTorch op and its input shapes, so a
-copy or an elementwise kernel names the line to fuse or remove. Idle time is what launch overhead, host
+fusions, copies, the rest), the 40 costliest kernels, then the 40 costliest call sites: the PyTorch op
+our code called and its input shapes, so a copy or an elementwise kernel says which tensor it moves
+(kernels launched outside PyTorch's ops, Triton's and cuDNN's own, are not listed there). Idle time is what launch overhead, host
 work and synchronisations cost: the part of a chunk that CUDA graphs or fewer launches can win back.
 """
 
@@ -55,30 +55,19 @@ def _busy_seconds(intervals: list[tuple[float, float]]) -> float:
     return total / 1e6
 
 
-OUR_CODE = re.compile(r"(worldgen|bench)/[\w/]+\.py\(\d+\): \w+")
-
-
-def call_site(event) -> tuple[str, str, str]:
-    """(our function that launched it: "worldgen/models/dit.py(182): forward", the PyTorch op it called
-    there, that op's input shapes) for a CPU event. The op is the outermost of the PyTorch ops
-    (aten::...) nested around the event; our frame the first in that op's recorded stack (`with_stack`,
-    torch 2.11) or among the events above it (torch 2.13 records Python calls as events of their own).
-    Without one: ("", the op, its shapes)."""
-    op, above = event, event.cpu_parent
-    while above is not None and "::" in above.name:
-        op, above = above, above.cpu_parent
-    frames = list(op.stack or ())
-    while above is not None:
-        frames.append(above.name)
-        above = above.cpu_parent
-    found = next((m for m in map(OUR_CODE.search, frames) if m), None)
+def call_site(event) -> tuple[str, str]:
+    """(the PyTorch op our code called, its input shapes) for the CPU event that launched a kernel: the
+    outermost of the ops nested around it (`aten::to`, not the `aten::copy_` inside it)."""
+    op = event
+    while op.cpu_parent is not None and "::" in op.cpu_parent.name:
+        op = op.cpu_parent
     shapes = ",".join("x".join(map(str, s)) for s in (op.input_shapes or ()) if s)
-    return (found.group(0) if found else "", op.name, shapes[:60])
+    return op.name, shapes[:60]
 
 
 def _site_lines(events: list) -> list[str]:
-    """The 40 costliest (call site, op, input shapes, kernel family) by the GPU time of their kernels."""
-    by_site: dict[tuple[str, str, str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    """The 40 costliest (op, input shapes, kernel family) by the GPU time of their kernels."""
+    by_site: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0])
     for e in events:
         for k in getattr(e, "kernels", ()) or ():
             key = (*call_site(e), family_of(k.name))
@@ -92,9 +81,8 @@ def _site_lines(events: list) -> list[str]:
 
 @contextlib.contextmanager
 def profiled(path: Path, label: str = "") -> Iterator[None]:
-    """Profile the region (CUDA kernels and host ops, with Python stacks and input shapes) and write the
-    summary to `path`."""
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True, with_stack=True) as prof:
+    """Profile the region (CUDA kernels and host ops with their input shapes) and write the summary to `path`."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         start = time.perf_counter()
         yield
         torch.cuda.synchronize()

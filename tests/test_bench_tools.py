@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -53,13 +51,10 @@ def test_a_forwards_blocks_are_timed_and_the_model_left_as_it_was(golden):
     assert "not reached" in unreached.summary()
 
 
-def test_a_profiled_op_is_put_down_to_our_function_and_the_op_it_called():
+def test_a_profiled_op_is_put_down_to_the_op_our_code_called_and_its_shapes():
     norm = LayerNorm(8, 1e-6, elementwise_affine=False)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         norm(torch.ones(2, 8, dtype=torch.bfloat16))
     sites = {call_site(e) for e in prof.events() if e.name in ("aten::copy_", "aten::native_layer_norm")}
-    ours = {
-        (op, shapes) for site, op, shapes in sites if re.fullmatch(r"worldgen/models/dit\.py\(\d+\): forward", site)
-    }
     # the cast inside `x.float()` is put down to the call LayerNorm.forward made (aten::to), not to its inner copy_
-    assert ("aten::to", "2x8") in ours and ("aten::layer_norm", "2x8") in ours, sites
+    assert sites == {("aten::to", "2x8"), ("aten::layer_norm", "2x8")}
