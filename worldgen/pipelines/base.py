@@ -280,7 +280,7 @@ class Pipeline:
             try:
                 return run(tile)
             except torch.OutOfMemoryError:
-                free_device_memory(self.device)
+                free_device_memory(self.device, collect_cycles=True)
                 if tile is not None and tile <= MIN_TILE_PIXELS:
                     raise InputError(
                         "the VAE does not fit the VRAM budget even in the smallest tiles: raise --vram-budget"

@@ -538,7 +538,7 @@ class FastPipeline(Pipeline):
                         # the plan's estimate was short: finish the loop, then decode every chunk again
                         # with the same tiles once the KV cache is gone (so the same video)
                         streaming, decoder, pending = False, None, None
-                        free_device_memory(self.device)
+                        free_device_memory(self.device, collect_cycles=True)
                         self.plan.notes += (
                             f"decoding chunk {len(latents) - 1} beside the KV cache ran out of memory "
                             f"({str(exc).splitlines()[0][:240]}): chunks decoded after the loop",
