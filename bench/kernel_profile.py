@@ -6,7 +6,9 @@ share, each kernel family's total (GEMMs, attention, NF4 dequantization, FP8 qua
 fusions, copies, the rest), the 40 costliest kernels, then the 40 costliest call sites: the PyTorch op
 our code called and its input shapes, so a copy or an elementwise kernel says which tensor it moves
 (kernels launched outside PyTorch's ops, Triton's and cuDNN's own, are not listed there). Idle time is what launch overhead, host
-work and synchronisations cost: the part of a chunk that CUDA graphs or fewer launches can win back.
+work and synchronisations cost: the part of a chunk that CUDA graphs or fewer launches can win back. The
+longest idle stretches are listed by the op that launched the kernel after them and the one before (inside the
+innermost `torch.profiler.record_function` range, where the pipeline names its parts): what the GPU waited for.
 """
 
 from __future__ import annotations
@@ -65,6 +67,46 @@ def call_site(event) -> tuple[str, str]:
     return op.name, shapes[:60]
 
 
+GAP_US = 100.0  # idle stretches shorter than this are launch gaps between queued kernels, summed apart
+
+
+def idle_gaps(kernels: list[tuple[float, float, str]], top: int = 25) -> list[str]:
+    """The GPU's idle stretches between kernels [(start us, end us, who launched it)], streams merged: those
+    of >= GAP_US summed by (who launched the kernel after, who launched the one before), the costliest first."""
+    by_pair: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0, 0.0])
+    short, short_count, end, before = 0.0, 0, None, ""
+    for start, stop, site in sorted(kernels):
+        if end is not None and start > end:
+            gap = start - end
+            if gap < GAP_US:
+                short, short_count = short + gap, short_count + 1
+            else:
+                entry = by_pair[(site, before)]
+                entry[0] += gap / 1e6
+                entry[1] += 1
+                entry[2] = max(entry[2], gap / 1e6)
+        if end is None or stop > end:
+            end, before = stop, site
+    listed = sorted(by_pair.items(), key=lambda x: -x[1][0])[:top]
+    lines = [
+        f"idle stretches >= {GAP_US:g} us: {sum(v[1] for v in by_pair.values())}, "
+        f"{sum(v[0] for v in by_pair.values()):.3f} s; shorter: {short_count}, {short / 1e6:.3f} s",
+        "longest idle (s, stretches, longest s, the launch after it <- the launch before it):",
+    ]
+    return lines + [f"  {t:8.3f} {n:6d} {m:7.4f}  {after} <- {prior}" for (after, prior), (t, n, m) in listed]
+
+
+def launch_site(event) -> str:
+    """Who launched a kernel: the innermost `record_function` range around its op, the op and its shapes."""
+    op, shapes = call_site(event)
+    label, up = "", event
+    while up is not None and not label:
+        if "::" not in up.name and not up.name.startswith(("cuda", "cu")):
+            label = up.name
+        up = up.cpu_parent
+    return f"{label + ': ' if label else ''}{op}{f' [{shapes}]' if shapes else ''}"
+
+
 def _site_lines(events: list) -> list[str]:
     """The 40 costliest (op, input shapes, kernel family) by the GPU time of their kernels."""
     by_site: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0])
@@ -108,6 +150,15 @@ def profiled(path: Path, label: str = "") -> Iterator[None]:
     lines.append("top kernels (s, calls, name):")
     top = sorted(by_name.items(), key=lambda x: -x[1][0])[:40]
     lines += [f"  {t:8.3f} {n:6d}  {name[:160]}" for name, (t, n) in top]
-    lines += _site_lines([e for e in events if e.device_type == torch.autograd.DeviceType.CPU])
+    cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+    lines += _site_lines(cpu)
+    # a kernel's `linked_correlation_id` is the id of the runtime call (cudaLaunchKernel...) that launched it
+    by_id = {e.id: e for e in cpu}
+    launched = []
+    for e in kernels:
+        launcher = by_id.get(getattr(e, "linked_correlation_id", 0))
+        site = launch_site(launcher) if launcher is not None else "?"
+        launched.append((e.time_range.start, e.time_range.end, site))
+    lines += idle_gaps(launched)
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines[: 2 + len(by_family)]), flush=True)

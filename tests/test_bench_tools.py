@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 from torch.profiler import ProfilerActivity, profile
 
 from bench.host_bound import blocks_timed
-from bench.kernel_profile import call_site, family_of
+from bench.kernel_profile import GAP_US, call_site, family_of, idle_gaps, launch_site
 from worldgen.models.dit import Block, LayerNorm, WanCameraDiT
 from worldgen.runtime.checkpoint import load_expert
 
@@ -58,3 +58,29 @@ def test_a_profiled_op_is_put_down_to_the_op_our_code_called_and_its_shapes():
     sites = {call_site(e) for e in prof.events() if e.name in ("aten::copy_", "aten::native_layer_norm")}
     # the cast inside `x.float()` is put down to the call LayerNorm.forward made (aten::to), not to its inner copy_
     assert sites == {("aten::to", "2x8"), ("aten::layer_norm", "2x8")}
+
+
+def test_idle_stretches_are_summed_by_the_launches_around_them_with_streams_merged():
+    kernels = [
+        (0.0, 100.0, "a"),
+        (50.0, 400.0, "b"),  # another stream: overlaps a, so no idle between them
+        (420.0, 500.0, "c"),  # 20 us after b: a launch gap
+        (800.0, 900.0, "d"),  # 300 us idle after c
+        (1900.0, 2000.0, "d"),  # 1000 us idle after d
+        (2500.0, 2600.0, "d"),  # 500 us after d
+    ]
+    lines = idle_gaps(kernels)
+    assert lines[0] == f"idle stretches >= {GAP_US:g} us: 3, 0.002 s; shorter: 1, 0.000 s"
+    assert lines[2].split() == ["0.002", "2", "0.0010", "d", "<-", "d"]
+    assert lines[3].split() == ["0.000", "1", "0.0003", "d", "<-", "c"]
+    assert len(lines) == 4
+
+
+def test_a_launch_is_put_down_to_the_innermost_named_range_around_its_op():
+    norm = LayerNorm(8, 1e-6, elementwise_affine=False)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        with torch.profiler.record_function("outer"), torch.profiler.record_function("vae decode push"):
+            norm(torch.ones(2, 8, dtype=torch.bfloat16))
+        norm(torch.ones(3, 8, dtype=torch.bfloat16))
+    sites = {launch_site(e) for e in prof.events() if e.name == "aten::native_layer_norm"}
+    assert sites == {"vae decode push: aten::layer_norm [2x8]", "aten::layer_norm [3x8]"}

@@ -127,6 +127,10 @@ class StreamingDecoder(_Streaming):
     @torch.no_grad()
     def push(self, latent: torch.Tensor) -> torch.Tensor:
         """The next latent frames [B, z, t, h, w] -> their video frames [B, 3, f, 8h, 8w] float32."""
+        with torch.profiler.record_function("vae decode push"):  # named on a profile (bench/kernel_profile.py)
+            return self._push(latent)
+
+    def _push(self, latent: torch.Tensor) -> torch.Tensor:
         h, w = latent.shape[-2:]
         if self.max_tile_pixels is None or h * w * 64 <= self.max_tile_pixels:
             return self._run((0, 0), latent)
@@ -163,13 +167,14 @@ class StreamingEncoder(_Streaming):
                 f"streamed VAE encode takes 4k+1 frames first, then 4k frames, H and W multiples of 8; got "
                 f"{frames} frames (after {self.frames_seen}) of {height}x{width}"
             )
-        if self.max_tile_pixels is None or height * width <= self.max_tile_pixels:
-            latent = self._run((0, 0), video)
-        else:
-            tile = tile_shape(height, width, self.max_tile_pixels, unit=8)
-            overlap = min(self.overlap, min(tile) // 4)
-            positions = iter(_tile_positions(height, width, tile, overlap, unit=8))
-            latent = _tiled(lambda piece: self._run(next(positions), piece), video, 1 / 8, tile, overlap, unit=8)
+        with torch.profiler.record_function("vae encode push"):  # named on a profile (bench/kernel_profile.py)
+            if self.max_tile_pixels is None or height * width <= self.max_tile_pixels:
+                latent = self._run((0, 0), video)
+            else:
+                tile = tile_shape(height, width, self.max_tile_pixels, unit=8)
+                overlap = min(self.overlap, min(tile) // 4)
+                positions = iter(_tile_positions(height, width, tile, overlap, unit=8))
+                latent = _tiled(lambda piece: self._run(next(positions), piece), video, 1 / 8, tile, overlap, unit=8)
         self.frames_seen += frames
         return latent
 

@@ -79,7 +79,8 @@ class PhaseMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
         start = time.perf_counter()
         try:
-            yield
+            with torch.profiler.record_function(name):  # the phase's name on a profile's ops (bench/kernel_profile.py)
+                yield
         finally:
             vram = None
             if self.device.type == "cuda":
