@@ -53,3 +53,36 @@ def test_the_kernel_matches_the_eager_norm_and_silu(dtype, shape, layout):
         assert diff.max().item() <= 2**-7 * want.float().abs().max().item()
     else:
         assert (diff.norm() / want.float().norm()).item() < 1e-6
+
+
+def test_a_convolution_bias_left_to_the_norm_is_added_first():
+    torch.manual_seed(1)
+    x, bias = torch.randn(1, 6, 2, 3, 4), torch.randn(6)
+    gamma = 1 + 0.2 * torch.randn(6, 1, 1, 1)
+    got = channel_norm.rms_norm_silu(x, gamma, 6**0.5, bias=bias)
+    assert torch.equal(got, _eager(x + bias.view(6, 1, 1, 1), gamma))
+    assert not torch.equal(got, _eager(x, gamma))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last_3d])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_kernels_add_a_convolution_bias_as_pytorch_does(dtype, layout):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (the kernels run on CUDA)")
+    from worldgen.kernels import conv_bias
+
+    g = torch.Generator("cuda").manual_seed(0)
+    shape = (1, 96, 3, 40, 37)
+    x, h = (
+        (torch.randn(*shape, generator=g, device="cuda") * 3).to(dtype).contiguous(memory_format=layout) for _ in "xh"
+    )
+    bias = torch.randn(96, generator=g, device="cuda").to(dtype)
+    gamma = (1 + 0.2 * torch.randn(96, 1, 1, 1, generator=g, device="cuda")).to(dtype)
+    biased = x + bias.view(96, 1, 1, 1)  # PyTorch's own add after a convolution
+    assert torch.equal(
+        channel_norm.rms_norm_silu(x, gamma, 96**0.5, bias=bias), channel_norm.rms_norm_silu(biased, gamma, 96**0.5)
+    )
+    assert "rms_norm_silu" not in channel_norm._failed
+    summed = conv_bias.residual_add(x, bias, h)
+    assert torch.equal(summed, biased + h) and summed.is_contiguous(memory_format=layout)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from tests.worldgen.golden import golden_model
 from tests.worldgen.numerics import rel_l2
 from worldgen.errors import CheckpointError, InputError
+from worldgen.models import vae as vae_module
 from worldgen.models.vae import WAN21_VAE, VAEConfig, WanVAE, interleave_frame_pairs, layout_of, upsample_2x
 
 
@@ -148,3 +149,26 @@ def test_only_a_timed_bf16_vae_on_cuda_lets_cudnn_time_its_algorithms(timed):
         with _conv_algorithms(weight, timed):
             assert torch.backends.cudnn.benchmark is (before or benchmark)
         assert torch.backends.cudnn.benchmark is before
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_residual_blocks_leave_their_convolution_biases_to_the_next_kernel_for_the_same_bits(
+    golden_vae, dtype, monkeypatch
+):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (the biases are left out of cuDNN's convolutions only on CUDA)")
+    from worldgen.kernels import channel_norm
+
+    vae, io = golden_vae
+    with torch.device("meta"):
+        on_gpu = WanVAE(vae.config)
+    on_gpu.load_state_dict({k: v.to("cuda", dtype) for k, v in vae.state_dict().items()}, assign=True)
+    with torch.no_grad():
+        runs = {}
+        for fold in (True, False):
+            monkeypatch.setattr(vae_module, "FOLD_CONV_BIAS", fold)
+            runs[fold] = on_gpu.encode(io["video"][None].cuda()), on_gpu.decode(io["latent"][None].cuda())
+    assert not channel_norm._failed
+    assert torch.equal(runs[True][0], runs[False][0]) and torch.equal(runs[True][1], runs[False][1])
+    assert rel_l2(runs[True][1][0].cpu(), io["decoded"]) < (3e-2 if dtype == torch.bfloat16 else 1e-4)

@@ -32,19 +32,30 @@ POSITIONS = 16  # positions (t, y, x) a program: with all channels, 16 x 512 val
 _failed: set[str] = set()
 
 
-def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, scale: float, eps: float = 1e-12) -> torch.Tensor:
-    """silu(F.normalize(x, dim=1) * scale * gamma) for x [B, C, ...] and gamma [C, 1, ...]."""
+def rms_norm_silu(
+    x: torch.Tensor, gamma: torch.Tensor, scale: float, eps: float = 1e-12, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """silu(F.normalize(x', dim=1) * scale * gamma) for x [B, C, ...] and gamma [C, 1, ...], where x' is x, or
+    x + bias [C] rounded to x's dtype: a convolution's output whose bias was left out (`worldgen.kernels.conv_bias`)."""
     on_device = x.is_cuda or _INTERPRETED
     fits = x.dim() >= 3 and _layout(x) is not None and x.dtype in _FLOATS and x.shape[1] <= 512
     if on_device and fits and gamma.numel() == x.shape[1] and triton is not None and not _failed:
         try:
-            return _triton_rms_norm_silu(x, gamma, scale, eps)
+            return _triton_rms_norm_silu(x, gamma, scale, eps, bias)
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:  # noqa: BLE001  (no Triton / compiler: the eager ops, said once)
             _failed.add("rms_norm_silu")
             warnings.warn(f"the VAE's fused norm + SiLU kernel failed ({exc}); using PyTorch ops", stacklevel=2)
+    if bias is not None:
+        x = x + bias.view(-1, *(1,) * (x.dim() - 2))
     return F.silu(F.normalize(x, dim=1, eps=eps) * scale * gamma)
+
+
+def runs_fused(x: torch.Tensor) -> bool:
+    """Whether `rms_norm_silu` of `x` runs as the kernel on CUDA (a convolution before it may leave its bias to it)."""
+    fits = x.dim() >= 3 and _layout(x) is not None and x.dtype in _FLOATS and x.shape[1] <= 512
+    return x.is_cuda and fits and triton is not None and not _failed
 
 
 def _layout(x: torch.Tensor) -> torch.memory_format | None:
@@ -60,8 +71,8 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["positions"])
     def _rms_norm_silu_kernel(
-        x_ptr, g_ptr, out_ptr, channels, positions, scale, eps, channel_stride, position_stride,
-        BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
+        x_ptr, g_ptr, b_ptr, out_ptr, channels, positions, scale, eps, channel_stride, position_stride,
+        BIAS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
     ):  # fmt: skip
         # a tile of all channels x BLOCK_P positions of one sample: channel rows of BLOCK_P contiguous
         # values (contiguous layout: channel_stride = positions, position_stride = 1), or positions of
@@ -76,6 +87,9 @@ if triton is not None:
         )
         x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
         dtype = out_ptr.dtype.element_ty
+        if BIAS:  # the convolution's bias, rounded as PyTorch's own add rounds it
+            x = (x + tl.load(b_ptr + c, mask=c < channels, other=0.0).to(tl.float32)[:, None]).to(dtype).to(tl.float32)
+            x = tl.where(mask, x, 0.0)
         norm = tl.maximum(tl.sqrt(tl.sum(x * x, axis=0)).to(dtype).to(tl.float32), eps)
         y = tl.math.div_rn(x, norm[None, :]).to(dtype).to(tl.float32)
         y = (y * scale).to(dtype).to(tl.float32)
@@ -84,15 +98,15 @@ if triton is not None:
         tl.store(out_ptr + at, y.to(dtype), mask=mask)
 
 
-def _triton_rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, scale: float, eps: float) -> torch.Tensor:
+def _triton_rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, scale: float, eps: float, bias) -> torch.Tensor:
     batch, channels = x.shape[:2]
     positions = x[0, 0].numel()
     layout = _layout(x)
     out = torch.empty_like(x, memory_format=layout)
     strides = (positions, 1) if layout == torch.contiguous_format else (1, channels)
     launch(
-        _rms_norm_silu_kernel, (triton.cdiv(positions, POSITIONS), batch), x, gamma.reshape(-1), out, channels,
-        positions, float(scale), eps, *strides, BLOCK_C=triton.next_power_of_2(channels), BLOCK_P=POSITIONS,
-        num_warps=8,
+        _rms_norm_silu_kernel, (triton.cdiv(positions, POSITIONS), batch), x, gamma.reshape(-1),
+        x if bias is None else bias, out, channels, positions, float(scale), eps, *strides, BIAS=bias is not None,
+        BLOCK_C=triton.next_power_of_2(channels), BLOCK_P=POSITIONS, num_warps=8,
     )  # fmt: skip
     return out

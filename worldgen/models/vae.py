@@ -47,10 +47,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from worldgen.errors import CheckpointError, InputError
-from worldgen.kernels import channel_norm
+from worldgen.kernels import channel_norm, conv_bias
 from worldgen.models.config_json import read_config
 
 CACHE_FRAMES = 2
+# on CUDA a residual block's convolutions leave their bias to the kernel reading their output (one pass less
+# over the activation each, the same bits: `worldgen.kernels.conv_bias`); False adds it as PyTorch does
+FOLD_CONV_BIAS = True
 
 # State carried between chunks of one stream (one video, or later one spatial tile of it):
 # module -> its cached input frames (None marks "first chunk seen" for temporal upsamplers).
@@ -98,7 +101,8 @@ class CausalConv3d(nn.Conv3d):
         super().__init__(in_dim, out_dim, kernel, stride=stride, padding=(0, padding[1], padding[2]))
         self.time_pad = 2 * padding[0]
 
-    def forward(self, x: torch.Tensor, cache: FrameCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: FrameCache | None = None, bias: bool = True) -> torch.Tensor:
+        """bias=False: without the bias, which the kernel reading the output adds (`worldgen.kernels.conv_bias`)."""
         if self.time_pad:
             past = cache.get(self) if cache is not None else None
             if cache is not None:
@@ -109,7 +113,7 @@ class CausalConv3d(nn.Conv3d):
                 zeros = torch.zeros(*x.shape[:2], missing, *x.shape[3:], dtype=x.dtype, device=x.device)
                 front.insert(0, zeros.contiguous(memory_format=layout_of(x)))
             x = torch.cat([*front, x], dim=2)
-        return super().forward(x)
+        return self._conv_forward(x, self.weight, self.bias if bias else None)
 
 
 def layout_of(x: torch.Tensor) -> torch.memory_format:
@@ -157,9 +161,9 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.normalize(x, dim=1) * self.scale * self.gamma
 
-    def then_silu(self, x: torch.Tensor) -> torch.Tensor:
-        """silu(self(x)): one kernel on CUDA (`worldgen.kernels.channel_norm`), these ops elsewhere."""
-        return channel_norm.rms_norm_silu(x, self.gamma, self.scale)
+    def then_silu(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """silu(self(x + bias)): one kernel on CUDA (`worldgen.kernels.channel_norm`), these ops elsewhere."""
+        return channel_norm.rms_norm_silu(x, self.gamma, self.scale, bias=bias)
 
 
 def _conv2d_per_frame(x: torch.Tensor, conv: nn.Conv2d, stride: int = 1, padding: int = 0) -> torch.Tensor:
@@ -221,7 +225,11 @@ class ResidualBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: FrameCache) -> torch.Tensor:
         h = self.shortcut(x)
-        return _run(self.residual, x, cache) + h
+        if not (FOLD_CONV_BIAS and conv_bias.folds(x)):
+            return _run(self.residual, x, cache) + h
+        last = self.residual[-1]
+        r = last(_run(self.residual, x, cache, stop=len(self.residual) - 1), cache, bias=False)
+        return conv_bias.residual_add(r, last.bias, h)
 
 
 class AttentionBlock(nn.Module):
@@ -246,13 +254,18 @@ class AttentionBlock(nn.Module):
 _CACHED = (CausalConv3d, Resample, ResidualBlock, AttentionBlock)  # layers that take the cache
 
 
-def _run(layers: nn.Sequential, x: torch.Tensor, cache: FrameCache) -> torch.Tensor:
-    """The layers in order; an RMSNorm followed by SiLU as one step (`RMSNorm.then_silu`)."""
-    i = 0
-    while i < len(layers):
+def _run(layers: nn.Sequential, x: torch.Tensor, cache: FrameCache, stop: int | None = None) -> torch.Tensor:
+    """The layers in order (up to `stop`); an RMSNorm followed by SiLU as one step (`RMSNorm.then_silu`), and
+    on CUDA with the bias of a convolution before them (`worldgen.kernels.conv_bias`)."""
+    i, stop = 0, len(layers) if stop is None else stop
+    while i < stop:
         layer = layers[i]
-        if isinstance(layer, RMSNorm) and i + 1 < len(layers) and isinstance(layers[i + 1], nn.SiLU):
+        if isinstance(layer, RMSNorm) and i + 1 < stop and isinstance(layers[i + 1], nn.SiLU):
             x, i = layer.then_silu(x), i + 2
+            continue
+        norm_next = i + 2 < stop and isinstance(layers[i + 1], RMSNorm) and isinstance(layers[i + 2], nn.SiLU)
+        if isinstance(layer, CausalConv3d) and norm_next and FOLD_CONV_BIAS and conv_bias.folds(x):
+            x, i = layers[i + 1].then_silu(layer(x, cache, bias=False), bias=layer.bias), i + 3
             continue
         x = layer(x, cache) if isinstance(layer, _CACHED) else layer(x)
         i += 1
