@@ -109,25 +109,28 @@ def launch_site(event) -> str:
 
 def _site_lines(events: list) -> list[str]:
     """The 40 costliest (op, input shapes, kernel family) by the GPU time of their kernels."""
-    by_site: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    by_site: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0])  # (op, shapes, family)
     for e in events:
         for k in getattr(e, "kernels", ()) or ():
             key = (*call_site(e), family_of(k.name))
             by_site[key][0] += k.duration / 1e6
             by_site[key][1] += 1
     top = sorted(by_site.items(), key=lambda x: -x[1][0])[:40]
-    return ["top call sites (s, kernels, family, our function, op [input shapes]):"] + [
-        f"  {t:8.3f} {n:6d}  {family:<20} {site or '-'}  {op} [{shapes}]" for (site, op, shapes, family), (t, n) in top
+    return ["top call sites (s, kernels, family, op [input shapes]):"] + [
+        f"  {t:8.3f} {n:6d}  {family:<20} {op} [{shapes}]" for (op, shapes, family), (t, n) in top
     ]
 
 
 @contextlib.contextmanager
 def profiled(path: Path, label: str = "") -> Iterator[None]:
     """Profile the region (CUDA kernels and host ops with their input shapes) and write the summary to `path`."""
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with profile(activities=activities, record_shapes=True) as prof:
         start = time.perf_counter()
         yield
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         wall = time.perf_counter() - start
     events = prof.events()
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]

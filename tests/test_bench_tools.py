@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 from torch.profiler import ProfilerActivity, profile
 
 from bench.host_bound import blocks_timed
-from bench.kernel_profile import GAP_US, call_site, family_of, idle_gaps, launch_site
+from bench.kernel_profile import GAP_US, call_site, family_of, idle_gaps, launch_site, profiled
 from worldgen.models.dit import Block, LayerNorm, WanCameraDiT
 from worldgen.runtime.checkpoint import load_expert
 
@@ -84,3 +84,13 @@ def test_a_launch_is_put_down_to_the_innermost_named_range_around_its_op():
         norm(torch.ones(3, 8, dtype=torch.bfloat16))
     sites = {launch_site(e) for e in prof.events() if e.name == "aten::native_layer_norm"}
     assert sites == {"vae decode push: aten::layer_norm [2x8]", "aten::layer_norm [3x8]"}
+
+
+def test_a_profiled_region_is_written_whole(tmp_path):
+    norm = LayerNorm(8, 1e-6, elementwise_affine=False)
+    with profiled(tmp_path / "profile.txt", "a norm"):
+        norm(torch.ones(2, 8, dtype=torch.bfloat16))
+    text = (tmp_path / "profile.txt").read_text()
+    assert text.startswith("a norm: wall ") and "GPU busy" in text
+    for heading in ("family totals", "top kernels", "top call sites", "longest idle"):
+        assert heading in text

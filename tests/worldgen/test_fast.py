@@ -218,6 +218,24 @@ def test_a_chunks_forwards_share_its_camera_modulation_and_give_the_same_latent(
     assert model.camera_cache is None  # detached when the rollout ends
 
 
+def test_a_rollout_computes_each_timesteps_conditioning_once_for_the_same_latent(loop_case):
+    pipe, io, _ = loop_case
+    model = pipe.residency.use("fast")
+    projected = []
+    hook = model.time_projection[1].register_forward_hook(lambda *_: projected.append(1))
+    try:
+        cached = _rollout(pipe, io, FastOptions())
+        in_loop = len(projected)
+        pipe.use_chunk_graphs, projected[:] = True, []  # graphs asked for (none on the CPU): no time cache
+        each_forward = _rollout(pipe, io, FastOptions())
+    finally:
+        pipe.use_chunk_graphs = False
+        hook.remove()
+    assert in_loop == 5 and len(projected) == 14  # 4 steps and the refresh's 0 once each, not in 14 forwards
+    assert torch.equal(cached, each_forward) and rel_l2(cached, io["latent_final"]) < LOOP_TOL
+    assert model.time_cache is None  # detached when the rollout ends
+
+
 def test_fp8_cache_stays_close(dit, chunks_io):
     io = chunks_io
     exact, fp8 = _cache(CacheSpec(60, 10)), _cache(CacheSpec(60, 10, storage="fp8"))

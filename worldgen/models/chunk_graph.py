@@ -76,7 +76,7 @@ class ChunkGraphs:
         rope = rope_tables(model.cfg.head_dim, (f, h, w), x.device, current_start // (h * w))
         key = self._key(x, t, y, cam, cache)
         # the text keys/values are made on the cache's first call, the camera cache decides on the host
-        capturable = cache.has_text and model.camera_cache is None
+        capturable = cache.has_text and model.camera_cache is None and model.time_cache is None
         decision = "eager"
         if capturable and key == self.graph_key:
             decision = "replay"

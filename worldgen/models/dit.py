@@ -355,6 +355,11 @@ class WanCameraDiT(nn.Module):
         self.head = Head(cfg)
 
     camera_cache: CameraCache | None = None  # attached from outside (the pipeline's memory plan)
+    # a job's time conditioning per timestep tensor (attached by a pipeline whose forwards reuse a few
+    # timestep tensors; keyed by identity, as the camera cache is): the time projection dequantizes a
+    # 600 MiB float32 weight for one row, the DiT loop's largest transient allocation, and at a 24 GiB
+    # card's cap it failed in fragmented memory (docs/benchmarks.md, "Session 19: Fast")
+    time_cache: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -439,6 +444,14 @@ class WanCameraDiT(nn.Module):
             cache.commit()
         return out
 
+    def time_conditioning(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Timesteps [B] -> (e [B, dim], e0 [B, 6, dim]), float32: the head's and the blocks' modulation inputs."""
+        e = self.time_embedding[2](
+            self.time_embedding[1](self.time_embedding[0](sinusoidal_embedding(self.cfg.freq_dim, t), torch.float32)),
+            torch.float32,
+        )
+        return e, self.time_projection[1](self.time_projection[0](e), torch.float32).view(t.shape[0], 6, self.cfg.dim)
+
     def forward_tokens(
         self,
         x: torch.Tensor,
@@ -461,11 +474,13 @@ class WanCameraDiT(nn.Module):
         # kernels take rows (`worldgen.kernels.fused_triton`; a transposed stream went to torch.compile)
         tokens = tokens.flatten(2).transpose(1, 2).contiguous().float()
 
-        e = self.time_embedding[2](
-            self.time_embedding[1](self.time_embedding[0](sinusoidal_embedding(cfg.freq_dim, t), torch.float32)),
-            torch.float32,
-        )
-        e0 = self.time_projection[1](self.time_projection[0](e), torch.float32).view(b, 6, cfg.dim)
+        held = None if self.time_cache is None else self.time_cache.get(id(t))
+        if held is not None and held[0] is t:
+            e, e0 = held[1:]
+        else:
+            e, e0 = self.time_conditioning(t)
+            if self.time_cache is not None:  # t is kept with them: its id is not reused while they are held
+                self.time_cache[id(t)] = (t, e, e0)
 
         # with a cache the text keys/values are computed on its first call only: no need to embed again
         text = None if cache is not None and cache.has_text else self.embed_text(context)

@@ -352,6 +352,10 @@ class FastPipeline(Pipeline):
         if plucker is not None and self.camera_blocks and not forward.allowed:
             model.camera_cache = CameraCache(self.camera_blocks)
         device, steps = self.device, len(schedule.timesteps)
+        # one tensor per timestep, the refresh's 0 last: their time conditioning is computed once (eager)
+        timesteps = [torch.tensor([t], dtype=torch.int64, device=device) for t in (*schedule.timesteps, 0)]
+        if not forward.allowed:
+            model.time_cache = {}
         context = [context.to(device)]
         total = chunks * (steps + 1) - 1  # no refresh after the last chunk
         progress("denoise", 0, total)
@@ -370,10 +374,11 @@ class FastPipeline(Pipeline):
                     cam_c = None if plucker is None else plucker[:, :, frames].to(device)
                 start = c * n * frame_tokens
                 x_t = noise[:, frames].to(device, torch.float32)
-                for s, t in enumerate(schedule.timesteps):
-                    timestep = torch.tensor([t], dtype=torch.int64, device=device)
+                for s in range(steps):
                     with torch.profiler.record_function("denoise forward"):  # named on a profile
-                        flow = forward(x_t[None], timestep, context, y_c, cam_c, cache=cache, current_start=start)[0]
+                        flow = forward(x_t[None], timesteps[s], context, y_c, cam_c, cache=cache, current_start=start)[
+                            0
+                        ]
                     x0 = (x_t.double() - schedule.sigmas_x0[s] * flow.double()).to(torch.float32)
                     del flow
                     if s + 1 < steps:
@@ -390,14 +395,13 @@ class FastPipeline(Pipeline):
                 yield x0
                 if c + 1 < chunks:
                     # refresh: the cache gets the clean chunk's keys/values (output discarded)
-                    zero = torch.zeros(1, dtype=torch.int64, device=device)
                     with torch.profiler.record_function("cache refresh"):
-                        forward(x0[None], zero, context, y_c, cam_c, cache=cache, current_start=start)
+                        forward(x0[None], timesteps[-1], context, y_c, cam_c, cache=cache, current_start=start)
                     progress("denoise", (c + 1) * (steps + 1), total)
         finally:  # also when the consumer stops early (a cancelled job)
             forward.close()
             cache.close()
-            model.camera_cache = None
+            model.camera_cache = model.time_cache = None
             free_device_memory(device)
         model = forward.model = None
         self.residency.phase_done("denoise")
