@@ -96,6 +96,23 @@ def idle_gaps(kernels: list[tuple[float, float, str]], top: int = 25) -> list[st
     return lines + [f"  {t:8.3f} {n:6d} {m:7.4f}  {after} <- {prior}" for (after, prior), (t, n, m) in listed]
 
 
+# the profiler's own marks on the GPU's timeline, not work
+PROFILER_MARKS = ("Activity Buffer Request",)
+
+
+def device_work(events: list, range_names: set[str]) -> list:
+    """The GPU's kernels, copies and memsets among the profile's events: not the `record_function` ranges the
+    profiler also draws on the GPU's timeline (named as on the host: `range_names`), nor its own marks."""
+    return [
+        e
+        for e in events
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        and e.name not in range_names
+        and not getattr(e, "is_user_annotation", False)
+        and not e.name.startswith(PROFILER_MARKS)
+    ]
+
+
 def launch_site(event) -> str:
     """Who launched a kernel: the innermost `record_function` range around its op, the op and its shapes."""
     op, shapes = call_site(event)
@@ -133,7 +150,8 @@ def profiled(path: Path, label: str = "") -> Iterator[None]:
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
     events = prof.events()
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+    kernels = device_work(events, {e.name for e in cpu})
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     by_family: dict[str, float] = defaultdict(float)
     intervals = []
@@ -153,7 +171,6 @@ def profiled(path: Path, label: str = "") -> Iterator[None]:
     lines.append("top kernels (s, calls, name):")
     top = sorted(by_name.items(), key=lambda x: -x[1][0])[:40]
     lines += [f"  {t:8.3f} {n:6d}  {name[:160]}" for name, (t, n) in top]
-    cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
     lines += _site_lines(cpu)
     # a kernel's `linked_correlation_id` is the id of the runtime call (cudaLaunchKernel...) that launched it
     by_id = {e.id: e for e in cpu}

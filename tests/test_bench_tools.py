@@ -86,11 +86,16 @@ def test_a_launch_is_put_down_to_the_innermost_named_range_around_its_op():
     assert sites == {"vae decode push: aten::layer_norm [2x8]", "aten::layer_norm [3x8]"}
 
 
-def test_a_profiled_region_is_written_whole(tmp_path):
+def test_a_profiled_region_is_written_whole_with_its_named_ranges_not_counted_as_gpu_work(tmp_path):
     norm = LayerNorm(8, 1e-6, elementwise_affine=False)
-    with profiled(tmp_path / "profile.txt", "a norm"):
-        norm(torch.ones(2, 8, dtype=torch.bfloat16))
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # on a GPU its kernels and their call sites are listed
+    with profiled(tmp_path / "profile.txt", "a norm"), torch.profiler.record_function("a named range"):
+        norm(torch.ones(2, 8, dtype=torch.bfloat16, device=device))
     text = (tmp_path / "profile.txt").read_text()
     assert text.startswith("a norm: wall ") and "GPU busy" in text
     for heading in ("family totals", "top kernels", "top call sites", "longest idle"):
         assert heading in text
+    kernels = text.split("top kernels")[1].split("top call sites")[0]
+    assert "a named range" not in kernels  # the profiler draws it on the GPU's timeline too: not a kernel
+    if device == "cuda":
+        assert "aten::layer_norm [2x8]" in text.split("top call sites")[1]
