@@ -113,6 +113,25 @@ def device_work(events: list, range_names: set[str]) -> list:
     ]
 
 
+def launchers_of(kernels: list, cpu: list) -> list:
+    """The host event that launched each kernel (None where unknown). Each host event lists the kernels it
+    launched by name (`kernels`), not which GPU event each is (the profiles of torch 2.11 keep no link on the
+    GPU's events): the n-th launch of a name, in host order, is the n-th run of that name, in GPU order, as
+    one stream runs its kernels in the order they were launched."""
+    launches: dict[str, list] = defaultdict(list)
+    for e in sorted(cpu, key=lambda e: e.time_range.start):
+        for k in getattr(e, "kernels", ()) or ():
+            launches[k.name].append(e)
+    runs: dict[str, list[int]] = defaultdict(list)
+    for i, e in sorted(enumerate(kernels), key=lambda ie: ie[1].time_range.start):
+        runs[e.name].append(i)
+    out: list = [None] * len(kernels)
+    for name, indices in runs.items():
+        for i, launcher in zip(indices, launches.get(name, ()), strict=False):
+            out[i] = launcher
+    return out
+
+
 def launch_site(event) -> str:
     """Who launched a kernel: the innermost `record_function` range around its op, the op and its shapes."""
     op, shapes = call_site(event)
@@ -172,13 +191,14 @@ def profiled(path: Path, label: str = "") -> Iterator[None]:
     top = sorted(by_name.items(), key=lambda x: -x[1][0])[:40]
     lines += [f"  {t:8.3f} {n:6d}  {name[:160]}" for name, (t, n) in top]
     lines += _site_lines(cpu)
-    # a kernel's `linked_correlation_id` is the id of the runtime call (cudaLaunchKernel...) that launched it
-    by_id = {e.id: e for e in cpu}
-    launched = []
-    for e in kernels:
-        launcher = by_id.get(getattr(e, "linked_correlation_id", 0))
-        site = launch_site(launcher) if launcher is not None else "?"
-        launched.append((e.time_range.start, e.time_range.end, site))
+    launchers = launchers_of(kernels, cpu)
+    launched = [
+        (e.time_range.start, e.time_range.end, launch_site(c) if c else "?")
+        for e, c in zip(kernels, launchers, strict=True)
+    ]
+    lines.append(
+        f"kernels put down to the host event that launched them: {sum(map(bool, launchers))} of {len(kernels)}"
+    )
     lines += idle_gaps(launched)
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines[: 2 + len(by_family)]), flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -99,3 +100,5 @@ def test_a_profiled_region_is_written_whole_with_its_named_ranges_not_counted_as
     assert "a named range" not in kernels  # the profiler draws it on the GPU's timeline too: not a kernel
     if device == "cuda":
         assert "aten::layer_norm [2x8]" in text.split("top call sites")[1]
+        put_down = re.search(r"kernels put down to the host event that launched them: (\d+) of (\d+)", text)
+        assert put_down and put_down[1] == put_down[2] != "0"
