@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+
 import pytest
 import torch
 from safetensors.torch import load_file
