@@ -196,7 +196,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def rollout(pipe: FastPipeline, args, image, prompt, poses, intrinsics, frames: int, context=None) -> dict:
+def rollout(
+    pipe: FastPipeline, args, image, prompt, poses, intrinsics, frames: int, context=None, stream: bool = True
+) -> dict:
     settings = GenerationSettings(size=args.size, frame_num=frames, seed=42, attention_frames=args.attention_frames)
     if pipe.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(pipe.device)
@@ -213,7 +215,7 @@ def rollout(pipe: FastPipeline, args, image, prompt, poses, intrinsics, frames: 
 
     video = pipe.generate(
         image, prompt, poses, intrinsics, settings, context=context, progress=progress,
-        on_chunk=lambda i, n, f: chunks.append((i, n, time.perf_counter() - start, tuple(f.shape))),
+        on_chunk=lambda i, n, f: chunks.append((i, n, time.perf_counter() - start, tuple(f.shape))), stream=stream,
     )  # fmt: skip
     wall = time.perf_counter() - start
     records = pipe.meter.records[first_records:]
@@ -267,14 +269,15 @@ class Entry:
     eager: bool = False  # 'eager': graphs asked for, then taken away (the --graph-check rollout)
     serial: bool = False
     host: bool = False  # one steady forward's blocks timed on the host and the GPU (bench.host_bound)
+    batch: bool = False  # no client takes the chunks as they come (the worker's job without want_chunks)
 
 
 def parse_entry(text: str) -> Entry:
-    """'81', '81c', '81go', '81cgop', '81eager', '81serial', '81h' (see --frames)."""
-    match = re.fullmatch(r"(\d+)(c?)(g?)(o?)(eager|serial)?(p?)(h?)", text)
+    """'81', '81c', '81go', '81cgop', '81eager', '81serial', '81h', '81b' (see --frames)."""
+    match = re.fullmatch(r"(\d+)(c?)(g?)(o?)(eager|serial)?(p?)(h?)(b?)", text)
     if match is None:
-        raise SystemExit(f"--frames entry {text!r}: a frame count with optional letters c, g, o, eager|serial, p, h")
-    count, cached, graphs, overlap, less, profile, host = match.groups()
+        raise SystemExit(f"--frames entry {text!r}: a frame count with optional letters c, g, o, eager|serial, p, h, b")
+    count, cached, graphs, overlap, less, profile, host, batch = match.groups()
     if less:  # the old spellings: both asked for, less one
         graphs_on, overlap_on = less != "eager", less != "serial"
     elif graphs or overlap:
@@ -282,8 +285,9 @@ def parse_entry(text: str) -> Entry:
     else:  # the product's default
         graphs_on = overlap_on = enabled_by_environment()
     return Entry(
-        int(count), bool(cached), graphs_on, overlap_on, bool(profile), less == "eager", less == "serial", bool(host)
-    )
+        int(count), bool(cached), graphs_on, overlap_on, bool(profile), less == "eager", less == "serial", bool(host),
+        bool(batch),
+    )  # fmt: skip
 
 
 def main() -> None:
@@ -431,7 +435,9 @@ def main() -> None:
         timed = blocks_timed(HOST_FORWARD) if entry.host else contextlib.nullcontext()
         try:
             with region, timed as host_times:
-                result = rollout(pipe, args, image, prompt, poses, intrinsics, frames, context if cached else None)
+                result = rollout(
+                    pipe, args, image, prompt, poses, intrinsics, frames, context if cached else None, not entry.batch
+                )
         except Exception as exc:
             traceback.print_exc()
             results["rollouts"].append({"frames_asked": frames, "compute": compute, "error": repr(exc)[:2000]})
@@ -451,6 +457,7 @@ def main() -> None:
         result["chunk_graphs_asked"], result["vae_dtype"] = entry.graphs, str(pipe.vae_dtype).removeprefix("torch.")
         result["chunk_graphs_allowed"] = bool(pipe.use_chunk_graphs and pipe.graph_room)  # the plan's say
         result["decode_overlap"] = bool(pipe.overlap_decode and pipe.graph_room and device.type == "cuda")
+        result["batch"], result["decoded_after_loop"] = entry.batch, pipe.decode_after_loop
         if frames == 81 and not eager:
             latents[compute] = list(pipe.last_latents)
         if frames == 81 and (eager or compute != computes[0]) and computes[0] in latents:
@@ -482,7 +489,7 @@ def main() -> None:
         print(result["plan"], flush=True)
         s = result["seconds"]
         print(
-            f"rollout {frames} frames, {compute}, VAE {result['vae_dtype']}{', graphs' if entry.graphs and pipe.graph_room else ''}{', overlap' if result['decode_overlap'] else ''}{' (eager)' if eager else ''}{' (serial decode)' if serial else ''} ({result['prompt']}) -> {result['frames']} at {result['size']}: first chunk {s['first_chunk']:.2f} s, "
+            f"rollout {frames} frames, {compute}, VAE {result['vae_dtype']}{', graphs' if entry.graphs and pipe.graph_room else ''}{', overlap' if result['decode_overlap'] else ''}{' (eager)' if eager else ''}{' (serial decode)' if serial else ''}{', batch: chunks decoded after the loop' if pipe.decode_after_loop else ''} ({result['prompt']}) -> {result['frames']} at {result['size']}: first chunk {s['first_chunk']:.2f} s, "
             f"whole video {s['total']:.2f} s (text {s['text']:.2f}, encode {s['encode']:.2f}, DiT loop {s['dit']:.2f}, "
             f"decode {s['decode']:.2f}; {result['dit_seconds_per_forward']:.3f} s per DiT forward); peak VRAM {result.get('peak_vram_reserved_gib', '-')} GiB reserved "
             f"({result.get('peak_vram_allocated_gib', '-')} allocated), peak RSS {result['peak_rss_gib']} GiB; "
@@ -495,6 +502,8 @@ def main() -> None:
         later = [t["wall"] for t in result["per_chunk"][1:]]
         result["seconds_per_chunk_1_on"] = round(sum(later) / len(later), 3) if later else None
         figures = {**s, "per_chunk": result["seconds_per_chunk_1_on"]}
+        if pipe.decode_after_loop:  # a batch job's chunks come at the end: only its whole-video figures count
+            figures = {k: v for k, v in figures.items() if k not in ("per_chunk", "first_chunk")}
         if result["frames"] <= 81 and not eager:
             for key, limit in TARGETS[compute].items():
                 value = figures.get(key)

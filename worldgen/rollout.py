@@ -148,11 +148,13 @@ def generate_episode(
     prompt: str | None = None,
     producer: str = "worker",
     on_chunk=None,
+    stream: bool = True,
 ) -> Path:
     """Generate the rollout of an action/episode folder; write the mp4 and its provenance record
     beside it (each atomically: the record first, so a video never exists without one).
 
-    `on_chunk(i, n, frames [3, f, H, W])` sees each finished chunk (Fast pipelines only)."""
+    `on_chunk(i, n, frames [3, f, H, W])` sees each finished chunk (Fast pipelines only): as each is made,
+    or, with `stream=False` (nobody watches them come), maybe all after the loop (`FastPipeline.generate`)."""
     folder = Path(episode_dir)
     if not folder.is_dir():
         raise InputError(f"{folder}: not a folder (expected poses.npy, intrinsics.npy, image.jpg, prompt.txt)")
@@ -161,7 +163,7 @@ def generate_episode(
     image = load_image(image_path)
     prompt = prompt or read_prompt(folder)
     resolved = resolve_request(settings, (image.height, image.width), len(poses))
-    extra = {} if on_chunk is None else {"on_chunk": on_chunk}
+    extra = {} if on_chunk is None else {"on_chunk": on_chunk, "stream": stream}
     first_phase, started = len(pipe.meter.records), time.perf_counter()
     video, notes = generate_noting(pipe, image, prompt, poses, intrinsics, settings, progress=progress, **extra)
     if progress:

@@ -195,7 +195,13 @@ class PipelineEngine:
         from worldgen.rollout import generate_episode
 
         with chunk_reporter(settings, output, progress, on_chunk) as chunk_fn:
-            return Path(generate_episode(pipe, episode_dir, settings, output, progress=progress, on_chunk=chunk_fn))
+            # chunks nobody asked for (no `want_chunks`) may decode after the loop: the whole video sooner
+            stream = on_chunk is not None
+            return Path(
+                generate_episode(
+                    pipe, episode_dir, settings, output, progress=progress, on_chunk=chunk_fn, stream=stream
+                )
+            )
 
     def generate_live(
         self, episode_dir, feed, settings, output, progress, on_chunk, on_plan, on_start

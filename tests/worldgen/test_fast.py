@@ -16,7 +16,8 @@ from worldgen.errors import CheckpointError, InputError
 from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
 from worldgen.pipelines.base import prepare_image
 from worldgen.pipelines.camera import validate_action
-from worldgen.pipelines.fast import FastCamera, FastPipeline, fast_camera, y_from_latent
+from worldgen.pipelines.fast import FastPipeline, y_from_latent
+from worldgen.pipelines.fast_conditioning import FastCamera, fast_camera
 from worldgen.pipelines.fast_plan import FastOptions, camera_blocks, fast_frames, fast_schedule
 from worldgen.runtime.checkpoint import FAST_DIR, find_fast_checkpoint, load_expert
 from worldgen.runtime.residency import ModelSlot
@@ -356,7 +357,28 @@ def test_the_camera_modulation_is_kept_in_as_many_blocks_as_the_plan_has_room_fo
     # no budget: what the card leaves beside everything resident; every block on an 80 GB card
     unlimited = _full_size_plan(None)
     unlimited.plan_job(21, 58, 104, FastOptions())
-    assert unlimited.camera_blocks == 40
+    assert unlimited.camera_blocks == 40 and not unlimited.decode_after_loop
+    unlimited.plan_job(21, 58, 104, FastOptions(), streamed=False)
+    assert not unlimited.decode_after_loop  # nothing to gain: chunks still decode as they are made
+
+
+def test_a_batch_job_at_24_gib_decodes_after_the_loop_and_keeps_every_blocks_camera():
+    for vae_dtype, streamed_blocks in ((torch.float32, 0), (torch.bfloat16, 32)):
+        streamed, batch = _full_size_plan(24), _full_size_plan(24)
+        streamed.vae_dtype = batch.vae_dtype = vae_dtype
+        streamed.plan_job(21, 58, 104, FastOptions())
+        spec = batch.plan_job(21, 58, 104, FastOptions(), streamed=False)
+        # the same KV cache and tiles (so the same video); the decoder's room goes to the camera
+        assert spec == streamed.cache_spec and batch.decode_tile_pixels == streamed.decode_tile_pixels
+        assert (streamed.camera_blocks, streamed.decode_after_loop) == (streamed_blocks, False)
+        assert (batch.camera_blocks, batch.decode_after_loop) == (40, True)
+        assert "in 40 of 40 blocks" in batch.describe_plan() and "after the loop" in batch.describe_plan()
+        assert "after the loop" not in streamed.describe_plan()
+    # chunks asked for on a second stream (the opt-in overlap) keep their room beside the loop
+    overlap = _full_size_plan(24)
+    overlap.vae_dtype, overlap.overlap_decode = torch.bfloat16, True
+    overlap.plan_job(21, 58, 104, FastOptions(), streamed=False)
+    assert not overlap.decode_after_loop
 
 
 def test_rolling_cache_runs_a_video_longer_than_itself(loop_case):
@@ -476,6 +498,21 @@ def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
         example / "image.jpg", "a room", np.load(example / "poses.npy"), np.load(example / "intrinsics.npy"), settings
     )
     assert torch.equal(again, video)  # seeded: a non-streamed run is the same video
+    # a batch job whose plan decodes after the loop (as a 24 GiB card's does): the same video, and the
+    # chunks come after the last forward, each with a decode step
+    events = []
+    plan_job = pipe.plan_job
+    pipe.plan_job = _decoding_after_the_loop(plan_job, pipe)
+    batch = pipe.generate(
+        example / "image.jpg", "a room", np.load(example / "poses.npy"), np.load(example / "intrinsics.npy"),
+        settings, progress=lambda phase, done, total: events.append((phase, done)),
+        on_chunk=lambda i, n, frames: events.append(("chunk", i)), stream=False,
+    )  # fmt: skip
+    pipe.plan_job = plan_job
+    assert torch.equal(batch, video) and "chunk by chunk after the loop" in plans[-1]
+    last_forward = max(i for i, (phase, _) in enumerate(events) if phase == "denoise")
+    assert events[last_forward + 1 :] == [("chunk", 0), ("decode", 1), ("chunk", 1), ("decode", 2)]
+    assert [t["decode"] > 0 for t in pipe.chunk_timings] == [True, True]
     assert "the first chunk's frames first" in plans[-1]  # conditioning encoded as the loop goes
     pipe.plan_job = _encoding_up_front(pipe.plan_job, pipe)
     up_front = pipe.generate(
@@ -484,7 +521,7 @@ def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
     assert "every frame before the loop" in plans[-1]
     assert torch.equal(up_front, video)  # the streamed encoder gives the whole-video encoder's latents
     # a live camera that ends after chunk 0: the video is that chunk's frames, the same as in the whole run
-    from worldgen.pipelines.fast import fast_camera
+    from worldgen.pipelines.fast_conditioning import fast_camera
     from worldgen.pipelines.fast_plan import FastOptions, fast_frames
 
     poses, intrinsics = np.load(example / "poses.npy"), np.load(example / "intrinsics.npy")
@@ -494,6 +531,19 @@ def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
         example / "image.jpg", "a room", None, None, settings, camera=lambda c: None if c else plucker[:, :, :n]
     )
     assert torch.equal(short, seen[0][2]) and short.is_contiguous()
+
+
+def _decoding_after_the_loop(plan_job, pipe):
+    """The plan as chosen, except that the chunks decode after the loop (what a batch job under a budget
+    gets where that room keeps more blocks' camera modulation)."""
+
+    def plan(*args, **kwargs):
+        spec = plan_job(*args, **kwargs)
+        pipe.decode_after_loop = True
+        pipe.on_plan(pipe.describe_plan())
+        return spec
+
+    return plan
 
 
 def _encoding_up_front(plan_job, pipe):

@@ -1,5 +1,5 @@
 """The live rule of a Fast rollout (`worldgen.pipelines.fast_live`): which poses each chunk waits for,
-and its camera against the batch job's (`fast.fast_camera`), on paths where they must agree and one
+and its camera against the batch job's (`fast_conditioning.fast_camera`), on paths where they must agree and one
 where they must not. Pure numbers: no model."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from scipy.spatial.transform import Rotation
 
 from worldgen.errors import InputError
-from worldgen.pipelines.fast import fast_camera
+from worldgen.pipelines.fast_conditioning import fast_camera
 from worldgen.pipelines.fast_live import live_chunk_camera, live_frames, poses_needed
 
 H, W = 48, 80

@@ -31,20 +31,13 @@ from worldgen.models.dit import DiTConfig
 from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
 from worldgen.models.vae_tiling import StreamingDecoder
 from worldgen.pipelines.base import Pipeline, Progress, _no_progress, condition_mask, prepare_image
-from worldgen.pipelines.camera import (
-    plucker_embedding,
-    relative_poses,
-    resample_poses,
-    scale_intrinsics,
-    validate_camera,
-)
+from worldgen.pipelines.camera import validate_camera
 from worldgen.pipelines.decode_overlap import PendingDecode
 from worldgen.pipelines.decoded_video import DecodedVideo
-from worldgen.pipelines.fast_conditioning import ChunkConditioning
+from worldgen.pipelines.fast_conditioning import ChunkConditioning, FastCamera
 from worldgen.pipelines.fast_plan import (
     GRAPH_POOL_BYTES_PER_TOKEN,
     LOOP_MARGIN_GIB,
-    FastFrames,
     FastOptions,
     StreamVAE,
     camera_blocks,
@@ -67,29 +60,6 @@ from worldgen.runtime.metering import LapClock
 from worldgen.runtime.residency import ModelSlot
 
 ChunkCallback = Callable[[int, int, torch.Tensor], None]  # (chunk index, chunks, its frames [3, f, H, W])
-
-
-class FastCamera:
-    """A batch job's Plücker camera, made chunk by chunk as the loop asks for it: chunk c's
-    [1, 384, n, height/8, width/8] (`fast_camera`'s frames of chunk c, bit for bit: each frame's rays are
-    its own). Made whole up front, the clip's rays held up the first chunk (~0.2 s on the lent H100's
-    host, ~1 s on a 2-core machine); chunk by chunk they are made while the GPU runs the previous chunk."""
-
-    def __init__(
-        self, poses: np.ndarray, intrinsics: np.ndarray, frames: FastFrames, height: int, width: int, chunk_frames: int
-    ):
-        self.relative = relative_poses(resample_poses(poses[: frames.pose_frames], frames.latent_frames))
-        self.K = scale_intrinsics(torch.from_numpy(intrinsics[:1]), height, width)[0]
-        self.height, self.width, self.chunk_frames = height, width, chunk_frames
-
-    def __call__(self, chunk: int) -> torch.Tensor:
-        frames = self.relative[chunk * self.chunk_frames : (chunk + 1) * self.chunk_frames]
-        return plucker_embedding(frames, self.K, self.height, self.width)
-
-
-def fast_camera(poses: np.ndarray, intrinsics: np.ndarray, frames: FastFrames, height: int, width: int) -> torch.Tensor:
-    """Plücker [1, 384, lat_f, height/8, width/8]: the poses of `pose_frames` resampled to lat_f."""
-    return FastCamera(poses, intrinsics, frames, height, width, frames.latent_frames)(0)
 
 
 def renoise(x0: torch.Tensor, noise: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -125,6 +95,7 @@ class FastPipeline(Pipeline):
         self.chunk_graphs: ChunkGraphs | None = None  # the last rollout's (its `decisions`, `captures`)
         self.chunk_timings: list[dict[str, float]] = []  # seconds per chunk of the last `generate`
         self.camera_blocks = 0  # blocks whose camera modulation a chunk's forwards share (`plan_job` decides)
+        self.decode_after_loop = False  # a batch job's chunks decode after the loop (`plan_job` decides)
 
     def set_compute(self, compute: str) -> None:
         """Switch the DiT's compute between jobs (the bench compares both in one process); the VAE is
@@ -137,10 +108,13 @@ class FastPipeline(Pipeline):
             self.vae_dtype = dtype
 
     # -- memory ------------------------------------------------------------------------------------
-    def plan_job(self, latent_frames: int, lat_h: int, lat_w: int, options: FastOptions) -> CacheSpec:
+    def plan_job(
+        self, latent_frames: int, lat_h: int, lat_w: int, options: FastOptions, streamed: bool = True
+    ) -> CacheSpec:
         """Fit the memory plan to this job: the KV cache (`worldgen.models.kv_cache.plan_cache`), how the VAE
-        cuts frames while it streams beside the DiT, and whether conditioning frames are encoded chunk
-        by chunk (the first chunk's preview comes sooner) or all before the loop."""
+        cuts frames while it streams beside the DiT, whether conditioning frames are encoded chunk by
+        chunk (the first chunk's preview comes sooner) or all before the loop, and, for a job whose
+        chunks nobody takes as they come (not `streamed`), whether they decode after the loop."""
         frame_tokens = (lat_h // 2) * (lat_w // 2)
         height, width = lat_h * 8, lat_w * 8
         chunk_tokens = options.chunk_frames * frame_tokens
@@ -195,6 +169,16 @@ class FastPipeline(Pipeline):
         if spare is not None and self.vae_dtype == torch.bfloat16:
             spare += cut.bf16_saving_gib
         self.camera_blocks = camera_blocks(spare, chunk_tokens, cfg.dim, cfg.num_layers, self.dtype)
+        self.decode_after_loop = False
+        if usable is not None and not streamed and not self._keeps_forward():
+            # a batch job: the decoder's caches and push need not sit beside the loop, and their room keeps
+            # the camera modulation of more blocks (the same KV cache and tiles, so the same video; the
+            # whole sooner, the chunks at the end: docs/benchmarks.md, "Session 20: Fast")
+            kv = spec.planned_bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype) / GiB
+            room = usable - self._loop_fixed_gib()[0] - kv - activation_gib(chunk_tokens)
+            blocks = camera_blocks(room, chunk_tokens, cfg.dim, cfg.num_layers, self.dtype)
+            if blocks > self.camera_blocks:
+                self.camera_blocks, self.decode_after_loop = blocks, True
         if self.on_plan is not None:
             self.on_plan(self.describe_plan())
         return spec
@@ -212,9 +196,7 @@ class FastPipeline(Pipeline):
         keys/values, the streamed VAE and one chunk's activations; keep the largest cache, then the cut
         that also lets conditioning frames stream, then the fewest tiles (faster, closest to the reference)."""
         cfg = self.dit_config
-        elem = torch.empty(0, dtype=self.dtype).element_size()
-        cross = 2 * cfg.num_layers * cfg.text_len * cfg.dim * elem / GiB
-        fixed = self.plan.expert_gib + cross + VAE_WEIGHTS_GIB + LOOP_MARGIN_GIB
+        fixed, cross = self._loop_fixed_gib()
         act = activation_gib(chunk_tokens)
         kept = GRAPH_POOL_BYTES_PER_TOKEN * chunk_tokens / GiB if self.use_chunk_graphs else act
         keeps_forward = self._keeps_forward()
@@ -250,6 +232,13 @@ class FastPipeline(Pipeline):
                 f"a KV cache in {usable:.1f} usable GiB"
             )
         return best[1:]
+
+    def _loop_fixed_gib(self) -> tuple[float, float]:
+        """-> (what the loop always holds: the DiT, its text keys/values, the VAE, the margin; those keys/values)."""
+        cfg = self.dit_config
+        elem = torch.empty(0, dtype=self.dtype).element_size()
+        cross = 2 * cfg.num_layers * cfg.text_len * cfg.dim * elem / GiB
+        return self.plan.expert_gib + cross + VAE_WEIGHTS_GIB + LOOP_MARGIN_GIB, cross
 
     def _spare_without_budget(self, spec: CacheSpec, cut: StreamVAE, chunk_tokens: int) -> float | None:
         """No budget: on a GPU, what its memory leaves beside every resident model (umT5 too), the KV cache,
@@ -288,17 +277,18 @@ class FastPipeline(Pipeline):
                     f"; camera modulation kept a chunk in {self.camera_blocks} of {self.dit_config.num_layers} blocks"
                 )
             elif line.startswith("  encode"):
-                when = (
-                    "the first chunk's frames first, the rest after its preview"
-                    if getattr(self, "stream_encode", False)
-                    else "every frame before the loop"
-                )
+                when = "every frame before the loop"
+                if getattr(self, "stream_encode", False):
+                    rest = "as chunk 1 starts" if self.decode_after_loop else "after its preview"
+                    when = f"the first chunk's frames first, the rest {rest}"
                 line = line.split(",")[0] + f", {tiles(self.encode_tile_pixels)}; {when}"
             elif line.startswith("  decode"):
-                line = (
-                    line.split(",")[0]
-                    + f", {tiles(self.decode_tile_pixels)}; chunk by chunk, each as soon as it is made"
+                when = (
+                    "chunk by chunk after the loop (nobody takes them as they come: the room keeps the camera's)"
+                    if self.decode_after_loop
+                    else "chunk by chunk, each as soon as it is made"
                 )
+                line = line.split(",")[0] + f", {tiles(self.decode_tile_pixels)}; {when}"
             lines.append(line)
             if line.startswith("  denoise") and self.cache_spec is not None:
                 lines += [f"  kv cache {self.cache_spec.describe()}", f"           ({self.cache_reason})"]
@@ -367,6 +357,8 @@ class FastPipeline(Pipeline):
                     if cam_c is None:
                         break
                     cam_c = cam_c.to(device)
+                if model.camera_cache is not None:  # the last chunk's modulation: freed before y's encode
+                    model.camera_cache.clear()
                 y_c = (y(c) if callable(y) else y[:, frames]).to(device)[None]
                 if c > 0:  # chunk 0 runs in a one-chunk cache (the rest of the conditioning encodes beside it)
                     cache.grow()
@@ -446,6 +438,7 @@ class FastPipeline(Pipeline):
         options: FastOptions | None = None,
         on_chunk: ChunkCallback | None = None,
         camera: Callable[[int], torch.Tensor | None] | None = None,
+        stream: bool = True,
     ) -> torch.Tensor:
         """-> video [3, F, H, W] float32 in [-1, 1] on the CPU (see `Pipeline.generate`).
 
@@ -454,7 +447,9 @@ class FastPipeline(Pipeline):
         frames [3, f, H, W] as soon as they exist (the first chunk has 9 frames, the others 12).
         `camera(c)`, instead of `poses`/`intrinsics`: chunk c's camera as it becomes known (a live job,
         `worldgen.pipelines.fast_live.LiveCamera`); `settings.frame_num` is then the planned length and
-        the video ends early when `camera` returns None.
+        the video ends early when `camera` returns None. `stream=False` (a batch job: nobody takes the
+        chunks as they come) lets the plan decode them after the loop, where that room speeds the loop up
+        (`plan_job`): the same video, `on_chunk` then called as they decode.
         """
         settings = settings or GenerationSettings(model="fast")
         progress = progress or _no_progress
@@ -478,7 +473,7 @@ class FastPipeline(Pipeline):
         _, _, h, w = image_resized.shape
         lat_h, lat_w = h // 8, w // 8
         options = options or FastOptions.from_settings(settings, (lat_h // 2) * (lat_w // 2))
-        self.plan_job(frames.latent_frames, lat_h, lat_w, options)
+        self.plan_job(frames.latent_frames, lat_h, lat_w, options, streamed=stream)
         plucker = camera
         if camera is None and poses is not None:  # chunk c's camera made when the loop starts chunk c
             plucker = FastCamera(poses, intrinsics, frames, h, w, options.chunk_frames)
@@ -514,7 +509,7 @@ class FastPipeline(Pipeline):
 
         with self.meter.phase("loop"):  # the DiT chunk loop, each chunk decoded as soon as it is done
             decoder = None
-            streaming = True
+            streaming = not self.decode_after_loop
             self.chunk_timings = []
             before = dict(clock.seconds)
             # chunks 1.. decode on a second CUDA stream beside the next chunk's forwards where the plan
@@ -561,16 +556,22 @@ class FastPipeline(Pipeline):
                 clock.lap("decode")
                 self.chunk_timings[-1]["decode"] += clock.seconds["decode"] - before["decode"]
                 self.chunk_timings[-1]["wall"] += clock.seconds["decode"] - before["decode"]
-            if not streaming:
+            if not streaming:  # a batch job's plan, or a decode beside the KV cache that ran out of memory
                 decoder, done = StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels), len(pieces)
                 device = next(decoder.vae.parameters()).device
+                clock.lap("dit")
                 for i, latent in enumerate(latents):
                     piece = to_host(decoder.push(latent[None].to(device))[0])
                     if i < done:
                         pieces.put(i, piece)
                     else:
                         emit(piece)
-                clock.lap("decode")
+                    progress("decode", i + 1, len(latents))
+                    before = clock.seconds.get("decode", 0.0)
+                    clock.lap("decode")
+                    spent = clock.seconds["decode"] - before
+                    self.chunk_timings[i]["decode"] += spent
+                    self.chunk_timings[i]["wall"] += spent
             del decoder
             self.residency.phase_done("decode")
         clock.mark("total")
