@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import re
 import subprocess
 import sys
@@ -236,6 +237,8 @@ def rollout(
         # frame by frame: torch.isfinite of a float tensor makes a float copy (0.7 GiB at 161 frames: it was
         # this process's peak RSS, not the rollout's)
         "finite": all(bool(torch.isfinite(video[:, i]).all()) for i in range(video.shape[1])),
+        # the video's bytes, to tell whether two rollouts (streamed and batch) made the same one
+        "video_sha1": hashlib.sha1(video.contiguous().numpy()).hexdigest(),
         "memory_trace": trace,
         "loads": {name: round(slot.load_seconds, 2) for name, slot in (("dit", pipe.dit), ("vae", pipe.vae))},
     }
@@ -407,6 +410,7 @@ def main() -> None:
               flush=True)  # fmt: skip
     context = None
     latents: dict[str, list[torch.Tensor]] = {}  # compute -> the last 81-frame rollout's chunks
+    videos: dict[tuple[str, int, bool], str] = {}  # (compute, frames, batch) -> the last such rollout's video_sha1
     sticky_off = False  # set when a rollout failed: graphs and overlap off from then on
     listed = [parse_entry(text) for text in args.frames.split(",")]
     entries = [(compute, entry) for compute in computes for entry in listed]
@@ -460,6 +464,12 @@ def main() -> None:
         result["batch"], result["decoded_after_loop"] = entry.batch, pipe.decode_after_loop
         if frames == 81 and not eager:
             latents[compute] = list(pipe.last_latents)
+        videos[(compute, frames, entry.batch)] = result["video_sha1"]
+        other = videos.get((compute, frames, not entry.batch))
+        if other is not None:  # a batch job's plan must not change the video
+            result["same_video_as_" + ("streamed" if entry.batch else "batch")] = same = other == result["video_sha1"]
+            print(f"  the batch and the streamed rollout's videos: {'the same bytes' if same else 'DIFFERENT'}",
+                  flush=True)  # fmt: skip
         if frames == 81 and (eager or compute != computes[0]) and computes[0] in latents:
             name = f"{compute}{' eager' if eager else ''} vs {computes[0]}{' graphed' if eager else ''}"
             dist = [rel(a, b) for a, b in zip(pipe.last_latents, latents[computes[0]], strict=True)]
