@@ -494,14 +494,18 @@ def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
     assert [(i, n) for i, n, _ in seen] == [(0, 2), (1, 2)]
     assert torch.equal(torch.cat([f for *_, f in seen], dim=1), video) and video.shape[1] == 21
     assert "kv cache" in plans[-1] and "Fast DiT" in pipe.name + plans[-1]
+    streamed = []  # what each job told its plan: a job without on_chunk is a batch job (`generate`'s CLI)
+    plan_job = pipe.plan_job
+    pipe.plan_job = lambda *args, **kwargs: (streamed.append(kwargs["streamed"]), plan_job(*args, **kwargs))[1]
     again = pipe.generate(
         example / "image.jpg", "a room", np.load(example / "poses.npy"), np.load(example / "intrinsics.npy"), settings
     )
+    pipe.plan_job = plan_job
+    assert streamed == [False] and not pipe.decode_after_loop  # no budget on the CPU: nothing to gain
     assert torch.equal(again, video)  # seeded: a non-streamed run is the same video
     # a batch job whose plan decodes after the loop (as a 24 GiB card's does): the same video, and the
     # chunks come after the last forward, each with a decode step
     events = []
-    plan_job = pipe.plan_job
     pipe.plan_job = _decoding_after_the_loop(plan_job, pipe)
     batch = pipe.generate(
         example / "image.jpg", "a room", np.load(example / "poses.npy"), np.load(example / "intrinsics.npy"),

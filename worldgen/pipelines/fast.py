@@ -438,7 +438,7 @@ class FastPipeline(Pipeline):
         options: FastOptions | None = None,
         on_chunk: ChunkCallback | None = None,
         camera: Callable[[int], torch.Tensor | None] | None = None,
-        stream: bool = True,
+        stream: bool | None = None,
     ) -> torch.Tensor:
         """-> video [3, F, H, W] float32 in [-1, 1] on the CPU (see `Pipeline.generate`).
 
@@ -448,8 +448,8 @@ class FastPipeline(Pipeline):
         `camera(c)`, instead of `poses`/`intrinsics`: chunk c's camera as it becomes known (a live job,
         `worldgen.pipelines.fast_live.LiveCamera`); `settings.frame_num` is then the planned length and
         the video ends early when `camera` returns None. `stream=False` (a batch job: nobody takes the
-        chunks as they come) lets the plan decode them after the loop, where that room speeds the loop up
-        (`plan_job`): the same video, `on_chunk` then called as they decode.
+        chunks as they come; the default without `on_chunk`) lets the plan decode them after the loop,
+        where that room speeds the loop up (`plan_job`): the same video, `on_chunk` then called as they decode.
         """
         settings = settings or GenerationSettings(model="fast")
         progress = progress or _no_progress
@@ -473,7 +473,8 @@ class FastPipeline(Pipeline):
         _, _, h, w = image_resized.shape
         lat_h, lat_w = h // 8, w // 8
         options = options or FastOptions.from_settings(settings, (lat_h // 2) * (lat_w // 2))
-        self.plan_job(frames.latent_frames, lat_h, lat_w, options, streamed=stream)
+        streamed = on_chunk is not None if stream is None else stream
+        self.plan_job(frames.latent_frames, lat_h, lat_w, options, streamed=streamed)
         plucker = camera
         if camera is None and poses is not None:  # chunk c's camera made when the loop starts chunk c
             plucker = FastCamera(poses, intrinsics, frames, h, w, options.chunk_frames)
