@@ -506,7 +506,7 @@ def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
     # a batch job whose plan decodes after the loop (as a 24 GiB card's does): the same video, and the
     # chunks come after the last forward, each with a decode step
     events = []
-    pipe.plan_job = _decoding_after_the_loop(plan_job, pipe)
+    pipe.plan_job = _plan_with(plan_job, pipe, decode_after_loop=True)
     batch = pipe.generate(
         example / "image.jpg", "a room", np.load(example / "poses.npy"), np.load(example / "intrinsics.npy"),
         settings, progress=lambda phase, done, total: events.append((phase, done)),
@@ -518,7 +518,7 @@ def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
     assert events[last_forward + 1 :] == [("chunk", 0), ("decode", 1), ("chunk", 1), ("decode", 2)]
     assert [t["decode"] > 0 for t in pipe.chunk_timings] == [True, True]
     assert "the first chunk's frames first" in plans[-1]  # conditioning encoded as the loop goes
-    pipe.plan_job = _encoding_up_front(pipe.plan_job, pipe)
+    pipe.plan_job = _plan_with(pipe.plan_job, pipe, stream_encode=False)
     up_front = pipe.generate(
         example / "image.jpg", "a room", np.load(example / "poses.npy"), np.load(example / "intrinsics.npy"), settings
     )
@@ -537,26 +537,15 @@ def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
     assert torch.equal(short, seen[0][2]) and short.is_contiguous()
 
 
-def _decoding_after_the_loop(plan_job, pipe):
-    """The plan as chosen, except that the chunks decode after the loop (what a batch job under a budget
-    gets where that room keeps more blocks' camera modulation)."""
+def _plan_with(plan_job, pipe, **chosen):
+    """The plan as chosen, except the pipeline attributes `chosen`: what another budget or job gets (every
+    conditioning frame encoded before the loop where the streamed encoder does not fit: `stream_encode=False`;
+    a batch job's chunks decoded after the loop: `decode_after_loop=True`)."""
 
     def plan(*args, **kwargs):
         spec = plan_job(*args, **kwargs)
-        pipe.decode_after_loop = True
-        pipe.on_plan(pipe.describe_plan())
-        return spec
-
-    return plan
-
-
-def _encoding_up_front(plan_job, pipe):
-    """The plan as chosen, except that every conditioning frame is encoded before the loop (what a
-    budget too small for the streamed encoder gets)."""
-
-    def plan(*args, **kwargs):
-        spec = plan_job(*args, **kwargs)
-        pipe.stream_encode = False
+        for name, value in chosen.items():
+            setattr(pipe, name, value)
         pipe.on_plan(pipe.describe_plan())
         return spec
 
