@@ -105,14 +105,15 @@ class CausalConv3d(nn.Conv3d):
         """bias=False: without the bias, which the kernel reading the output adds (`worldgen.kernels.conv_bias`)."""
         if self.time_pad:
             past = cache.get(self) if cache is not None else None
-            if cache is not None:
-                cache[self] = _last_frames(past, x)
             front = [] if past is None else [past]
             missing = self.time_pad - (0 if past is None else past.shape[2])
             if missing:
                 zeros = torch.zeros(*x.shape[:2], missing, *x.shape[3:], dtype=x.dtype, device=x.device)
                 front.insert(0, zeros.contiguous(memory_format=layout_of(x)))
-            x = torch.cat([*front, x], dim=2)
+            joined = torch.cat([*front, x], dim=2)
+            if cache is not None:
+                _keep_last_frames(cache, self, past, x, joined)
+            x = joined
         return self._conv_forward(x, self.weight, self.bias if bias else None)
 
 
@@ -148,6 +149,20 @@ def _last_frames(past: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     if x.shape[2] >= CACHE_FRAMES or past is None:
         return x[:, :, -CACHE_FRAMES:].clone()
     return torch.cat([past[:, :, -1:], x], dim=2)
+
+
+def _keep_last_frames(
+    cache: FrameCache, layer: nn.Module, past: torch.Tensor | None, x: torch.Tensor, joined: torch.Tensor
+) -> None:
+    """cache[layer] = the last CACHE_FRAMES frames of the stream [past, x]; `joined` is [.., past, x] (read
+    already). Once the cache holds that many frames they are written into its own tensor: a decoder's
+    caches (3.8 GiB at 480p in float32, one per causal convolution) allocated anew at every frame, amid
+    the push's transients, fragmented the memory they shared with the Fast DiT's KV cache at a 24 GiB
+    card's cap (docs/benchmarks.md, "Session 20: Fast"). The same frames either way."""
+    if past is not None and past.shape[2] == CACHE_FRAMES:
+        past.copy_(joined[:, :, -CACHE_FRAMES:])
+    else:
+        cache[layer] = _last_frames(past, x)
 
 
 class RMSNorm(nn.Module):
@@ -201,9 +216,12 @@ class Resample(nn.Module):
         x = _conv2d_per_frame(F.pad(x, (0, 1, 0, 1)), conv, stride=2)
         if self.mode == "downsample3d":
             past = cache.get(self)
-            cache[self] = x[:, :, -1:].clone()
-            if past is not None:  # the first chunk (frame 0) passes through un-convolved
-                x = self.time_conv(torch.cat([past, x], dim=2))
+            if past is None:  # the first chunk (frame 0) passes through un-convolved
+                cache[self] = x[:, :, -1:].clone()
+            else:  # the last frame kept in the cache's own tensor once the cat has read it (as above)
+                joined = torch.cat([past, x], dim=2)
+                past.copy_(x[:, :, -1:])
+                x = self.time_conv(joined)
         return x
 
     def _double_frames(self, x: torch.Tensor, cache: FrameCache) -> torch.Tensor:
