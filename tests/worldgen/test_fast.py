@@ -20,7 +20,6 @@ from worldgen.pipelines.fast import FastPipeline, y_from_latent
 from worldgen.pipelines.fast_conditioning import FastCamera, fast_camera
 from worldgen.pipelines.fast_plan import FastOptions, camera_blocks, fast_frames, fast_schedule
 from worldgen.runtime.checkpoint import FAST_DIR, find_fast_checkpoint, load_expert
-from worldgen.runtime.memory import activation_gib
 from worldgen.runtime.residency import ModelSlot
 
 DIT_TOL = 1e-5  # golden README: DiT outputs and KV caches
@@ -220,28 +219,6 @@ def test_a_chunks_forwards_share_its_camera_modulation_and_give_the_same_latent(
     assert model.camera_cache is None  # detached when the rollout ends
 
 
-def test_refreshing_before_the_decode_frees_the_camera_and_gives_the_same_latents(loop_case):
-    """`refresh_first` (a streamed job beside a float32 VAE under a budget): chunks 1.. are handed out after
-    their cache refresh, their camera's modulation freed for the decode; chunk 0 still comes first (its preview)."""
-    pipe, io, _ = loop_case
-    model = pipe.residency.use("fast")
-    plain = _rollout(pipe, io, FastOptions())
-    seen, held = [], []
-    pipe.refresh_first, pipe.camera_blocks = True, 2
-    try:
-        chunks = pipe.rollout_chunks(
-            io["noise"], io["y"], io["context"], io["plucker"], FastOptions(), renoise_draws=io["renoise"],
-            progress=lambda phase, step, total: seen.append(step),
-        )  # fmt: skip
-        for _ in chunks:
-            held.append((seen[-1], len(model.camera_cache.blocks)))
-        reordered = _rollout(pipe, io, FastOptions())
-    finally:
-        pipe.refresh_first, pipe.camera_blocks = False, 0
-    assert held == [(4, 2), (10, 0), (14, 0)]  # chunk 0 before its refresh; chunk 1 after, its camera freed
-    assert torch.equal(reordered, plain)
-
-
 def test_a_rollout_computes_each_timesteps_conditioning_once_for_the_same_latent(loop_case):
     pipe, io, _ = loop_case
     model = pipe.residency.use("fast")
@@ -365,9 +342,8 @@ def test_the_camera_modulation_is_kept_in_as_many_blocks_as_the_plan_has_room_fo
     assert (
         camera_blocks(0.05, 4524, 5120, 40, torch.bfloat16) == 0 == camera_blocks(-2.0, 4524, 5120, 40, torch.bfloat16)
     )
-    # 24 GiB at 480p: beside a bf16 VAE (fp8), the half of its float32 figures it leaves unused; beside a
-    # float32 one (exact), what a decode's push needs beyond a forward's activations, the camera freed before
-    # each decode (`refresh_first`), whatever the KV cache leaves
+    # 24 GiB at 480p: beside a bf16 VAE (fp8), the half of its float32 figures it leaves unused; none beside
+    # a float32 one (exact), whatever the KV cache leaves
     exact = _full_size_plan(24)
     exact.plan_job(21, 58, 104, FastOptions())
     fp8 = _full_size_plan(24)
@@ -375,22 +351,19 @@ def test_the_camera_modulation_is_kept_in_as_many_blocks_as_the_plan_has_room_fo
     assert fp8.plan_job(21, 58, 104, FastOptions()) == exact.cache_spec  # the same KV cache either way
     saving = fp8.vae_cut.bf16_saving_gib
     assert saving == pytest.approx(3.09, abs=0.01)  # two strips' decoder caches and push, halved
-    assert fp8.camera_blocks == camera_blocks(saving, 4524, 5120, 40, torch.bfloat16) == 32 and not fp8.refresh_first
-    push = exact.vae_cut.decode_push_gib - activation_gib(4524)
-    assert push == pytest.approx(1.70, abs=0.01)  # two strips' push (2.39 GiB) less a chunk's activations
-    assert exact.refresh_first and exact.camera_blocks == camera_blocks(push, 4524, 5120, 40, torch.bfloat16) == 17
+    assert exact.camera_blocks == 0 and fp8.camera_blocks == camera_blocks(saving, 4524, 5120, 40, torch.bfloat16) == 32
     assert "camera modulation kept a chunk in 32 of 40 blocks" in fp8.describe_plan()
-    assert "in 17 of 40 blocks, freed before each decode" in exact.describe_plan()
+    assert "in 0 of 40 blocks" in exact.describe_plan()
     # no budget: what the card leaves beside everything resident; every block on an 80 GB card
     unlimited = _full_size_plan(None)
     unlimited.plan_job(21, 58, 104, FastOptions())
-    assert unlimited.camera_blocks == 40 and not unlimited.decode_after_loop and not unlimited.refresh_first
+    assert unlimited.camera_blocks == 40 and not unlimited.decode_after_loop
     unlimited.plan_job(21, 58, 104, FastOptions(), streamed=False)
     assert not unlimited.decode_after_loop  # nothing to gain: chunks still decode as they are made
 
 
 def test_a_batch_job_at_24_gib_decodes_after_the_loop_and_keeps_every_blocks_camera():
-    for vae_dtype, streamed_blocks in ((torch.float32, 17), (torch.bfloat16, 32)):
+    for vae_dtype, streamed_blocks in ((torch.float32, 0), (torch.bfloat16, 32)):
         streamed, batch = _full_size_plan(24), _full_size_plan(24)
         streamed.vae_dtype = batch.vae_dtype = vae_dtype
         streamed.plan_job(21, 58, 104, FastOptions())
@@ -398,7 +371,7 @@ def test_a_batch_job_at_24_gib_decodes_after_the_loop_and_keeps_every_blocks_cam
         # the same KV cache and tiles (so the same video); the decoder's room goes to the camera
         assert spec == streamed.cache_spec and batch.decode_tile_pixels == streamed.decode_tile_pixels
         assert (streamed.camera_blocks, streamed.decode_after_loop) == (streamed_blocks, False)
-        assert (batch.camera_blocks, batch.decode_after_loop, batch.refresh_first) == (40, True, False)
+        assert (batch.camera_blocks, batch.decode_after_loop) == (40, True)
         assert "in 40 of 40 blocks" in batch.describe_plan() and "after the loop" in batch.describe_plan()
         assert "after the loop" not in streamed.describe_plan()
     # chunks asked for on a second stream (the opt-in overlap) keep their room beside the loop

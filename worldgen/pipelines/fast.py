@@ -96,7 +96,6 @@ class FastPipeline(Pipeline):
         self.chunk_timings: list[dict[str, float]] = []  # seconds per chunk of the last `generate`
         self.camera_blocks = 0  # blocks whose camera modulation a chunk's forwards share (`plan_job` decides)
         self.decode_after_loop = False  # a batch job's chunks decode after the loop (`plan_job` decides)
-        self.refresh_first = False  # chunks 1.. refresh the cache, free their camera, then decode (`plan_job`)
 
     def set_compute(self, compute: str) -> None:
         """Switch the DiT's compute between jobs (the bench compares both in one process); the VAE is
@@ -148,8 +147,9 @@ class FastPipeline(Pipeline):
                 spare = self._spare_without_budget(spec, cut, chunk_tokens)
             else:
                 spec, why, cut, stream_encode = self._fit_loop(usable, chunk_tokens, height, width, cache_for)
-                # what the KV cache leaves is no room in practice: 7 blocks' camera kept through the float32
-                # VAE's decode made it retry allocations at the cap (docs/benchmarks.md, "Session 15: Fast")
+                # what the KV cache leaves is no room in practice: 7 blocks' camera beside the float32 VAE
+                # made its decode retry allocations at the cap (docs/benchmarks.md, "Session 15: Fast"), and
+                # 8-17 blocks freed before each decode ran out of memory at a 24 GiB card's cap ("Session 18")
                 spare = 0.0
         except ValueError as exc:
             raise InputError(str(exc)) from None
@@ -171,20 +171,14 @@ class FastPipeline(Pipeline):
         self.camera_blocks = camera_blocks(spare, chunk_tokens, cfg.dim, cfg.num_layers, self.dtype)
         self.decode_after_loop = False
         if usable is not None and not streamed and not self._keeps_forward():
-            # a batch job: the decoder's caches and push need not sit beside the loop; their room keeps more
-            # blocks' camera (the same KV cache and tiles: the same video; docs/benchmarks.md, "Session 20: Fast")
+            # a batch job: the decoder's caches and push need not sit beside the loop, and their room keeps
+            # the camera modulation of more blocks (the same KV cache and tiles, so the same video; the
+            # whole sooner, the chunks at the end: docs/benchmarks.md, "Session 20: Fast")
             kv = spec.planned_bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype) / GiB
             room = usable - self._loop_fixed_gib()[0] - kv - activation_gib(chunk_tokens)
             blocks = camera_blocks(room, chunk_tokens, cfg.dim, cfg.num_layers, self.dtype)
             if blocks > self.camera_blocks:
                 self.camera_blocks, self.decode_after_loop = blocks, True
-        # streamed beside the float32 VAE: chunks 1.. refresh the cache, then free their camera for the decode,
-        # leaving the camera what a push needs beyond a forward ("Session 18" and "Session 20: Fast")
-        fp32 = self.vae_dtype == torch.float32
-        self.refresh_first = usable is not None and fp32 and not self.decode_after_loop and not self._keeps_forward()
-        if self.refresh_first:
-            room = cut.decode_push_gib - activation_gib(chunk_tokens)
-            self.camera_blocks = camera_blocks(room, chunk_tokens, cfg.dim, cfg.num_layers, self.dtype)
         if self.on_plan is not None:
             self.on_plan(self.describe_plan())
         return spec
@@ -242,7 +236,8 @@ class FastPipeline(Pipeline):
     def _loop_fixed_gib(self) -> tuple[float, float]:
         """-> (what the loop always holds: the DiT, its text keys/values, the VAE, the margin; those keys/values)."""
         cfg = self.dit_config
-        cross = 2 * cfg.num_layers * cfg.text_len * cfg.dim * self.dtype.itemsize / GiB
+        elem = torch.empty(0, dtype=self.dtype).element_size()
+        cross = 2 * cfg.num_layers * cfg.text_len * cfg.dim * elem / GiB
         return self.plan.expert_gib + cross + VAE_WEIGHTS_GIB + LOOP_MARGIN_GIB, cross
 
     def _spare_without_budget(self, spec: CacheSpec, cut: StreamVAE, chunk_tokens: int) -> float | None:
@@ -280,7 +275,6 @@ class FastPipeline(Pipeline):
                 line = f"  denoise Fast DiT resident, chunk by chunk (4 steps, then 1 cache refresh before the next chunk); {ffn}"
                 line += (
                     f"; camera modulation kept a chunk in {self.camera_blocks} of {self.dit_config.num_layers} blocks"
-                    + (", freed before each decode (chunks 1.. refresh the cache first)" if self.refresh_first else "")
                 )
             elif line.startswith("  encode"):
                 when = "every frame before the loop"
@@ -388,21 +382,14 @@ class FastPipeline(Pipeline):
                             draw = (draw.pin_memory() if device.type == "cuda" else draw).to(device, non_blocking=True)
                         x_t = renoise(x0, draw, schedule.sigmas_add_noise[s + 1])
                     progress("denoise", c * (steps + 1) + s + 1, total)
-                # the chunk is final: hand it out (to be decoded and shown) before the refresh, which only
-                # changes the cache (skipped after the last chunk: nothing reads it); with `refresh_first`
-                # chunks 1.. refresh first, then free their camera's modulation for the decode
-                late = self.refresh_first and c > 0
-                if not late:
-                    yield x0
+                # the chunk is final: hand it out (to be decoded and shown) before the refresh, which
+                # only changes the cache; the last chunk's refresh is skipped (nothing reads it)
+                yield x0
                 if c + 1 < chunks:
                     # refresh: the cache gets the clean chunk's keys/values (output discarded)
                     with torch.profiler.record_function("cache refresh"):
                         forward(x0[None], timesteps[-1], context, y_c, cam_c, cache=cache, current_start=start)
                     progress("denoise", (c + 1) * (steps + 1), total)
-                if late:
-                    if model.camera_cache is not None:
-                        model.camera_cache.clear()
-                    yield x0
         finally:  # also when the consumer stops early (a cancelled job)
             forward.close()
             cache.close()
