@@ -72,8 +72,8 @@ class FastPipeline(Pipeline):
     """The base pipeline's text/encode phases, the causal chunk loop, and a chunk-by-chunk decode.
 
     Each finished chunk is decoded right away (the VAE decoder's causal caches carried over, see
-    `worldgen.models.vae_tiling.StreamingDecoder`) whether or not anyone watches, so a streamed video and a
-    non-streamed one are the same video.
+    `worldgen.models.vae_tiling.StreamingDecoder`), or, in a batch job under a budget, after the loop with
+    the same tiles (`decode_after_loop`): a streamed video and a non-streamed one are the same video.
     """
 
     def __init__(self, *, dit: ModelSlot, dit_config: DiTConfig, dtype: torch.dtype | None = None, **kwargs):
