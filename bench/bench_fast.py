@@ -330,7 +330,7 @@ def main() -> None:
 
     if args.golden:
         try:
-            errors = golden_parity(args.golden, device, dtype, resolve_backend(args.attention, "fast"))
+            errors = golden_parity(args.golden, device, dtype, resolve_backend(args.attention))
         except Exception:  # report and go on to the rollouts: one run of the device is precious
             traceback.print_exc()
             errors = {}
@@ -344,7 +344,7 @@ def main() -> None:
 
             rows, fp8.MIN_ROWS = fp8.MIN_ROWS, 1
             try:
-                errors = golden_parity(args.golden, device, dtype, resolve_backend(args.attention, "fast"), "fp8")
+                errors = golden_parity(args.golden, device, dtype, resolve_backend(args.attention), "fp8")
             except Exception:
                 traceback.print_exc()
                 errors = {}

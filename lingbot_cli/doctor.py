@@ -86,9 +86,8 @@ def print_attention(device) -> None:
     from worldgen.kernels.cudnn_attention import attention_note
     from worldgen.kernels.fp8 import unsupported_reason
 
-    base, fast = resolve_backend("auto"), resolve_backend("auto", "fast")
     hint = "" if installed("flash") else " (pip install flash-attn-4 for FlashAttention 4 on Hopper: faster)"
-    print(f"  attention auto = {base} for the base model, {fast} for Fast{hint}")
+    print(f"  attention auto = {resolve_backend('auto')}, base and Fast models{hint}")
     fp8_reason = unsupported_reason(device)
     print(f"  fp8      {fp8_reason}" if fp8_reason else f"  fp8      {attention_note(device)}")
 

@@ -7,7 +7,11 @@
   (FlashAttention 2): the same math, bf16/fp16 on CUDA only.
 - `sage`: the `sageattention` package's `sageattn`: INT8 Q and K, so not bit-faithful to the
   reference; used only when asked for.
-- `auto` (default): `flash` when the package is installed, else `sdpa`.
+- `auto` (default): `flash` when the package is installed, else `sdpa`, for both models (on the H100
+  FlashAttention 4 ran the base model's attention 18% faster than cuDNN's kernel and the Fast model's
+  self-attention over its KV window 15-17% faster: docs/benchmarks.md, sessions 6 and 21).
+
+Cross-attention's few text keys go through SDPA whatever the choice (`OPTIONAL_MIN_KEYS`).
 
 Inputs the optional kernels cannot take (CPU, float32) go through SDPA whatever the choice.
 
@@ -18,6 +22,7 @@ FP8 GEMM as it is.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import warnings
 
@@ -49,10 +54,14 @@ def installed(backend: str) -> bool:
     return backend == "sdpa" or _find(_PACKAGES[backend][0])
 
 
+@functools.cache
 def _flash_attn_func():
     """FlashAttention 4 where installed, else FlashAttention 2: (q, k, v) [B, L, n, d] -> out."""
     if _find("flash_attn.cute"):
         from flash_attn.cute import flash_attn_func as fa4
+
+        # its CuTe DSL says at every compile that an argument (FA4's own) is not a JIT argument: not ours to fix
+        warnings.filterwarnings("ignore", message=r"Argument aux_data .* cannot be converted", category=UserWarning)
 
         def run(q, k, v):
             out = fa4(q, k, v)
@@ -64,16 +73,16 @@ def _flash_attn_func():
     return flash_attn_func
 
 
-def resolve_backend(name: str, model: str = "base") -> str:
-    """'auto' -> the best installed exact kernel for `model`; an explicit choice must be installed.
+def resolve_backend(name: str) -> str:
+    """'auto' -> the best installed exact kernel; an explicit choice must be installed.
 
-    The Fast model's auto stays sdpa: measured on an H100 (docs/benchmarks.md), FlashAttention 4
-    made its warm DiT loop slower (15.5 s against 14.7 s) and compiles a kernel for every new
-    KV-cache length, so the first rollout took 52 s against 41 s."""
+    Both models take FlashAttention where it is installed. (Session 6 kept the Fast model on SDPA: its
+    DiT loop, then bound by launches, ran slower with FlashAttention 4, 15.5 s against 14.7 s. Session
+    21, a loop bound by the GPU's work: 9.89-9.94 s against 10.37-10.43 s, docs/benchmarks.md.)"""
     if name not in BACKENDS:
         raise InputError(f"attention backend {name!r} is unknown: use one of {', '.join(BACKENDS)}")
     if name == "auto":
-        return "flash" if model == "base" and installed("flash") else "sdpa"
+        return "flash" if installed("flash") else "sdpa"
     if not installed(name):
         package, command = _PACKAGES[name]
         raise InputError(f"--attention {name}: the {package} package is not installed ({command}), or use sdpa")
@@ -91,12 +100,18 @@ def _optional_kernel(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     return sageattn(q, k, v, tensor_layout="NHD")
 
 
+# Fewer keys than this (the 512 text tokens of cross-attention) go through SDPA whatever the backend:
+# on the H100 FlashAttention 4 took 0.11 ms for 4,524 queries over 512 keys, cuDNN's SDPA 0.09 ms
+# (docs/benchmarks.md, "Session 21: Fast")
+OPTIONAL_MIN_KEYS = 1024
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "sdpa") -> torch.Tensor:
     """[B, L, n, d] inputs -> [B, L, n*d]; softmax scale 1/sqrt(d), no mask.
 
     An optional kernel that fails (FlashAttention 4 compiles at run time; a package can be broken)
     does not fail the job: SDPA computes the same attention, said once in a warning."""
-    usable = backend != "sdpa" and backend not in _failed
+    usable = backend != "sdpa" and backend not in _failed and k.shape[1] >= OPTIONAL_MIN_KEYS
     if usable and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         try:
             return _optional_kernel(backend, q, k, v).flatten(2)

@@ -152,7 +152,7 @@ def load_pipeline(
         return plan
 
     plan = planned(device, text_encoder_on_cpu)
-    backend = resolve_backend(attention, model)
+    backend = resolve_backend(attention)
     dit_config = DiTConfig.from_json(next(iter(layout.experts.values())) / "config.json")
     text_len = dit_config.text_len
     experts = {
