@@ -4,12 +4,14 @@ very same cache and outputs as eviction inside it, and the memory plan's say on 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from tests.worldgen.test_fast import _cache, _call, _full_size_plan, _stacked, chunks_io, dit, fast_root  # noqa: F401
 from worldgen.models.chunk_graph import ChunkGraphs
-from worldgen.models.kv_cache import CacheSpec
+from worldgen.models.kv_cache import CacheSpec, KVCache
 from worldgen.pipelines.fast_plan import FastOptions
 
 
@@ -212,3 +214,31 @@ def test_a_server_pipeline_on_cuda_runs_text_and_vae_ahead_and_gives_the_same_vi
     plain = load_pipeline("tiny", device="cuda", model="fast", use_text_cache=False)
     assert "first_use_ahead_s" not in plain.engine
     assert torch.equal(plain.generate(*job), video)
+
+
+@pytest.mark.parametrize("storage", ["model", "fp8"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_keys_only_refresh_writes_the_cache_a_whole_refresh_writes(dit, chunks_io, device, storage):  # noqa: F811
+    """The cache refresh's last block only writes its keys and values (its output is not read): the same
+    cache bit for bit, so the same next chunks (on CUDA through the same hand-written kernels)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = dit if device == "cpu" else copy.deepcopy(dit).to(device, dtype)
+    io = {name: t.to(device, dtype if t.is_floating_point() else t.dtype) for name, t in chunks_io.items()}
+    spec = CacheSpec(60, 10, storage, rolling=True, sink_frames=1)  # chunk 2 evicts after the sink
+    whole, keys = (KVCache(spec, 2, 2, 16, dtype, device) for _ in range(2))
+    graphs = ChunkGraphs(model)
+    zero = torch.zeros(1, dtype=torch.int64, device=device)
+    for c in range(3):
+        for cache in (whole, keys):
+            out = _graph_call(graphs, io, cache, c)
+        assert torch.equal(out, _graph_call(graphs, io, whole, c))
+        f = slice(3 * c, 3 * c + 3)
+        args = (io["x_clean"][:, f][None], zero, [io["context"]], io["y"][:, f][None], io["cam"][:, :, f])
+        assert graphs(*args, cache=whole, current_start=30 * c) is not None
+        assert graphs(*args, cache=keys, current_start=30 * c, keys_only=True) is None
+        assert (whole.global_end, whole.local_end) == (keys.global_end, keys.local_end)
+        written = slice(0, whole.local_end)  # an FP8 store's other slots were never written (torch.empty)
+        for which in ("k", "v", "k_scale", "v_scale") if storage == "fp8" else ("k", "v"):
+            assert torch.equal(_stacked(whole, which, written), _stacked(keys, which, written)), (c, which)

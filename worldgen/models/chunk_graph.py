@@ -68,7 +68,10 @@ class ChunkGraphs:
         *,
         cache: KVCache,
         current_start: int,
-    ) -> torch.Tensor:
+        keys_only: bool = False,
+    ) -> torch.Tensor | None:
+        """`keys_only` (a cache refresh): where the call runs eagerly, only what the cache takes is
+        computed and None comes back (`WanCameraDiT.forward_tokens`); a capture or replay runs it whole."""
         model = self.model
         f, h, w = model.grid(x)
         cache.begin(current_start, f * h * w)
@@ -92,7 +95,7 @@ class ChunkGraphs:
         elif cuda and decision == "replay" and self.graph is not None:
             out = self._replay(x, t, y, cam, rope)
         if out is None:
-            out = model.forward_tokens(x, t, context, y, cam, cache, rope)
+            out = model.forward_tokens(x, t, context, y, cam, cache, rope, keys_only)
         self.decisions.append(decision)
         cache.commit()
         return out

@@ -114,10 +114,8 @@ class LayerKV:
                 n = min(ev, kept - lo)
                 t[:, sink + lo : sink + lo + n] = t[:, sink + ev + lo : sink + ev + lo + n]
 
-    def update(self, k: torch.Tensor, v: torch.Tensor, fp8_window: bool = False) -> tuple:
-        """Write this call's rotated keys and values [1, L, n, d]; return the window to attend to: in
-        k's dtype, or, with `fp8_window` and FP8 storage, as two `QuantizedTensor`s (one scale each,
-        made from the stored bytes: the FP8 attention's input without a bf16 copy of the window)."""
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write this call's rotated keys and values [1, L, n, d] into its slots (after its eviction)."""
         step = self.owner.step
         if step.evict:
             self.shift(step)
@@ -125,14 +123,24 @@ class LayerKV:
         if self.fp8:
             for value, store, scale in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
                 fused.quantize_per_token_into(value, store[:, start:end], scale[:, start:end])
+        else:
+            self.k[:, start:end] = k
+            self.v[:, start:end] = v
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, fp8_window: bool = False) -> tuple:
+        """`write`, then return the window to attend to: in k's dtype, or, with `fp8_window` and FP8
+        storage, as two `QuantizedTensor`s (one scale each, made from the stored bytes: the FP8
+        attention's input without a bf16 copy of the window)."""
+        self.write(k, v)
+        step = self.owner.step
+        end = step.write_end
+        if self.fp8:
             lo = step.window_start
             windows = ((self.k[:, lo:end], self.k_scale[:, lo:end]), (self.v[:, lo:end], self.v_scale[:, lo:end]))
             if fp8_window:
                 return tuple(QuantizedTensor(*fused.requantize_per_tensor(d, s)) for d, s in windows)
             # dequantized in the compute dtype: one window-sized copy per layer, freed after attention
             return tuple(fused.dequantize_per_token(d, s, k.dtype) for d, s in windows)
-        self.k[:, start:end] = k
-        self.v[:, start:end] = v
         return self.k[:, step.window_start : end], self.v[:, step.window_start : end]
 
 

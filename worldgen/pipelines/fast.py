@@ -386,9 +386,18 @@ class FastPipeline(Pipeline):
                 # only changes the cache; the last chunk's refresh is skipped (nothing reads it)
                 yield x0
                 if c + 1 < chunks:
-                    # refresh: the cache gets the clean chunk's keys/values (output discarded)
+                    # refresh: the cache gets the clean chunk's keys/values (the last block only writes them)
                     with torch.profiler.record_function("cache refresh"):
-                        forward(x0[None], timesteps[-1], context, y_c, cam_c, cache=cache, current_start=start)
+                        forward(
+                            x0[None],
+                            timesteps[-1],
+                            context,
+                            y_c,
+                            cam_c,
+                            cache=cache,
+                            current_start=start,
+                            keys_only=True,
+                        )
                     progress("denoise", (c + 1) * (steps + 1), total)
         finally:  # also when the consumer stops early (a cancelled job)
             forward.close()
