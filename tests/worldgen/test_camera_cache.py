@@ -81,6 +81,27 @@ def test_a_cache_of_the_first_blocks_gives_the_same_output_and_keeps_the_tokens_
     assert cache.nbytes() == sum(t.numel() * t.element_size() for t in (*cache.blocks[0], cache.tokens))
 
 
+def test_a_slab_cache_holds_every_covered_block_in_one_tensor_and_frees_it_whole(dit, io):
+    """A streamed Fast job frees its chunk's modulation before each decode: one allocation, not dozens."""
+    cam = io["cam"]
+    inputs = (io["x"][None], torch.tensor([900]), [io["context"]], io["y"][None])
+    with torch.no_grad():
+        plain = dit(*inputs, cam)
+        dit.camera_cache = cache = CameraCache(slab=True)
+        try:
+            first, second = dit(*inputs, cam), dit(*inputs, cam)
+            slab = cache.slab
+            assert slab.shape[:2] == (len(dit.blocks), 2)
+            assert all(t.untyped_storage().data_ptr() == slab.untyped_storage().data_ptr()
+                       for pair in cache.blocks.values() for t in pair)  # fmt: skip
+            cache.clear()
+            assert cache.slab.numel() == 0 and not cache.blocks
+            again = dit(*inputs, cam)  # a new slab, the same numbers
+        finally:
+            dit.camera_cache = None
+    assert torch.equal(first, plain) and torch.equal(second, plain) and torch.equal(again, plain)
+
+
 def test_the_pipeline_caches_per_expert_gives_the_same_latent_and_frees_it(case):  # noqa: F811
     pipe, settings, example, io = case
     context, negative = pipe.encode_ids(io["ids"], io["mask"])

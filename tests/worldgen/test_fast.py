@@ -342,8 +342,8 @@ def test_the_camera_modulation_is_kept_in_as_many_blocks_as_the_plan_has_room_fo
     assert (
         camera_blocks(0.05, 4524, 5120, 40, torch.bfloat16) == 0 == camera_blocks(-2.0, 4524, 5120, 40, torch.bfloat16)
     )
-    # 24 GiB at 480p: beside a bf16 VAE (fp8), the half of its float32 figures it leaves unused; none beside
-    # a float32 one (exact), whatever the KV cache leaves
+    # 24 GiB at 480p: beside a bf16 VAE (fp8), the half of its float32 figures it leaves unused, kept through
+    # the decodes; beside a float32 one (exact) none, but 7 from each chunk's first step to its decode
     exact = _full_size_plan(24)
     exact.plan_job(21, 58, 104, FastOptions())
     fp8 = _full_size_plan(24)
@@ -351,9 +351,11 @@ def test_the_camera_modulation_is_kept_in_as_many_blocks_as_the_plan_has_room_fo
     assert fp8.plan_job(21, 58, 104, FastOptions()) == exact.cache_spec  # the same KV cache either way
     saving = fp8.vae_cut.bf16_saving_gib
     assert saving == pytest.approx(3.09, abs=0.01)  # two strips' decoder caches and push, halved
-    assert exact.camera_blocks == 0 and fp8.camera_blocks == camera_blocks(saving, 4524, 5120, 40, torch.bfloat16) == 32
+    assert fp8.camera_blocks == camera_blocks(saving, 4524, 5120, 40, torch.bfloat16) == 32
+    assert (exact.camera_blocks, exact.camera_until_decode, fp8.camera_until_decode) == (7, True, False)
     assert "camera modulation kept a chunk in 32 of 40 blocks" in fp8.describe_plan()
-    assert "in 0 of 40 blocks" in exact.describe_plan()
+    assert "until its decode" not in fp8.describe_plan()
+    assert "in 7 of 40 blocks until its decode (one slab)" in exact.describe_plan()
     # no budget: what the card leaves beside everything resident; every block on an 80 GB card
     unlimited = _full_size_plan(None)
     unlimited.plan_job(21, 58, 104, FastOptions())
@@ -363,7 +365,7 @@ def test_the_camera_modulation_is_kept_in_as_many_blocks_as_the_plan_has_room_fo
 
 
 def test_a_batch_job_at_24_gib_decodes_after_the_loop_and_keeps_every_blocks_camera():
-    for vae_dtype, streamed_blocks in ((torch.float32, 0), (torch.bfloat16, 32)):
+    for vae_dtype, streamed_blocks in ((torch.float32, 7), (torch.bfloat16, 32)):
         streamed, batch = _full_size_plan(24), _full_size_plan(24)
         streamed.vae_dtype = batch.vae_dtype = vae_dtype
         streamed.plan_job(21, 58, 104, FastOptions())
@@ -371,9 +373,13 @@ def test_a_batch_job_at_24_gib_decodes_after_the_loop_and_keeps_every_blocks_cam
         # the same KV cache and tiles (so the same video); the decoder's room goes to the camera
         assert spec == streamed.cache_spec and batch.decode_tile_pixels == streamed.decode_tile_pixels
         assert (streamed.camera_blocks, streamed.decode_after_loop) == (streamed_blocks, False)
+        # a streamed exact job (no block kept through the decodes) keeps 7 blocks from each chunk's first step
+        # to its decode, in one slab freed whole for the decoder's push (measured: 8 and 16 ran, "Session 21")
+        assert streamed.camera_until_decode == (vae_dtype == torch.float32)
         assert (batch.camera_blocks, batch.decode_after_loop) == (40, True)
         assert "in 40 of 40 blocks" in batch.describe_plan() and "after the loop" in batch.describe_plan()
-        assert "after the loop" not in streamed.describe_plan()
+        assert "after the loop" not in streamed.describe_plan() and not batch.camera_until_decode
+        assert ("until its decode (one slab)" in streamed.describe_plan()) == streamed.camera_until_decode
     # chunks asked for on a second stream (the opt-in overlap) keep their room beside the loop
     overlap = _full_size_plan(24)
     overlap.vae_dtype, overlap.overlap_decode = torch.bfloat16, True
@@ -518,7 +524,13 @@ def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
     assert events[last_forward + 1 :] == [("chunk", 0), ("decode", 1), ("chunk", 1), ("decode", 2)]
     assert [t["decode"] > 0 for t in pipe.chunk_timings] == [True, True]
     assert "the first chunk's frames first" in plans[-1]  # conditioning encoded as the loop goes
-    pipe.plan_job = _plan_with(pipe.plan_job, pipe, stream_encode=False)
+    # a streamed job whose chunk's camera modulation is freed before each decode (24 GiB, exact): the same video
+    pipe.plan_job = _plan_with(plan_job, pipe, camera_blocks=1, camera_until_decode=True)
+    freed = pipe.generate(
+        example / "image.jpg", "a room", np.load(example / "poses.npy"), np.load(example / "intrinsics.npy"), settings
+    )
+    assert torch.equal(freed, video) and "1 of 2 blocks until its decode" in plans[-1]
+    pipe.plan_job = _plan_with(plan_job, pipe, stream_encode=False)
     up_front = pipe.generate(
         example / "image.jpg", "a room", np.load(example / "poses.npy"), np.load(example / "intrinsics.npy"), settings
     )

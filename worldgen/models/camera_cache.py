@@ -14,7 +14,10 @@ It costs 2 x tokens x dim values in the compute dtype per block (26.8 GiB for th
 480p in bf16; 3.5 GiB for a Fast chunk), so `worldgen.runtime.memory.MemoryPlan` turns it on only
 where that fits beside everything else (an 80 GB card, not a 24 GB one), and the pipeline attaches
 it to one expert at a time. The Fast pipeline may cover only the first `max_blocks` blocks (what its
-plan leaves after the KV cache): the camera tokens are then kept too, for the blocks after them.
+plan leaves after the KV cache): the camera tokens are then kept too, for the blocks after them. A
+streamed Fast job at 24 GiB keeps them in one slab from a chunk's first step to its decode, and frees it
+whole there for the decoder (blocks' tensors freed one by one ran out of memory in fragments: docs/
+benchmarks.md, "Session 18: Fast" and "Session 21: Fast").
 """
 
 from __future__ import annotations
@@ -39,11 +42,14 @@ class CameraCache:
     a forward given another tensor (another job, another chunk) recomputes and replaces them.
     `max_blocks` (None: every block) caps how many blocks are covered, from the first."""
 
-    def __init__(self, max_blocks: int | None = None) -> None:
+    def __init__(self, max_blocks: int | None = None, slab: bool = False) -> None:
         self.max_blocks = max_blocks
         self.source: torch.Tensor | None = None
         self.tokens: torch.Tensor | None = None  # the camera tokens, kept while a block is not covered
         self.blocks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # `slab`: every covered block's (scale, shift) in one tensor, so `clear` frees one allocation
+        # whole for whatever comes next (a chunk's decode), not dozens amid its transients
+        self.slab: torch.Tensor | None = None if not slab else torch.empty(0)
 
     def covered(self, num_blocks: int) -> int:
         return num_blocks if self.max_blocks is None else min(self.max_blocks, num_blocks)
@@ -65,15 +71,26 @@ class CameraCache:
             tokens = embed(cam)
         for i in range(covered):
             if i not in self.blocks:
-                self.blocks[i] = blocks[i].camera_modulation(tokens)
+                self.blocks[i] = self._kept(i, covered, blocks[i].camera_modulation(tokens))
         self.tokens = tokens if covered < len(blocks) else None
         return [self.blocks[i] if i < covered else tokens for i in range(len(blocks))]
+
+    def _kept(self, i: int, covered: int, pair: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.slab is None:
+            return pair
+        if self.slab.shape[:2] != (covered, 2) or self.slab.shape[2:] != pair[0].shape:
+            self.slab = torch.empty((covered, 2, *pair[0].shape), dtype=pair[0].dtype, device=pair[0].device)
+        self.slab[i, 0].copy_(pair[0])
+        self.slab[i, 1].copy_(pair[1])
+        return self.slab[i, 0], self.slab[i, 1]
 
     def restart(self, cam: torch.Tensor) -> None:
         self.source, self.tokens, self.blocks = cam, None, {}
 
     def clear(self) -> None:
         self.source, self.tokens, self.blocks = None, None, {}
+        if self.slab is not None:
+            self.slab = torch.empty(0)
 
     def nbytes(self) -> int:
         kept = [t for pair in self.blocks.values() for t in pair] + ([] if self.tokens is None else [self.tokens])

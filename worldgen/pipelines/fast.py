@@ -16,6 +16,7 @@ chunks (a warning says so); the camera path spans the poses of the 4n+1 frames a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -38,9 +39,11 @@ from worldgen.pipelines.fast_conditioning import ChunkConditioning, FastCamera
 from worldgen.pipelines.fast_plan import (
     GRAPH_POOL_BYTES_PER_TOKEN,
     LOOP_MARGIN_GIB,
+    CameraChoice,
     FastOptions,
     StreamVAE,
     camera_blocks,
+    camera_choice,
     fast_frames,
     fast_schedule,
     full_cache_spec,
@@ -96,6 +99,7 @@ class FastPipeline(Pipeline):
         self.chunk_timings: list[dict[str, float]] = []  # seconds per chunk of the last `generate`
         self.camera_blocks = 0  # blocks whose camera modulation a chunk's forwards share (`plan_job` decides)
         self.decode_after_loop = False  # a batch job's chunks decode after the loop (`plan_job` decides)
+        self.camera_until_decode = False  # a chunk's camera modulation is freed before its decode (`plan_job`)
 
     def set_compute(self, compute: str) -> None:
         """Switch the DiT's compute between jobs (the bench compares both in one process); the VAE is
@@ -149,7 +153,8 @@ class FastPipeline(Pipeline):
                 spec, why, cut, stream_encode = self._fit_loop(usable, chunk_tokens, height, width, cache_for)
                 # what the KV cache leaves is no room in practice: 7 blocks' camera beside the float32 VAE
                 # made its decode retry allocations at the cap (docs/benchmarks.md, "Session 15: Fast"), and
-                # 8-17 blocks freed before each decode ran out of memory at a 24 GiB card's cap ("Session 18")
+                # 8-17 blocks' tensors freed before each decode ran out of memory ("Session 18"; one slab
+                # freed whole ran, "Session 21": `camera_choice`)
                 spare = 0.0
         except ValueError as exc:
             raise InputError(str(exc)) from None
@@ -168,17 +173,13 @@ class FastPipeline(Pipeline):
         self.cache_spec, self.cache_reason = spec, why
         if spare is not None and self.vae_dtype == torch.bfloat16:
             spare += cut.bf16_saving_gib
-        self.camera_blocks = camera_blocks(spare, chunk_tokens, cfg.dim, cfg.num_layers, self.dtype)
-        self.decode_after_loop = False
-        if usable is not None and not streamed and not self._keeps_forward():
-            # a batch job: the decoder's caches and push need not sit beside the loop, and their room keeps
-            # the camera modulation of more blocks (the same KV cache and tiles, so the same video; the
-            # whole sooner, the chunks at the end: docs/benchmarks.md, "Session 20: Fast")
+        choice = CameraChoice(camera_blocks(spare, chunk_tokens, cfg.dim, cfg.num_layers, self.dtype))
+        if usable is not None and not self._keeps_forward():  # the same KV cache and tiles: the same video
             kv = spec.planned_bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype) / GiB
             room = usable - self._loop_fixed_gib()[0] - kv - activation_gib(chunk_tokens)
-            blocks = camera_blocks(room, chunk_tokens, cfg.dim, cfg.num_layers, self.dtype)
-            if blocks > self.camera_blocks:
-                self.camera_blocks, self.decode_after_loop = blocks, True
+            dims = (cfg.dim, cfg.num_layers)
+            choice = camera_choice(choice.blocks, streamed, room, cut.decode_push_gib, chunk_tokens, dims, self.dtype)
+        self.camera_blocks, self.decode_after_loop, self.camera_until_decode = dataclasses.astuple(choice)
         if self.on_plan is not None:
             self.on_plan(self.describe_plan())
         return spec
@@ -276,6 +277,7 @@ class FastPipeline(Pipeline):
                 line += (
                     f"; camera modulation kept a chunk in {self.camera_blocks} of {self.dit_config.num_layers} blocks"
                 )
+                line += " until its decode (one slab)" if self.camera_until_decode else ""
             elif line.startswith("  encode"):
                 when = "every frame before the loop"
                 if getattr(self, "stream_encode", False):
@@ -340,7 +342,7 @@ class FastPipeline(Pipeline):
         forward = self.chunk_graphs = ChunkGraphs(model, allowed=self.use_chunk_graphs and self.graph_room)
         # a chunk's 5 forwards share its camera's modulation where the plan has room (not with graphs: eager)
         if plucker is not None and self.camera_blocks and not forward.allowed:
-            model.camera_cache = CameraCache(self.camera_blocks)
+            model.camera_cache = CameraCache(self.camera_blocks, slab=self.camera_until_decode)
         device, steps = self.device, len(schedule.timesteps)
         # one tensor per timestep, the refresh's 0 last: their time conditioning is computed once (eager)
         timesteps = [torch.tensor([t], dtype=torch.int64, device=device) for t in (*schedule.timesteps, 0)]
@@ -384,6 +386,8 @@ class FastPipeline(Pipeline):
                     progress("denoise", c * (steps + 1) + s + 1, total)
                 # the chunk is final: hand it out (to be decoded and shown) before the refresh, which
                 # only changes the cache; the last chunk's refresh is skipped (nothing reads it)
+                if self.camera_until_decode and model.camera_cache is not None:
+                    model.camera_cache.clear()  # its room is the decoder's
                 yield x0
                 if c + 1 < chunks:
                     # refresh: the cache gets the clean chunk's keys/values (the last block only writes them)

@@ -17,7 +17,7 @@ from worldgen.models.kv_cache import MODES, CacheSpec
 from worldgen.models.vae_tiling import streamed_tiles
 from worldgen.pipelines.camera import TEMPORAL_STRIDE, frames_for_poses
 from worldgen.pipelines.scheduler import FlowUniPCScheduler
-from worldgen.runtime.memory import GiB
+from worldgen.runtime.memory import GiB, activation_gib
 
 TIMESTEP_INDICES = (0, 179, 358, 679)  # of the 1000-step schedule: 4 steps, as the model was distilled
 NUM_TRAIN_TIMESTEPS = 1000
@@ -208,6 +208,41 @@ def camera_blocks(spare_gib: float | None, chunk_tokens: int, dim: int, num_laye
         return num_layers
     tokens = 1.1 * chunk_tokens * dim * elem / GiB
     return max(0, int((spare_gib - tokens) // per_block))
+
+
+# A streamed exact chunk forward's transient peak above `activation_gib`, per token: measured on the H100 at
+# 4,524 tokens under 24 GiB (docs/benchmarks.md, "Session 21: Fast"), 16 blocks' camera kept until each
+# decode raised the peak allocation 0.6 GiB above the decode's: the forwards' own room was 0.78 GiB, not
+# the 1.70 GiB that the push less `activation_gib` gives (8 blocks left the peak where it was)
+FORWARD_EXCESS_BYTES_PER_TOKEN = 0.92 * GiB / 4524
+
+
+@dataclasses.dataclass(frozen=True)
+class CameraChoice:
+    """How a job's chunks keep their camera's modulation (`worldgen.models.camera_cache`)."""
+
+    blocks: int  # blocks whose modulation a chunk's forwards share
+    decode_after_loop: bool = False  # a batch job: the chunks decode after the loop, the decoder's room is the camera's
+    until_decode: bool = False  # a streamed job: each chunk's modulation (one slab) is freed before its decode
+
+
+def camera_choice(
+    kept: int, streamed: bool, loop_room_gib: float, push_gib: float, chunk_tokens: int, dims: tuple, dtype
+) -> CameraChoice:
+    """Under a budget, with `kept` blocks kept through each decode (what the KV cache leaves): a batch job
+    whose chunks nobody takes as they come decodes them after the loop where `loop_room_gib` (the loop
+    without the decoder) keeps more blocks (docs/benchmarks.md, "Session 20: Fast"). A streamed job that
+    keeps none keeps as many as the decoder's push leaves beside a forward, from each chunk's first step
+    to its decode: its other 3 steps share them, the refresh after the decode computes its own ("Session 21")."""
+    dim, num_layers = dims
+    if not streamed:
+        blocks = camera_blocks(loop_room_gib, chunk_tokens, dim, num_layers, dtype)
+        return CameraChoice(blocks, decode_after_loop=True) if blocks > kept else CameraChoice(kept)
+    if kept == 0:
+        room = push_gib - activation_gib(chunk_tokens) - FORWARD_EXCESS_BYTES_PER_TOKEN * chunk_tokens / GiB
+        blocks = camera_blocks(room, chunk_tokens, dim, num_layers, dtype)
+        return CameraChoice(blocks, until_decode=blocks > 0)
+    return CameraChoice(kept)
 
 
 def full_cache_spec(latent_frames: int, frame_tokens: int, options: FastOptions) -> CacheSpec:
