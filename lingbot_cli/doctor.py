@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import platform
+import warnings
 from pathlib import Path
 
 PACKAGES = {  # module -> (what needs it, required for generation)
@@ -82,12 +83,19 @@ def check_checkpoint_arg(ckpt: Path) -> bool:
 
 def print_attention(device) -> None:
     """Which attention kernels this machine runs: what --attention auto picks, and --compute fp8's."""
-    from worldgen.kernels.attention import installed, resolve_backend
+    from worldgen.kernels.attention import import_error, installed, resolve_backend
     from worldgen.kernels.cudnn_attention import attention_note
     from worldgen.kernels.fp8 import unsupported_reason
 
-    hint = "" if installed("flash") else " (pip install flash-attn-4 for FlashAttention 4 on Hopper: faster)"
-    print(f"  attention auto = {resolve_backend('auto')}, base and Fast models{hint}")
+    if not installed("flash"):
+        hint = " (pip install flash-attn-4 for FlashAttention 4 on Hopper: faster)"
+    else:
+        error = import_error("flash")
+        hint = f" (FlashAttention is installed but does not import: {error}; reinstall it)" if error else ""
+    with warnings.catch_warnings():  # the hint says it once
+        warnings.simplefilter("ignore")
+        auto = resolve_backend("auto")
+    print(f"  attention auto = {auto}, base and Fast models{hint}")
     fp8_reason = unsupported_reason(device)
     print(f"  fp8      {fp8_reason}" if fp8_reason else f"  fp8      {attention_note(device)}")
 

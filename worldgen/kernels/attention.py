@@ -73,20 +73,43 @@ def _flash_attn_func():
     return flash_attn_func
 
 
+@functools.cache
+def import_error(backend: str) -> str | None:
+    """None when the installed package of an optional backend imports, else why not. A package can be
+    found on disk and still fail to import (FlashAttention 4 without its compiler's libraries, session 21):
+    `auto` must not choose it then."""
+    try:
+        if backend == "flash":
+            _flash_attn_func()
+        else:
+            importlib.import_module(_PACKAGES[backend][0])
+    except Exception as exc:  # noqa: BLE001  (any failure to import: the backend is not usable)
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def resolve_backend(name: str) -> str:
-    """'auto' -> the best installed exact kernel; an explicit choice must be installed.
+    """'auto' -> the best installed exact kernel; an explicit choice must be installed and import.
 
     Both models take FlashAttention where it is installed. (Session 6 kept the Fast model on SDPA: its
     DiT loop, then bound by launches, ran slower with FlashAttention 4, 15.5 s against 14.7 s. Session
     21, a loop bound by the GPU's work: 9.89-9.94 s against 10.37-10.43 s, docs/benchmarks.md.)"""
     if name not in BACKENDS:
         raise InputError(f"attention backend {name!r} is unknown: use one of {', '.join(BACKENDS)}")
-    if name == "auto":
-        return "flash" if installed("flash") else "sdpa"
-    if not installed(name):
-        package, command = _PACKAGES[name]
+    if name == "sdpa" or (name == "auto" and not installed("flash")):
+        return "sdpa"
+    backend = "flash" if name == "auto" else name
+    package, command = _PACKAGES[backend]
+    if not installed(backend):
         raise InputError(f"--attention {name}: the {package} package is not installed ({command}), or use sdpa")
-    return name
+    error = import_error(backend)
+    if error is None:
+        return backend
+    why = f"the installed {package} package does not import ({error})"
+    if name == "auto":
+        warnings.warn(f"--attention auto: {why}; using PyTorch SDPA. Reinstall it ({command}).", stacklevel=2)
+        return "sdpa"
+    raise InputError(f"--attention {name}: {why}: reinstall it ({command}), or use sdpa")
 
 
 _failed: set[str] = set()  # optional kernels that failed once in this process: SDPA from then on
