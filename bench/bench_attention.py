@@ -9,7 +9,8 @@ rel-L2 against PyTorch's SDPA in float32 on the same bf16 inputs:
   sdpa-<kernel>   the same, pinned to one of PyTorch's kernels (flash, cudnn, efficient)
   cudnn-bf16      cuDNN's fused attention through the cuDNN frontend package, each engine plan
   cudnn-fp8       cuDNN's FP8 attention (Q, K, V, P and O in e4m3, per-tensor scales), the kernel
-                  `--compute fp8` uses (worldgen/fp8_attention.py); timed with its quantizations
+                  `--compute fp8` uses (worldgen/kernels/cudnn_attention.py); timed with its
+                  quantizations, alone, and each engine plan alone (with whether it gives plan 0's bits)
   fa4             FlashAttention 4 (the CuTe-DSL package, flash-attn-4), bf16
 
 Kernels whose package is not installed are listed as such. Usage:
@@ -135,6 +136,18 @@ def main(argv: list[str] | None = None) -> int:
         record("cudnn-fp8 (with quantization)", fp8_whole)
         q8, k8, v8 = (quantize_tensor(t) for t in (q, k, v))
         record("cudnn-fp8 (kernel alone)", lambda: cudnn_attention.fp8_attention_quantized(q8, k8, v8).dequantize())
+        # every engine plan of the FP8 graph (the rollouts run the first that runs): its time, and whether it
+        # gives the first plan's bits (plans that sum in another order round differently)
+        first = None
+        for plan in cudnn_attention.plans(q8, k8, v8, kind="fp8"):
+            record(f"cudnn-fp8 {plan.name}", lambda plan=plan: plan(q8, k8, v8).dequantize())
+            try:
+                with torch.no_grad():
+                    out = plan(q8, k8, v8).data
+            except Exception:  # noqa: BLE001  (its failure is recorded above)
+                continue
+            first = out if first is None else first
+            print(f"  {plan.name}: the same bits as the first plan that ran: {torch.equal(out, first)}", flush=True)
 
         # the same FP8 kernel on other memory layouts of its inputs (views of the same [B, L, n, d] shape:
         # cuDNN reads the strides): heads-first, and heads-first with V stored key-major (its rows

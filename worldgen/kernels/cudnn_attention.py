@@ -10,13 +10,19 @@ other type) with its own scale. Same graph for bf16 (`sdpa`), the exact kernel, 
 A graph is built once per (kind, device, shapes, strides) and reused: every block of a forward
 has the same shapes. Inputs come in the DiT's layout, [B, L, heads, dim] views of the projections,
 described to cuDNN by their strides, so nothing is transposed or copied.
+
+A graph runs the heuristics' first engine plan that takes its buffers, not one picked by timing: the
+plans sum in different orders (at the Fast model's shapes cuDNN offers three FP8 plans, and each gives
+other bits), so a choice by timing, which can differ from process to process, would change the rounding
+with it. The first plan was also the fastest measured on the H100: 1.85 ms against 2.01 and 2.12 ms for
+4,524 queries over 15,080 keys, 24.5 against 29.7 and 28.9 ms at the base model's shape
+(docs/benchmarks.md, "Session 22: Fast" and "Session 6").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable
 
 import torch
@@ -62,7 +68,7 @@ class _Graph:
     graph: object
     tensors: dict[str, object]  # name -> the graph's tensor
     workspace: torch.Tensor
-    plan: int  # the engine plan used (the fastest measured, see `_choose_plan`)
+    plan: int  # the engine plan used (`_choose_plan`)
     plan_count: int
 
     def run(self, buffers: dict[str, torch.Tensor], device: torch.device, plan: int | None = None) -> None:
@@ -131,30 +137,19 @@ def _graph(kind: str, buffers: dict[str, torch.Tensor]) -> _Graph:
 
 
 def _choose_plan(graph: _Graph, buffers: dict[str, torch.Tensor], device: torch.device) -> int:
-    """The fastest plan that runs, timed once per graph (one call each after a warm-up call)."""
-    graph.timings = {}
-    if graph.plan_count == 1:
-        return 0
+    """The heuristics' first plan that runs these buffers: the same one in every process (see above)."""
     for index in range(graph.plan_count):
         try:
             graph.run(buffers, device, index)
-            torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            graph.run(buffers, device, index)
-            torch.cuda.synchronize(device)
         except Exception:  # noqa: BLE001  (a plan that cannot run these buffers is not a choice)
             continue
-        graph.timings[index] = time.perf_counter() - start
-    return min(graph.timings, key=graph.timings.get, default=0)
+        return index
+    return 0  # none ran: the caller's call raises cuDNN's own error
 
 
 def describe() -> list[str]:
-    """One line per graph built so far: its kind, plans and the measured time of each (benchmarks)."""
-    lines = []
-    for key, graph in _graphs.items():
-        times = ", ".join(f"{i}: {t * 1e3:.1f} ms" for i, t in sorted(getattr(graph, "timings", {}).items()))
-        lines.append(f"{key[0]} graph, {graph.plan_count} plan(s), chosen {graph.plan} ({times or 'one plan'})")
-    return lines
+    """One line per graph built so far: its kind, how many plans and the one chosen (benchmarks)."""
+    return [f"{key[0]} graph, {graph.plan_count} plan(s), chosen {graph.plan}" for key, graph in _graphs.items()]
 
 
 def bf16_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: int | None = None) -> torch.Tensor:
@@ -165,14 +160,19 @@ def bf16_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: int 
     return o
 
 
-def plans(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> list[Callable[..., torch.Tensor]]:
-    """One callable per engine plan of the bf16 graph for these inputs (for benchmarks)."""
-    o = torch.empty_like(q)
-    count = _graph("bf16", {"q": q, "k": k, "v": v, "o": o}).plan_count
+def plans(q, k, v, kind: str = "bf16") -> list[Callable]:
+    """One callable per engine plan of the `kind` graph for these inputs (benchmarks): bf16 q, k, v for
+    "bf16" (-> bf16 output), `QuantizedTensor`s for "fp8" (-> `QuantizedTensor`)."""
+    if kind == "bf16":
+        count = _graph("bf16", {"q": q, "k": k, "v": v, "o": torch.empty_like(q)}).plan_count
+        run_plan = bf16_attention
+    else:
+        count = _graph("fp8", _fp8_buffers(q, k, v)).plan_count
+        run_plan = fp8_attention_quantized
 
     def runner(index: int):
         def run(q, k, v):
-            return bf16_attention(q, k, v, plan=index)
+            return run_plan(q, k, v, plan=index)
 
         run.name = f"plan {index}"
         return run
@@ -191,22 +191,28 @@ def fp8_unsupported_reason(device: torch.device) -> str | None:
     return None
 
 
-def fp8_attention_quantized(q: QuantizedTensor, k: QuantizedTensor, v: QuantizedTensor) -> QuantizedTensor:
-    """cuDNN's FP8 attention on already quantized Q, K, V; O comes back in e4m3 with its scale.
-
-    |O| <= max|V| (each row of O is a convex combination of V's rows), so O's scale is V's: no
-    second pass over O to find its range."""
+def _fp8_buffers(q: QuantizedTensor, k: QuantizedTensor, v: QuantizedTensor) -> dict[str, torch.Tensor]:
     device = q.data.device
-    o = torch.empty(q.data.shape[:-1] + v.data.shape[-1:], device=device, dtype=FP8)
     one = torch.ones((1, 1, 1, 1), device=device, dtype=torch.float32)
-    buffers = {
-        "q": q.data, "k": k.data, "v": v.data, "o": o,
+    return {
+        "q": q.data, "k": k.data, "v": v.data,
+        "o": torch.empty(q.data.shape[:-1] + v.data.shape[-1:], device=device, dtype=FP8),
         "descale_q": q.descale, "descale_k": k.descale, "descale_v": v.descale,
         "descale_s": one / P_SCALE, "scale_s": one * P_SCALE, "scale_o": 1.0 / v.descale,
         "amax_s": torch.empty_like(one), "amax_o": torch.empty_like(one),
     }  # fmt: skip
-    _graph("fp8", buffers).run(buffers, device)
-    return QuantizedTensor(o, v.descale)
+
+
+def fp8_attention_quantized(
+    q: QuantizedTensor, k: QuantizedTensor, v: QuantizedTensor, plan: int | None = None
+) -> QuantizedTensor:
+    """cuDNN's FP8 attention on already quantized Q, K, V; O comes back in e4m3 with its scale.
+
+    |O| <= max|V| (each row of O is a convex combination of V's rows), so O's scale is V's: no
+    second pass over O to find its range."""
+    buffers = _fp8_buffers(q, k, v)
+    _graph("fp8", buffers).run(buffers, q.data.device, plan)
+    return QuantizedTensor(buffers["o"], v.descale)
 
 
 def attention_note(device: torch.device | str) -> str:
