@@ -239,6 +239,8 @@ def rollout(
         "finite": all(bool(torch.isfinite(video[:, i]).all()) for i in range(video.shape[1])),
         # the video's bytes, to tell whether two rollouts (streamed and batch) made the same one
         "video_sha1": hashlib.sha1(video.contiguous().numpy()).hexdigest(),
+        # the chunks' final latents' bytes: whether a difference between two videos comes from the DiT
+        "latent_sha1": hashlib.sha1(torch.cat(pipe.last_latents, dim=1).contiguous().numpy()).hexdigest(),
         "memory_trace": trace,
         "loads": {name: round(slot.load_seconds, 2) for name, slot in (("dit", pipe.dit), ("vae", pipe.vae))},
     }
@@ -389,6 +391,13 @@ def main() -> None:
           f"{results['compile_ahead_seconds']} s; text and VAE ahead, {args.first_use}: "
           f"{results['first_use_ahead_seconds']} s; graphs compiled so far: {compiled_graphs()}; Triton variants: "
           f"{triton_variants()})", flush=True)  # fmt: skip
+    from worldgen.kernels.cudnn_attention import attention_note
+
+    # which attention kernels the rollouts run: a figure means little without it (session 21's fp8 rollouts
+    # ran without the cuDNN frontend, so with bf16 attention, and nothing said so)
+    results["attention_note"] = attention_note(device) if "fp8" in args.compute else None
+    print(f"attention: --attention {args.attention} -> {results['attention']}"
+          + (f"; {results['attention_note']}" if results["attention_note"] else ""), flush=True)  # fmt: skip
     plans = []
     pipe.on_plan = plans.append
     results["rollouts"] = []
