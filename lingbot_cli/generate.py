@@ -90,13 +90,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="frames, 4n+1 (rounded down), at most what the poses cover " + _preset_default("frame_num"),
     )
-    gen.add_argument("--steps", type=int, help="denoising steps " + _preset_default("steps"))
+    gen.add_argument("--steps", type=int, help=FIELD_BY_NAME["steps"].help + " " + _preset_default("steps"))
     gen.add_argument("--shift", type=float, help="noise schedule shift " + _preset_default("shift"))
     gen.add_argument(
         "--guide-scale",
         help="classifier-free guidance: one value, or low,high per expert " + _preset_default("guide_scale"),
     )
-    gen.add_argument("--seed", type=int, help="random seed of the initial noise " + _preset_default("seed"))
+    gen.add_argument("--seed", type=int, help=FIELD_BY_NAME["seed"].help + " " + _preset_default("seed"))
     gen.add_argument("--negative-prompt", help="negative prompt (default: the i2v-A14B one)")
     run = parser.add_argument_group("runtime")
     run.add_argument("--device", help=f"{DEVICE_HELP} (default: auto)")

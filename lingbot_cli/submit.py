@@ -31,10 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("episode", type=Path, help="episode folder: poses.npy, intrinsics.npy, image.jpg, prompt.txt")
     parser.add_argument("--server", default=DEFAULT_ENDPOINT, help="the server's endpoint")
     parser.add_argument("--out", type=Path, help="where to write the mp4 (default: EPISODE/rollout.mp4)")
-    parser.add_argument("--steps", type=int, help="denoising steps " + FROM_EPISODE)
+    parser.add_argument("--steps", type=int, help=FIELD_BY_NAME["steps"].help + " " + FROM_EPISODE)
     parser.add_argument("--frame-num", type=int, help="frames to generate, 4n+1 " + FROM_EPISODE)
     parser.add_argument("--size", help="max area as H*W, e.g. 480*832 " + FROM_EPISODE)
-    parser.add_argument("--seed", type=int, help="random seed of the initial noise " + FROM_EPISODE)
+    parser.add_argument("--seed", type=int, help=FIELD_BY_NAME["seed"].help + " " + FROM_EPISODE)
     parser.add_argument("--model", choices=MODELS, help="base or fast (LingBot-World-Fast) " + FROM_EPISODE)
     parser.add_argument(
         "--gpus", type=int, choices=(1, 2), help="per job: " + FIELD_BY_NAME["gpus"].help + " " + FROM_EPISODE
