@@ -178,10 +178,15 @@ def main() -> int:
     summary = verdict(rows, args.pace)
     print(f"live job: {args.frame_num} frames at {size}, poses at {POSE_FPS * args.pace:g}/s "
           f"({args.ckpt}, {args.device})")  # fmt: skip
-    print(" chunk  poses  started_s  sent_s  pose-to-pixels_s  client_s  behind")
+    # the worker's own seconds per chunk (the rollout's record): where a chunk's time went on its side
+    worker = ((figures["provenance"] or {}).get("timings") or {}).get("chunks") or []
+    print(" chunk  poses  started_s  sent_s  pose-to-pixels_s  client_s  behind  worker: DiT_s  decode_s  wall_s")
     for r in rows:
+        w = worker[r["index"]] if r["index"] < len(worker) else {}
         print(f" {r['index']:5d}  {r['poses']:5d}  {r['started_s']:9.2f}  {r['sent_s']:6.2f}  {r['lag_s']:16.2f}"
-              f"  {r['client_lag_s'] if r['client_lag_s'] is not None else float('nan'):8.2f}  {r['behind']:6d}")  # fmt: skip
+              f"  {r['client_lag_s'] if r['client_lag_s'] is not None else float('nan'):8.2f}  {r['behind']:6d}"
+              f"  {w.get('dit', float('nan')):13.2f}  {w.get('decode', float('nan')):8.2f}"
+              f"  {w.get('wall', float('nan')):6.2f}")  # fmt: skip
     print(f"chunks/s {summary['chunk_rate_per_s']} (the poses complete {summary['pose_chunk_rate_per_s']}/s): "
           f"keeps up: {summary['keeps_up']}; lag first {summary['lag_first_s']} s, median {summary['lag_median_s']} s, "
           f"last {summary['lag_last_s']} s")  # fmt: skip

@@ -38,6 +38,7 @@ class BlockTimes:
     forwards_seen: int = 0
     launches: list[int] = dataclasses.field(default_factory=lambda: [0, 0])  # (direct, through Triton)
     host_functions: list[tuple[str, int, float]] = dataclasses.field(default_factory=list)  # the next forward's
+    engine_functions: list[tuple[str, int, float]] = dataclasses.field(default_factory=list)  # (cumulative ms)
 
     def summary(self) -> str:
         if not self.cpu:
@@ -51,13 +52,21 @@ class BlockTimes:
         bound = "the CPU" if cpu_ms > gpu_ms else "the GPU"
         per_block = ", ".join(f"{c * 1e3:.2f}/{g * 1e3:.2f}" for c, g in zip(self.cpu[:4], self.gpu[:4], strict=True))
         text = f"{text}, GPU {gpu_ms:.1f} ms: bound by {bound} (first blocks, CPU/GPU ms: {per_block})"
-        top = "; ".join(f"{name} {calls}x {ms:.1f} ms" for name, calls, ms in self.host_functions[:8])
-        return f"{text}\n  host time of forward {self.forward + 1} under cProfile, by own time: {top}" if top else text
+        # the synchronisations are the profiler's own waits for the GPU (it is kept busy), not host work
+        own = [row for row in self.host_functions if "synchronize" not in row[0]]
+        top = "; ".join(f"{name} {calls}x {ms:.1f} ms" for name, calls, ms in own[:20])
+        ours = "; ".join(f"{name} {calls}x {ms:.1f} ms" for name, calls, ms in self.engine_functions[:20])
+        if not top:
+            return text
+        return (
+            f"{text}\n  host time of forward {self.forward + 1} under cProfile, by own time: {top}"
+            f"\n  the engine's functions there, by cumulative time: {ours}"
+        )
 
     def as_dict(self) -> dict:
         return {"forward": self.forward, "cpu_ms": [round(c * 1e3, 3) for c in self.cpu],
                 "gpu_ms": [round(g * 1e3, 3) for g in self.gpu], "launches_direct_triton": self.launches,
-                "host_functions": self.host_functions}  # fmt: skip
+                "host_functions": self.host_functions, "engine_functions": self.engine_functions}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -80,6 +89,7 @@ def blocks_timed(forward: int) -> Iterator[BlockTimes]:
             timing = False
             if profiler is not None:
                 times.host_functions = _by_own_time(profiler)
+                times.engine_functions = _engine_by_cumulative_time(profiler)
 
     def block_forward(self, x, *args, **kwargs):
         if not timing:
@@ -113,7 +123,7 @@ def blocks_timed(forward: int) -> Iterator[BlockTimes]:
         WanCameraDiT.forward_tokens, Block.forward = plain_forward_tokens, plain_block
 
 
-def _by_own_time(profiler: cProfile.Profile, top: int = 25) -> list[tuple[str, int, float]]:
+def _by_own_time(profiler: cProfile.Profile, top: int = 40) -> list[tuple[str, int, float]]:
     """(file:line(function), calls, own ms) of the `top` functions by their own time."""
     stats = pstats.Stats(profiler).stats  # {(file, line, name): (primitive calls, calls, own s, cumulative s, callers)}
     rows = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
@@ -121,3 +131,15 @@ def _by_own_time(profiler: cProfile.Profile, top: int = 25) -> list[tuple[str, i
         (f"{Path(file).name}:{line}({name})", calls, round(own * 1e3, 2))
         for (file, line, name), (_, calls, own, _, _) in rows
     ]
+
+
+def _engine_by_cumulative_time(profiler: cProfile.Profile, top: int = 30) -> list[tuple[str, int, float]]:
+    """(file:line(function), calls, cumulative ms) of the engine's own functions (worldgen/), the largest
+    first, less the forward itself: which of its steps the host's time goes to."""
+    stats = pstats.Stats(profiler).stats
+    rows = [
+        (f"{Path(file).name}:{line}({name})", calls, round(cumulative * 1e3, 2))
+        for (file, line, name), (_, calls, _, cumulative, _) in stats.items()
+        if "worldgen" in file and name not in ("forward_tokens", "block_forward")
+    ]
+    return sorted(rows, key=lambda row: row[2], reverse=True)[:top]

@@ -76,6 +76,13 @@ def generate_noting(pipe: Pipeline, *args: Any, **kwargs: Any) -> tuple[Any, lis
     return video, notes
 
 
+def _chunk_seconds(pipe: Pipeline) -> dict[str, Any]:
+    """A Fast rollout's seconds per chunk (DiT, encode, decode, overlap, wall: `FastPipeline.chunk_timings`),
+    where a live job's time went on the worker's side of the wire; nothing for the base model."""
+    chunks = getattr(pipe, "chunk_timings", None)
+    return {"chunks": [{k: round(v, 3) for k, v in t.items()} for t in chunks]} if chunks else {}
+
+
 def rollout_record(
     pipe: Pipeline,
     settings: GenerationSettings,
@@ -133,7 +140,12 @@ def rollout_record(
         adjustments=[*resolved.adjustments, *notes],
         output={"frames": frames, "height": height, "width": width, "fps": settings.fps},
         inputs=inputs,
-        timings={**(timings or {}), **phase_seconds, **{k: round(v, 3) for k, v in peaks.items() if v is not None}},
+        timings={
+            **(timings or {}),
+            **phase_seconds,
+            **{k: round(v, 3) for k, v in peaks.items() if v is not None},
+            **_chunk_seconds(pipe),
+        },
         memory_plan=pipe.describe_plan(),
         torch_version=torch.__version__,
     )

@@ -134,7 +134,7 @@ def test_generate_writes_its_provenance_record_and_the_report_shows_it(tmp_path,
     assert record["settings"]["frame_num"] == 33 and record["requested"]["frame_num"] == 81
     assert record["settings"]["steps"] == 2 and record["settings"]["seed"] == 7
     assert record["checkpoint"]["fingerprint"].startswith("sha256:") and record["checkpoint"]["files"] > 5
-    assert record["versions"]["torch"] and record["timings"]["denoise_s"] > 0
+    assert record["versions"]["torch"] and record["timings"]["denoise_s"] > 0 and "chunks" not in record["timings"]
     for path in (out, out.with_suffix(".json")):
         assert path.stat().st_mode & 0o777 == 0o644, path  # the process umask (022), not mkstemp's 0600
 
@@ -238,6 +238,10 @@ def test_tiny_generate_with_the_fast_model(lingbot_examples, tmp_path, cache):
     # the record holds the Fast plan that ran (its DiT loop and this job's KV cache), not the base's experts
     assert "Fast DiT resident" in record["memory_plan"] and "kv cache" in record["memory_plan"]
     assert "experts" not in record["memory_plan"]
+    # each chunk's seconds, where a live job's time went on the worker's side: 21 frames = 2 chunks
+    chunks = record["timings"]["chunks"]
+    assert len(chunks) == 2 and all(c["dit"] > 0 and c["decode"] > 0 for c in chunks)
+    assert all(abs(c["wall"] - c["dit"] - c["encode"] - c["decode"]) <= 0.002 for c in chunks)
     meta, frames = read_frames(out)
     assert len(frames) == 21 and meta["size"] == (160, 80)
 
