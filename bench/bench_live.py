@@ -7,8 +7,9 @@ Usage:
     python bench/bench_live.py --ckpt /tmp/fast-synth --build-synthetic --device cuda --vram-budget 24 \\
         --size 480*832 --frame-num 81 --startup-timeout 1800 --json out/bench_live.json
 
-A real `lingbot-isaac serve` subprocess ([worker] model fast, warm: one short job first so the Fast DiT,
-umT5 and the VAE are resident before the clock starts). The client opens a live job with the episode's
+A real `lingbot-isaac serve` subprocess ([worker] model fast, warm: one batch job of the live job's
+frames first, so the Fast DiT, umT5 and the VAE are resident and every chunk's kernels and cuDNN graphs
+made before the clock starts; --warm-frames 9 leaves the chunks after the first to the live job). The client opens a live job with the episode's
 first frame (default data/sample_room; its path is continued at its last velocity when --frame-num asks
 for more poses) and sends one pose every 1/16 s times 1/--pace (each pose in its own batch, as a
 simulation step would). Per chunk it prints the pose-to-pixels latency (the server's: from the chunk's
@@ -139,6 +140,12 @@ def main() -> int:
     parser.add_argument(
         "--frame-num", type=int, default=FIELD_BY_NAME["frame_num"].default, help="the live job's planned frames"
     )
+    parser.add_argument(
+        "--warm-frames",
+        type=int,
+        help="frames of the batch job run before the clock (default: --frame-num, so every chunk's shapes and "
+        "kernels are the warm process's; 9: one chunk, the process's first use of the others in the live job)",
+    )
     parser.add_argument("--pace", type=float, default=1.0, help="poses at 16/s times this (0: as fast as taken)")
     parser.add_argument("--episode", type=Path, default=REPO / "data" / "sample_room", help="first frame, prompt, path")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds for the worker to load")
@@ -165,7 +172,8 @@ def main() -> int:
                 print(f"worker ready: loaded in {reported.get('load_s')} s (kernels compiled ahead "
                       f"{ahead.get('compile_ahead_s')} s, text and VAE run ahead {ahead.get('first_use_ahead_s')} s)",
                       flush=True)  # fmt: skip
-                warm = client.submit(payload, {**settings, "frame_num": 9}).wait()  # models resident, then the clock
+                # models resident and this job's shapes met once, then the clock
+                warm = client.submit(payload, {**settings, "frame_num": args.warm_frames or args.frame_num}).wait()
                 if not isinstance(warm, Result):
                     raise SystemExit(f"the warm-up job failed: {warm}")
                 figures = run_live(client, payload, settings, poses, args.pace)
