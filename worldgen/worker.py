@@ -93,23 +93,6 @@ class Engine(Protocol):
     def after_failure(self) -> None: ...
 
 
-# torch's CPU threads in a worker that computes on a GPU. Its host work is launching kernels, one thread,
-# and what torch does on the CPU beside it (a chunk's pixels to uint8 for its mp4, the live camera) is
-# small; with torch's default of one OpenMP thread per core, those teams spin on every core after each
-# op and the launching thread waits for a core. A live Fast job at 320x576 on the lent H100 (16 cores)
-# made 0.95 chunks a second with torch's default, its chunks' DiT 0.6-1.2 s; with 2 threads 1.24
-# chunks a second, every chunk's DiT 0.54-0.77 s (docs/benchmarks.md, "Session 23: Fast").
-GPU_WORKER_CPU_THREADS = 2
-
-
-def host_threads(device: str, environ: dict[str, str] | os._Environ) -> int | None:
-    """torch's CPU threads for a worker on `device`: `GPU_WORKER_CPU_THREADS` on a GPU, None (torch's own
-    choice, or the pool's share: bridge.worker_pool.cpu_threads) on the CPU or where OMP_NUM_THREADS is set."""
-    if device == "cpu" or "OMP_NUM_THREADS" in environ:
-        return None
-    return GPU_WORKER_CPU_THREADS
-
-
 class PipelineEngine:
     """The real engine: a warm pipeline (`worldgen.pipelines.loader`) and `worldgen.rollout.generate_episode`."""
 
@@ -122,9 +105,6 @@ class PipelineEngine:
 
         # "auto" is resolved here, where PyTorch says what there is; `ready` reports the device taken
         self.ckpt, self.device = options.ckpt, str(resolve_device(options.device))
-        threads = host_threads(self.device, os.environ)
-        if threads is not None:
-            torch.set_num_threads(threads)
         # models load lazily (on a job's first use); this checks the checkpoint now. A folder with
         # only one of the models (e.g. only the Fast DiT) serves that model alone.
         other = "fast" if options.model == "base" else "base"
