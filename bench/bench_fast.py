@@ -250,6 +250,13 @@ def rollout(
         "captures": graphs.captures if graphs else 0,
         "decisions": graphs.decisions if graphs else [],
     }
+    blocks = pipe.block_graphs
+    result["block_graphs"] = {
+        "allowed": bool(blocks and blocks.allowed),
+        "captures": blocks.captures if blocks else 0,
+        "decisions": blocks.decisions if blocks else [],
+        "reserved_gib": round(blocks.reserved_bytes / 2**30, 3) if blocks else 0.0,
+    }
     result["per_chunk"] = [{k: round(v, 3) for k, v in t.items()} for t in pipe.chunk_timings]
     result["graphs_compiled_in_process"] = compiled_graphs()
     result["compute"] = pipe.compute
@@ -275,14 +282,17 @@ class Entry:
     serial: bool = False
     host: bool = False  # one steady forward's blocks timed on the host and the GPU (bench.host_bound)
     batch: bool = False  # no client takes the chunks as they come (the worker's job without want_chunks)
+    blocks_eager: bool = False  # 'x': no block graphs (worldgen.models.block_graphs), every block eager
 
 
 def parse_entry(text: str) -> Entry:
-    """'81', '81c', '81go', '81cgop', '81eager', '81serial', '81h', '81b' (see --frames)."""
-    match = re.fullmatch(r"(\d+)(c?)(g?)(o?)(eager|serial)?(p?)(h?)(b?)", text)
+    """'81', '81c', '81go', '81cgop', '81eager', '81serial', '81h', '81b', '81x' (see --frames)."""
+    match = re.fullmatch(r"(\d+)(c?)(g?)(o?)(eager|serial)?(p?)(h?)(b?)(x?)", text)
     if match is None:
-        raise SystemExit(f"--frames entry {text!r}: a frame count with optional letters c, g, o, eager|serial, p, h, b")
-    count, cached, graphs, overlap, less, profile, host, batch = match.groups()
+        raise SystemExit(
+            f"--frames entry {text!r}: a frame count with optional letters c, g, o, eager|serial, p, h, b, x"
+        )
+    count, cached, graphs, overlap, less, profile, host, batch, blocks_eager = match.groups()
     if less:  # the old spellings: both asked for, less one
         graphs_on, overlap_on = less != "eager", less != "serial"
     elif graphs or overlap:
@@ -291,7 +301,7 @@ def parse_entry(text: str) -> Entry:
         graphs_on = overlap_on = enabled_by_environment()
     return Entry(
         int(count), bool(cached), graphs_on, overlap_on, bool(profile), less == "eager", less == "serial", bool(host),
-        bool(batch),
+        bool(batch), bool(blocks_eager),
     )  # fmt: skip
 
 
@@ -436,6 +446,7 @@ def main() -> None:
         profiling, eager, serial, frames, cached = entry.profile, entry.eager, entry.serial, entry.frames, entry.cached
         pipe.use_chunk_graphs = entry.graphs and not sticky_off
         pipe.overlap_decode = entry.overlap and not sticky_off
+        pipe.use_block_graphs = not entry.blocks_eager and not sticky_off
         if cached and context is None:
             (context,) = pipe.encode_text([prompt])
         region = contextlib.nullcontext()
@@ -454,7 +465,7 @@ def main() -> None:
         except Exception as exc:
             traceback.print_exc()
             results["rollouts"].append({"frames_asked": frames, "compute": compute, "error": repr(exc)[:2000]})
-            if pipe.overlap_decode or pipe.use_chunk_graphs:  # one device run is precious: the rest without them
+            if pipe.overlap_decode or pipe.use_chunk_graphs or pipe.block_graph_room:  # one device run is precious
                 print("  the remaining rollouts run without CUDA graphs and without the decode overlap", flush=True)
                 sticky_off = True
             save()
@@ -494,6 +505,13 @@ def main() -> None:
             )
         else:  # every forward ran eagerly: the letters are what the graphs would have done
             print(f"  chunk graphs off (every forward eager); with them the calls would be {calls}", flush=True)
+        blocks = result["block_graphs"]
+        calls = " ".join(d[0] for d in blocks["decisions"])
+        if blocks["allowed"]:
+            print(f"  block graphs: {blocks['captures']} captures, {blocks['reserved_gib']} GiB reserved; calls {calls}",
+                  flush=True)  # fmt: skip
+        else:
+            print("  block graphs off (the plan's say, or x): every block eager", flush=True)
         print("  chunk  DiT s  encode s  decode s  overlap s  s/chunk  vs 0.75 s (16 fps)", flush=True)
         for i, t in enumerate(result["per_chunk"]):
             print(f"  {i:>5}  {t['dit']:5.2f}  {t['encode']:8.2f}  {t['decode']:8.2f}  {t['overlap']:9.2f}  "

@@ -32,7 +32,8 @@ def fast_parser(description: str) -> argparse.ArgumentParser:
         "cache does), g captures chunk forwards as CUDA graphs, o decodes each chunk on a second stream beside "
         "the next chunk's forwards (81cgo), p profiles the rollout (with --profile-dir), h times one steady "
         "forward's blocks on the host and on the GPU (which one bounds it, bench/host_bound.py), b runs it as a "
-        "batch job (no client takes chunks as they come: the plan may decode them after the loop); 81eager / "
+        "batch job (no client takes chunks as they come: the plan may decode them after the loop), x runs every "
+        "block eagerly (no block graphs: worldgen.models.block_graphs); 81eager / "
         "81serial: graphs and overlap asked for, less the graphs / less the overlap",
     )
     parser.add_argument("--golden", type=Path, help="golden/fast folder: parity in bf16 on this device first")

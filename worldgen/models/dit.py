@@ -44,6 +44,7 @@ from worldgen.models.camera_cache import CameraCache
 from worldgen.models.config_json import read_config
 
 if TYPE_CHECKING:
+    from worldgen.models.block_graphs import BlockGraphs
     from worldgen.models.kv_cache import KVCache, LayerKV
 
 
@@ -184,10 +185,21 @@ class SelfAttention(nn.Module):
     ) -> torch.Tensor:
         """Full attention over `x`; with `kv` (the causal model) the keys are those of the KV cache:
         the new (rotated) keys and values are written into it and the query attends to its window."""
+        return self.attend(*self.project(x, rope), kv)
+
+    def project(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rotated queries, the rotated keys and the values [B, L, n, d] of `x` (the part of `forward`
+        whose shapes do not depend on the KV cache: `worldgen.models.block_graphs` replays it)."""
         b, s, _ = x.shape
         x = quantize_input(x, self.q)  # FP8 path: quantized once for q, k and v (else x as it is)
         k, v = self._keys_values(x, (b, s, self.num_heads, -1), rope)
         q = fused.rms_norm_rope(self.q(x), self.norm_q.weight, *rope, self.norm_q.eps, self.num_heads).to(v.dtype)
+        return q, k, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV | None = None) -> torch.Tensor:
+        """`project`'s output attended (through the KV cache's window with `kv`) and projected out."""
         fp8 = self.compute == "fp8" and fp8_attention_runs(q)  # cuDNN's FP8 kernel (worldgen.kernels.attention)
         if kv is not None:  # the causal model: attend to the cache's window (this chunk's keys included)
             k, v = kv.update(k, v, fp8_window=fp8)
@@ -303,11 +315,21 @@ class Block(nn.Module):
     def _ffn_chunked(self, x: torch.Tensor) -> bool:
         return bool(self.ffn_chunk_tokens) and self.ffn_chunk_tokens < x.shape[1]
 
+    def modulations(self, e0: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """m0..m5: [B, 1, dim] float32, one row per sample broadcast over tokens."""
+        return (self.modulation.float() + e0).unsqueeze(2).unbind(1)
+
     def _self_attention_input(self, x: torch.Tensor, e0: torch.Tensor) -> tuple[tuple, torch.Tensor]:
-        """-> (m0..m5: [B, 1, dim] float32, one row per sample broadcast over tokens; norm1(x) * (1 + m1)
-        + m0, rounded once to the compute dtype the Linears cast to anyway)."""
-        m = (self.modulation.float() + e0).unsqueeze(2).unbind(1)
+        """-> (`modulations(e0)`; norm1(x) * (1 + m1) + m0, rounded once to the compute dtype the Linears
+        cast to anyway)."""
+        m = self.modulations(e0)
         return m, self.residual_norm(x, None, None, None, self.norm1, (m[0], m[1]), self.self_attn.q)[1]
+
+    def attention_inputs(
+        self, x: torch.Tensor, e0: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The self-attention's (q, k, v) of the residual stream `x`: `forward` up to the KV cache."""
+        return self.self_attn.project(self._self_attention_input(x, e0)[1], rope)
 
     def write_keys(
         self, x: torch.Tensor, e0: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: LayerKV
@@ -327,7 +349,18 @@ class Block(nn.Module):
         """`cam`: the camera tokens [1, L, dim], or this block's (scale, shift) already computed from
         them (`worldgen.models.camera_cache`), or None (no camera)."""
         m, h = self._self_attention_input(x, e0)
-        attended = self.self_attn(h, rope, kv)
+        return self.after_attention(x, m, self.self_attn(h, rope, kv), context, cam, kv)
+
+    def after_attention(
+        self,
+        x: torch.Tensor,
+        m: tuple[torch.Tensor, ...],
+        attended: torch.Tensor,
+        context: torch.Tensor | None,
+        cam: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None,
+        kv: LayerKV | None = None,
+    ) -> torch.Tensor:
+        """`forward` from the self-attention's output on: the residual, the camera, the text, the feed-forward."""
         if cam is not None and not isinstance(cam, tuple):
             cam = self.camera_modulation(cam)
         if isinstance(self.norm3, LayerNorm):  # the residual, the camera and norm3 in one pass
@@ -380,6 +413,9 @@ class WanCameraDiT(nn.Module):
     # 600 MiB float32 weight for one row, the DiT loop's largest transient allocation, and at a 24 GiB
     # card's cap it failed in fragmented memory (docs/benchmarks.md, "Session 19: Fast")
     time_cache: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+    # with a KV cache, the blocks run through this (`worldgen.models.block_graphs.BlockGraphs`, attached by
+    # the Fast pipeline): CUDA graphs between the self-attentions; None: `run_blocks`, eagerly
+    block_graphs: BlockGraphs | None = None
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -512,14 +548,33 @@ class WanCameraDiT(nn.Module):
         # camera tokens are the same for every sample of the batch: [1, L, dim], broadcast in the blocks;
         # with a camera cache, each covered block's modulation of this camera is computed once (first forward)
         cams = self.camera_inputs(cam, dtype)
+        if self.block_graphs is not None and cache is not None:
+            tokens = self.block_graphs(self, tokens, e0, rope, text, cams, cache, keys_only)
+        else:
+            tokens = self.run_blocks(tokens, e0, rope, text, cams, cache, keys_only)
+        if tokens is None:  # keys_only: the cache has them
+            return None
+        out = self.head(tokens, e)
+        return unpatchify(out, (f, h, w), cfg.patch_size, cfg.out_dim)
+
+    def run_blocks(
+        self,
+        tokens: torch.Tensor,
+        e0: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        text: torch.Tensor | None,
+        cams: list,
+        cache: KVCache | None,
+        keys_only: bool = False,
+    ) -> torch.Tensor | None:
+        """The blocks over the residual stream, eagerly (None with `keys_only`: the last block only wrote its keys)."""
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             if keys_only and i == last:
                 block.write_keys(tokens, e0, rope, cache.layers[i])
                 return None
             tokens = block(tokens, e0, rope, text, cams[i], None if cache is None else cache.layers[i])
-        out = self.head(tokens, e)
-        return unpatchify(out, (f, h, w), cfg.patch_size, cfg.out_dim)
+        return tokens
 
 
 def unpatchify(x: torch.Tensor, grid: tuple[int, int, int], patch: tuple[int, int, int], channels: int) -> torch.Tensor:

@@ -26,6 +26,7 @@ from PIL import Image
 
 from contracts.settings import GenerationSettings
 from worldgen.errors import InputError
+from worldgen.models.block_graphs import BlockGraphs
 from worldgen.models.camera_cache import CameraCache
 from worldgen.models.chunk_graph import ChunkGraphs, enabled_by_environment
 from worldgen.models.dit import DiTConfig
@@ -37,6 +38,7 @@ from worldgen.pipelines.decode_overlap import PendingDecode
 from worldgen.pipelines.decoded_video import DecodedVideo
 from worldgen.pipelines.fast_conditioning import ChunkConditioning, FastCamera
 from worldgen.pipelines.fast_plan import (
+    BLOCK_GRAPH_BYTES_PER_TOKEN,
     GRAPH_POOL_BYTES_PER_TOKEN,
     LOOP_MARGIN_GIB,
     CameraChoice,
@@ -44,6 +46,7 @@ from worldgen.pipelines.fast_plan import (
     StreamVAE,
     camera_blocks,
     camera_choice,
+    describe_fast_plan,
     fast_frames,
     fast_schedule,
     full_cache_spec,
@@ -95,6 +98,11 @@ class FastPipeline(Pipeline):
         self.use_chunk_graphs = enabled_by_environment()
         self.graph_room = True  # whether the plan has room for a captured forward's pool / a decode beside it
         self.overlap_decode = enabled_by_environment()  # False: each chunk decodes after its forwards, same stream
+        # the blocks between self-attentions as CUDA graphs (worldgen.models.block_graphs), on CUDA where the
+        # plan has their room without changing the job's KV cache or VAE cut (`block_graph_room`)
+        self.use_block_graphs = True
+        self.block_graph_room = False
+        self.block_graphs: BlockGraphs | None = None  # the last rollout's (its `decisions`, `captures`)
         self.chunk_graphs: ChunkGraphs | None = None  # the last rollout's (its `decisions`, `captures`)
         self.chunk_timings: list[dict[str, float]] = []  # seconds per chunk of the last `generate`
         self.camera_blocks = 0  # blocks whose camera modulation a chunk's forwards share (`plan_job` decides)
@@ -145,12 +153,16 @@ class FastPipeline(Pipeline):
             )
 
         usable = self.plan.usable_gib
+        self.block_graph_room = usable is None and self._wants_block_graphs()
         try:
             if usable is None:  # no budget: whole frames, the reference's cache, conditioning chunk by chunk
                 (spec, why), cut, stream_encode = cache_for(None), StreamVAE.cut(height, width, None), True
                 spare = self._spare_without_budget(spec, cut, chunk_tokens)
             else:
                 spec, why, cut, stream_encode = self._fit_loop(usable, chunk_tokens, height, width, cache_for)
+                if self._wants_block_graphs():  # where they change nothing of the job's cache and cut
+                    fitted = self._fit_loop(usable, chunk_tokens, height, width, cache_for, block_graphs=True)
+                    self.block_graph_room = (fitted[0], fitted[2]) == (spec, cut)
                 # what the KV cache leaves is no room in practice: 7 blocks' camera beside the float32 VAE
                 # made its decode retry allocations at the cap (docs/benchmarks.md, "Session 15: Fast"), and
                 # 8-17 blocks' tensors freed before each decode ran out of memory ("Session 18"; one slab
@@ -173,10 +185,12 @@ class FastPipeline(Pipeline):
         self.cache_spec, self.cache_reason = spec, why
         if spare is not None and self.vae_dtype == torch.bfloat16:
             spare += cut.bf16_saving_gib
+        graphs_gib = BLOCK_GRAPH_BYTES_PER_TOKEN * chunk_tokens / GiB if self.block_graph_room else 0.0
+        spare = None if spare is None else spare - graphs_gib
         choice = CameraChoice(camera_blocks(spare, chunk_tokens, cfg.dim, cfg.num_layers, self.dtype))
         if usable is not None and not self._keeps_forward():  # the same KV cache and tiles: the same video
             kv = spec.planned_bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype) / GiB
-            room = usable - self._loop_fixed_gib()[0] - kv - activation_gib(chunk_tokens)
+            room = usable - self._loop_fixed_gib()[0] - kv - activation_gib(chunk_tokens) - graphs_gib
             dims = (cfg.dim, cfg.num_layers)
             choice = camera_choice(choice.blocks, streamed, room, cut.decode_push_gib, chunk_tokens, dims, self.dtype)
         self.camera_blocks, self.decode_after_loop, self.camera_until_decode = dataclasses.astuple(choice)
@@ -192,20 +206,28 @@ class FastPipeline(Pipeline):
         asked = self.device.type == "cuda" and (self.use_chunk_graphs or self.overlap_decode)
         return asked and (self.plan.usable_gib is None or self.vae_dtype == torch.bfloat16)
 
-    def _fit_loop(self, usable: float, chunk_tokens: int, height: int, width: int, cache_for) -> tuple:
+    def _wants_block_graphs(self) -> bool:
+        return self.device.type == "cuda" and self.use_block_graphs and not self.use_chunk_graphs
+
+    def _fit_loop(
+        self, usable: float, chunk_tokens: int, height: int, width: int, cache_for, block_graphs: bool = False
+    ) -> tuple:
         """Under a budget: for each way to cut frames, the KV cache that fits beside the DiT, the text
-        keys/values, the streamed VAE and one chunk's activations; keep the largest cache, then the cut
-        that also lets conditioning frames stream, then the fewest tiles (faster, closest to the reference)."""
+        keys/values, the streamed VAE and one chunk's activations (and, with `block_graphs`, their buffers
+        and pool); keep the largest cache, then the cut that also lets conditioning frames stream, then the
+        fewest tiles (faster, closest to the reference)."""
         cfg = self.dit_config
         fixed, cross = self._loop_fixed_gib()
         act = activation_gib(chunk_tokens)
         kept = GRAPH_POOL_BYTES_PER_TOKEN * chunk_tokens / GiB if self.use_chunk_graphs else act
         keeps_forward = self._keeps_forward()
+        graphs = BLOCK_GRAPH_BYTES_PER_TOKEN * chunk_tokens / GiB if block_graphs else 0.0
 
         def beside(*pushes: float) -> float:
             """The loop's transient peak: a VAE push after the forwards (eager, one stream), or beside
-            a forward's activations (kept in a graph pool, or a decode on a second stream)."""
-            return kept + max(pushes) if keeps_forward else max(act, *pushes)
+            a forward's activations (kept in a graph pool, or a decode on a second stream); the blocks'
+            graphs beside either."""
+            return graphs + (kept + max(pushes) if keeps_forward else max(act, *pushes))
 
         best, refusal = None, None
         for cut in stream_vae_cuts(height, width):
@@ -261,40 +283,7 @@ class FastPipeline(Pipeline):
 
     def describe_plan(self) -> str:
         """The base plan's lines with the denoise line for the chunk loop and the KV cache added."""
-        cut = getattr(self, "vae_cut", None)
-
-        def tiles(pixels: int | None) -> str:
-            if pixels is None:
-                return "whole frames"
-            count = f"{cut.tiles} " if cut is not None and cut.tile_pixels == pixels else ""
-            return f"{count}spatial tiles of <= {pixels:,} pixels, blended at the seams"
-
-        lines = []
-        for line in self.plan.describe().splitlines():
-            if line.startswith("  denoise"):
-                ffn = next(part for part in line.split("; ") if part.startswith("feed-forward"))
-                line = f"  denoise Fast DiT resident, chunk by chunk (4 steps, then 1 cache refresh before the next chunk); {ffn}"
-                line += (
-                    f"; camera modulation kept a chunk in {self.camera_blocks} of {self.dit_config.num_layers} blocks"
-                )
-                line += " until its decode (one slab)" if self.camera_until_decode else ""
-            elif line.startswith("  encode"):
-                when = "every frame before the loop"
-                if getattr(self, "stream_encode", False):
-                    rest = "as chunk 1 starts" if self.decode_after_loop else "after its preview"
-                    when = f"the first chunk's frames first, the rest {rest}"
-                line = line.split(",")[0] + f", {tiles(self.encode_tile_pixels)}; {when}"
-            elif line.startswith("  decode"):
-                when = (
-                    "chunk by chunk after the loop (nobody takes them as they come: the room keeps the camera's)"
-                    if self.decode_after_loop
-                    else "chunk by chunk, each as soon as it is made"
-                )
-                line = line.split(",")[0] + f", {tiles(self.decode_tile_pixels)}; {when}"
-            lines.append(line)
-            if line.startswith("  denoise") and self.cache_spec is not None:
-                lines += [f"  kv cache {self.cache_spec.describe()}", f"           ({self.cache_reason})"]
-        return "\n".join(lines)
+        return describe_fast_plan(self)
 
     def new_cache(self, latent_frames: int, frame_tokens: int, options: FastOptions, dtype: torch.dtype) -> KVCache:
         """The job's cache, allocated for one chunk at first (`KVCache.grow` makes it whole)."""
@@ -340,6 +329,8 @@ class FastPipeline(Pipeline):
         cache = self.new_cache(lat_f, frame_tokens, options, model.compute_dtype)
         # steady chunks replay a captured CUDA graph (worldgen.models.chunk_graph): the same numbers
         forward = self.chunk_graphs = ChunkGraphs(model, allowed=self.use_chunk_graphs and self.graph_room)
+        if not forward.allowed:  # the blocks between self-attentions replayed (worldgen.models.block_graphs)
+            model.block_graphs = self.block_graphs = BlockGraphs(allowed=self.block_graph_room)
         # a chunk's 5 forwards share its camera's modulation where the plan has room (not with graphs: eager)
         if plucker is not None and self.camera_blocks and not forward.allowed:
             model.camera_cache = CameraCache(self.camera_blocks, slab=self.camera_until_decode)
@@ -405,8 +396,10 @@ class FastPipeline(Pipeline):
                     progress("denoise", (c + 1) * (steps + 1), total)
         finally:  # also when the consumer stops early (a cancelled job)
             forward.close()
+            if model.block_graphs is not None:
+                model.block_graphs.close()
             cache.close()
-            model.camera_cache = model.time_cache = None
+            model.camera_cache = model.time_cache = model.block_graphs = None
             free_device_memory(device)
         model = forward.model = None
         self.residency.phase_done("denoise")

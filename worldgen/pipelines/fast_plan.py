@@ -35,6 +35,11 @@ ENCODE_PUSH_BYTES_PER_PIXEL = 13_400  # whole frames: 4.75 GiB; two strips 2.77 
 # A chunk forward captured as a CUDA graph keeps its own memory pool while the rollout lives: 1.23-1.24
 # GiB at 4,524 tokens on the H100 (docs/benchmarks.md, "Session 7: Fast"), above the activation estimate
 GRAPH_POOL_BYTES_PER_TOKEN = 1.24 * GiB / 4524
+# The blocks' CUDA graphs (worldgen.models.block_graphs) hold their buffers (18 bytes x dim a token: the
+# float32 residual, q/k/v, the attention's output, the camera's inputs) and one pool of a graph's
+# temporaries while the rollout lives. An estimate (the buffers, and a whole forward's pool above) until
+# measured: the plan turns them on only where the job's KV cache and VAE cut stay the same with it.
+BLOCK_GRAPH_BYTES_PER_TOKEN = GRAPH_POOL_BYTES_PER_TOKEN + 18 * 5120
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,3 +259,40 @@ def full_cache_spec(latent_frames: int, frame_tokens: int, options: FastOptions)
         sink_frames=options.sink_frames or 0,
         max_attention_tokens=options.max_attention_tokens,
     )
+
+
+def describe_fast_plan(pipe) -> str:
+    """A Fast pipeline's plan: the base plan's lines with the denoise line for the chunk loop and the KV cache added."""
+    cut = getattr(pipe, "vae_cut", None)
+
+    def tiles(pixels: int | None) -> str:
+        if pixels is None:
+            return "whole frames"
+        count = f"{cut.tiles} " if cut is not None and cut.tile_pixels == pixels else ""
+        return f"{count}spatial tiles of <= {pixels:,} pixels, blended at the seams"
+
+    lines = []
+    for line in pipe.plan.describe().splitlines():
+        if line.startswith("  denoise"):
+            ffn = next(part for part in line.split("; ") if part.startswith("feed-forward"))
+            line = f"  denoise Fast DiT resident, chunk by chunk (4 steps, then 1 cache refresh before the next chunk); {ffn}"
+            line += f"; camera modulation kept a chunk in {pipe.camera_blocks} of {pipe.dit_config.num_layers} blocks"
+            line += " until its decode (one slab)" if pipe.camera_until_decode else ""
+            line += "; blocks replayed as CUDA graphs between self-attentions" if pipe.block_graph_room else ""
+        elif line.startswith("  encode"):
+            when = "every frame before the loop"
+            if getattr(pipe, "stream_encode", False):
+                rest = "as chunk 1 starts" if pipe.decode_after_loop else "after its preview"
+                when = f"the first chunk's frames first, the rest {rest}"
+            line = line.split(",")[0] + f", {tiles(pipe.encode_tile_pixels)}; {when}"
+        elif line.startswith("  decode"):
+            when = (
+                "chunk by chunk after the loop (nobody takes them as they come: the room keeps the camera's)"
+                if pipe.decode_after_loop
+                else "chunk by chunk, each as soon as it is made"
+            )
+            line = line.split(",")[0] + f", {tiles(pipe.decode_tile_pixels)}; {when}"
+        lines.append(line)
+        if line.startswith("  denoise") and pipe.cache_spec is not None:
+            lines += [f"  kv cache {pipe.cache_spec.describe()}", f"           ({pipe.cache_reason})"]
+    return "\n".join(lines)
