@@ -191,15 +191,31 @@ def fp8_unsupported_reason(device: torch.device) -> str | None:
     return None
 
 
+_constants: dict[torch.device, dict[str, torch.Tensor]] = {}
+
+
+def _fp8_constants(device: torch.device) -> dict[str, torch.Tensor]:
+    """P's fixed scales and the amax outputs nobody reads, made once per device: a forward calls the
+    kernel in every block, and each of these was its own small allocation or launch on the host's path."""
+    held = _constants.get(device)
+    if held is None:
+        one = torch.ones((1, 1, 1, 1), device=device, dtype=torch.float32)
+        held = {
+            "descale_s": one / P_SCALE, "scale_s": one * P_SCALE,
+            "amax_s": torch.empty_like(one), "amax_o": torch.empty_like(one),
+        }  # fmt: skip
+        if not torch.cuda.is_current_stream_capturing():  # a capture only records: these would hold nothing yet
+            _constants[device] = held
+    return held
+
+
 def _fp8_buffers(q: QuantizedTensor, k: QuantizedTensor, v: QuantizedTensor) -> dict[str, torch.Tensor]:
     device = q.data.device
-    one = torch.ones((1, 1, 1, 1), device=device, dtype=torch.float32)
     return {
         "q": q.data, "k": k.data, "v": v.data,
         "o": torch.empty(q.data.shape[:-1] + v.data.shape[-1:], device=device, dtype=FP8),
         "descale_q": q.descale, "descale_k": k.descale, "descale_v": v.descale,
-        "descale_s": one / P_SCALE, "scale_s": one * P_SCALE, "scale_o": 1.0 / v.descale,
-        "amax_s": torch.empty_like(one), "amax_o": torch.empty_like(one),
+        "scale_o": 1.0 / v.descale, **_fp8_constants(device),
     }  # fmt: skip
 
 

@@ -35,11 +35,12 @@ ENCODE_PUSH_BYTES_PER_PIXEL = 13_400  # whole frames: 4.75 GiB; two strips 2.77 
 # A chunk forward captured as a CUDA graph keeps its own memory pool while the rollout lives: 1.23-1.24
 # GiB at 4,524 tokens on the H100 (docs/benchmarks.md, "Session 7: Fast"), above the activation estimate
 GRAPH_POOL_BYTES_PER_TOKEN = 1.24 * GiB / 4524
-# The blocks' CUDA graphs (worldgen.models.block_graphs) hold their buffers (18 bytes x dim a token: the
-# float32 residual, q/k/v, the attention's output, the camera's inputs) and one pool of a graph's
-# temporaries while the rollout lives. An estimate (the buffers, and a whole forward's pool above) until
-# measured: the plan turns them on only where the job's KV cache and VAE cut stay the same with it.
-BLOCK_GRAPH_BYTES_PER_TOKEN = GRAPH_POOL_BYTES_PER_TOKEN + 18 * 5120
+# The blocks' CUDA graphs (worldgen.models.block_graphs) hold their buffers (the float32 residual, q/k/v,
+# the attention's output, the camera's inputs) and one pool of a graph's temporaries while the rollout
+# lives: 0.42 GiB (fp8) and 0.54 GiB (exact) added to the allocator's reserve at 2,100 tokens on the H100
+# (docs/benchmarks.md, "Session 23: Fast"), counted here with a tenth more. The plan turns them on only
+# where the job's KV cache and VAE cut stay what they are without them.
+BLOCK_GRAPH_BYTES_PER_TOKEN = 0.6 * GiB / 2100
 
 
 @dataclasses.dataclass(frozen=True)
