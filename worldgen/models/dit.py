@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,7 +45,6 @@ from worldgen.models.camera_cache import CameraCache
 from worldgen.models.config_json import read_config
 
 if TYPE_CHECKING:
-    from worldgen.models.block_graphs import BlockGraphs
     from worldgen.models.kv_cache import KVCache, LayerKV
 
 
@@ -415,7 +415,7 @@ class WanCameraDiT(nn.Module):
     time_cache: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
     # with a KV cache, the blocks run through this (`worldgen.models.block_graphs.BlockGraphs`, attached by
     # the Fast pipeline): CUDA graphs between the self-attentions; None: `run_blocks`, eagerly
-    block_graphs: BlockGraphs | None = None
+    block_graphs: Callable[..., torch.Tensor | None] | None = None
 
     @property
     def compute_dtype(self) -> torch.dtype:
