@@ -21,22 +21,21 @@ forward's numbers (tested bit for bit on the GPU).
 
 The calls of a rollout share a key (token count, the kind of each block's camera input, the text
 keys/values of the cache); a key seen on two calls in a row is captured on the second, and the calls
-after it replay. A capture that fails falls back to eager for the rest of the process, said once.
+after it replay. A capture that fails (of these or of `chunk_graph`'s) means eager blocks for the rest of the process, said once.
 On the CPU nothing is captured: the same eager blocks run, and `decisions` keeps the bookkeeping.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING
 
 import torch
 
+from worldgen.models.chunk_graph import _failed, capture_failed  # one record: a failed capture ends both kinds
+
 if TYPE_CHECKING:
     from worldgen.models.dit import WanCameraDiT
     from worldgen.models.kv_cache import KVCache
-
-_failed: list[str] = []  # the first capture failure of this process (then eager for good)
 
 
 def camera_kind(cam) -> str | None:
@@ -154,12 +153,7 @@ class BlockGraphs:
                         graph.capture_end()
                     graphs.append(graph)
         except Exception as exc:  # noqa: BLE001  (a kernel that cannot be captured: eager from now on)
-            _failed.append(str(exc))
-            warnings.warn(
-                f"capturing the DiT's blocks as CUDA graphs failed ({str(exc).splitlines()[0][:300]}): "
-                "eager blocks from now on",
-                stacklevel=4,
-            )
+            capture_failed("the DiT's blocks as CUDA graphs", "eager blocks", exc)
             del graphs
             self.close()
             torch.cuda.synchronize(device)

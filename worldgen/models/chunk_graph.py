@@ -36,6 +36,12 @@ ENV_SWITCH = "LINGBOT_ISAAC_CHUNK_GRAPHS"  # "1": capture (FastPipeline's defaul
 _failed: list[str] = []  # the first capture failure of this process (then eager for good)
 
 
+def capture_failed(what: str, instead: str, exc: Exception) -> None:
+    """Record a capture's failure (this process captures nothing more, `_failed`) and say it once."""
+    _failed.append(str(exc))
+    warnings.warn(f"capturing {what} failed ({str(exc).splitlines()[0][:300]}): {instead} from now on", stacklevel=3)
+
+
 def enabled_by_environment() -> bool:
     return os.environ.get(ENV_SWITCH, "0").strip().lower() in ("1", "true", "yes", "on")
 
@@ -121,12 +127,7 @@ class ChunkGraphs:
                     static["x"], static["t"], None, static["y"], static["cam"], cache, (static["cos"], static["sin"])
                 )
         except Exception as exc:  # noqa: BLE001  (a kernel that cannot be captured: eager from now on)
-            _failed.append(str(exc))
-            warnings.warn(
-                f"capturing the Fast chunk forward as a CUDA graph failed ({str(exc).splitlines()[0][:300]}): "
-                "eager forwards from now on",
-                stacklevel=3,
-            )
+            capture_failed("the Fast chunk forward as a CUDA graph", "eager forwards", exc)
             del graph
             self.graph_key = None
             torch.cuda.synchronize(x.device)
