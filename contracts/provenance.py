@@ -14,7 +14,8 @@ output is noise" banner follows the record (`is_random_weights`), whichever path
      "settings": every generation setting used (frame_num = frames generated),
      "requested": the settings as asked, "adjustments": ["81 frames asked, 33 poses: generating 33"],
      "output": {"frames", "height", "width", "fps"}, "inputs": {"prompt", "image", "poses", ...},
-     "versions": {"lingbot_isaac", "torch", "python"}, "timings": {"load_s", "text_s", ...},
+     "versions": {"lingbot_isaac", "torch", "python"}, "timings": {"load_s", "text_s", ..., a Fast
+                 rollout's "chunks": [{"dit", "encode", "decode", "overlap", "wall"} seconds, one per chunk]},
      "memory_plan": the plan as printed, "job": {...} (client side: server, job id, seconds) or null}
 
 Standard library and contracts only (the Isaac side reads and writes it; it never imports torch).
