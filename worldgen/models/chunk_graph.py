@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from worldgen.models.dit import rope_tables
+from worldgen.models.positions import rope_tables
 
 if TYPE_CHECKING:
     from worldgen.models.dit import WanCameraDiT
