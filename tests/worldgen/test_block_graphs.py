@@ -11,8 +11,11 @@ import pytest
 import torch
 
 from tests.worldgen.test_fast import _full_size_plan, _stacked, chunks_io, dit, fast_root  # noqa: F401
+from worldgen.kernels import attention as attention_module
+from worldgen.kernels.cudnn_attention import fp8_unsupported_reason
 from worldgen.models.block_graphs import BlockGraphs
 from worldgen.models.chunk_graph import ChunkGraphs
+from worldgen.models.dit import DiTConfig, WanCameraDiT
 from worldgen.models.kv_cache import CacheSpec, KVCache
 from worldgen.pipelines.fast_plan import FastOptions
 
@@ -54,6 +57,70 @@ def test_blocks_replayed_between_attentions_give_the_eager_blocks_numbers(dit, c
     assert graphs.captures == (1 if device == "cuda" else 0)
     graphs.close()
     assert graphs.graphs == [] and graphs.static == {}
+
+
+def _random_fp8_dit(device: str) -> WanCameraDiT:
+    """Blocks wide enough for `--compute fp8`'s kernels (heads of 128, >= 256 tokens a chunk), random weights."""
+    cfg = DiTConfig(dim=256, ffn_dim=512, num_heads=2, num_layers=3, text_dim=64, text_len=32)
+    torch.manual_seed(0)
+    model = WanCameraDiT(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.ones_like(p) if "norm" in name else torch.randn_like(p) * (0.05 if p.ndim > 1 else 0.01))
+    model = model.to(device, torch.bfloat16).eval()
+    model.set_compute("fp8")
+    return model
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("decline", [False, True])
+def test_fp8_blocks_replayed_give_the_eager_blocks_numbers(decline):
+    """--compute fp8 through cuDNN's FP8 attention: the query's quantization and the output projection
+    run inside the graphs, the attention writes into their buffer; the same bits as eager blocks. With
+    `decline`, cuDNN refuses chunk 2's window: that forward finishes eagerly and the graphs are dropped."""
+    if not torch.cuda.is_available() or fp8_unsupported_reason(torch.device("cuda")) is not None:
+        pytest.skip("needs a Hopper GPU and the cuDNN frontend (pip install nvidia-cudnn-frontend)")
+    model = _random_fp8_dit("cuda")
+    gen = torch.Generator("cuda").manual_seed(1)
+    f, h, w, frame = 3, 16, 32, 128  # 384 tokens a chunk
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen)
+
+    x, y, cam = randn(1, 16, 9, h, w), randn(1, 20, 9, h, w), randn(1, 384, 9, h, w)
+    context, steps = [randn(20, 64)], (torch.tensor([900.0], device="cuda"), torch.tensor([500.0], device="cuda"))
+    spec = CacheSpec(6 * frame, frame, "fp8", rolling=True, sink_frames=1)  # chunk 2 evicts
+    eager, graphed = (KVCache(spec, 3, 2, 128, torch.bfloat16, "cuda") for _ in range(2))
+    forward, graphs = ChunkGraphs(model, allowed=False), BlockGraphs()
+    before = dict(attention_module._fp8_usable)
+    try:
+        for c in range(3):
+            if decline and c == 2:  # what cuDNN's refusal of the shapes it ran (chunk 2's window among them) leaves
+                attention_module._fp8_usable.update(
+                    {key: False for key in attention_module._fp8_usable if len(key) > 1}
+                )
+            frames = slice(f * c, f * c + f)
+            for t, keys_only in ((steps[0], False), (steps[1], False), (steps[0], False), (steps[1] * 0, True)):
+                args = (x[:, :, frames], t, context, y[:, :, frames], cam[:, :, frames])
+                model.block_graphs = None
+                want = forward(*args, cache=eager, current_start=3 * frame * c, keys_only=keys_only)
+                model.block_graphs = graphs
+                got = forward(*args, cache=graphed, current_start=3 * frame * c, keys_only=keys_only)
+                assert keys_only or torch.equal(want, got), (c, t)
+            for which in ("k", "v", "k_scale", "v_scale"):
+                written = slice(0, eager.local_end)
+                assert torch.equal(_stacked(eager, which, written), _stacked(graphed, which, written)), (c, which)
+        ran = {key[1:]: used for key, used in attention_module._fp8_usable.items() if len(key) > 1}
+        assert ran and all(used is not decline for used in ran.values()), ran  # chunk 2 met no shape of its own
+    finally:
+        model.block_graphs = None
+        attention_module._fp8_usable.clear()
+        attention_module._fp8_usable.update(before)
+    assert graphs.captures == 1
+    if decline:  # chunk 2's first forward began as a replay, then went eager; eager blocks after it
+        assert graphs.decisions[8] == "replay" and set(graphs.decisions[9:]) == {"eager"} and graphs.graphs == []
+    else:
+        assert graphs.decisions == ["eager", "eager", "capture"] + ["replay"] * 9 and graphs.fp8
 
 
 def test_a_new_cache_is_captured_again(dit, chunks_io):  # noqa: F811

@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 from tests.conftest import REPO
 from worldgen.errors import InputError
 from worldgen.kernels import attention as attention_module
-from worldgen.kernels.attention import attention, fp8_attention, resolve_backend
+from worldgen.kernels.attention import attention, attention_rows, fp8_attention, resolve_backend
 from worldgen.kernels.cudnn_attention import attention_note, fp8_unsupported_reason
-from worldgen.kernels.fp8 import FP8, FP8_MAX, QuantizedRows, gelu_then_quantize, quantize_tensor
+from worldgen.kernels.fp8 import FP8, FP8_MAX, QuantizedRows, QuantizedTensor, gelu_then_quantize, quantize_tensor
 from worldgen.runtime.checkpoint import load_expert
 
 
@@ -98,11 +98,17 @@ def test_cudnn_fp8_attention_is_close_to_sdpa():
         pytest.skip("needs a Hopper GPU and the cuDNN frontend (pip install nvidia-cudnn-frontend)")
     gen = torch.Generator("cuda").manual_seed(3)
     q, k, v = (torch.randn(1, 2048, 4, 128, device="cuda", generator=gen).bfloat16() for _ in range(3))
-    rows = fp8_attention(q, k, v)
-    assert isinstance(rows, QuantizedRows) and rows.data.dtype == FP8 and rows.lead == (1, 2048)
+    o = fp8_attention(q, k, v)
+    assert isinstance(o, QuantizedTensor) and o.data.dtype == FP8 and o.data.shape == q.shape
+    rows = attention_rows(o)
+    assert isinstance(rows, QuantizedRows) and rows.lead == (1, 2048) and rows.data.data_ptr() == o.data.data_ptr()
     out = rows.data.float() * rows.scale
     ref = attention(q.float(), k.float(), v.float()).view(-1, 4 * 128)
     assert ((out - ref).norm() / ref.norm()).item() < 0.1
+    held = torch.empty_like(o.data)  # a caller's buffer (the block graphs') gets the same bytes
+    again = fp8_attention(q, k, v, out=held)
+    assert again.data is held and torch.equal(held.view(torch.uint8), o.data.view(torch.uint8))
+    assert torch.equal(again.descale, o.descale)
 
 
 _FP8_ATTENTION_DIGEST = """

@@ -180,12 +180,17 @@ def fp8_attention_runs(q: torch.Tensor) -> bool:
 
 
 def fp8_attention(
-    q: torch.Tensor, k: torch.Tensor | QuantizedTensor, v: torch.Tensor | QuantizedTensor
-) -> QuantizedRows | None:
+    q: torch.Tensor,
+    k: torch.Tensor | QuantizedTensor,
+    v: torch.Tensor | QuantizedTensor,
+    q8: QuantizedTensor | None = None,
+    out: torch.Tensor | None = None,
+) -> QuantizedTensor | None:
     """Self-attention in FP8 ([B, L, n, d] bf16 q; k and v bf16, or already in e4m3 with one scale
-    each; the output as e4m3 rows with their scales for the output projection), or None where cuDNN's
+    each; the output [B, L, n, d] in e4m3 with its scale, for `attention_rows`), or None where cuDNN's
     FP8 attention cannot run (the caller uses `attention`): not CUDA bf16, too few tokens to matter,
-    no Hopper, no cuDNN frontend, or a shape cuDNN declines (said once)."""
+    no Hopper, no cuDNN frontend, or a shape cuDNN declines (said once). `q8`: q already quantized
+    (`quantize_tensor(q)`, made inside a block graph); `out`: where the e4m3 output goes."""
     if not fp8_attention_runs(q):
         return None
     from worldgen.kernels import cudnn_attention
@@ -195,7 +200,7 @@ def fp8_attention(
     if _fp8_usable.get(key) is False:
         return None
     try:
-        o = cudnn_attention.fp8_attention_quantized(quantize_tensor(q), k, v)
+        o = cudnn_attention.fp8_attention_quantized(quantize_tensor(q) if q8 is None else q8, k, v, out=out)
     except torch.OutOfMemoryError:
         raise
     except Exception as exc:  # noqa: BLE001  (cuDNN declines this shape: bf16 attention for it)
@@ -203,6 +208,11 @@ def fp8_attention(
         warnings.warn(f"cuDNN's FP8 attention declined {tuple(q.shape)}: bf16 attention for it ({exc})", stacklevel=2)
         return None
     _fp8_usable[key] = True
+    return o
+
+
+def attention_rows(o: QuantizedTensor) -> QuantizedRows:
+    """`fp8_attention`'s output as the output projection's e4m3 rows: one scale for the whole output,
+    given per row as the FP8 GEMM's row-wise scaling wants it."""
     rows = o.data.flatten(2).view(-1, o.data.shape[2] * o.data.shape[3])
-    # one scale for the whole output, given per row as the FP8 GEMM's row-wise scaling wants it
     return QuantizedRows(rows, o.descale.view(1, 1).expand(rows.shape[0], 1).contiguous(), tuple(o.data.shape[:2]))

@@ -209,24 +209,32 @@ def _fp8_constants(device: torch.device) -> dict[str, torch.Tensor]:
     return held
 
 
-def _fp8_buffers(q: QuantizedTensor, k: QuantizedTensor, v: QuantizedTensor) -> dict[str, torch.Tensor]:
+def _fp8_buffers(
+    q: QuantizedTensor, k: QuantizedTensor, v: QuantizedTensor, out: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
     device = q.data.device
+    shape = q.data.shape[:-1] + v.data.shape[-1:]
+    if out is not None and (out.shape != shape or out.dtype != FP8 or not out.is_contiguous()):
+        raise ValueError(
+            f"FP8 attention's out must be a contiguous e4m3 {tuple(shape)}, not {tuple(out.shape)} {out.dtype}"
+        )
     return {
         "q": q.data, "k": k.data, "v": v.data,
-        "o": torch.empty(q.data.shape[:-1] + v.data.shape[-1:], device=device, dtype=FP8),
+        "o": torch.empty(shape, device=device, dtype=FP8) if out is None else out,
         "descale_q": q.descale, "descale_k": k.descale, "descale_v": v.descale,
         "scale_o": 1.0 / v.descale, **_fp8_constants(device),
     }  # fmt: skip
 
 
 def fp8_attention_quantized(
-    q: QuantizedTensor, k: QuantizedTensor, v: QuantizedTensor, plan: int | None = None
+    q: QuantizedTensor, k: QuantizedTensor, v: QuantizedTensor, plan: int | None = None, out: torch.Tensor | None = None
 ) -> QuantizedTensor:
-    """cuDNN's FP8 attention on already quantized Q, K, V; O comes back in e4m3 with its scale.
+    """cuDNN's FP8 attention on already quantized Q, K, V; O comes back in e4m3 with its scale (in
+    `out` when given: an e4m3 tensor of O's shape).
 
     |O| <= max|V| (each row of O is a convex combination of V's rows), so O's scale is V's: no
     second pass over O to find its range."""
-    buffers = _fp8_buffers(q, k, v)
+    buffers = _fp8_buffers(q, k, v, out)
     _graph("fp8", buffers).run(buffers, q.data.device, plan)
     return QuantizedTensor(buffers["o"], v.descale)
 

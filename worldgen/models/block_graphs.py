@@ -5,16 +5,20 @@ the H100 ran in 97.3 ms (docs/benchmarks.md, "Session 23: Fast"), at 480x832 214
 ("Session 15"). `worldgen.models.chunk_graph` captures a whole forward, so it replays only where the
 KV cache's window repeats (a rolling window, after the first chunks) and its pool holds a forward's
 activations. Here the part of each block whose shapes depend on the cache (its write into the
-cache, the attention over the window, the output projection: `SelfAttention.attend`) runs eagerly,
-and everything between two of them is one graph:
+cache and the attention over the window: `SelfAttention.attention_output`) runs eagerly, and
+everything between two of them is one graph:
 
-    G_0 = block 0 up to its attention's q, k, v
-    G_b = block b-1 after its attention, then block b up to its q, k, v      (b = 1 .. n-1)
-    G_n = block n-1 after its attention
+    G_0 = block 0 up to its attention's inputs (q, k, v; q in e4m3 too for cuDNN's FP8 attention)
+    G_b = block b-1's output projection and the rest of it, then block b up to its attention's inputs
+    G_n = block n-1's output projection and the rest of it
+
+(The output projection and the query's FP8 quantization sat in the eager part at first: 11 launches a
+block the host paid on every replay, docs/benchmarks.md, "Session 24: Fast".)
 
 One capture serves every step and every chunk of a rollout, whatever the window. What crosses a
 graph's edge lives in buffers held here (the residual stream, the time modulation, the RoPE tables,
-q/k/v, the attention's output, the camera's inputs) and is copied in before a replay; what a graph
+q/k/v, the attention's output, the camera's inputs) and is copied in before a replay (cuDNN's FP8
+attention writes its output straight into its buffer); what a graph
 allocates inside is temporary, so all of them share one memory pool, the size of the largest.
 Every graph runs the kernels of the eager forward on the same shapes, so replays give the eager
 forward's numbers (tested bit for bit on the GPU).
@@ -22,6 +26,8 @@ forward's numbers (tested bit for bit on the GPU).
 The calls of a rollout share a key (token count, the kind of each block's camera input, the text
 keys/values of the cache); a key seen on two calls in a row is captured on the second, and the calls
 after it replay. A capture that fails (of these or of `chunk_graph`'s) means eager blocks for the rest of the process, said once.
+Should cuDNN decline a later window's shape (the attention then comes back in bf16, not in the FP8
+buffer the graphs read), that forward's remaining blocks run eagerly and the graphs are dropped.
 On the CPU nothing is captured: the same eager blocks run, and `decisions` keeps the bookkeeping.
 """
 
@@ -31,6 +37,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from worldgen.kernels.fp8 import QuantizedTensor
 from worldgen.models.chunk_graph import _failed, capture_failed  # one record: a failed capture ends both kinds
 
 if TYPE_CHECKING:
@@ -53,6 +60,7 @@ class BlockGraphs:
         self.key: tuple | None = None
         self.last_key: tuple | None = None
         self.static: dict[str, torch.Tensor] = {}
+        self.fp8 = False  # the captured blocks' attention is cuDNN's FP8 kernel (buffers q8, o8 and their scales)
         self.text: torch.Tensor | None = None  # the captured cache's text keys (held: its id is in the key)
         self.decisions: list[str] = []  # per call: "eager", "capture" or "replay" (on the CPU: what would be)
         self.captures = 0
@@ -99,7 +107,13 @@ class BlockGraphs:
         static = {"x": tokens.clone(), "e0": e0.clone(), "cos": rope[0].clone(), "sin": rope[1].clone()}
         for name in ("q", "k", "v"):
             static[name] = torch.empty(b, length, cfg.num_heads, cfg.head_dim, dtype=dtype, device=tokens.device)
-        static["attended"] = torch.empty(b, length, cfg.dim, dtype=dtype, device=tokens.device)
+        self.fp8 = model.blocks[0].self_attn.takes_fp8_attention(static["q"])
+        if self.fp8:  # e4m3 q and output, each with its one scale
+            for name in ("q8", "o8"):
+                static[name] = torch.empty(static["q"].shape, dtype=torch.float8_e4m3fn, device=tokens.device)
+                static[f"{name}_descale"] = torch.empty((1, 1, 1, 1), dtype=torch.float32, device=tokens.device)
+        else:  # the attention's output before its projection
+            static["attended"] = torch.empty(b, length, cfg.dim, dtype=dtype, device=tokens.device)
         pair = next((c for c in cams if camera_kind(c) == "pair"), None)
         if pair is not None:
             static["cam_scale"], static["cam_shift"] = pair[0].clone(), pair[1].clone()
@@ -119,18 +133,26 @@ class BlockGraphs:
         s, blocks = self.static, model.blocks
         if b > 0:
             block = blocks[b - 1]
+            attended = block.self_attn.project_out(self._attended())
             x = block.after_attention(
-                s["x"], block.modulations(s["e0"]), s["attended"], None, self._camera(cams, b - 1), cache.layers[b - 1]
+                s["x"], block.modulations(s["e0"]), attended, None, self._camera(cams, b - 1), cache.layers[b - 1]
             )
             s["x"].copy_(x)
-            del x
+            del x, attended
         if b < len(blocks):
-            for name, value in zip(
-                "qkv", blocks[b].attention_inputs(s["x"], s["e0"], (s["cos"], s["sin"])), strict=True
-            ):
+            values = dict(zip("qkv", blocks[b].attention_inputs(s["x"], s["e0"], (s["cos"], s["sin"])), strict=True))
+            if self.fp8:
+                q8 = blocks[b].self_attn.fp8_query(values["q"])
+                values["q8"], values["q8_descale"] = q8.data, q8.descale
+            for name, value in values.items():
                 if value.shape != s[name].shape or value.dtype != s[name].dtype:
                     raise RuntimeError(f"block {b}'s {name} is {tuple(value.shape)} {value.dtype}, not {s[name].dtype}")
                 s[name].copy_(value)
+
+    def _attended(self) -> torch.Tensor | QuantizedTensor:
+        """The buffer(s) that hold a block's attention output between the eager part and the next graph."""
+        s = self.static
+        return QuantizedTensor(s["o8"], s["o8_descale"]) if self.fp8 else s["attended"]
 
     def _capture(self, model, tokens, e0, rope, cams, cache, key, text) -> bool:
         """Capture G_0 .. G_n (nothing runs: the replay that follows makes this call's result)."""
@@ -181,7 +203,20 @@ class BlockGraphs:
             if keys_only and b == last:
                 cache.layers[b].write(s["k"], s["v"])
                 return None
-            s["attended"].copy_(blocks[b].self_attn.attend(s["q"], s["k"], s["v"], cache.layers[b]))
+            q8 = QuantizedTensor(s["q8"], s["q8_descale"]) if self.fp8 else None
+            attn = blocks[b].self_attn
+            out = attn.attention_output(s["q"], s["k"], s["v"], cache.layers[b], q8, s.get("o8"))
+            if self.fp8 and isinstance(out, QuantizedTensor) and out.data is s["o8"]:
+                s["o8_descale"].copy_(out.descale)
+            elif not self.fp8 and not isinstance(out, QuantizedTensor):
+                s["attended"].copy_(out)
+            else:  # cuDNN declined this window (bf16 attention came back): the rest of this forward eagerly
+                x = blocks[b].after_attention(
+                    s["x"], blocks[b].modulations(s["e0"]), attn.project_out(out), None, cams[b], cache.layers[b]
+                )
+                self.close()
+                self.allowed = False
+                return model.run_blocks(x, s["e0"], (s["cos"], s["sin"]), None, cams, cache, keys_only, start=b + 1)
         return s["x"]
 
     def close(self) -> None:

@@ -31,13 +31,14 @@ from torch import nn
 
 from worldgen.errors import CheckpointError
 from worldgen.kernels import fused
-from worldgen.kernels.attention import attention, fp8_attention, fp8_attention_runs
+from worldgen.kernels.attention import attention, attention_rows, fp8_attention, fp8_attention_runs
 from worldgen.kernels.fp8 import (
     QuantizedRows,
     QuantizedTensor,
     fp8_linear,
     gelu_then_quantize,
     quantize_input,
+    quantize_tensor,
     takes_fp8,
     wants_fp8,
 )
@@ -161,15 +162,41 @@ class SelfAttention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV | None = None) -> torch.Tensor:
         """`project`'s output attended (through the KV cache's window with `kv`) and projected out."""
-        fp8 = self.compute == "fp8" and fp8_attention_runs(q)  # cuDNN's FP8 kernel (worldgen.kernels.attention)
+        return self.project_out(self.attention_output(q, k, v, kv))
+
+    def takes_fp8_attention(self, q: torch.Tensor) -> bool:
+        """Whether q goes to cuDNN's FP8 attention (worldgen.kernels.attention): `--compute fp8` where it runs."""
+        return self.compute == "fp8" and fp8_attention_runs(q)
+
+    def fp8_query(self, q: torch.Tensor) -> QuantizedTensor | None:
+        """q as cuDNN's FP8 attention takes it (e4m3, one scale) where that kernel runs, else None."""
+        return quantize_tensor(q) if self.takes_fp8_attention(q) else None
+
+    def attention_output(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv: LayerKV | None = None,
+        q8: QuantizedTensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor | QuantizedTensor:
+        """The attention before its output projection: cuDNN's FP8 output (e4m3 [B, L, n, d] and its
+        scale; `q8`: `fp8_query(q)` made ahead, `out`: where it goes) where that kernel runs, else [B, L,
+        dim] in q's dtype. The only part of the block whose shapes depend on the KV cache's window."""
+        fp8 = self.takes_fp8_attention(q)
         if kv is not None:  # the causal model: attend to the cache's window (this chunk's keys included)
             k, v = kv.update(k, v, fp8_window=fp8)
         if fp8:
-            out = fp8_attention(q, k, v)
-            if out is not None:  # e4m3 rows straight into the output projection's FP8 GEMM
-                return self.o(out)
+            attended = fp8_attention(q, k, v, q8, out)
+            if attended is not None:
+                return attended
             k, v = (t.dequantize(q.dtype) if isinstance(t, QuantizedTensor) else t for t in (k, v))
-        return self.o(attention(q, k, v, self.attention_backend))
+        return attention(q, k, v, self.attention_backend)
+
+    def project_out(self, attended: torch.Tensor | QuantizedTensor) -> torch.Tensor:
+        """The output projection; cuDNN's FP8 output goes in as e4m3 rows, not converted."""
+        return self.o(attention_rows(attended) if isinstance(attended, QuantizedTensor) else attended)
 
     def _keys_values(
         self, x: torch.Tensor | QuantizedRows, shape: tuple[int, ...], rope: tuple[torch.Tensor, torch.Tensor]
@@ -527,10 +554,12 @@ class WanCameraDiT(nn.Module):
         cams: list,
         cache: KVCache | None,
         keys_only: bool = False,
+        start: int = 0,
     ) -> torch.Tensor | None:
-        """The blocks over the residual stream, eagerly (None with `keys_only`: the last block only wrote its keys)."""
+        """The blocks from `start` over the residual stream, eagerly (None with `keys_only`: the last block
+        only wrote its keys)."""
         last = len(self.blocks) - 1
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self.blocks[start:], start):
             if keys_only and i == last:
                 block.write_keys(tokens, e0, rope, cache.layers[i])
                 return None
