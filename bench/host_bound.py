@@ -10,6 +10,9 @@ kernel work does not. Session 15 found a warm fp8 Fast forward bound this way (d
 sleeps and syncs), and its output is unchanged. Off CUDA the GPU column is empty. The forward after it
 runs the same way under `cProfile`, which says where the host's time goes (functions by their own time;
 the profiler's own cost inflates the many small calls, so read it for the order, not the figures).
+The forward after that is timed whole, in stretches of about a block, each behind a sleep: what the host
+pays for a forward whatever runs its blocks, also where `worldgen.models.block_graphs` replays them and
+no block's `forward` is called.
 """
 
 from __future__ import annotations
@@ -39,12 +42,21 @@ class BlockTimes:
     launches: list[int] = dataclasses.field(default_factory=lambda: [0, 0])  # (direct, through Triton)
     host_functions: list[tuple[str, int, float]] = dataclasses.field(default_factory=list)  # the next forward's
     engine_functions: list[tuple[str, int, float]] = dataclasses.field(default_factory=list)  # (cumulative ms)
+    whole: tuple[float, float, int] | None = None  # forward + 2, whole: CPU and GPU seconds, stretches timed
+
+    def whole_summary(self) -> str:
+        if self.whole is None:
+            why = "not reached" if self.forwards_seen < self.forward + 2 else "not timed: no GPU"
+            return f"forward {self.forward + 2} whole {why}"
+        cpu, gpu, stretches = self.whole
+        bound = "the CPU" if cpu > gpu else "the GPU"
+        return f"forward {self.forward + 2} whole ({stretches} stretches): CPU enqueue {cpu * 1e3:.1f} ms, GPU {gpu * 1e3:.1f} ms: bound by {bound}"
 
     def summary(self) -> str:
         if not self.cpu:
-            return f"host bound: forward {self.forward} was not reached ({self.forwards_seen} forwards)"
+            return f"host bound: {self.whole_summary()}; no block of forward {self.forward} ran eagerly"
         cpu_ms = sum(self.cpu) * 1e3
-        text = f"host bound, forward {self.forward}, {len(self.cpu)} blocks: CPU enqueue {cpu_ms:.1f} ms"
+        text = f"host bound: {self.whole_summary()}; forward {self.forward}, {len(self.cpu)} blocks: CPU enqueue {cpu_ms:.1f} ms"
         text += f" ({self.launches[0]} Triton launches direct, {self.launches[1]} through Triton's own path)"
         if not self.gpu:
             return text
@@ -66,7 +78,8 @@ class BlockTimes:
     def as_dict(self) -> dict:
         return {"forward": self.forward, "cpu_ms": [round(c * 1e3, 3) for c in self.cpu],
                 "gpu_ms": [round(g * 1e3, 3) for g in self.gpu], "launches_direct_triton": self.launches,
-                "host_functions": self.host_functions, "engine_functions": self.engine_functions}  # fmt: skip
+                "host_functions": self.host_functions, "engine_functions": self.engine_functions,
+                "whole_cpu_gpu_ms": None if self.whole is None else [round(t * 1e3, 3) for t in self.whole[:2]]}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -82,6 +95,8 @@ def blocks_timed(forward: int) -> Iterator[BlockTimes]:
         timing = times.forwards_seen in (forward, forward + 1)
         profiler = cProfile.Profile() if times.forwards_seen == forward + 1 else None
         try:
+            if times.forwards_seen == forward + 2:
+                return _timed_whole(times, plain_forward_tokens, self, *args, **kwargs)
             if profiler is None:
                 return plain_forward_tokens(self, *args, **kwargs)
             return profiler.runcall(plain_forward_tokens, self, *args, **kwargs)
@@ -121,6 +136,50 @@ def blocks_timed(forward: int) -> Iterator[BlockTimes]:
         yield times
     finally:
         WanCameraDiT.forward_tokens, Block.forward = plain_forward_tokens, plain_block
+
+
+def _timed_whole(times: BlockTimes, forward_tokens, model, *args, **kwargs):
+    """One forward enqueued in stretches, each behind a sleep: its host seconds against its GPU seconds.
+
+    A stretch ends where a block writes its KV cache (`LayerKV.update`, once a block whether the block runs
+    eagerly or between `worldgen.models.block_graphs`' replays): one forward at once behind one sleep filled
+    CUDA's launch queue, and the host then waited for the GPU."""
+    from worldgen.models.kv_cache import LayerKV
+
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return forward_tokens(model, *args, **kwargs)
+    stretches: list[list[torch.cuda.Event]] = []
+    host = [0.0, 0.0]  # seconds so far, when the open stretch began
+
+    def begin() -> None:
+        torch.cuda.synchronize(device)
+        torch.cuda._sleep(SLEEP_CYCLES)
+        stretches.append([torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)])
+        stretches[-1][0].record()
+        host[1] = time.perf_counter()
+
+    def end() -> None:
+        host[0] += time.perf_counter() - host[1]
+        stretches[-1][1].record()
+
+    plain_update = LayerKV.update
+
+    def update(self, *a, **k):
+        end()
+        begin()
+        return plain_update(self, *a, **k)
+
+    LayerKV.update = update
+    try:
+        begin()
+        out = forward_tokens(model, *args, **kwargs)
+        end()
+    finally:
+        LayerKV.update = plain_update
+    torch.cuda.synchronize(device)
+    times.whole = (host[0], sum(a.elapsed_time(b) for a, b in stretches) / 1e3, len(stretches))
+    return out
 
 
 def _by_own_time(profiler: cProfile.Profile, top: int = 40) -> list[tuple[str, int, float]]:
