@@ -41,6 +41,7 @@ from bench.host_bound import blocks_timed  # noqa: E402
 from bench.kernel_profile import profiled  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.settings import GenerationSettings  # noqa: E402
+from worldgen.chunk_files import chunk_reporter  # noqa: E402
 from worldgen.kernels.attention import resolve_backend  # noqa: E402
 from worldgen.models.chunk_graph import enabled_by_environment  # noqa: E402
 from worldgen.models.kv_cache import CacheSpec, KVCache  # noqa: E402
@@ -214,10 +215,26 @@ def rollout(
             trace.append((phase, done, round(time.perf_counter() - start, 2),
                           round(torch.cuda.memory_allocated(pipe.device) / GiB, 2)))  # fmt: skip
 
-    video = pipe.generate(
-        image, prompt, poses, intrinsics, settings, context=context, progress=progress,
-        on_chunk=lambda i, n, f: chunks.append((i, n, time.perf_counter() - start, tuple(f.shape))), stream=stream,
-    )  # fmt: skip
+    written = []  # with --chunk-files: (index, the chunk's mp4), as the worker reports them to its client
+    files = args.chunk_files / f"rollout-{frames}.mp4" if args.chunk_files and stream else None
+    if files is not None:
+        files.parent.mkdir(parents=True, exist_ok=True)
+    as_fast = dataclasses.replace(settings, model="fast")  # the worker's settings of a Fast job
+    with (
+        chunk_reporter(as_fast, files, progress, lambda i, n, path, f, still: written.append((i, path)))
+        if files
+        else (contextlib.nullcontext()) as write_chunk
+    ):
+
+        def on_chunk(i: int, n: int, f: torch.Tensor) -> None:
+            chunks.append((i, n, time.perf_counter() - start, tuple(f.shape)))
+            if write_chunk is not None:
+                write_chunk(i, n, f)
+
+        video = pipe.generate(
+            image, prompt, poses, intrinsics, settings, context=context, progress=progress, on_chunk=on_chunk,
+            stream=stream,
+        )  # fmt: skip
     wall = time.perf_counter() - start
     records = pipe.meter.records[first_records:]
     result = {
@@ -231,6 +248,7 @@ def rollout(
         "wall_seconds": round(wall, 2),
         "first_chunk_callback_seconds": round(chunks[0][2], 2),
         "chunks": len(chunks),
+        "chunk_files_written": len(written) if files else None,
         # the loop's forwards: 4 steps a chunk and a cache refresh between chunks
         "dit_seconds_per_forward": round(pipe.timings["dit"] / (5 * len(chunks) - 1), 3),
         "peak_rss_gib": round(max((r.peak_rss_gib or 0) for r in records), 2),

@@ -117,5 +117,11 @@ def fast_parser(description: str) -> argparse.ArgumentParser:
         help="a --frames entry with a trailing p (81p) runs under torch.profiler: kernel families, GPU idle time "
         "and the costliest kernels written here as profile-<compute>-<n>.txt (bench/kernel_profile.py)",
     )
+    parser.add_argument(
+        "--chunk-files",
+        type=Path,
+        help="streamed rollouts write each chunk's mp4 and still here on the worker's background thread, as "
+        "for a client that asks for chunks (a live job; worldgen.chunk_files): their cost to the chunk loop",
+    )
     parser.add_argument("--json", type=Path, help="write all results here (rewritten after each step)")
     return parser
