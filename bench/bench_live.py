@@ -177,6 +177,7 @@ def main() -> int:
                 if not isinstance(warm, Result):
                     raise SystemExit(f"the warm-up job failed: {warm}")
                 figures = run_live(client, payload, settings, poses, args.pace)
+                figures["warm_provenance"] = warm.provenance
         except BaseException:
             print((Path(tmp) / "server.log").read_text(errors="replace")[-4000:], file=sys.stderr)
             raise
@@ -187,14 +188,26 @@ def main() -> int:
     print(f"live job: {args.frame_num} frames at {size}, poses at {POSE_FPS * args.pace:g}/s "
           f"({args.ckpt}, {args.device})")  # fmt: skip
     # the worker's own seconds per chunk (the rollout's record): where a chunk's time went on its side
-    worker = ((figures["provenance"] or {}).get("timings") or {}).get("chunks") or []
-    print(" chunk  poses  started_s  sent_s  pose-to-pixels_s  client_s  behind  worker: DiT_s  decode_s  wall_s")
+    # beside them the warm-up job's, the same chunks in the same process with every pose there from the start
+    worker, warm = (
+        ((figures[key] or {}).get("timings") or {}).get("chunks") or [] for key in ("provenance", "warm_provenance")
+    )
+    print(" chunk  poses  started_s  sent_s  pose-to-pixels_s  client_s  behind  worker: DiT_s  decode_s  poses_s"
+          "  wall_s  warm-up job: DiT_s")  # fmt: skip
     for r in rows:
         w = worker[r["index"]] if r["index"] < len(worker) else {}
+        b = warm[r["index"]] if r["index"] < len(warm) else {}
         print(f" {r['index']:5d}  {r['poses']:5d}  {r['started_s']:9.2f}  {r['sent_s']:6.2f}  {r['lag_s']:16.2f}"
               f"  {r['client_lag_s'] if r['client_lag_s'] is not None else float('nan'):8.2f}  {r['behind']:6d}"
               f"  {w.get('dit', float('nan')):13.2f}  {w.get('decode', float('nan')):8.2f}"
-              f"  {w.get('wall', float('nan')):6.2f}")  # fmt: skip
+              f"  {w.get('poses', float('nan')):7.2f}  {w.get('wall', float('nan')):6.2f}"
+              f"  {b.get('dit', float('nan')):18.2f}")  # fmt: skip
+    for key, name in (("provenance", "live job"), ("warm_provenance", "warm-up job")):
+        record = figures[key] or {}
+        peak = (record.get("timings") or {}).get("peak_vram_gib")
+        plan = [line.strip() for line in str(record.get("memory_plan", "")).splitlines()]
+        denoise = next((line for line in plan if line.startswith("denoise")), "no plan recorded")
+        print(f"{name}: peak VRAM {peak} GiB; {denoise}")
     print(f"chunks/s {summary['chunk_rate_per_s']} (the poses complete {summary['pose_chunk_rate_per_s']}/s): "
           f"keeps up: {summary['keeps_up']}; lag first {summary['lag_first_s']} s, median {summary['lag_median_s']} s, "
           f"last {summary['lag_last_s']} s")  # fmt: skip

@@ -15,7 +15,8 @@ output is noise" banner follows the record (`is_random_weights`), whichever path
      "requested": the settings as asked, "adjustments": ["81 frames asked, 33 poses: generating 33"],
      "output": {"frames", "height", "width", "fps"}, "inputs": {"prompt", "image", "poses", ...},
      "versions": {"lingbot_isaac", "torch", "python"}, "timings": {"load_s", "text_s", ..., a Fast
-                 rollout's "chunks": [{"dit", "encode", "decode", "overlap", "wall"} seconds, one per chunk]},
+                 rollout's "chunks": [{"dit", "encode", "decode", "overlap", "wall"} seconds, one per chunk; a
+                 live job's also "poses": the wait for the chunk's poses, in its wall, not its DiT]},
      "memory_plan": the plan as printed, "job": {...} (client side: server, job id, seconds) or null}
 
 Standard library and contracts only (the Isaac side reads and writes it; it never imports torch).

@@ -77,7 +77,8 @@ def generate_noting(pipe: Pipeline, *args: Any, **kwargs: Any) -> tuple[Any, lis
 
 
 def _chunk_seconds(pipe: Pipeline) -> dict[str, Any]:
-    """A Fast rollout's seconds per chunk (DiT, encode, decode, overlap, wall: `FastPipeline.chunk_timings`),
+    """A Fast rollout's seconds per chunk (DiT, encode, decode, overlap, wall, and a live job's wait for the
+    chunk's poses: `FastPipeline.chunk_timings`),
     where a live job's time went on the worker's side of the wire; nothing for the base model."""
     chunks = getattr(pipe, "chunk_timings", None)
     return {"chunks": [{k: round(v, 3) for k, v in t.items()} for t in chunks]} if chunks else {}

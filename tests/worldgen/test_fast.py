@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import warnings
 
 import numpy as np
@@ -543,10 +544,18 @@ def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
     poses, intrinsics = np.load(example / "poses.npy"), np.load(example / "intrinsics.npy")
     n = FastOptions().chunk_frames
     plucker = fast_camera(poses, intrinsics, fast_frames(25, len(poses), n), *video.shape[2:])
-    short = pipe.generate(
-        example / "image.jpg", "a room", None, None, settings, camera=lambda c: None if c else plucker[:, :, :n]
-    )
+
+    def late_camera(c: int) -> torch.Tensor | None:  # chunk 0's poses come 0.5 s late; the job ends after it
+        if c:
+            return None
+        time.sleep(0.5)
+        return plucker[:, :, :n]
+
+    short = pipe.generate(example / "image.jpg", "a room", None, None, settings, camera=late_camera)
     assert torch.equal(short, seen[0][2]) and short.is_contiguous()
+    (timing,) = pipe.chunk_timings  # the wait for the poses is the chunk's own part, not its DiT's
+    parts = ("dit", "encode", "decode", "poses")
+    assert timing["poses"] >= 0.5 and timing["wall"] == pytest.approx(sum(timing[k] for k in parts), abs=1e-6)
 
 
 def _plan_with(plan_job, pipe, **chosen):

@@ -481,7 +481,7 @@ class FastPipeline(Pipeline):
         options = options or FastOptions.from_settings(settings, (lat_h // 2) * (lat_w // 2))
         streamed = on_chunk is not None if stream is None else stream
         self.plan_job(frames.latent_frames, lat_h, lat_w, options, streamed=streamed)
-        plucker = camera
+        plucker = None if camera is None else clock.around(camera, "poses", before="dit")  # waits for poses: not DiT
         if camera is None and poses is not None:  # chunk c's camera made when the loop starts chunk c
             plucker = FastCamera(poses, intrinsics, frames, h, w, options.chunk_frames)
 
@@ -554,7 +554,8 @@ class FastPipeline(Pipeline):
                 clock.lap("decode")
                 # this chunk's share (its forwards and the refresh before it, its encode, its decode:
                 # with a second stream, launching it and waiting for the previous chunk's to finish)
-                spent = {k: clock.seconds.get(k, 0.0) - before.get(k, 0.0) for k in ("dit", "encode", "decode")}
+                parts = ("dit", "encode", "decode") + (("poses",) if camera is not None else ())
+                spent = {k: clock.seconds.get(k, 0.0) - before.get(k, 0.0) for k in parts}
                 self.chunk_timings.append({**spent, **timing, "wall": sum(spent.values())})
                 before = dict(clock.seconds)
             if pending is not None:  # the last chunk's decode: nothing left to overlap it with

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -130,3 +130,16 @@ class LapClock:
 
     def mark(self, name: str) -> None:
         self.seconds[name] = self._now() - self.start
+
+    def around(self, fn: Callable, name: str, before: str) -> Callable:
+        """`fn` with the time up to each call lapped as `before` and the call's own as `name` (a live job's
+        waits for its poses: not the DiT's time)."""
+
+        def call(*args, **kwargs):
+            self.lap(before)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.lap(name)
+
+        return call
