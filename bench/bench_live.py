@@ -21,6 +21,7 @@ as the poses complete them (16 / 12 = 1.33 chunks a second at pace 1) and the la
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 import tempfile
@@ -173,7 +174,13 @@ def main() -> int:
                       f"{ahead.get('compile_ahead_s')} s, text and VAE run ahead {ahead.get('first_use_ahead_s')} s)",
                       flush=True)  # fmt: skip
                 # models resident and this job's shapes met once, then the clock
-                warm = client.submit(payload, {**settings, "frame_num": args.warm_frames or args.frame_num}).wait()
+                # (on the live job's path, extended as far: the sample episode alone has 3 chunks' poses)
+                count = args.warm_frames or args.frame_num
+                warm_payload = dataclasses.replace(
+                    payload, poses=extend_path(payload.poses.astype(np.float32), count),
+                    intrinsics=np.repeat(payload.intrinsics[:1], count, axis=0),
+                )  # fmt: skip
+                warm = client.submit(warm_payload, {**settings, "frame_num": count}).wait()
                 if not isinstance(warm, Result):
                     raise SystemExit(f"the warm-up job failed: {warm}")
                 figures = run_live(client, payload, settings, poses, args.pace)
