@@ -22,6 +22,7 @@ Sends never block: a peer that is gone or not reading loses that message (ROUTER
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -92,6 +93,9 @@ class Server(RequestHandling, JobLifecycle, ResultStreaming, StorageWatch, LiveJ
         self._next_cleanup = 0.0
         self._next_probe = 0.0
         worker = config.worker
+        if worker.engine.warm_up:  # the workers warm up for the jobs this server gets: its generation preset
+            engine = worker.engine.replace(warm_up_settings=self.base_settings.to_dict())
+            worker = dataclasses.replace(worker, engine=engine)
         env = dict(os.environ)
         # The worker imports worldgen from the same tree as this bridge, wherever we were started.
         root = str(Path(__file__).resolve().parent.parent)

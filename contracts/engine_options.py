@@ -75,7 +75,10 @@ class EngineOptions:
     attention: str = "auto"  # auto | sdpa | flash | sage
     vram_budget_gb: float | None = None  # None: no budget (plan for the whole GPU)
     t5_on_cpu: bool = False  # run umT5 on the CPU, streamed block by block (no GPU memory)
-    warm_up: bool = False  # Fast model: compile its DiT's kernels at load, for the default settings' shapes
+    warm_up: bool = False  # Fast model: compile its DiT's kernels at load, for the shapes of `warm_up_settings`
+    # the job defaults the warm-up (and the kernels compiled at load) are for, as GenerationSettings.to_dict():
+    # a server's generation preset, which it fills in; None: the engine's default settings (480*832, 81 frames)
+    warm_up_settings: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         where = "engine options"
@@ -117,6 +120,9 @@ class EngineOptions:
         for name in ("t5_on_cpu", "warm_up"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineOptionsError(f"{where}: {name} must be true or false (got {getattr(self, name)!r})")
+        if self.warm_up_settings is not None and not isinstance(self.warm_up_settings, dict):
+            # its values are checked where they are read (worldgen: GenerationSettings.from_dict)
+            raise EngineOptionsError(f"{where}: warm_up_settings must be generation settings (a table) or null")
 
     @property
     def device(self) -> str:

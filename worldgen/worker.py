@@ -120,7 +120,9 @@ class PipelineEngine:
                 return
             raise
         if options.warm_up and self.model == "fast":  # compile before the first job (FastPipeline.warm_up)
-            self.warm_up_s = round(self.pipe.warm_up(), 2)
+            from worldgen.pipelines.fast_warm_up import job_defaults
+
+            self.warm_up_s = round(self.pipe.warm_up(job_defaults(options)), 2)
 
     def _load(self, model: str):
         from worldgen.pipelines.loader import load_pipeline_from_options

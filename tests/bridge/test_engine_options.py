@@ -15,6 +15,7 @@ import pytest
 from bridge.client import Client
 from bridge.episode_payload import EpisodePayload
 from bridge.server_config import ConfigError, load_server_config
+from contracts.engine_options import EngineOptions, EngineOptionsError
 from tests.bridge.conftest import TINY, wait_for
 
 
@@ -87,3 +88,19 @@ def test_gpus_key_gives_one_engine_two_gpus(tmp_path):
             load_server_config(None, {"worker.gpus": bad})
     with pytest.raises(ConfigError, match="exclude each other"):
         load_server_config(None, {"worker.gpus": "0,1", "worker.devices": ["cuda:0", "cuda:1"]})
+
+
+def test_a_warm_up_is_for_the_servers_own_job_defaults(servers):
+    """`warm_up = true`: the worker is sent the server's generation preset ([tiny]) as the job it warms up for."""
+    server = servers(worker=TINY, worker_keys={"model": "fast", "warm_up": True}, generation_preset="tiny")
+    with Client(server.endpoint, timeout=10) as client:
+        health = wait_for(lambda: (h := client.health())["ok"] and h, 180, interval=0.5, what="the tiny worker")
+        reported = health["worker"]["reported"]
+        assert reported["options"]["warm_up_settings"]["size"] == "96*160" and reported["warm_up_s"] > 0
+    plain = load_server_config(None, {"worker.model": "fast"})
+    assert plain.worker.engine.warm_up_settings is None  # no warm-up: nothing sent
+
+
+def test_warm_up_settings_must_be_a_table():
+    with pytest.raises(EngineOptionsError, match="warm_up_settings"):
+        EngineOptions(warm_up_settings="320*576")

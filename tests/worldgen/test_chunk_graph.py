@@ -169,6 +169,22 @@ def test_a_worker_asked_to_warm_up_does_it_at_load():
     assert PipelineEngine(EngineOptions(model="fast")).describe()["warm_up_s"] is None
 
 
+def test_a_worker_warms_up_for_the_job_defaults_it_was_sent():
+    """A server sends its generation preset as `warm_up_settings`: the warm-up runs that job's shapes."""
+    from contracts.engine_options import EngineOptions
+    from contracts.settings import SettingsError
+    from worldgen.worker import PipelineEngine
+
+    engine = PipelineEngine(
+        EngineOptions(model="fast", warm_up=True, warm_up_settings={"size": "48*80", "frame_num": 9})
+    )
+    assert engine.describe()["warm_up_s"] > 0
+    spec = engine.pipe.cache_spec  # the plan of the job warmed: 48*80, 9 frames, not 464x832's 1,508 tokens a frame
+    assert (spec.frame_tokens, spec.capacity_tokens) == (10, 30)
+    with pytest.raises(SettingsError, match="warm_up_settings.*size"):
+        PipelineEngine(EngineOptions(model="fast", warm_up=True, warm_up_settings={"size": "huge"}))
+
+
 def test_text_and_vae_run_ahead_once_with_the_job_shapes_and_change_no_video(tmp_path):
     import warnings
 

@@ -24,6 +24,7 @@ No job's numbers change: the cache, the camera modulations and the outputs made 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import warnings
@@ -33,7 +34,8 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch import nn
 
-from contracts.settings import GenerationSettings
+from contracts.engine_options import EngineOptions
+from contracts.settings import GenerationSettings, SettingsError
 from worldgen.errors import CheckpointError, InputError
 from worldgen.kernels.triton_lang import compiling_ahead
 from worldgen.models.chunk_graph import ChunkGraphs
@@ -43,6 +45,19 @@ from worldgen.runtime.cuda_memory import free_device_memory
 # Fast pipelines compile ahead when they load on CUDA (bench_fast.py --compile-ahead off turns it off)
 COMPILE_AHEAD = True
 PLACEHOLDER_PROMPT = "a robot camera moves through a room"  # first_use_ahead's; its embedding is thrown away
+
+
+def job_defaults(options: EngineOptions) -> GenerationSettings | None:
+    """The job a worker compiles ahead, runs its models ahead and warms up for: `warm_up_settings` (the
+    server's generation preset, which it fills in) as a Fast job; None: the default settings' job."""
+    if options.warm_up_settings is None:
+        return None
+    where = "engine options: warm_up_settings"
+    try:
+        settings = GenerationSettings.from_dict(options.warm_up_settings, where)
+    except SettingsError as exc:
+        raise SettingsError(f"{where}: {exc}" if where not in str(exc) else str(exc)) from None
+    return dataclasses.replace(settings, model="fast")
 
 
 def compile_workers() -> int:

@@ -22,6 +22,7 @@ from contracts.engine_options import (
     EngineOptions,
     canonical_compute,
 )
+from contracts.settings import GenerationSettings
 from worldgen.errors import InputError
 from worldgen.models.dit import DiTConfig
 from worldgen.models.tokenizer import PromptTokenizer
@@ -76,6 +77,7 @@ def load_pipeline(
     compute: str | None = "exact",
     devices: list[str] | tuple[str, ...] | None = None,
     first_use_ahead: bool = False,
+    ahead_settings: GenerationSettings | None = None,
 ) -> Pipeline:
     """Recognise the checkpoint, make the memory plan and return a pipeline whose models load lazily.
 
@@ -88,7 +90,8 @@ def load_pipeline(
     (`worldgen.pipelines.multi_gpu`; `devices_for_gpus` turns `--gpus 0,1` into them). What was applied is
     recorded in `pipe.engine` (the worker reports it in its health answers). A Fast pipeline on CUDA
     compiles its kernels ahead (`FastPipeline.compile_ahead`); with `first_use_ahead` (a server) it also
-    runs umT5 and the VAE once (`FastPipeline.first_use_ahead`), so its first job is as quick as its next.
+    runs umT5 and the VAE once (`FastPipeline.first_use_ahead`), so its first job is as quick as its next;
+    both for a job of `ahead_settings` (a server's job defaults; None: the default settings).
     """
     from worldgen.kernels.attention import resolve_backend
     from worldgen.runtime.checkpoint import (
@@ -237,9 +240,9 @@ def load_pipeline(
         from worldgen.pipelines import fast_warm_up
 
         if fast_warm_up.COMPILE_AHEAD:  # its kernels compiled side by side now, not in the first chunk
-            pipe.engine["compile_ahead_s"] = round(pipe.compile_ahead(), 2)
+            pipe.engine["compile_ahead_s"] = round(pipe.compile_ahead(ahead_settings), 2)
         if first_use_ahead:
-            pipe.engine["first_use_ahead_s"] = round(pipe.first_use_ahead(), 2)
+            pipe.engine["first_use_ahead_s"] = round(pipe.first_use_ahead(ahead_settings), 2)
     return pipe
 
 
@@ -255,6 +258,8 @@ def _vae(layout, device: torch.device, dtype: torch.dtype, long_lived: bool) -> 
 
 def load_pipeline_from_options(options: EngineOptions, **kwargs: Any) -> Pipeline:
     """`load_pipeline` with `contracts.engine_options.EngineOptions` (what a worker is sent)."""
+    from worldgen.pipelines.fast_warm_up import job_defaults
+
     return load_pipeline(
         options.ckpt if options.ckpt == "tiny" else Path(options.ckpt),
         device=options.device,
@@ -265,6 +270,7 @@ def load_pipeline_from_options(options: EngineOptions, **kwargs: Any) -> Pipelin
         attention=options.attention,
         model=options.model,
         compute=options.compute,
+        ahead_settings=job_defaults(options),
         **kwargs,
     )
 
