@@ -64,11 +64,15 @@ def start_server(workdir: Path, args: argparse.Namespace) -> tuple[subprocess.Po
         worker.append(f'compute = "{args.compute}"')
     if args.vram_budget:
         worker.append(f"vram_budget_gb = {args.vram_budget}")
+    if args.warm_up:
+        worker.append("warm_up = true")
+    preset = f'generation_preset = "{args.preset}"\n' if args.preset else ""
     (workdir / "server.toml").write_text(
         "[server]\n"
         'bind = "tcp://127.0.0.1:*"\n'
         f'spool_dir = "{workdir / "spool"}"\n'
         "live_ahead_chunks = 1000\n"  # never refuse: the bench measures whether the model keeps up
+        f"{preset}"
         "[limits]\nmax_frame_num = 1001\n"
         "[worker]\n" + "\n".join(worker) + "\n"
     )
@@ -145,8 +149,11 @@ def main() -> int:
         "--warm-frames",
         type=int,
         help="frames of the batch job run before the clock (default: --frame-num, so every chunk's shapes and "
-        "kernels are the warm process's; 9: one chunk, the process's first use of the others in the live job)",
+        "kernels are the warm process's; 9: one chunk, the process's first use of the others in the live job; "
+        "0: none, the server's own start is all the warming (with --warm-up: its warm-up for --preset's jobs))",
     )
+    parser.add_argument("--warm-up", action="store_true", help="the server's [worker] warm_up = true")
+    parser.add_argument("--preset", help="the server's generation_preset (config/generation.toml), e.g. live")
     parser.add_argument("--pace", type=float, default=1.0, help="poses at 16/s times this (0: as fast as taken)")
     parser.add_argument("--episode", type=Path, default=REPO / "data" / "sample_room", help="first frame, prompt, path")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds for the worker to load")
@@ -171,20 +178,23 @@ def main() -> int:
                 reported = client.health()["worker"].get("reported") or {}
                 ahead = reported.get("pipeline", {})
                 print(f"worker ready: loaded in {reported.get('load_s')} s (kernels compiled ahead "
-                      f"{ahead.get('compile_ahead_s')} s, text and VAE run ahead {ahead.get('first_use_ahead_s')} s)",
+                      f"{ahead.get('compile_ahead_s')} s, text and VAE run ahead {ahead.get('first_use_ahead_s')} s, "
+                      f"warm-up {reported.get('warm_up_s')} s)",
                       flush=True)  # fmt: skip
                 # models resident and this job's shapes met once, then the clock
                 # (on the live job's path, extended as far: the sample episode alone has 3 chunks' poses)
-                count = args.warm_frames or args.frame_num
-                warm_payload = dataclasses.replace(
-                    payload, poses=extend_path(payload.poses.astype(np.float32), count),
-                    intrinsics=np.repeat(payload.intrinsics[:1], count, axis=0),
-                )  # fmt: skip
-                warm = client.submit(warm_payload, {**settings, "frame_num": count}).wait()
-                if not isinstance(warm, Result):
-                    raise SystemExit(f"the warm-up job failed: {warm}")
+                count = args.frame_num if args.warm_frames is None else args.warm_frames
+                warm = None
+                if count:
+                    warm_payload = dataclasses.replace(
+                        payload, poses=extend_path(payload.poses.astype(np.float32), count),
+                        intrinsics=np.repeat(payload.intrinsics[:1], count, axis=0),
+                    )  # fmt: skip
+                    warm = client.submit(warm_payload, {**settings, "frame_num": count}).wait()
+                    if not isinstance(warm, Result):
+                        raise SystemExit(f"the warm-up job failed: {warm}")
                 figures = run_live(client, payload, settings, poses, args.pace)
-                figures["warm_provenance"] = warm.provenance
+                figures["warm_provenance"] = warm.provenance if warm is not None else None
         except BaseException:
             print((Path(tmp) / "server.log").read_text(errors="replace")[-4000:], file=sys.stderr)
             raise
