@@ -183,6 +183,47 @@ def test_loop_window_and_sink(loop_case):
     assert rel_l2(io["latent_final"], io["window_latent_final"]) > 2 * LOOP_TOL  # the case tests the window
 
 
+@pytest.mark.parametrize("storage", ["model", "fp8"])
+def test_a_cache_of_the_attention_window_gives_the_whole_video_caches_latents(loop_case, storage):
+    """With an attention window the plan holds only the window's frames (a rolling cache, no sink): the
+    golden window case (4 of 9 latent frames) gives the same bits as the reference's whole-video cache."""
+    pipe, io, spec = loop_case
+    case = spec["case_c"]
+    options = FastOptions(max_attention_tokens=case["max_attention_size"], sink_frames=case["sink_size"])
+    frame_tokens, latent_frames = spec["frame_seqlen"], spec["latent_grid"][0]
+    dims = dict(num_layers=pipe.dit_config.num_layers, num_heads=pipe.dit_config.num_heads)
+    dims.update(head_dim=pipe.dit_config.head_dim, compute_dtype=torch.float32)
+    window, why = plan_cache(
+        latent_frames, frame_tokens, 3, room_bytes=None, mode="full" if storage == "model" else storage,
+        sink_frames=case["sink_size"], max_attention_tokens=case["max_attention_size"], **dims,
+    )  # fmt: skip
+    assert window.capacity_tokens == 4 * frame_tokens and window.rolling and window.sink_frames == 0
+    assert window.storage == storage and "the attention window's 4 latent frames" in why
+    whole = CacheSpec(latent_frames * frame_tokens, frame_tokens, storage, True, 1, case["max_attention_size"])
+    latents = []
+    for pipe.cache_spec in (window, whole):
+        try:
+            latents.append(_rollout(pipe, io, options))
+        finally:
+            pipe.cache_spec = None
+    assert torch.equal(latents[0], latents[1])
+    if storage == "model":
+        assert rel_l2(latents[0], io["window_latent_final"]) < LOOP_TOL
+
+
+def test_the_cache_plan_holds_the_window_not_the_video_once_a_window_is_set():
+    gib = 2**30
+    window = 21 * 720  # 21 latent frames at 320x576, a 161-frame job (41 latent frames)
+    spec, why = plan_cache(41, 720, 3, room_bytes=12 * gib, max_attention_tokens=window, **FULL_SIZE)
+    assert spec.capacity_tokens == window and spec.storage == "model" and spec.rolling and spec.sink_frames == 0
+    assert "attention window's 21 latent frames" in why
+    # a window shorter than a chunk still holds the chunk; one as long as the video changes nothing
+    spec, _ = plan_cache(41, 720, 3, room_bytes=None, max_attention_tokens=720, **FULL_SIZE)
+    assert spec.capacity_tokens == 3 * 720
+    spec, why = plan_cache(21, 720, 3, room_bytes=None, max_attention_tokens=window, sink_frames=1, **FULL_SIZE)
+    assert spec.capacity_tokens == window and spec.sink_frames == 1 and "whole video" in why
+
+
 def test_loop_progress_counts_steps_and_refreshes(loop_case):
     pipe, io, _ = loop_case
     seen = []

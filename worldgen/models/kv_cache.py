@@ -273,8 +273,9 @@ def plan_cache(
     max_attention_tokens: int | None = None,
 ) -> tuple[CacheSpec, str]:
     """Choose one job's cache and say why. `room_bytes` is what the budget leaves for it (None: no
-    budget). `auto` takes the first that fits of: the reference's cache (whole video, compute dtype),
-    the same in FP8, a rolling FP8 window (sink + as many whole chunks as fit). `full`, `fp8` and
+    budget). `auto` takes the first that fits of: the reference's cache (whole video, compute dtype;
+    with `max_attention_tokens`, only the frames it reads), the same in FP8, a rolling FP8 window
+    (sink + as many whole chunks as fit). `full`, `fp8` and
     `rolling` force a kind (a rolling window still sized to the room). FP8 sizes include the window
     dequantized for one layer during attention. Raises ValueError when even
     the smallest rolling window (sink + one chunk) does not fit."""
@@ -289,15 +290,23 @@ def plan_cache(
 
     # the reference: whole video; max_attention_tokens also flips its rolling gate (never rolls here)
     ref_rolling, ref_sink = max_attention_tokens is not None, sink_frames or 0
+    held, what = latent_frames, "whole video"
+    if max_attention_tokens is not None:
+        # the reference reads only the last max_attention_tokens of its whole-video cache: a cache of the
+        # window's frames (at least a chunk's) that rolls without a sink gives every call the same keys
+        # and values, so a job longer than the window costs no more memory or time a chunk than one as long
+        window_frames = max(-(-max_attention_tokens // frame_tokens), chunk_frames)
+        if window_frames < latent_frames:
+            held, what, ref_sink = window_frames, f"the attention window's {window_frames} latent frames", 0
     gib = 2**30
     if mode in ("auto", "full"):
-        spec = make(latent_frames, "model", ref_rolling, ref_sink)
+        spec = make(held, "model", ref_rolling, ref_sink)
         if room_bytes is None or size(spec) <= room_bytes or mode == "full":
-            return spec, f"whole video in the compute dtype ({size(spec) / gib:.1f} GiB), as the reference"
+            return spec, f"{what} in the compute dtype ({size(spec) / gib:.1f} GiB), as the reference reads it"
     if mode in ("auto", "fp8"):
-        spec = make(latent_frames, "fp8", ref_rolling, ref_sink)
+        spec = make(held, "fp8", ref_rolling, ref_sink)
         if room_bytes is None or size(spec) <= room_bytes or mode == "fp8":
-            return spec, f"whole video in FP8 ({size(spec) / gib:.1f} GiB): bf16 would not fit the budget"
+            return spec, f"{what} in FP8 ({size(spec) / gib:.1f} GiB): bf16 would not fit the budget"
     sink = 1 if sink_frames is None else sink_frames
     per_frame = size(make(1, "fp8", True, 0))
     fit_frames = latent_frames if room_bytes is None else int(room_bytes // per_frame)
