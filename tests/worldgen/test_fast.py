@@ -540,6 +540,7 @@ def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
         settings, on_chunk=lambda i, n, frames: seen.append((i, n, frames.clone())),
     )  # fmt: skip
     assert [(i, n) for i, n, _ in seen] == [(0, 2), (1, 2)]
+    assert pipe.chunk_timings[1]["encode"] > 0  # chunk 1 encodes the rest of the conditioning frames
     assert torch.equal(torch.cat([f for *_, f in seen], dim=1), video) and video.shape[1] == 21
     assert "kv cache" in plans[-1] and "Fast DiT" in pipe.name + plans[-1]
     streamed = []  # what each job told its plan: a job without on_chunk is a batch job (`generate`'s CLI)
@@ -578,6 +579,7 @@ def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
     )
     assert "every frame before the loop" in plans[-1]
     assert torch.equal(up_front, video)  # the streamed encoder gives the whole-video encoder's latents
+    pipe.plan_job = plan_job
     # a live camera that ends after chunk 0: the video is that chunk's frames, the same as in the whole run
     from worldgen.pipelines.fast_conditioning import fast_camera
     from worldgen.pipelines.fast_plan import FastOptions, fast_frames
@@ -597,6 +599,13 @@ def test_tiny_fast_generates_chunk_by_chunk(lingbot_examples):
     (timing,) = pipe.chunk_timings  # the wait for the poses is the chunk's own part, not its DiT's
     parts = ("dit", "encode", "decode", "poses")
     assert timing["poses"] >= 0.5 and timing["wall"] == pytest.approx(sum(timing[k] for k in parts), abs=1e-6)
+    # a live camera for the whole job: the same video, every conditioning frame encoded at chunk 0 while
+    # its poses are on their way (no later chunk carries an encode)
+    live = pipe.generate(
+        example / "image.jpg", "a room", None, None, settings, camera=lambda c: plucker[:, :, c * n : (c + 1) * n]
+    )
+    assert torch.equal(live, video)
+    assert pipe.chunk_timings[0]["encode"] > 0 and pipe.chunk_timings[1]["encode"] == 0
 
 
 def _plan_with(plan_job, pipe, **chosen):

@@ -345,14 +345,15 @@ class FastPipeline(Pipeline):
         try:
             for c in range(chunks):
                 frames = slice(c * n, (c + 1) * n)
+                if model.camera_cache is not None:  # the last chunk's modulation: freed before y's encode
+                    model.camera_cache.clear()
+                # y before the camera: a live job's encode runs while its poses are on their way
+                y_c = (y(c) if callable(y) else y[:, frames]).to(device)[None]
                 if callable(plucker):  # a live camera: chunk c starts once its poses are there
                     cam_c = plucker(c)
                     if cam_c is None:
                         break
                     cam_c = cam_c.to(device)
-                if model.camera_cache is not None:  # the last chunk's modulation: freed before y's encode
-                    model.camera_cache.clear()
-                y_c = (y(c) if callable(y) else y[:, frames]).to(device)[None]
                 if c > 0:  # chunk 0 runs in a one-chunk cache (the rest of the conditioning encodes beside it)
                     cache.grow()
                 if not callable(plucker):
@@ -486,7 +487,15 @@ class FastPipeline(Pipeline):
             plucker = FastCamera(poses, intrinsics, frames, h, w, options.chunk_frames)
 
         if self.stream_encode:  # chunk 0's frames inside the loop, the rest after chunk 0's preview
-            y = ChunkConditioning(self, image_resized, frames.frames, options.chunk_frames, clock, progress)
+            y = ChunkConditioning(
+                self,
+                image_resized,
+                frames.frames,
+                options.chunk_frames,
+                clock,
+                progress,
+                whole_first=camera is not None,
+            )
         else:
             with self.meter.phase("encode"):
                 progress("encode", 0, 1)

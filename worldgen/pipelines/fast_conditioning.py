@@ -18,11 +18,24 @@ class ChunkConditioning:
     """y [20, chunk_frames, lat_h, lat_w] of chunk c, encoded as the loop goes (`StreamingEncoder`:
     the same latents as encoding the whole video at once): chunk 0 encodes its own 4(n-1)+1 frames,
     chunk 1 encodes every remaining frame and frees the encoder's caches, so the first preview waits
-    for 9 frames' encoding instead of the whole video's and the loop does not carry the caches."""
+    for 9 frames' encoding instead of the whole video's and the loop does not carry the caches.
+    `whole_first` (a live job) encodes every frame at chunk 0, the same pushes in the same order: the
+    loop asks before it waits for chunk 0's poses, which take longer to come (9 poses at 16/s) than the
+    encode takes, and no later chunk carries the rest (at 320x576, 152 frames took 0.5 s of chunk 1,
+    lag a live view never made up; docs/benchmarks.md, "Session 25: Fast")."""
 
-    def __init__(self, pipe: Pipeline, image: torch.Tensor, frames: int, chunk_frames: int, clock, progress: Progress):
+    def __init__(
+        self,
+        pipe: Pipeline,
+        image: torch.Tensor,
+        frames: int,
+        chunk_frames: int,
+        clock,
+        progress: Progress,
+        whole_first: bool = False,
+    ):
         self.pipe, self.clock, self.progress = pipe, clock, progress
-        self.image, self.frames, self.n = image, frames, chunk_frames
+        self.image, self.frames, self.n, self.whole_first = image, frames, chunk_frames, whole_first
         _, _, h, w = image.shape
         self.mask = condition_mask(frames, h // 8, w // 8)
         self.latents: list[torch.Tensor] = []
@@ -46,13 +59,13 @@ class ChunkConditioning:
                 vae = self.pipe.residency.use("vae")
                 self.encoder = StreamingEncoder(vae, self.pipe.encode_tile_pixels)
                 self._encode(0, 4 * (n - 1) + 1)
-            else:
+            if c == 1 or self.whole_first:
                 step = 4 * n
                 for first in range(4 * (n - 1) + 1, self.frames, step):
                     self._encode(first, min(step, self.frames - first))
                 self.encoder = None  # its caches go now, before the KV cache grows
                 free_device_memory(self.pipe.device)
-            self.progress("encode", c + 1, 2)
+            self.progress("encode", 2 if self.whole_first else c + 1, 2)
             self.clock.lap("encode")
         latent = torch.cat(self.latents, dim=1)
         frames = slice(c * n, (c + 1) * n)
