@@ -154,6 +154,11 @@ def main() -> int:
     )
     parser.add_argument("--warm-up", action="store_true", help="the server's [worker] warm_up = true")
     parser.add_argument("--preset", help="the server's generation_preset (config/generation.toml), e.g. live")
+    parser.add_argument(
+        "--attention-frames",
+        type=int,
+        help=f"the live job's attention_frames ({FIELD_BY_NAME['attention_frames'].help}; default: the preset's)",
+    )
     parser.add_argument("--pace", type=float, default=1.0, help="poses at 16/s times this (0: as fast as taken)")
     parser.add_argument("--episode", type=Path, default=REPO / "data" / "sample_room", help="first frame, prompt, path")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds for the worker to load")
@@ -166,6 +171,8 @@ def main() -> int:
     poses = extend_path(payload.poses.astype(np.float32), args.frame_num)
     size = args.size or ("48*80" if args.ckpt == "tiny" else MODEL_SIZE)
     settings = {"model": "fast", "size": size, "frame_num": args.frame_num, "seed": 0}
+    if args.attention_frames is not None:
+        settings["attention_frames"] = args.attention_frames
     with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
         proc, endpoint = start_server(Path(tmp), args)
         try:
