@@ -216,7 +216,7 @@ def test_the_cache_plan_holds_the_window_not_the_video_once_a_window_is_set():
     window = 21 * 720  # 21 latent frames at 320x576, a 161-frame job (41 latent frames)
     spec, why = plan_cache(41, 720, 3, room_bytes=12 * gib, max_attention_tokens=window, **FULL_SIZE)
     assert spec.capacity_tokens == window and spec.storage == "model" and spec.rolling and spec.sink_frames == 0
-    assert "attention window's 21 latent frames" in why
+    assert "attention window's 21 latent frames" in why and "rolling window with no attention sink" in spec.describe()
     # a window shorter than a chunk still holds the chunk; one as long as the video changes nothing
     spec, _ = plan_cache(41, 720, 3, room_bytes=None, max_attention_tokens=720, **FULL_SIZE)
     assert spec.capacity_tokens == 3 * 720

@@ -67,7 +67,8 @@ class CacheSpec:
         kind = "in the compute dtype" if self.storage == "model" else "FP8 (e4m3, per-token scales)"
         text = f"{self.capacity_tokens // self.frame_tokens} latent frames ({self.capacity_tokens:,} tokens), {kind}"
         if self.rolling:
-            text += f", rolling window with a {self.sink_frames}-frame attention sink"
+            sink = f"a {self.sink_frames}-frame attention sink" if self.sink_frames else "no attention sink"
+            text += f", rolling window with {sink}"
         if self.max_attention_tokens is not None:
             text += f", attention to the last {self.max_attention_tokens:,} cached tokens"
         return text
