@@ -349,15 +349,12 @@ class FastPipeline(Pipeline):
                     model.camera_cache.clear()
                 # y before the camera: a live job's encode runs while its poses are on their way
                 y_c = (y(c) if callable(y) else y[:, frames]).to(device)[None]
-                if callable(plucker):  # a live camera: chunk c starts once its poses are there
-                    cam_c = plucker(c)
-                    if cam_c is None:
-                        break
-                    cam_c = cam_c.to(device)
+                cam_c = plucker(c) if callable(plucker) else None if plucker is None else plucker[:, :, frames]
+                if cam_c is None and callable(plucker):  # a live camera waits for chunk c's poses; None: the job ended
+                    break
+                cam_c = None if cam_c is None else cam_c.to(device)
                 if c > 0:  # chunk 0 runs in a one-chunk cache (the rest of the conditioning encodes beside it)
                     cache.grow()
-                if not callable(plucker):
-                    cam_c = None if plucker is None else plucker[:, :, frames].to(device)
                 start = c * n * frame_tokens
                 x_t = noise[:, frames].to(device, torch.float32)
                 for s in range(steps):
