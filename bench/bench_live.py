@@ -35,10 +35,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench import server_process  # noqa: E402
-from bridge.client import Client  # noqa: E402
-from bridge.episode_payload import EpisodePayload  # noqa: E402
-from bridge.job_events import Result  # noqa: E402
-from bridge.live_client import LiveChunks, LiveJob  # noqa: E402
+from bridge.client.client import Client  # noqa: E402
+from bridge.client.episode_payload import EpisodePayload  # noqa: E402
+from bridge.client.job_events import Result  # noqa: E402
+from bridge.client.live_client import LiveChunks, LiveJob  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.engine_options import COMPUTES  # noqa: E402
 from contracts.model_frame import MODEL_SIZE  # noqa: E402

@@ -31,9 +31,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench import server_process  # noqa: E402
-from bridge.client import Client  # noqa: E402
-from bridge.episode_payload import EpisodePayload  # noqa: E402
-from bridge.job_events import Result  # noqa: E402
+from bridge.client.client import Client  # noqa: E402
+from bridge.client.episode_payload import EpisodePayload  # noqa: E402
+from bridge.client.job_events import Result  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.settings import load_settings  # noqa: E402
 

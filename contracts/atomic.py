@@ -8,7 +8,7 @@ keep the target's suffix, so tools that pick a container from it (ffmpeg) still 
 Modes: what these helpers create gets the mode a plain `open()` / `mkdir()` would give it (0666 or
 0777 less the process umask), so a rollout, record or episode is as shared as any other output of
 the user's. Nothing here uses `mkstemp`/`mkdtemp` (always 0600/0700). Files that must be private
-(CURVE secret keys) are created by their own writer with an explicit mode (`bridge.security`).
+(CURVE secret keys) are created by their own writer with an explicit mode (`bridge.wire.security`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """How a client reaches the generation server: the one default port, endpoint and request timeout.
 
-Every client (`bridge.client.Client`, `submit`, `replay`, the Isaac session and window, the
+Every client (`bridge.client.client.Client`, `submit`, `replay`, the Isaac session and window, the
 record-then-generate script) and the server's default bind take them from here, so the loopback
 address a user sees in one help text is the one every other part uses. Here rather than in
-`bridge.protocol` because the Isaac side reads them without loading the bridge (its ZeroMQ client
+`bridge.wire.protocol` because the Isaac side reads them without loading the bridge (its ZeroMQ client
 is imported only when a job is sent).
 """
 

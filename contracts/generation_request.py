@@ -7,7 +7,7 @@ applies those rules to the settings, the image size and the pose count (numpy on
 `generate` can fail on bad input in a second and say in one line per change what it will do instead
 of what was asked ("81 frames asked, 33 poses: generating 33"). The pipeline applies the same rules
 (`worldgen.pipelines.camera.frames_for_poses`, `worldgen.pipelines.base.latent_size` are these functions),
-and so does the server's door (`bridge.request_handling`): defined here, in the bottom layer, once.
+and so does the server's door (`bridge.server.request_handling`): defined here, in the bottom layer, once.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def _restore_signals(previous: dict) -> None:
 
 
 def _wait_healthy(client, server: subprocess.Popen, log_path: Path, timeout: float) -> dict:
-    from bridge.client_errors import BridgeError
+    from bridge.client.client_errors import BridgeError
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -115,7 +115,7 @@ def _wait_healthy(client, server: subprocess.Popen, log_path: Path, timeout: flo
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.client import Client
+    from bridge.client.client import Client
     from comparison.report import compare_episode
     from contracts.connection import REQUEST_TIMEOUT_S
     from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO, read_episode, write_rollout

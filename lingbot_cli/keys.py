@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bridge.security import SecurityError, allow_client, write_keypair
+from bridge.wire.security import SecurityError, allow_client, write_keypair
 
 USER_ERRORS = (SecurityError,)
 

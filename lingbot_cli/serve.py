@@ -12,11 +12,11 @@ import logging
 import sys
 from pathlib import Path
 
-from bridge.security import SecurityError
-from bridge.serve import serve
-from bridge.server import ListenError
-from bridge.server_config import ConfigError, ServerConfig, load_server_config
-from bridge.spool import SpoolError
+from bridge.server.serve import serve
+from bridge.server.server import ListenError
+from bridge.server.server_config import ConfigError, ServerConfig, load_server_config
+from bridge.server.spool import SpoolError
+from bridge.wire.security import SecurityError
 from contracts.checkpoint_layout import check_checkpoint
 from contracts.connection import DEFAULT_ENDPOINT
 from contracts.engine_options import (
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_server_config(path, {k: v for k, v in flags.items() if v is not None})
     check_worker_checkpoint(config)
     if not config.security.curve:
-        logging.getLogger("bridge.server").warning(
+        logging.getLogger("bridge.server.server").warning(
             "no CurveZMQ keys: clients are told apart only by their connection (or, over ipc://, their "
             "process), so one process can take several clients' share; a server shared by several users "
             "needs keys (lingbot-isaac keys; docs/protocol.md, Security)"
@@ -149,7 +149,7 @@ def check_worker_checkpoint(config: ServerConfig) -> None:
         try:  # a folder with only the engine's model serves that model alone (worldgen.worker)
             check_checkpoint(worker.engine.ckpt, preset.model)
         except CheckpointError as exc:
-            logging.getLogger("bridge.server").warning(
+            logging.getLogger("bridge.server.server").warning(
                 f"jobs that leave the model to the preset ({preset.model}) will fail: {exc}; jobs that ask for "
                 f"model {engine_model} run (set model in each job's settings, or a preset with model = "
                 f'"{engine_model}" as generation_preset)'

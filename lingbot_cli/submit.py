@@ -3,7 +3,7 @@
     lingbot-isaac submit EPISODE_DIR [--server ENDPOINT] [--out rollout.mp4]
     lingbot-isaac submit EPISODE_DIR --model fast --follow     # OUT grows chunk by chunk
 
-The smallest command-line client of `bridge.client` (`bridge.submit.submit_episode`; the `replay`
+The smallest command-line client of `bridge.client.client` (`bridge.client.submit.submit_episode`; the `replay`
 command does more: USD and HDF5 trajectories, many episodes). Ctrl-C cancels the job on the server
 before exiting.
 """
@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bridge.client_errors import JobFailed, PayloadError, RequestFailed, ServerUnavailable, Unauthorized
-from bridge.security import SecurityError
-from bridge.submit import SubmitOptions, submit_episode
+from bridge.client.client_errors import JobFailed, PayloadError, RequestFailed, ServerUnavailable, Unauthorized
+from bridge.client.submit import SubmitOptions, submit_episode
+from bridge.wire.security import SecurityError
 from contracts.connection import DEFAULT_ENDPOINT, REQUEST_TIMEOUT_S
 from contracts.engine_options import MODELS
 from contracts.episode import EpisodeError

@@ -128,8 +128,8 @@ class LiveStream:
     # -- the sender thread -----------------------------------------------------------------------
 
     def _send_all(self, image: bytes, intrinsics: np.ndarray) -> None:
-        from bridge.job_events import Chunk
-        from bridge.live_client import LiveJob
+        from bridge.client.job_events import Chunk
+        from bridge.client.live_client import LiveJob
 
         def on_event(event: Any) -> None:
             if isinstance(event, Chunk):
@@ -173,7 +173,7 @@ class LiveStream:
     def write(self, folder: Path, name_prompt: str | None = None) -> tuple[Path, Path]:
         """The episode (the poses the stream sent, resampled the same way) and the live rollout beside
         it: an ordinary episode folder. -> (episode folder, rollout.mp4)."""
-        from bridge.job_events import Result
+        from bridge.client.job_events import Result
         from contracts.episode import write_rollout
 
         outcome = self.wait()

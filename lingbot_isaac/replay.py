@@ -56,7 +56,7 @@ class ReplayError(ValueError):
 
 def _bridge_errors() -> tuple[type[BaseException], ...]:
     try:
-        from bridge.client_errors import BridgeError, PayloadError
+        from bridge.client.client_errors import BridgeError, PayloadError
     except ImportError:  # the bridge client is not installed: only --export-only works
         return ()
     return (BridgeError, PayloadError)
@@ -285,8 +285,8 @@ def generate(
     client, episode_dir: Path, settings: dict[str, Any], label: str, progress: bool, job_timeout: float | None
 ) -> tuple[bytes, dict[str, Any]]:
     """Submit one episode, follow its events with a progress bar, return (mp4 bytes, job info)."""
-    from bridge.episode_payload import EpisodePayload
-    from bridge.follow import submit_and_follow
+    from bridge.client.episode_payload import EpisodePayload
+    from bridge.client.follow import submit_and_follow
 
     started = time.monotonic()
     bar = _ProgressBar(label, progress)
@@ -441,9 +441,9 @@ def replay_episodes(options: ReplayOptions, episodes: list[Path], overrides: dic
     if options.live:  # one live stream of poses after the other (lingbot_isaac.replay_live)
         return replay_live(options.server, episodes, overrides, pace=options.pace, timeout=options.timeout,
                            overwrite=options.overwrite)  # fmt: skip
-    from bridge.client import Client
-    from bridge.client_errors import ServerUnavailable
-    from bridge.reach import check_listening, explain_no_answer
+    from bridge.client.client import Client
+    from bridge.client.client_errors import ServerUnavailable
+    from bridge.client.reach import check_listening, explain_no_answer
 
     finished = [f for f in episodes if (f / ROLLOUT_VIDEO).is_file() and not options.overwrite]
     todo = []

@@ -36,7 +36,7 @@ class Batch:
 
     def _on_event(self, event) -> None:  # on the client's I/O thread
         self.last_event[event.job] = time.monotonic()
-        from bridge.job_events import JobError, Result
+        from bridge.client.job_events import JobError, Result
 
         if isinstance(event, (Result, JobError)):
             self.wake.set()
@@ -48,7 +48,7 @@ class Batch:
 
     def resume(self, folder: Path, settings: dict[str, Any]) -> bool:
         """Follow the job an earlier run left on the server; False if the server no longer has it."""
-        from bridge.client_errors import RequestFailed
+        from bridge.client.client_errors import RequestFailed
 
         try:
             pending = json.loads((folder / PENDING).read_text())
@@ -64,8 +64,8 @@ class Batch:
         return True
 
     def run(self, todo: list[tuple[Path, dict[str, Any]]]) -> None:
-        from bridge.client_errors import RequestFailed
-        from bridge.episode_payload import EpisodePayload
+        from bridge.client.client_errors import RequestFailed
+        from bridge.client.episode_payload import EpisodePayload
 
         todo = list(todo)
         backoff = 0.0
@@ -98,7 +98,7 @@ class Batch:
                     backoff = 0.0  # nothing of ours holds the queue: try again now-ish
 
     def _collect(self) -> int:
-        from bridge.job_events import JobError
+        from bridge.client.job_events import JobError
 
         finished = 0
         now = time.monotonic()

@@ -43,8 +43,8 @@ def replay_live(
     server: str, episodes: list[Path], overrides: dict[str, Any], *, pace: float, timeout: float, overwrite: bool
 ) -> int:
     """Each episode as a live job, one after the other; 0 if every one got its rollout."""
-    from bridge.client import Client
-    from bridge.reach import check_listening
+    from bridge.client.client import Client
+    from bridge.client.reach import check_listening
 
     if pace < 0:
         raise LiveReplayError(f"--pace {pace}: give 1.0 (the recorded pace), another factor, or 0 (no pacing)")
@@ -66,9 +66,9 @@ def replay_live(
 
 
 def replay_one(client, folder: Path, episode, settings: dict[str, Any], pace: float, timeout: float) -> bool:
-    from bridge.client_errors import RequestFailed
-    from bridge.job_events import Chunk, JobError
-    from bridge.live_client import LiveJob
+    from bridge.client.client_errors import RequestFailed
+    from bridge.client.job_events import Chunk, JobError
+    from bridge.client.live_client import LiveJob
 
     count = settings["frame_num"]
     fps = float(episode.meta.fps) if episode.meta and episode.meta.fps else 16.0

@@ -6,7 +6,7 @@ server round trip, the comparison report) happens on a worker thread, and result
 through the status object. The one callback, `on_chunk`, hands each finished chunk of a Fast job
 (`ChunkPreview`: its place, its mp4 and a still of its last frame, on disk) to whoever shows it;
 it runs on the worker thread, so a UI only keeps the preview there and draws it on its own thread.
-The job itself is followed by `bridge.follow.submit_and_follow`, the same loop as `submit` and
+The job itself is followed by `bridge.client.follow.submit_and_follow`, the same loop as `submit` and
 `replay`.
 """
 
@@ -215,7 +215,7 @@ class Session:
                    client_factory: Callable[[], Any] | None = None) -> None:  # fmt: skip
         """Live: the camera's poses go to a live job chunk by chunk as the timeline plays; each chunk's
         still comes back to `on_chunk` with the lag in chunks (lingbot_isaac.live_stream)."""
-        from bridge.client import Client
+        from bridge.client.client import Client
         from lingbot_isaac.live_stream import LiveStream
 
         if self.busy:
@@ -233,7 +233,7 @@ class Session:
                 self.on_chunk(preview)
 
         if client_factory is None:
-            from bridge.reach import check_listening
+            from bridge.client.reach import check_listening
 
             check_listening(settings.server)
         factory = client_factory or (lambda: Client(settings.server, timeout=settings.timeout))
@@ -325,10 +325,10 @@ class Session:
     def _generate(
         self, episode: Path, client_factory: Callable[[], Any] | None, run: int, cancelled: threading.Event
     ) -> None:
-        from bridge.client import Client
-        from bridge.client_errors import JobFailed, RequestFailed, ServerUnavailable
-        from bridge.episode_payload import EpisodePayload
-        from bridge.follow import submit_and_follow
+        from bridge.client.client import Client
+        from bridge.client.client_errors import JobFailed, RequestFailed, ServerUnavailable
+        from bridge.client.episode_payload import EpisodePayload
+        from bridge.client.follow import submit_and_follow
         from contracts.episode import read_episode, write_rollout
         from contracts.settings import job_settings
         from lingbot_isaac.first_frame import first_frame_record, parse_intrinsics, with_photo
@@ -363,7 +363,7 @@ class Session:
             meta = read_episode(episode).meta
             settings = job_settings(meta.generation if meta else None, self.settings.generation())
             if client_factory is None:
-                from bridge.reach import check_listening
+                from bridge.client.reach import check_listening
 
                 check_listening(self.settings.server)  # "no server: start one with ..." at once
             factory = client_factory or (lambda: Client(self.settings.server, timeout=timeout))

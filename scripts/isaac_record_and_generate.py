@@ -128,7 +128,7 @@ def record_and_generate(simulation_app, args: argparse.Namespace) -> int:
 
 
 def generate(episode: Path, args: argparse.Namespace) -> int:
-    from bridge.client import Client
+    from bridge.client.client import Client
     from contracts.episode import read_episode, write_rollout
     from contracts.settings import job_settings
     from lingbot_isaac.first_frame import first_frame_record

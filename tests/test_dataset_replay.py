@@ -128,8 +128,8 @@ def test_window_backs_off_on_busy_and_finishes_every_episode(tmp_path):
     replay = None
     try:
         server = pool.start(worker=standin_command(step_s=0.02, hold_until=release), max_queue_per_client=1)
-        from bridge.client import Client
-        from bridge.episode_payload import EpisodePayload
+        from bridge.client.client import Client
+        from bridge.client.episode_payload import EpisodePayload
         from tests.bridge.conftest import make_episode
 
         other = Client(server.endpoint, timeout=10)  # another user's job holds the one worker

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge import protocol
-from bridge.server_config import ENGINE_KEYS, ServerConfig, WorkerConfig, load_server_config
+from bridge.server.server_config import ENGINE_KEYS, ServerConfig, WorkerConfig, load_server_config
+from bridge.wire import protocol
 from contracts.settings import FIELDS
 from lingbot_cli.main import COMMANDS, build_parser
 from tests.conftest import REPO
@@ -93,7 +93,7 @@ def _ignored(path: Path) -> bool:
 
 
 def test_every_repository_path_the_docs_name_exists():
-    """`bridge/worker_pool.py`, `comparison/templates/`, `tests/x.py::test_y` ...: each is there."""
+    """`bridge/workers/worker_pool.py`, `comparison/templates/`, `tests/x.py::test_y` ...: each is there."""
     # what the checkout holds, not what running it wrote (out/ after `make demo` is ignored by git)
     tops = {p.name for p in REPO.iterdir() if not p.name.startswith(".") and not _ignored(p)}
     missing = []
@@ -157,12 +157,12 @@ def test_protocol_doc_names_every_field_frame_and_error_code_of_bridge_protocol(
     for heading, schemas in (("## Client -> server", protocol.REQUESTS), ("## Server -> client", protocol.REPLIES)):
         rows = _table_rows(doc, heading)
         if set(rows) != set(schemas):
-            problems.append(f"{heading}: the doc has {sorted(rows)}, bridge/protocol.py {sorted(schemas)}")
+            problems.append(f"{heading}: the doc has {sorted(rows)}, bridge/wire/protocol.py {sorted(schemas)}")
         for type_, fields in schemas.items():
             problems += [f"{heading} `{type_}`: no `{f}`" for f in fields if f"`{f}`" not in rows.get(type_, "")]
     codes = _table_rows(doc, "### Error codes")
     if list(codes) != list(protocol.ERROR_CODES):
-        problems.append(f"error codes: the doc has {list(codes)}, bridge/protocol.py {list(protocol.ERROR_CODES)}")
+        problems.append(f"error codes: the doc has {list(codes)}, bridge/wire/protocol.py {list(protocol.ERROR_CODES)}")
     frames = doc.split("### Allowed data frames", 1)[1].split("###", 1)[0]
     for type_, specs in protocol.FRAMES.items():
         for name, spec in specs.items():
@@ -176,13 +176,13 @@ def test_protocol_doc_names_every_field_frame_and_error_code_of_bridge_protocol(
 
 
 def test_protocol_doc_states_the_caps_bridge_protocol_uses():
-    """Each "`max_x` (N MiB)" figure of docs/protocol.md is the default in bridge.protocol.Limits."""
+    """Each "`max_x` (N MiB)" figure of docs/protocol.md is the default in bridge.wire.protocol.Limits."""
     limits = protocol.Limits()
     units = {"": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
     stated = re.findall(r"`(max_\w+)` \((\d+)(?: (KiB|MiB|GiB))?\)", _text("docs/protocol.md"))
     assert len(stated) >= 5
     wrong = [f"{name} ({n} {unit})" for name, n, unit in stated if int(n) * units[unit] != getattr(limits, name)]
-    assert not wrong, f"docs/protocol.md states {wrong}; bridge.protocol.Limits: {limits}"
+    assert not wrong, f"docs/protocol.md states {wrong}; bridge.wire.protocol.Limits: {limits}"
 
 
 def _command_lines(text: str) -> list[str]:
@@ -215,7 +215,7 @@ def test_every_option_the_docs_give_a_script_is_one_of_its_options():
 
 
 def test_protocol_doc_names_every_worker_pipe_message():
-    from bridge import worker_protocol
+    from bridge.workers import worker_protocol
 
     pipe = _text("docs/protocol.md").split("## The worker pipe", 1)[1]
     missing = [m for m in (*worker_protocol.TO_WORKER, *worker_protocol.FROM_WORKER) if f"`{m}`" not in pipe]

@@ -48,14 +48,22 @@ def test_the_layering_contract_holds():
     "module,line,contract",
     [
         ("lingbot_isaac/resample.py", "import torch", "the Isaac side (lingbot_isaac, bridge) never imports torch"),
-        ("bridge/fair_queue.py", "from worldgen.pipelines import camera", "never imports torch, OpenCV or worldgen"),
-        ("contracts/model_frame.py", "import bridge.protocol", "contracts is the bottom layer"),
+        (
+            "bridge/server/fair_queue.py",
+            "from worldgen.pipelines import camera",
+            "never imports torch, OpenCV or worldgen",
+        ),
+        ("contracts/model_frame.py", "import bridge.wire.protocol", "contracts is the bottom layer"),
         ("worldgen/pipelines/scheduler.py", "import zmq", "worldgen knows no ZeroMQ"),
         ("comparison/metrics.py", "from lingbot_isaac import camera", "comparison stands alone"),
         ("lingbot_isaac/session.py", "from comparison import report", "lingbot_isaac asks the CLI"),
         ("worldgen/kernels/fused.py", "from worldgen.models import dit", "worldgen's rooms"),
         ("worldgen/models/dit.py", "from worldgen.runtime import memory", "worldgen's rooms"),
         ("worldgen/runtime/memory.py", "from worldgen.pipelines import base", "worldgen's rooms"),
+        ("bridge/client/client.py", "from bridge.server import jobs", "the client never imports the server"),
+        ("bridge/client/submit.py", "from bridge.workers import supervisor", "the client never imports the server"),
+        ("bridge/wire/protocol.py", "from bridge.client import job_events", "the wire (message formats"),
+        ("bridge/workers/worker_pool.py", "from bridge.server import server_config", "the workers never import"),
     ],
 )
 def test_a_planted_violation_breaks_it(tmp_path, module, line, contract):

@@ -1,6 +1,6 @@
 """One live rollout (model fast) from a live job's folder: the first frame, prompt and intrinsics in
-`episode_dir`, the camera path arriving as pose batches in `live_dir` (bridge.live_jobs writes them;
-their names are `bridge.worker_protocol.LIVE_BATCH_FILE` and `LIVE_END_FILE`, handed in by the worker). Chunk k starts as soon as the poses it
+`episode_dir`, the camera path arriving as pose batches in `live_dir` (bridge.server.live_jobs writes them;
+their names are `bridge.workers.worker_protocol.LIVE_BATCH_FILE` and `LIVE_END_FILE`, handed in by the worker). Chunk k starts as soon as the poses it
 needs are there (`worldgen.pipelines.fast_live`, which also says how the live video relates to the
 batch video of the same poses). Like `worldgen.rollout.generate_episode`, it writes the mp4 and its
 provenance record beside it (with a `live` section: the poses and start time of every chunk), and the
@@ -130,7 +130,7 @@ def generate_live_episode(
         },  # fmt: skip
         timings={"generate_s": round(time.perf_counter() - t0, 3)},
     )
-    # a live job (the server adds its own timings under the same key: bridge/live_jobs.py)
+    # a live job (the server adds its own timings under the same key: bridge/server/live_jobs.py)
     record["live"] = {"planned_frames": frames.frames, "poses_needed": needed, "poses_held": feed.held,
                       "chunk_starts": starts}  # fmt: skip
     write_record(path, record)

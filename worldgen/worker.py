@@ -1,7 +1,7 @@
 """`python -m worldgen.worker`: the generation process that the bridge server supervises.
 
 Loads the pipeline once and keeps it warm, then runs one job at a time as the supervisor asks,
-speaking `bridge.worker_protocol` (length-prefixed msgpack) on stdin/stdout. Logs go to stderr;
+speaking `bridge.workers.worker_protocol` (length-prefixed msgpack) on stdin/stdout. Logs go to stderr;
 anything a library prints is sent to stderr too (fd 1 is redirected), so stray output can never
 corrupt the protocol pipe.
 
@@ -12,7 +12,7 @@ idle, `health` is answered by the main thread after probing the device, so a rep
 process that holds the model still works. If stdin closes (the server died), the worker exits at
 once rather than holding GPU memory for nobody.
 
-A pool's two-GPU job (setting `gpus = 2`, bridge/worker_pool.py) involves two workers: the one
+A pool's two-GPU job (setting `gpus = 2`, bridge/workers/worker_pool.py) involves two workers: the one
 sent `run` with a `peer` runs the job with a `worldgen.pipelines.multi_gpu.PeerDevice` as its second device;
 the one sent `guide` serves that job's unconditional passes (`serve_guidance`) with its own warm
 experts until the first closes the connection, then answers `result` and is free again.
@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from bridge import worker_protocol as wp
+from bridge.workers import worker_protocol as wp
 from contracts import atomic
 from contracts.engine_options import EngineOptions, EngineOptionsError
 from contracts.episode import EpisodeError
@@ -417,7 +417,7 @@ class Worker:
             settings = GenerationSettings.from_dict(message["settings"])
             generate_args = (Path(message["episode_dir"]), settings, partial, progress)
             extra: dict[str, Any] = {"on_chunk": on_chunk} if message.get("want_chunks") else {}
-            if message.get("peer"):  # a two-GPU job of a pool (bridge/worker_pool.py)
+            if message.get("peer"):  # a two-GPU job of a pool (bridge/workers/worker_pool.py)
                 extra["peer"] = message["peer"]
             live_frames = None
             if message.get("live_dir"):  # a live job: its poses arrive while it runs (worldgen.live_rollout)
@@ -569,11 +569,11 @@ def serve(load_engine: Callable[[EngineOptions], Engine]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m worldgen.worker`: no flags. Its engine options arrive as data, in the supervisor's
-    first message (`load`, see bridge/worker_protocol.py)."""
+    first message (`load`, see bridge/workers/worker_protocol.py)."""
     argv = sys.argv[1:] if argv is None else argv
     usage = (
         "usage: python -m worldgen.worker\n\n" + __doc__.split("\n\n")[0] + " Its engine options arrive as data, in "
-        "the supervisor's first message (`load`, see bridge/worker_protocol.py); there are no engine flags."
+        "the supervisor's first message (`load`, see bridge/workers/worker_protocol.py); there are no engine flags."
     )
     if argv in (["-h"], ["--help"]):
         print(usage)

@@ -117,7 +117,7 @@ class ServerProcess:
 
     def wait_loaded(self, timeout: float = 120.0, what: str = "the tiny model to load") -> ServerProcess:
         """Wait until the server's health is ok (its worker loaded its model); -> self."""
-        from bridge.client import Client
+        from bridge.client.client import Client
 
         with Client(self.endpoint, timeout=10) as client:
             wait_for(lambda: client.health()["ok"], timeout, interval=0.5, what=what)

@@ -9,7 +9,7 @@ real generation use `python -m worldgen.worker` with [worker] ckpt = "tiny" inst
 
 The file is a real (if unplayable) mp4 container: `ftyp`, a `moov` whose sample table holds the
 frame count the engine would write, and an `mdat` holding the record, so the server's check of
-every result (bridge.mp4) runs on it. `--truncate` leaves out the `moov` (a write cut short by a
+every result (bridge.server.mp4) runs on it. `--truncate` leaves out the `moov` (a write cut short by a
 full disk); `--result-mb N` pads the `mdat` to N MiB.
 
 A two-GPU job (`gpus = 2` in a pool) runs as the real engine's does, minus the tensors: the job's

@@ -7,7 +7,7 @@ import msgpack
 import numpy as np
 from hypothesis import strategies as st
 
-from bridge.protocol import encode
+from bridge.wire.protocol import encode
 
 
 def _png(height: int = 16, width: int = 32) -> bytes:

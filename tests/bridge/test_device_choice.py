@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.client import Client
-from bridge.server_config import ConfigError, load_server_config
+from bridge.client.client import Client
+from bridge.server.server_config import ConfigError, load_server_config
 from contracts.engine_options import EngineOptions, EngineOptionsError
 from tests.bridge.conftest import TINY
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from bridge import protocol
-from bridge.client import Client
-from bridge.episode_payload import EpisodePayload
-from bridge.server_config import ServerConfig, WorkerConfig, load_server_config
+from bridge.client.client import Client
+from bridge.client.episode_payload import EpisodePayload
+from bridge.server.server_config import ServerConfig, WorkerConfig, load_server_config
+from bridge.wire import protocol
 from contracts.engine_options import EngineOptions
 from contracts.generation_request import MIN_FRAMES, latent_size
 from contracts.settings import load_settings

@@ -16,9 +16,9 @@ from pathlib import Path
 import imageio_ffmpeg
 import pytest
 
-from bridge.client import Client
-from bridge.client_errors import JobFailed
-from bridge.episode_payload import EpisodePayload
+from bridge.client.client import Client
+from bridge.client.client_errors import JobFailed
+from bridge.client.episode_payload import EpisodePayload
 from tests.bridge.conftest import ServerPool, wait_for
 
 DYING = Path(__file__).with_name("dying_worker.py")

@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from bridge.client import Client
-from bridge.episode_payload import EpisodePayload
-from bridge.server_config import ConfigError, load_server_config
+from bridge.client.client import Client
+from bridge.client.episode_payload import EpisodePayload
+from bridge.server.server_config import ConfigError, load_server_config
 from contracts.engine_options import EngineOptions, EngineOptionsError
 from tests.bridge.conftest import TINY, wait_for
 

@@ -1,4 +1,4 @@
-"""Kept results are a cache (issue 25, bridge/eviction.py): on a small real tmpfs spool with the
+"""Kept results are a cache (issue 25, bridge/server/eviction.py): on a small real tmpfs spool with the
 default quota, far more jobs than fit run one after another, the oldest results evicted first; a disk
 filled by something else evicts kept results instead of wedging the server; a result nobody fetched
 yet is kept through its grace period. A real server subprocess with the stand-in worker (1 MiB
@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from bridge.client import Client
-from bridge.client_errors import RequestFailed
-from bridge.episode_payload import EpisodePayload
+from bridge.client.client import Client
+from bridge.client.client_errors import RequestFailed
+from bridge.client.episode_payload import EpisodePayload
 from tests.bridge.conftest import standin_command, wait_for
 from tests.bridge.test_robustness import fill, submit_frames
 from tests.bridge.test_server import RawDealer

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bridge.client import Client
-from bridge.episode_payload import EpisodePayload
-from bridge.job_events import Chunk, JobError, Progress, Result
+from bridge.client.client import Client
+from bridge.client.episode_payload import EpisodePayload
+from bridge.client.job_events import Chunk, JobError, Progress, Result
 from contracts.video import read_mp4
 from tests.bridge.conftest import REPO, make_episode
 

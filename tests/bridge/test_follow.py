@@ -1,4 +1,4 @@
-"""`bridge.follow.submit_and_follow`, the one follow loop of `submit`, `replay` and the Isaac
+"""`bridge.client.follow.submit_and_follow`, the one follow loop of `submit`, `replay` and the Isaac
 window: its cancel check, and no job left running on the server when a caller's callback fails.
 A real server subprocess with the stand-in engine over loopback ZeroMQ."""
 
@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from bridge.client import Client
-from bridge.client_errors import JobFailed
-from bridge.episode_payload import EpisodePayload
-from bridge.follow import submit_and_follow
+from bridge.client.client import Client
+from bridge.client.client_errors import JobFailed
+from bridge.client.episode_payload import EpisodePayload
+from bridge.client.follow import submit_and_follow
 from tests.bridge.conftest import standin_command, wait_for
 
 

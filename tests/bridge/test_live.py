@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import zmq
 
-from bridge import protocol
-from bridge.client import Client
-from bridge.client_errors import RequestFailed
-from bridge.episode_payload import EpisodePayload
-from bridge.job_events import Chunk, JobError, Result
-from bridge.live_client import LiveChunks, LiveJob
+from bridge.client.client import Client
+from bridge.client.client_errors import RequestFailed
+from bridge.client.episode_payload import EpisodePayload
+from bridge.client.job_events import Chunk, JobError, Result
+from bridge.client.live_client import LiveChunks, LiveJob
+from bridge.wire import protocol
 from contracts.video import read_mp4
 from tests.bridge.conftest import TINY, ServerPool, make_episode, rss_mb, wait_for
 

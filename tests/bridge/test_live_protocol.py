@@ -1,4 +1,4 @@
-"""The live-job messages on the wire (`live`, `poses`, `end`, `poses_ok`; bridge/live_protocol.py):
+"""The live-job messages on the wire (`live`, `poses`, `end`, `poses_ok`; bridge/wire/live_protocol.py):
 round trips and the decoder's refusals, without sockets."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bridge import protocol
-from bridge.live_protocol import LiveOpen, PoseBatch, parse_live
-from bridge.protocol import ProtocolError, decode_reply, encode, parse_request
+from bridge.wire import protocol
+from bridge.wire.live_protocol import LiveOpen, PoseBatch, parse_live
+from bridge.wire.protocol import ProtocolError, decode_reply, encode, parse_request
 from tests.bridge.strategies import PNG
 
 K = np.float32([[502.0, 502.0, 416.0, 240.0], [1.0, 1.0, 1.0, 1.0]])

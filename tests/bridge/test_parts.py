@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge import worker_protocol as wp
-from bridge.fair_queue import FairQueue
-from bridge.server_config import ConfigError, ServerConfig, load_server_config
-from bridge.spool import Spool, SpoolError
+from bridge.server.fair_queue import FairQueue
+from bridge.server.server_config import ConfigError, ServerConfig, load_server_config
+from bridge.server.spool import Spool, SpoolError
+from bridge.workers import worker_protocol as wp
 from tests.bridge.conftest import REPO
 
 # ---------------------------------------------------------------------------------------------
@@ -197,11 +197,11 @@ def test_config_mistakes_are_named(tmp_path, text, words):
     ("modules", "forbidden"),
     [
         (
-            "bridge.client, bridge.server, bridge.serve, bridge.submit, lingbot_cli.serve, lingbot_cli.submit, lingbot_cli.keys",
+            "bridge.client.client, bridge.server.server, bridge.server.serve, bridge.client.submit, lingbot_cli.serve, lingbot_cli.submit, lingbot_cli.keys",
             "torch",
         ),
         ("worldgen.worker", "zmq"),
-        ("bridge, bridge.worker_protocol, contracts.settings", "zmq"),
+        ("bridge, bridge.workers.worker_protocol, contracts.settings", "zmq"),
     ],
 )
 def test_import_boundaries(modules, forbidden):
@@ -215,7 +215,7 @@ def test_import_boundaries(modules, forbidden):
 
 
 def test_job_moves_only_along_the_state_machine(tmp_path):
-    from bridge.jobs import BadMove, Job
+    from bridge.server.jobs import BadMove, Job
 
     job = Job(id="j", dir=tmp_path, client="peer:01", rid="r", seq=0, created=0.0, settings={})
     with pytest.raises(BadMove):
@@ -233,7 +233,7 @@ def test_job_moves_only_along_the_state_machine(tmp_path):
 
 
 def test_mp4_check_refuses_cut_files_and_wrong_frame_counts(tmp_path):
-    from bridge.mp4 import IncompleteVideo, check_complete
+    from bridge.server.mp4 import IncompleteVideo, check_complete
     from tests.bridge.standin_worker import mp4_bytes
 
     path = tmp_path / "result.mp4"

@@ -1,5 +1,5 @@
 """Without CurveZMQ keys one process cannot take several clients' share of the queue by opening
-several connections (issue 25, bridge/peer_process.py): over ipc:// the cap holds per peer process
+several connections (issue 25, bridge/server/peer_process.py): over ipc:// the cap holds per peer process
 (the kernel's credentials), over tcp:// for all unauthenticated connections together. A real
 server subprocess; the other process is a real `python` child."""
 
@@ -9,17 +9,17 @@ import subprocess
 import sys
 import textwrap
 
-from bridge.client import Client
-from bridge.episode_payload import EpisodePayload
+from bridge.client.client import Client
+from bridge.client.episode_payload import EpisodePayload
 from tests.bridge.conftest import REPO, standin_command, wait_for
 from tests.bridge.test_robustness import reply_to, submit_frames
 from tests.bridge.test_server import RawDealer
 
 OTHER_PROCESS = textwrap.dedent("""
     import sys
-    from bridge.client import Client
-    from bridge.client_errors import RequestFailed
-    from bridge.episode_payload import EpisodePayload
+    from bridge.client.client import Client
+    from bridge.client.client_errors import RequestFailed
+    from bridge.client.episode_payload import EpisodePayload
     with Client(sys.argv[1], timeout=10) as client:
         try:
             print("accepted", client.submit(EpisodePayload.from_dir(sys.argv[2]), {"steps": 1}).id)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from bridge import protocol
-from bridge.protocol import Limits, ProtocolError, decode_reply, decode_request, encode
+from bridge.wire import protocol
+from bridge.wire.protocol import Limits, ProtocolError, decode_reply, decode_request, encode
 from tests.bridge.strategies import INTRINSICS, PNG, POSES, frame_lists, header_of, submit_frames
 
 

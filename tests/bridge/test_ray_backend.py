@@ -17,9 +17,9 @@ import tempfile
 
 import pytest
 
-from bridge.client import Client
-from bridge.episode_payload import EpisodePayload
-from bridge.job_events import Result
+from bridge.client.client import Client
+from bridge.client.episode_payload import EpisodePayload
+from bridge.client.job_events import Result
 from tests.bridge.conftest import REPO, TINY, make_episode, standin_command, wait_for, write_toml
 from tests.bridge.test_server import record_of
 from tests.bridge.test_worker_pool import healthy, outcomes, spool_states

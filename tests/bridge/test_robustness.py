@@ -27,11 +27,11 @@ import numpy as np
 import pytest
 import zmq
 
-from bridge import protocol
-from bridge.client import Client
-from bridge.client_errors import JobFailed, RequestFailed
-from bridge.episode_payload import EpisodePayload
-from bridge.spool import Spool
+from bridge.client.client import Client
+from bridge.client.client_errors import JobFailed, RequestFailed
+from bridge.client.episode_payload import EpisodePayload
+from bridge.server.spool import Spool
+from bridge.wire import protocol
 from tests.bridge.conftest import make_episode, rss_mb, standin_command, wait_for
 from tests.bridge.test_server import RawDealer, record_of
 
@@ -398,7 +398,7 @@ def test_invented_client_ids_on_one_connection_share_one_quota(servers, episode)
         assert "you already have 2 jobs waiting" in replies[-1].fields["message"]
     finally:
         dealer.close()
-    # Without keys, every tcp:// connection shares one client's cap (bridge/peer_process.py, and
+    # Without keys, every tcp:// connection shares one client's cap (bridge/server/peer_process.py, and
     # test_peer_process.py): another connection gets the same answer until a job ends. With keys the
     # identity is the key (test_under_curve_the_identity_is_the_key_not_the_connection).
     with Client(server.endpoint, timeout=10) as other:
@@ -432,7 +432,7 @@ def test_another_peer_reusing_client_and_rid_never_gets_the_victims_job(servers,
 def test_under_curve_the_identity_is_the_key_not_the_connection(servers, episode, tmp_path):
     """Two connections with one allowed key are one client: a submit retried on the second
     connection is the same job; a second key is another client with its own rids."""
-    from bridge.security import allow_client, load_public, load_secret, write_keypair
+    from bridge.wire.security import allow_client, load_public, load_secret, write_keypair
     from tests.bridge.test_security import make_keys
 
     keys = make_keys(tmp_path)

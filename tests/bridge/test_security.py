@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import zmq
 
-from bridge.client import Client
-from bridge.client_errors import Unauthorized
-from bridge.episode_payload import EpisodePayload
-from bridge.security import SecurityError, allow_client, is_loopback, load_secret, write_keypair
+from bridge.client.client import Client
+from bridge.client.client_errors import Unauthorized
+from bridge.client.episode_payload import EpisodePayload
+from bridge.wire.security import SecurityError, allow_client, is_loopback, load_secret, write_keypair
 from tests.bridge.conftest import REPO, TINY, wait_for
 
 

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import zmq
 
-from bridge import protocol
-from bridge.client import Client
-from bridge.client_errors import JobFailed, PayloadError, RequestFailed, ServerUnavailable
-from bridge.episode_payload import EpisodePayload
-from bridge.job_events import JobError, Progress, Result
+from bridge.client.client import Client
+from bridge.client.client_errors import JobFailed, PayloadError, RequestFailed, ServerUnavailable
+from bridge.client.episode_payload import EpisodePayload
+from bridge.client.job_events import JobError, Progress, Result
+from bridge.wire import protocol
 from contracts.settings import SettingsError, load_settings
 from tests.bridge.conftest import concurrently, make_episode, pid_alive, standin_command, wait_for
 
@@ -271,7 +271,7 @@ def test_server_sigkill_with_queued_jobs_loses_none(servers, client_factory, epi
 
 
 def test_eight_clients_three_jobs_each(servers, episode):
-    # Without keys all loopback connections share one client's queue cap (bridge/peer_process.py):
+    # Without keys all loopback connections share one client's queue cap (bridge/server/peer_process.py):
     # room for the 24 jobs of these 8 clients (a server of several users would give them keys)
     server = servers(worker=standin_command(step_s=0.005), max_queue_per_client=24)
     payload = EpisodePayload.from_dir(episode)

@@ -11,8 +11,8 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 
-from bridge import protocol
-from bridge.client import Client
+from bridge.client.client import Client
+from bridge.wire import protocol
 from tests.bridge.conftest import TINY, rss_mb, wait_for
 from tests.bridge.strategies import server_frames
 

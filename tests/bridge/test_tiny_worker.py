@@ -18,10 +18,10 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 
-from bridge.client import Client
-from bridge.client_errors import JobFailed, RequestFailed
-from bridge.episode_payload import EpisodePayload
-from bridge.job_events import Progress, Result
+from bridge.client.client import Client
+from bridge.client.client_errors import JobFailed, RequestFailed
+from bridge.client.episode_payload import EpisodePayload
+from bridge.client.job_events import Progress, Result
 from contracts.settings import load_settings
 from tests.bridge.conftest import REPO, TINY, ServerPool, concurrently, make_episode, pid_alive, wait_for
 
@@ -156,7 +156,7 @@ def test_tiny_worker_sigkill_mid_job(client, tiny_episode):
 def test_tiny_eight_clients_three_jobs_each(tmp_path, tiny_episode):
     payload = EpisodePayload.from_dir(tiny_episode)
     videos: dict[int, list[bytes]] = {}
-    # Without keys all loopback connections share one client's queue cap (bridge/peer_process.py):
+    # Without keys all loopback connections share one client's queue cap (bridge/server/peer_process.py):
     # room for the 24 jobs of these 8 clients (a server of several users would give them keys)
     pool = ServerPool(tmp_path)
     server = pool.start(worker=TINY, max_queue_per_client=24).wait_loaded()

@@ -13,10 +13,10 @@ import signal
 import numpy as np
 import pytest
 
-from bridge.client import Client
-from bridge.client_errors import JobFailed, RequestFailed
-from bridge.episode_payload import EpisodePayload
-from bridge.job_events import JobError, Result
+from bridge.client.client import Client
+from bridge.client.client_errors import JobFailed, RequestFailed
+from bridge.client.episode_payload import EpisodePayload
+from bridge.client.job_events import JobError, Result
 from contracts.settings import SettingsError
 from tests.bridge.conftest import TINY, pid_alive, standin_command, wait_for
 from tests.bridge.test_server import record_of
@@ -96,8 +96,8 @@ def test_sigkill_of_one_worker_costs_only_its_own_job(servers, episode, retry):
 
 
 def test_how_many_workers_a_job_of_two_gpus_takes():
-    from bridge.supervisor import Supervisor, SupervisorConfig
-    from bridge.worker_pool import WorkerPool
+    from bridge.workers.supervisor import Supervisor, SupervisorConfig
+    from bridge.workers.worker_pool import WorkerPool
 
     def pool(devices: list[list[str]], backend: str = "local") -> WorkerPool:
         return WorkerPool([Supervisor(SupervisorConfig(argv=("worker",), options={"devices": d}), name=f"{i}:{d[0]}")
@@ -113,7 +113,7 @@ def test_how_many_workers_a_job_of_two_gpus_takes():
 
 
 def test_devices_flag_and_config_validation(tmp_path):
-    from bridge.server_config import ConfigError, load_server_config
+    from bridge.server.server_config import ConfigError, load_server_config
 
     config = load_server_config(None, {"worker.devices": ["cuda:0", "cuda:1"]})
     assert config.worker.pool_devices() == ("cuda:0", "cuda:1")

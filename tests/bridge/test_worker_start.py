@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from bridge.client import Client
-from bridge.client_errors import JobFailed, RequestFailed
-from bridge.episode_payload import EpisodePayload
-from bridge.job_events import JobError
+from bridge.client.client import Client
+from bridge.client.client_errors import JobFailed, RequestFailed
+from bridge.client.episode_payload import EpisodePayload
+from bridge.client.job_events import JobError
 from tests.bridge.conftest import REPO, standin_command, wait_for
 
 LAYOUT_MESSAGE = "is neither checkpoint layout: expected high_noise_model/ + low_noise_model/"

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bridge import protocol
-from bridge.client_errors import PayloadError
-from bridge.episode_payload import EpisodePayload
-from bridge.spool import Spool
+from bridge.client.client_errors import PayloadError
+from bridge.client.episode_payload import EpisodePayload
+from bridge.server.spool import Spool
+from bridge.wire import protocol
 from contracts import episode
 from contracts.episode import EpisodeError, EpisodeMeta, write_episode
 from tests.conftest import files_matching

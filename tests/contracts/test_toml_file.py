@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from bridge.server_config import ConfigError, load_server_config
+from bridge.server.server_config import ConfigError, load_server_config
 from contracts.settings import SettingsError, load_presets
 from contracts.toml_file import TomlError, read_toml
 from lingbot_isaac.replay import ReplayError, config_quat_order

@@ -94,7 +94,7 @@ def test_replay_first_frame_errors_are_named(tmp_path, capsys):
 @needs_server
 @pytest.mark.slow
 def test_replay_with_first_frame_photo_sends_the_photo_and_says_so(tmp_path, server):  # noqa: F811
-    from bridge.episode_payload import EpisodePayload
+    from bridge.client.episode_payload import EpisodePayload
 
     real_photo(1600, 1200, (1150.0, 1150.0, 790.0, 610.0)).save(tmp_path / "photo.jpg", quality=95)
     result = run_replay(server, tmp_path / "results", "--first-frame", str(tmp_path / "photo.jpg"))

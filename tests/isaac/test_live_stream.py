@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("pxr", reason="usd-core (pxr) is not installed")
 from pxr import Usd  # noqa: E402
 
-from bridge.client import Client  # noqa: E402
+from bridge.client.client import Client  # noqa: E402
 from contracts.episode import read_episode  # noqa: E402
 from contracts.video import read_mp4  # noqa: E402
 from lingbot_isaac.live_stream import LiveStream  # noqa: E402

@@ -105,8 +105,8 @@ def _have(module: str) -> bool:
 
 
 needs_server = pytest.mark.skipif(
-    not (_have("bridge.client") and _have("worldgen.pipelines.base")),
-    reason="bridge.client and worldgen.pipelines.base are not on this branch yet (end-to-end replay needs both)",
+    not (_have("bridge.client.client") and _have("worldgen.pipelines.base")),
+    reason="bridge.client.client and worldgen.pipelines.base are not on this branch yet (end-to-end replay needs both)",
 )
 
 

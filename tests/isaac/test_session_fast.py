@@ -3,7 +3,7 @@ handed to the window (in order, before the result), a cancel between chunks, a b
 
 A real server subprocess with its real worker (the built-in tiny model, model fast, CPU) over
 loopback ZeroMQ, as in tests/bridge/test_fast_streaming.py; the session follows its job with
-`bridge.follow.submit_and_follow`, the loop `submit` and `replay` use."""
+`bridge.client.follow.submit_and_follow`, the loop `submit` and `replay` use."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bridge.client import Client
-from bridge.job_events import Chunk
-from bridge.mp4 import check_complete
+from bridge.client.client import Client
+from bridge.client.job_events import Chunk
+from bridge.server.mp4 import check_complete
 from contracts.engine_options import MODELS
 from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO, EpisodeMeta
 from contracts.settings import SettingsError

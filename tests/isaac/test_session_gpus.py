@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from bridge.client import Client
+from bridge.client.client import Client
 from contracts.episode import ROLLOUT_INFO, ROLLOUT_VIDEO
 from contracts.settings import FIELD_BY_NAME, SettingsError
 from lingbot_isaac.session import Session, SessionSettings, gpu_choices

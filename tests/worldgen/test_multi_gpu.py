@@ -74,7 +74,7 @@ def test_two_devices_with_camera_caches_give_the_one_device_output(lingbot_examp
 @pytest.mark.slow
 def test_a_peer_worker_serving_the_unconditional_passes_gives_the_one_device_output(lingbot_examples, tmp_path):
     """A pool's two-GPU job: the second worker's own warm experts serve the unconditional passes over
-    a Unix socket (what bridge/worker_pool.py pairs); only the job's token is served."""
+    a Unix socket (what bridge/workers/worker_pool.py pairs); only the job's token is served."""
     one = load_pipeline("tiny", device="cpu", text_cache_dir=tmp_path)
     peer = load_pipeline("tiny", device="cpu", text_cache_dir=tmp_path)  # another worker's pipeline
     expected = _rollout(one, lingbot_examples / "00")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bridge import worker_protocol as wp
+from bridge.workers import worker_protocol as wp
 from contracts.episode import EpisodeError
 from contracts.settings import SettingsError
 from worldgen.errors import InputError

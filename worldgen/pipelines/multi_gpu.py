@@ -25,7 +25,7 @@ loading anything: the job's first worker runs it as above, but its "second devic
 `PeerDevice`, the unconditional passes sent to another worker of the pool (`serve_guidance`), whose
 own experts are already warm on its own GPU. The exchange is the same as between two threads (the
 latent in, the prediction out, per step; the job's fixed inputs once), over a Unix socket between
-the two processes (`bridge/worker_pool.py` pairs them and says why in its docstring).
+the two processes (`bridge/workers/worker_pool.py` pairs them and says why in its docstring).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Client library for the generation server: submit episodes, follow progress, fetch the mp4.
 
-    from bridge.client import Client, EpisodePayload
+    from bridge.client.client import Client, EpisodePayload
     with Client() as client:  # contracts.connection's endpoint (loopback) and request timeout
         job = client.submit(EpisodePayload.from_dir("episode_0001"), {"steps": 4})
         for event in job.events():          # Progress ..., then Result or JobError
@@ -38,17 +38,17 @@ from typing import Any
 import numpy as np
 import zmq
 
-from bridge import protocol
-from bridge.client_errors import BridgeError, ServerUnavailable
-from bridge.client_io import ClientIO, Request
-from bridge.client_job import Job, wanted
-from bridge.episode_payload import EpisodePayload, settings_dict
-from bridge.job_events import EventCallback
-from bridge.protocol import Limits, ProtocolError
+from bridge.client.client_errors import BridgeError, ServerUnavailable
+from bridge.client.client_io import ClientIO, Request
+from bridge.client.client_job import Job, wanted
+from bridge.client.episode_payload import EpisodePayload, settings_dict
+from bridge.client.job_events import EventCallback
+from bridge.wire import protocol
+from bridge.wire.protocol import Limits, ProtocolError
 from contracts import connection
 from contracts.settings import GenerationSettings
 
-log = logging.getLogger("bridge.client")
+log = logging.getLogger("bridge.client.client")
 
 
 DEFAULT_ENDPOINT = connection.DEFAULT_ENDPOINT
@@ -221,7 +221,7 @@ class Client(ClientIO):
         """One request of `type_` (its rid added here), retried as every request is (Lazy Pirate), and
         its answer: `on_reply(message)`, by default the reply's fields. Raises RequestFailed (the
         server's error answer) or ServerUnavailable. The requests above use it, and so can a protocol
-        extension's client (`bridge.live_client`)."""
+        extension's client (`bridge.client.live_client`)."""
         future = self.call_async(type_, fields, arrays, blobs, on_reply=on_reply, timeout=timeout)
         return self._wait(future, timeout)
 

@@ -1,7 +1,7 @@
-"""Run the generation server in this process, from a `ServerConfig` (`bridge.server_config`).
+"""Run the generation server in this process, from a `ServerConfig` (`bridge.server.server_config`).
 
-    from bridge.server_config import load_server_config
-    from bridge.serve import serve
+    from bridge.server.server_config import load_server_config
+    from bridge.server.serve import serve
     serve(load_server_config("config/server.toml"))  # until SIGTERM or SIGINT
 
 Prints `listening on ENDPOINT` on stdout once clients can connect (`lingbot-isaac serve` is its
@@ -13,8 +13,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
-from bridge.server import Server
-from bridge.server_config import ServerConfig
+from bridge.server.server import Server
+from bridge.server.server_config import ServerConfig
 
 M_MMAP_THRESHOLD = -3  # glibc mallopt parameter (malloc.h)
 LARGE_BUFFER_BYTES = 1 << 20

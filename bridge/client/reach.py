@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 from urllib.parse import urlsplit
 
-from bridge.client import ServerUnavailable
+from bridge.client.client import ServerUnavailable
 
 PROBE_TIMEOUT_S = 1.0
 

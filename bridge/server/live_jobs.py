@@ -1,7 +1,7 @@
 """Live jobs on the server: a Fast rollout whose camera path arrives while it runs (docs/protocol.md,
 "Live jobs").
 
-A live job is an ordinary job (`bridge.jobs.Job`: queued, running, done ...; spooled, resumed after a
+A live job is an ordinary job (`bridge.server.jobs.Job`: queued, running, done ...; spooled, resumed after a
 restart, cancelled, failed with the worker) plus its pose feed, kept on disk in the job's folder:
 
     SPOOL/jobs/JOB/live/poses-000000.npy ...   pose batch `seq`, written atomically before `poses_ok`
@@ -21,7 +21,7 @@ its last chunk sent, whichever is later, and never while the model is behind) en
 that opened the job like any `chunk` (non-blocking sends: a client that stops reading loses chunks,
 never the server's memory; the result keeps every frame).
 
-A mixin of `bridge.server.Server`.
+A mixin of `bridge.server.server.Server`.
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from bridge import protocol
-from bridge import worker_protocol as wp
-from bridge.jobs import Job
-from bridge.live_protocol import LiveOpen, PoseBatch
-from bridge.protocol import JobRequest, ProtocolError
+from bridge.server.jobs import Job
+from bridge.wire import protocol
+from bridge.wire.live_protocol import LiveOpen, PoseBatch
+from bridge.wire.protocol import JobRequest, ProtocolError
+from bridge.workers import worker_protocol as wp
 from contracts import atomic, episode
 
-log = logging.getLogger("bridge.server")
+log = logging.getLogger("bridge.server.server")
 
 LIVE_DIR = "live"
 END_FILE = wp.LIVE_END_FILE
@@ -179,7 +179,7 @@ class LiveJobs:
         size = len(request.image) + request.intrinsics.nbytes + len(request.prompt) + 4096 + settings.frame_num * 128
         self._make_room(size, client)
         used, per_client = self.spool_usage()
-        if used + size > self.quota_bytes() or (  # the quota in force (bridge/eviction.py)
+        if used + size > self.quota_bytes() or (  # the quota in force (bridge/server/eviction.py)
             per_client.get(client, 0) + size > self.quota_per_client_bytes()
         ):
             self._refuse(peer, rid, "busy", "the spool quota (or your share of it) is used up; try again when "

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from bridge.client_errors import PayloadError
-from bridge.protocol import Limits
+from bridge.client.client_errors import PayloadError
+from bridge.wire.protocol import Limits
 from contracts import episode
 from contracts.episode import EpisodeError
 from contracts.settings import GenerationSettings

@@ -1,7 +1,7 @@
 """The server's watch over its spool: state writes that may fail, the probe that finds out
 whether the spool can be written (and has room) again, and the bytes each client holds there.
 
-A mixin of `bridge.server.Server` (it uses the server's `spool`, `jobs`, `config`); any write
+A mixin of `bridge.server.server.Server` (it uses the server's `spool`, `jobs`, `config`); any write
 error marks the spool not writable (health, `storage` answers) and is retried every loop turn,
 so the server recovers by itself when space returns.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import time
 
-from bridge.jobs import Job
-from bridge.spool import describe_os_error
+from bridge.server.jobs import Job
+from bridge.server.spool import describe_os_error
 
-log = logging.getLogger("bridge.server")
+log = logging.getLogger("bridge.server.server")
 
 PROBE_EVERY_S = 2.0  # how often a writable spool is checked (a failing one: every loop turn)
 
@@ -49,7 +49,7 @@ class StorageWatch:
             self._storage_failed(exc, "its probe file")
             return
         if free < self.config.spool_min_free_bytes:
-            free = self._free_disk(free)  # kept results are a cache (bridge/eviction.py)
+            free = self._free_disk(free)  # kept results are a cache (bridge/server/eviction.py)
         if free < self.config.spool_min_free_bytes:
             reason = (
                 f"the spool's disk is nearly full: {free >> 20} MiB free, below spool_min_free_bytes "

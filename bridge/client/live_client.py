@@ -1,7 +1,7 @@
 """The client side of a live job (docs/protocol.md, "Live jobs"): open it with the first frame, then
 append pose batches as the camera moves, then end it; chunks come back as `Chunk` events of its `Job`.
 
-    from bridge.live_client import LiveJob
+    from bridge.client.live_client import LiveJob
     live = LiveJob.open(client, image_bytes, prompt, intrinsics, {"model": "fast", "frame_num": 81})
     live.send_poses(poses_of_this_tick)      # -> PosesAck (held, chunks ready / sent, behind)
     ...
@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from bridge import protocol
-from bridge.client_errors import RequestFailed
-from bridge.client_job import Job, wanted
-from bridge.episode_payload import settings_dict
-from bridge.job_events import Chunk, EventCallback
-from bridge.protocol import ProtocolError
+from bridge.client.client_errors import RequestFailed
+from bridge.client.client_job import Job, wanted
+from bridge.client.episode_payload import settings_dict
+from bridge.client.job_events import Chunk, EventCallback
+from bridge.wire import protocol
+from bridge.wire.protocol import ProtocolError
 from contracts.settings import GenerationSettings
 
 BUSY_RETRY_S = 0.2  # a refused batch (busy: too far ahead) is sent again after this
@@ -47,7 +47,7 @@ class PosesAck:
 
 
 class LiveJob:
-    """One live job of a `bridge.client.Client`."""
+    """One live job of a `bridge.client.client.Client`."""
 
     def __init__(self, client, job: Job) -> None:
         self.client, self.job = client, job

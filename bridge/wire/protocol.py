@@ -198,7 +198,7 @@ REQUESTS: dict[str, dict[str, tuple[str, bool]]] = {
         "want_stills": (BOOL, False),
     },
     "health": {"rid": (ID, True)},
-    # live jobs (bridge/live_jobs.py): open with the first frame, then append pose batches, then end
+    # live jobs (bridge/server/live_jobs.py): open with the first frame, then append pose batches, then end
     "live": {
         "rid": (ID, True),
         "live_v": (COUNT, True),
@@ -521,12 +521,12 @@ class Reload:
     rid: str
 
 
-Request = Submit | JobRequest | Health | Reload  # live jobs' `live` and `poses`: bridge.live_protocol
+Request = Submit | JobRequest | Health | Reload  # live jobs' `live` and `poses`: bridge.wire.live_protocol
 
 
 def parse_request(frames: Sequence[Any], limits: Limits = Limits()) -> Request | Message:
     """A client -> server message as a typed request; raises ProtocolError (with its code). A live
-    job's `live` and `poses` come back as the validated Message (`bridge.live_protocol` types them)."""
+    job's `live` and `poses` come back as the validated Message (`bridge.wire.live_protocol` types them)."""
     message = decode_request(frames, limits)
     fields = message.fields
     if message.type == "health":

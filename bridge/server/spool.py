@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from bridge.jobs import Job
+from bridge.server.jobs import Job
 from contracts import atomic, episode
 
-log = logging.getLogger("bridge.spool")
+log = logging.getLogger("bridge.server.spool")
 
 
 class SpoolError(RuntimeError):

@@ -32,8 +32,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bridge import worker_protocol as wp
-from bridge.server_config import ConfigError, WorkerConfig
+from bridge.workers import worker_protocol as wp
+from bridge.workers.worker_config import ConfigError, WorkerConfig
 from contracts.engine_options import EngineOptions
 
 try:
@@ -41,7 +41,7 @@ try:
 except ImportError:  # the optional extra is not installed
     ray = None
 
-log = logging.getLogger("bridge.ray_backend")
+log = logging.getLogger("bridge.workers.ray_backend")
 
 POLL_S = 0.1  # longest an actor's poll waits for the worker's next message
 NAMESPACE = "lingbot-isaac"
@@ -111,7 +111,7 @@ class WorkerActor:
 
 
 class RayWorkerHandle:
-    """The supervisor's view of one actor: the interface of `bridge.supervisor.WorkerProcess`."""
+    """The supervisor's view of one actor: the interface of `bridge.workers.supervisor.WorkerProcess`."""
 
     def __init__(self, actor_class: Any, options: dict[str, Any], argv: tuple[str, ...], env: dict[str, str],
                  own_python: bool) -> None:  # fmt: skip

@@ -8,11 +8,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bridge.client import Client
-from bridge.client_errors import BridgeError, JobFailed, ServerUnavailable
-from bridge.client_job import Job
-from bridge.episode_payload import EpisodePayload
-from bridge.job_events import Chunk, JobError, Progress, Result
+from bridge.client.client import Client
+from bridge.client.client_errors import BridgeError, JobFailed, ServerUnavailable
+from bridge.client.client_job import Job
+from bridge.client.episode_payload import EpisodePayload
+from bridge.client.job_events import Chunk, JobError, Progress, Result
 from contracts.settings import GenerationSettings
 
 

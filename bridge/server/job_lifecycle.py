@@ -2,7 +2,7 @@
 workers in the fair queue's order, and the worker's events (progress, chunks, result, error,
 health) turned into job state changes, retries and requeues.
 
-A mixin of `bridge.server.Server`. A job is "running" only once the worker has its `run`
+A mixin of `bridge.server.server.Server`. A job is "running" only once the worker has its `run`
 message; a result is checked complete and fsynced before the job is saved "done".
 """
 
@@ -15,15 +15,15 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bridge import protocol
-from bridge import worker_protocol as wp
-from bridge.jobs import Job
-from bridge.mp4 import IncompleteVideo, check_complete
-from bridge.protocol import ProtocolError
-from bridge.supervisor import Event
+from bridge.server.jobs import Job
+from bridge.server.mp4 import IncompleteVideo, check_complete
+from bridge.wire import protocol
+from bridge.wire.protocol import ProtocolError
+from bridge.workers import worker_protocol as wp
+from bridge.workers.supervisor import Event
 from contracts import atomic
 
-log = logging.getLogger("bridge.server")
+log = logging.getLogger("bridge.server.server")
 
 MAX_STORAGE_REQUEUES = 5  # a job that hits spool errors this often in a row is failed
 
@@ -32,7 +32,7 @@ class JobLifecycle:
     def _dispatch(self) -> None:
         """Hand queued jobs to idle workers, strictly in the queue's fair order: the job at the head
         starts when the workers it needs are idle (two for a `gpus = 2` job: until then the jobs
-        behind it wait too, so it is never passed over; bridge/worker_pool.py). A job moves to
+        behind it wait too, so it is never passed over; bridge/workers/worker_pool.py). A job moves to
         "running" only once its state is on disk and the worker has its message; otherwise it is
         requeued or failed, never left."""
         pool = self.supervisor

@@ -1,7 +1,7 @@
 """Result streaming: a finished job's outcome (its `result` message, or its error) and its
 events (progress, queue positions) sent to the connections subscribed to it.
 
-A mixin of `bridge.server.Server`. A result message is read once and shared (zero-copy) by every
+A mixin of `bridge.server.server.Server`. A result message is read once and shared (zero-copy) by every
 peer it goes to; sends never block, and a peer that asks again for a result it was sent moments
 ago waits `RESEND_RESULT_AFTER_S`.
 """
@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import zmq
 
-from bridge import protocol
-from bridge.jobs import Job
+from bridge.server.jobs import Job
+from bridge.wire import protocol
 from contracts.provenance import read_record
 
-log = logging.getLogger("bridge.server")
+log = logging.getLogger("bridge.server.server")
 
 RESEND_RESULT_AFTER_S = 10.0  # a peer that asks again for a result it was sent gets it again after this
 
@@ -76,7 +76,7 @@ class ResultStreaming:
             if tracker is not None:
                 outcome.in_flight[peer] = tracker
                 self.sent_at[(peer, job.id)] = now
-                job.fetched = True  # in memory and on its way: the file may go (bridge/eviction.py)
+                job.fetched = True  # in memory and on its way: the file may go (bridge/server/eviction.py)
 
     def _release_outcomes(self) -> None:
         """Forget result messages no send still holds (their memory returns)."""
@@ -95,7 +95,9 @@ class ResultStreaming:
         seconds = (job.finished or 0) - (job.started or 0)
         fields: dict[str, Any] = {"job": job.id, "seconds": round(seconds, 3)}
         provenance, note = read_record(job.result_path)  # the worker's record beside result.mp4
-        provenance = self._live_provenance(job, provenance)  # a live job's per-chunk timings (bridge/live_jobs.py)
+        provenance = self._live_provenance(
+            job, provenance
+        )  # a live job's per-chunk timings (bridge/server/live_jobs.py)
         if provenance is not None:
             fields["provenance"] = provenance
         elif note:

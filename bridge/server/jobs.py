@@ -77,8 +77,10 @@ class Job:
     dirty: bool = dataclasses.field(default=False, repr=False)  # state.json not yet written
     cap_group: str = dataclasses.field(
         default="", repr=False
-    )  # who shares its client's queue cap (bridge/peer_process.py)
-    fetched: bool = dataclasses.field(default=False, repr=False)  # its result went to a client (bridge/eviction.py)
+    )  # who shares its client's queue cap (bridge/server/peer_process.py)
+    fetched: bool = dataclasses.field(
+        default=False, repr=False
+    )  # its result went to a client (bridge/server/eviction.py)
 
     JOB_KEYS = ("id", "client", "rid", "seq", "created", "settings", "want_frames", "name", "input_bytes")
     STATE_KEYS = ("state", "error", "attempts", "started", "finished", "result_bytes", "frames")

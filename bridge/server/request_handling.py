@@ -2,7 +2,7 @@
 (submit, cancel, status, watch, health), with the checks a submit passes before it is spooled
 (settings and the server's caps, queue caps, spool quotas).
 
-A mixin of `bridge.server.Server`: every request gets exactly one reply (or an `error`).
+A mixin of `bridge.server.server.Server`: every request gets exactly one reply (or an `error`).
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from typing import Any
 
 import zmq
 
-from bridge import protocol
-from bridge.engine_rules import check_compute, check_engine_rules
-from bridge.jobs import Job
-from bridge.live_protocol import LiveOpen, PoseBatch, parse_live
-from bridge.peer_process import cap_group
-from bridge.protocol import Health, JobRequest, Message, ProtocolError, Reload, Submit
+from bridge.server.engine_rules import check_compute, check_engine_rules
+from bridge.server.jobs import Job
+from bridge.server.peer_process import cap_group
+from bridge.wire import protocol
+from bridge.wire.live_protocol import LiveOpen, PoseBatch, parse_live
+from bridge.wire.protocol import Health, JobRequest, Message, ProtocolError, Reload, Submit
 from contracts.settings import GenerationSettings
 
-log = logging.getLogger("bridge.server")
+log = logging.getLogger("bridge.server.server")
 
 
 class RequestHandling:
@@ -39,7 +39,7 @@ class RequestHandling:
     def _handle_request(self, peer: bytes, frames: list) -> None:
         try:
             request = protocol.parse_request([f.buffer for f in frames], self.limits)
-            if isinstance(request, Message):  # a live job's `live` or `poses` (bridge/live_jobs.py)
+            if isinstance(request, Message):  # a live job's `live` or `poses` (bridge/server/live_jobs.py)
                 request = parse_live(request)
         except ProtocolError as exc:
             rid = protocol.peek_rid(frames[0].buffer, self.limits) if frames else None
@@ -48,13 +48,13 @@ class RequestHandling:
             return
         if isinstance(request, Submit):
             identity = self._identity(peer, frames[0])
-            group = cap_group(identity, frames[0], self.config.security.curve)  # bridge/peer_process.py
+            group = cap_group(identity, frames[0], self.config.security.curve)  # bridge/server/peer_process.py
             self._on_submit(peer, identity, request, group)
         elif isinstance(request, Health):
             self._on_health(peer, request)
         elif isinstance(request, Reload):
             self._on_reload(peer, request)
-        elif isinstance(request, (LiveOpen, PoseBatch)):  # live jobs: bridge/live_jobs.py
+        elif isinstance(request, (LiveOpen, PoseBatch)):  # live jobs: bridge/server/live_jobs.py
             handler = self._on_live if isinstance(request, LiveOpen) else self._on_poses
             handler(peer, self._identity(peer, frames[0]), request)
         else:
@@ -108,7 +108,7 @@ class RequestHandling:
         size = len(request.image) + request.poses.nbytes + request.intrinsics.nbytes + len(request.prompt) + 4096
         self._make_room(size, client)
         used, per_client = self.spool_usage()
-        quota, per_client_quota = self.quota_bytes(), self.quota_per_client_bytes()  # bridge/eviction.py
+        quota, per_client_quota = self.quota_bytes(), self.quota_per_client_bytes()  # bridge/server/eviction.py
         if used + size > quota:
             self._refuse(peer, rid, "busy", f"the spool quota is used up ({used >> 20} of "
                          f"{quota >> 20} MiB); try again when jobs have ended")  # fmt: skip

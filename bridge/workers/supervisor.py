@@ -23,10 +23,10 @@ import subprocess
 import time
 from typing import Any
 
-from bridge import worker_protocol as wp
+from bridge.workers import worker_protocol as wp
 from contracts.engine_options import AUTO_DEVICE
 
-log = logging.getLogger("bridge.supervisor")
+log = logging.getLogger("bridge.workers.supervisor")
 
 # How long a dying worker may take to exit after closing its pipe before it is SIGKILLed.
 EXIT_GRACE_S = 5.0
@@ -53,7 +53,7 @@ class Event:
     kind: str
     job: str | None = None
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
-    worker: int = 0  # which worker of the pool (bridge.worker_pool) it came from
+    worker: int = 0  # which worker of the pool (bridge.workers.worker_pool) it came from
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -76,7 +76,7 @@ class WorkerProcess:
     """One child process with non-blocking message pipes.
 
     The supervisor only uses: pid, send, flush, read, eof, eof_at, fds, wake_at, poll, wait, kill,
-    close, exit_reason; `bridge.ray_backend.RayWorkerHandle` is the same thing for a Ray actor.
+    close, exit_reason; `bridge.workers.ray_backend.RayWorkerHandle` is the same thing for a Ray actor.
     """
 
     exit_reason: str | None = None  # why it ended, when the exit status cannot say (a Ray actor)
@@ -155,7 +155,7 @@ class Supervisor:
     exited with a configuration error, `wp.CONFIGURATION_EXITS`: not restarted until `reload`).
 
     `spawn(argv, env)` starts the worker: a local process by default, or a Ray actor
-    (`bridge.ray_backend`); `name` labels it in logs and health answers (e.g. "cuda:1").
+    (`bridge.workers.ray_backend`); `name` labels it in logs and health answers (e.g. "cuda:1").
     """
 
     def __init__(self, config: SupervisorConfig, spawn: Any = None, name: str = "worker") -> None:
@@ -209,7 +209,7 @@ class Supervisor:
     def run_job(self, job: str, message: dict[str, Any], kind: str = "run") -> None:
         """Hand a job to the idle worker. The message is encoded first: if it cannot be (a value
         msgpack cannot carry), wp.WorkerProtocolError is raised and the worker stays idle.
-        `kind` "guide": the worker serves another worker's two-GPU job (bridge/worker_pool.py)."""
+        `kind` "guide": the worker serves another worker's two-GPU job (bridge/workers/worker_pool.py)."""
         if self.state != "idle" or self.worker is None:
             raise RuntimeError(f"run_job while the worker is {self.state}")
         run = {"type": kind, "job": job, **message}

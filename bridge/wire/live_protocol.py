@@ -1,5 +1,5 @@
 """The typed requests of live jobs (`live`, `poses`; docs/protocol.md, "Live jobs"), built from a message
-`bridge.protocol` has fully validated (its schemas, frames and caps are there, with every other type's)."""
+`bridge.wire.protocol` has fully validated (its schemas, frames and caps are there, with every other type's)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from bridge.protocol import LIVE_VERSION, Message, ProtocolError, image_format
+from bridge.wire.protocol import LIVE_VERSION, Message, ProtocolError, image_format
 from contracts import episode
 from contracts.episode import EpisodeError
 

@@ -1,9 +1,9 @@
 """Send one episode folder to a generation server, show its progress, write the rollout mp4.
 
-    from bridge.submit import SubmitOptions, submit_episode
+    from bridge.client.submit import SubmitOptions, submit_episode
     mp4 = submit_episode(Path("episode_0001"), {"steps": 4}, SubmitOptions(timeout=30.0))
 
-The smallest client of `bridge.client` (`lingbot-isaac submit` is its command line:
+The smallest client of `bridge.client.client` (`lingbot-isaac submit` is its command line:
 lingbot_cli/submit.py; the `replay` command does more: USD and HDF5 trajectories, many episodes).
 Progress goes to stderr; an interrupt cancels the job on the server before it propagates.
 """
@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from bridge.client import Client
-from bridge.client_errors import ServerUnavailable
-from bridge.episode_payload import EpisodePayload
-from bridge.follow import submit_and_follow
-from bridge.job_events import Chunk, Progress
-from bridge.reach import check_listening, explain_no_answer
+from bridge.client.client import Client
+from bridge.client.client_errors import ServerUnavailable
+from bridge.client.episode_payload import EpisodePayload
+from bridge.client.follow import submit_and_follow
+from bridge.client.job_events import Chunk, Progress
+from bridge.client.reach import check_listening, explain_no_answer
 from contracts import atomic, video
 from contracts.connection import DEFAULT_ENDPOINT, REQUEST_TIMEOUT_S
 from contracts.episode import ROLLOUT_VIDEO, read_meta

@@ -4,7 +4,7 @@ Reliability (zguide's Lazy Pirate): a request that gets no reply in its share of
 re-sent on a fresh socket (LINGER 0, so nothing lingers), with backoff between reconnects. While
 jobs run, a `watch` heartbeat per job re-subscribes after a reconnect or a server restart and
 fetches an outcome that was lost on the way; after `give_up_s` without contact, unfinished jobs
-end with a JobError("unreachable"). A mixin of `bridge.client.Client`.
+end with a JobError("unreachable"). A mixin of `bridge.client.client.Client`.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from bridge import protocol
-from bridge.client_errors import BridgeError, RequestFailed, ServerUnavailable, Unauthorized
-from bridge.job_events import Chunk, JobError, Progress, Result
-from bridge.protocol import ProtocolError
-from bridge.security import load_public, load_secret, secure_client_socket
+from bridge.client.client_errors import BridgeError, RequestFailed, ServerUnavailable, Unauthorized
+from bridge.client.job_events import Chunk, JobError, Progress, Result
+from bridge.wire import protocol
+from bridge.wire.protocol import ProtocolError
+from bridge.wire.security import load_public, load_secret, secure_client_socket
 
-log = logging.getLogger("bridge.client")
+log = logging.getLogger("bridge.client.client")
 
 
 _AUTH_EVENTS = {
@@ -54,7 +54,7 @@ class Request:
 
 
 class ClientIO:
-    """The I/O thread's side of `bridge.client.Client` (it runs `_io_loop`)."""
+    """The I/O thread's side of `bridge.client.client.Client` (it runs `_io_loop`)."""
 
     def _load_curve(self, server_key: Any, client_key: Any) -> tuple[bytes, tuple[bytes, bytes]] | None:
         if server_key is None and client_key is None:

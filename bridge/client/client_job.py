@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from bridge.client_errors import JobFailed
-from bridge.job_events import Chunk, Event, EventCallback, JobError, Progress, Result
+from bridge.client.client_errors import JobFailed
+from bridge.client.job_events import Chunk, Event, EventCallback, JobError, Progress, Result
 
-log = logging.getLogger("bridge.client")
+log = logging.getLogger("bridge.client.client")
 
 
 def wanted(chunks: bool, stills: bool) -> dict[str, bool]:
@@ -24,7 +24,7 @@ def wanted(chunks: bool, stills: bool) -> dict[str, bool]:
 
 class Job:
     """A submitted job. Its events arrive on the client's I/O thread; read them from any thread.
-    `client`: the `bridge.client.Client` that follows it (its cancel and status)."""
+    `client`: the `bridge.client.client.Client` that follows it (its cancel and status)."""
 
     def __init__(
         self, client: Any, job_id: str, queue_position: int | None, wants: dict[str, bool] | None = None

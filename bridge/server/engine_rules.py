@@ -5,14 +5,14 @@ the workers' devices have no FP8 tensor cores: the reason a worker reports in it
 episode's pose minimum for generation (`contracts.episode.GENERATE_MIN_POSES`).
 
 `gpus = 2` on a server that cannot give a job two workers is the pool's to say
-(`bridge.worker_pool.WorkerPool.refusal`).
+(`bridge.workers.worker_pool.WorkerPool.refusal`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from bridge.protocol import ProtocolError
+from bridge.wire.protocol import ProtocolError
 from contracts import episode
 from contracts.episode import EpisodeError, image_hw
 from contracts.errors import InputError

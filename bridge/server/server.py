@@ -6,7 +6,7 @@ stalls the worker. Every request gets exactly one reply (or an `error`); job eve
 `result`, `error`) go to every connection subscribed to the job: the one that submitted it and
 any that `watch` it later (a client that reconnected, or another process).
 
-Each job is one `bridge.jobs.Job` in `self.jobs` (its request, its state, its subscribers, its
+Each job is one `bridge.server.jobs.Job` in `self.jobs` (its request, its state, its subscribers, its
 progress); `by_request` is only an index for de-duplicating retried submits. A job is "running"
 only once the worker has its `run` message; any spool write error requeues or fails the job it
 concerns, marks the spool not writable (health, `storage` answers) and is retried every loop
@@ -33,23 +33,23 @@ from typing import Any
 
 import zmq
 
-from bridge import protocol
-from bridge.eviction import Eviction
-from bridge.fair_queue import FairQueue
-from bridge.job_lifecycle import JobLifecycle
-from bridge.jobs import Job
-from bridge.live_jobs import LiveJobs
-from bridge.protocol import Limits
-from bridge.request_handling import RequestHandling
-from bridge.result_streaming import Outcome, ResultStreaming
-from bridge.security import check_bind_allowed, secure_server_socket
-from bridge.server_config import ServerConfig
-from bridge.spool import Spool
-from bridge.storage_watch import StorageWatch
-from bridge.worker_pool import build_pool
+from bridge.server.eviction import Eviction
+from bridge.server.fair_queue import FairQueue
+from bridge.server.job_lifecycle import JobLifecycle
+from bridge.server.jobs import Job
+from bridge.server.live_jobs import LiveJobs
+from bridge.server.request_handling import RequestHandling
+from bridge.server.result_streaming import Outcome, ResultStreaming
+from bridge.server.server_config import ServerConfig
+from bridge.server.spool import Spool
+from bridge.server.storage_watch import StorageWatch
+from bridge.wire import protocol
+from bridge.wire.protocol import Limits
+from bridge.wire.security import check_bind_allowed, secure_server_socket
+from bridge.workers.worker_pool import build_pool
 from contracts.settings import load_settings
 
-log = logging.getLogger("bridge.server")
+log = logging.getLogger("bridge.server.server")
 
 MAX_MESSAGES_PER_WAKEUP = 64  # then look at the worker again: neither side starves the other
 CLEANUP_EVERY_S = 60.0
@@ -61,9 +61,9 @@ class ListenError(RuntimeError):
 
 class Server(RequestHandling, JobLifecycle, ResultStreaming, StorageWatch, LiveJobs, Eviction):
     """The server: its socket, its spool-backed jobs, its pool, and the loop that serves them
-    (requests: `bridge.request_handling`; the worker side: `bridge.job_lifecycle`; results and
-    events: `bridge.result_streaming`; the spool's health: `bridge.storage_watch`; kept results
-    as a cache: `bridge.eviction`)."""
+    (requests: `bridge.server.request_handling`; the worker side: `bridge.server.job_lifecycle`; results and
+    events: `bridge.server.result_streaming`; the spool's health: `bridge.server.storage_watch`; kept results
+    as a cache: `bridge.server.eviction`)."""
 
     def __init__(self, config: ServerConfig) -> None:
         check_bind_allowed(config.bind, config.security.curve)

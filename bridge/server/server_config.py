@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
-from bridge.protocol import DEFAULT_PORT, Limits
+from bridge.wire.protocol import DEFAULT_PORT, Limits
+from bridge.workers.worker_config import ConfigError, WorkerConfig
 from contracts.checkpoint_layout import TINY_CHECKPOINTS
 from contracts.engine_options import DEVICE_HELP, EngineOptions, EngineOptionsError
 from contracts.toml_file import read_toml
@@ -22,47 +22,11 @@ BACKENDS = ("local", "ray")
 DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
-class ConfigError(ValueError):
-    """The server config file has a missing, unknown or invalid key."""
-
-
 # Keys of [worker] that are engine options (contracts.engine_options.EngineOptions); `device` is the
 # engine's one device (a pool's workers each get one entry of `devices` instead).
 ENGINE_KEYS = (
     "ckpt", "model", "device", "gpus", "dtype", "compute", "attention", "vram_budget_gb", "t5_on_cpu", "warm_up",
 )  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerConfig:
-    engine: EngineOptions = EngineOptions()  # how each worker loads its engine, sent as data (`load`)
-    # One warm worker per entry (a pool, bridge/worker_pool.py); empty: one worker on the engine's device.
-    devices: tuple[str, ...] = ()
-    backend: str = "local"  # "local": worker processes here; "ray": one Ray actor per device
-    ray_address: str = ""  # backend "ray": "" starts a local Ray; "auto"; "HOST:PORT"; "ray://HOST:10001"
-    retry_crashed: bool = False  # a job whose worker died runs again (until max_attempts starts)
-    command: tuple[str, ...] = ()  # a whole worker command line instead of `python -m worldgen.worker`
-    startup_timeout_s: float = 600.0
-    health_timeout_s: float = 2.5  # below a client's try timeout (10 s / 3 tries by default)
-    cancel_grace_s: float = 120.0
-    stall_timeout_s: float = 900.0
-    restart_backoff_s: tuple[float, float] = (0.5, 30.0)
-    max_start_failures: int = 3
-
-    def pool_devices(self) -> tuple[str, ...]:
-        """The device of each worker in the pool."""
-        return self.devices or (self.engine.device,)
-
-    def options_for(self, device: str) -> EngineOptions:
-        """The engine options of the pool's worker on `device` (no pool: the engine's own, which may
-        name two GPUs for one rollout: `gpus`)."""
-        if not self.devices and device == self.engine.device:
-            return self.engine
-        return self.engine.replace(devices=[device])
-
-    def argv(self) -> tuple[str, ...]:
-        """The worker's command; its engine options travel in the `load` message, not here."""
-        return self.command or (sys.executable, "-m", "worldgen.worker")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +49,9 @@ class ServerConfig:
     result_ttl_s: float = 24 * 3600.0  # finished jobs (and their mp4) are deleted after this
     live_idle_s: float = 60.0  # a live job that gets no poses for this long ends (its chunks so far are the result)
     live_ahead_chunks: int = 8  # a live job's poses may run this many chunks ahead of the model; beyond: "busy"
-    # a result no client fetched yet is not evicted for room (bridge/eviction.py) this long after its job ended
+    # a result no client fetched yet is not evicted for room (bridge/server/eviction.py) this long after its job ended
     result_grace_s: float = 600.0
-    # inputs of unfinished jobs + kept results, all clients; 0: half the spool's disk (bridge/eviction.py);
+    # inputs of unfinished jobs + kept results, all clients; 0: half the spool's disk (bridge/server/eviction.py);
     # never more than the disk can hold (the oldest kept results are evicted first)
     spool_quota_bytes: int = 0
     spool_quota_per_client_bytes: int = 2 << 30  # the same, for one client

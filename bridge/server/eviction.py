@@ -13,7 +13,7 @@ not yet on disk, and a finished job's result that no client has fetched yet whil
 `result_grace_s` of finishing (a client that follows the job gets the result the moment it is done;
 the grace is for one that comes back for it). An evicted job is forgotten: it answers `not_found`.
 
-A mixin of `bridge.server.Server` (it uses the server's `spool`, `jobs`, `config`, `spool_usage`).
+A mixin of `bridge.server.server.Server` (it uses the server's `spool`, `jobs`, `config`, `spool_usage`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import logging
 import os
 import time
 
-from bridge.jobs import Job
+from bridge.server.jobs import Job
 
-log = logging.getLogger("bridge.server")
+log = logging.getLogger("bridge.server.server")
 
 QUOTA_SHARE = 0.5  # the default spool quota: this share of the spool's filesystem
 

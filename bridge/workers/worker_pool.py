@@ -2,7 +2,7 @@
 
 `[worker] devices = ["cuda:0", "cuda:1"]` starts one `python -m worldgen.worker` per GPU (each
 holds its own model, warm); `backend = "ray"` makes each worker a Ray actor instead
-(`bridge.ray_backend`). Every worker has its own `Supervisor`, so a worker that dies costs only
+(`bridge.workers.ray_backend`). Every worker has its own `Supervisor`, so a worker that dies costs only
 the job it was running (failed with the reason, or retried: `[worker] retry_crashed`) while the
 others keep serving, and it is restarted on its own.
 
@@ -39,10 +39,10 @@ import os
 import secrets
 from typing import Any
 
-from bridge.server_config import WorkerConfig
-from bridge.supervisor import Event, Supervisor, SupervisorConfig
+from bridge.workers.supervisor import Event, Supervisor, SupervisorConfig
+from bridge.workers.worker_config import WorkerConfig
 
-log = logging.getLogger("bridge.worker_pool")
+log = logging.getLogger("bridge.workers.worker_pool")
 
 
 class WorkerPool:
@@ -309,7 +309,7 @@ def build_pool(worker: WorkerConfig, env: dict[str, str]) -> WorkerPool:
         max_start_failures=worker.max_start_failures,
     )
     if worker.backend == "ray":
-        from bridge.ray_backend import ray_spawners  # raises a clear error without Ray
+        from bridge.workers.ray_backend import ray_spawners  # raises a clear error without Ray
 
         spawners = ray_spawners(worker, devices)
         return WorkerPool(

@@ -1,0 +1,1 @@
+"""What the client and the server share: the message formats and the sockets' security."""

@@ -1,0 +1,1 @@
+"""The generation processes behind the server: local worker processes or Ray actors, and their pipe."""
