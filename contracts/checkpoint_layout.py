@@ -6,7 +6,12 @@ Layouts (see docs/checkpoints.md):
   or legacy `model.pt`, every Linear serialised as bitsandbytes' NF4);
 - both: `models_t5_umt5-xxl-enc-bf16.pth`, `Wan2.1_VAE.pth`, tokenizer in `google/umt5-xxl/` or
   `tokenizer/`;
-- LingBot-World-Fast: `lingbot_world_fast/` (or `lingbot_world_fast_bnb_nf4/`) inside the base folder.
+- LingBot-World-Fast: `lingbot_world_fast/` (or `lingbot_world_fast_bnb_nf4/`) inside the base folder;
+- LingBot-World 2.0: one DiT a download, `transformers/` (causal-fast, 14B or 1.3B) or
+  `transformer_causal/` (causal-pretrain) in the diffusers layout (or their `_bnb_nf4` conversions),
+  umT5, VAE and tokenizer beside it, except in the 1.3B's download: those come from `--assets-dir` or a
+  sibling folder that has them (the 14B's), as the reference's `--assets_dir` does.
+Which family a folder holds: `contracts.model_families`.
 
 The one home of these rules: the engine loads what `find_checkpoint` / `find_fast_checkpoint` found
 (`worldgen.runtime.checkpoint`), and `check_checkpoint` is what `generate`, `serve` and `demo` run
@@ -20,21 +25,38 @@ import dataclasses
 import json
 from pathlib import Path
 
+from contracts import model_families
 from contracts.errors import CheckpointError
 
-TINY_CHECKPOINTS = ("tiny", "tiny-bf16", "tiny-nf4")  # the built-in random-weights model (made on first use)
+# the built-in random-weights models (made on first use): LingBot-World 1 (base and Fast), and 2.0 (`tiny-v2`)
+TINY_V2_CHECKPOINTS = ("tiny-v2",)
+TINY_CHECKPOINTS = ("tiny", "tiny-bf16", "tiny-nf4", *TINY_V2_CHECKPOINTS)
 
 
-def check_checkpoint(ckpt: str | Path, model: str | None = "base") -> None:
+def check_checkpoint(ckpt: str | Path, model: str | None = "base", assets_dir: str | Path | None = None) -> None:
     """Raise CheckpointError (the message `generate` prints) unless `ckpt` is the built-in tiny model
-    or a folder of the layout `model` loads: the two experts for "base" (or None, the engine's
-    default), the Fast folder for "fast" (`find_fast_checkpoint`: inside the base folder, or alone)."""
+    or a folder of the layout `model` loads (`find_model`)."""
     if str(ckpt) in TINY_CHECKPOINTS:
         return
-    if model == "fast":
-        find_fast_checkpoint(ckpt)
-    else:
-        find_checkpoint(ckpt)
+    find_model(ckpt, model or "base", assets_dir)
+
+
+def find_model(
+    root: Path | str, engine: str, assets_dir: str | Path | None = None
+) -> tuple[model_families.ModelFamily, CheckpointLayout]:
+    """(the family, its layout) that `engine` (the `model` setting) runs from `root`: a LingBot-World
+    2.0 folder's own model, else v1's two experts ("base") or the Fast folder ("fast")."""
+    family = model_families.family_for(root, engine)
+    if family in model_families.V2_FAMILIES:
+        return family, find_v2_checkpoint(root, family, assets_dir)
+    if engine == "causal":
+        raise CheckpointError(
+            f"{root}: --model causal runs LingBot-World 2.0's causal-pretrain model: expected "
+            f"{model_families.V2_PRETRAIN.dit_dirs[0]}/ in this folder"
+        )
+    if engine == "fast":
+        return family, find_fast_checkpoint(root)
+    return family, find_checkpoint(root)
 
 
 EXPERTS = ("high", "low")
@@ -177,4 +199,46 @@ def expert_kind(folder: Path) -> str:
         return "nf4"
     raise CheckpointError(
         f"{folder}: no weights found (expected {INDEX_FILE} with its shards, or model.safetensors / model.pt)"
+    )
+
+
+def find_v2_checkpoint(
+    root: Path | str, family: model_families.ModelFamily, assets_dir: str | Path | None = None
+) -> CheckpointLayout:
+    """A LingBot-World 2.0 download (`root` holds `family`'s DiT folder, or is it): the DiT (its NF4
+    conversion preferred), then umT5, VAE and tokenizer from `assets_dir`, the download itself, or a
+    sibling download that has them (the 1.3B's come from the 14B's); the error says where it looked."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint folder {root} does not exist (pass --ckpt-dir, or 'tiny' for the built-in model)")
+    if root.name in family.dit_dirs:
+        folder, download = root, root.parent
+    else:
+        folder = next((root / d for d in reversed(family.dit_dirs) if (root / d).is_dir()), None)
+        if folder is None:
+            raise CheckpointError(f"{root}: expected {family.dit_dirs[0]}/ ({family.title})")
+        download = root
+    if not (folder / "config.json").exists():
+        raise CheckpointError(f"{folder}: config.json is missing; re-download the {family.title} model")
+    kind = expert_kind(folder)
+    if kind == "bf16":
+        _check_shards(folder)
+    elif not (folder / "quantization_meta.json").exists():
+        raise CheckpointError(f"{folder}: quantization_meta.json is missing; this is not a complete NF4 model")
+    places = [Path(assets_dir).expanduser()] if assets_dir else []
+    places.append(download)
+    if download.parent.is_dir():  # the other downloads beside this one (the 14B's, for the 1.3B)
+        places += sorted(p for p in download.parent.iterdir() if p.is_dir() and p != download and (p / T5_FILE).exists())
+    for place in places:
+        try:  # root: where the shared parts are (as for v1 Fast: the base folder whose parts it uses)
+            return _with_shared_parts(place, kind, {"fast": folder})  # both causal engines: one DiT, one slot
+        except CheckpointError:
+            continue
+    looked = ", ".join(str(p) for p in places)
+    if assets_dir and not Path(assets_dir).expanduser().is_dir():
+        raise CheckpointError(f"--assets-dir {assets_dir} does not exist (it holds {T5_FILE}, {VAE_FILE}, google/umt5-xxl/)")
+    raise CheckpointError(
+        f"{download}: {T5_FILE}, {VAE_FILE} and google/umt5-xxl/tokenizer.json were not found together (looked in "
+        f"{looked}); the 1.3B download holds its DiT alone: pass --assets-dir with the 14B causal-fast folder, "
+        "or put that folder beside this one"
     )

@@ -15,6 +15,8 @@ import json
 import math
 from typing import Any
 
+from contracts.model_families import ENGINES
+
 DTYPES = ("bf16", "fp16", "fp32")  # the one vocabulary of compute dtypes (torch names are mapped in worldgen)
 # How the experts' matmuls run (the one vocabulary; `dtype` says which float type they run in):
 # exact = the reference's numerics in the engine's dtype (bf16 on CUDA, fp32 on the CPU);
@@ -45,7 +47,7 @@ ATTENTION_HELP = (
     "only when asked)"
 )
 ATTENTIONS = ("auto", "sdpa", "flash", "sage")
-MODELS = ("base", "fast")
+MODELS = ENGINES  # the `model` setting: contracts.model_families says which family each runs
 # "auto": CUDA where the worker's PyTorch sees a GPU, else the CPU (the worker resolves it and
 # reports the device it took: health names that worker by it).
 AUTO_DEVICE = "auto"
@@ -68,7 +70,9 @@ class EngineOptions:
     """How the worker's engine is loaded. `None` always means "the engine's choice"."""
 
     ckpt: str = "tiny"  # "tiny" (random weights, CPU in seconds) or a checkpoint folder
-    model: str = "base"  # base (two experts, guided) | fast (LingBot-World-Fast, causal)
+    model: str = "base"  # base (two experts, guided) | fast (causal, 4 steps a chunk) | causal (2.0 causal-pretrain)
+    # a LingBot-World 2.0 1.3B download's umT5, VAE and tokenizer (the 14B's folder); None: beside it or a sibling
+    assets_dir: str | None = None
     devices: tuple[str, ...] = ("cpu",)  # "auto", "cpu", "cuda", "cuda:N"; several: one rollout over several GPUs
     dtype: str | None = None  # bf16 | fp16 | fp32; None: bf16 on CUDA, fp32 on the CPU
     compute: str | None = None  # exact | fp8 (bf16: old name of exact); None: the engine's choice
@@ -86,6 +90,8 @@ class EngineOptions:
             raise EngineOptionsError(f"{where}: ckpt must be 'tiny' or a checkpoint folder path (got {self.ckpt!r})")
         if self.model not in MODELS:
             raise EngineOptionsError(f"{where}: model must be one of {list(MODELS)} (got {self.model!r})")
+        if self.assets_dir is not None and (not isinstance(self.assets_dir, str) or not self.assets_dir):
+            raise EngineOptionsError(f"{where}: assets_dir must be a folder path or absent (got {self.assets_dir!r})")
         devices = (self.devices,) if isinstance(self.devices, str) else self.devices
         if not isinstance(devices, (list, tuple)) or not devices or not all(isinstance(d, str) for d in devices):
             raise EngineOptionsError(

@@ -39,8 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--ckpt-dir",
         default="tiny",
-        help="checkpoint folder (original bf16 release or NF4 release), or 'tiny' / 'tiny-nf4' "
-        "for the built-in random-weights model (default: tiny)",
+        help="checkpoint folder: LingBot-World (original bf16 or NF4 release; its Fast DiT inside), or a LingBot-World "
+        "2.0 download (lingbot-world-v2-14b-causal-fast, -1.3b-causal-fast, -14b-causal-pretrain); or 'tiny' / "
+        "'tiny-nf4' / 'tiny-v2' for the built-in random-weights models (default: tiny)",
+    )
+    src.add_argument(
+        "--assets-dir",
+        help="LingBot-World 2.0 1.3B: the folder with umT5, VAE and tokenizer (the 14B causal-fast download; "
+        "default: the download itself, else a sibling folder that has them)",
     )
     src.add_argument(
         "--action-path",
@@ -57,13 +63,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a [table] of config/generation.toml, single flags below override it. default = the reference's "
         "own 70 steps, shift 10 (exact: what LingBot-World's generate.py does); fast40 = 40 steps, shift 5 "
         "(approximate: 0.57x the time, a different schedule than the reference's default); tiny = the tiny "
-        "model's (default: tiny for the tiny model, else default)",
+        "model's; v2-fast, v2-fast-long, v2-pretrain = LingBot-World 2.0's (default: tiny for the tiny models, "
+        "the family's own for a 2.0 download, else default)",
     )
     gen.add_argument(
         "--model",
         choices=MODELS,
-        help="base = LingBot-World's two experts with guidance; fast = LingBot-World-Fast (causal, chunk by chunk, "
-        "4 steps, no guidance; its DiT in lingbot_world_fast/ inside --ckpt-dir) " + _preset_default("model"),
+        help="base = LingBot-World's two experts with guidance; fast = a causal model chunk by chunk, 4 steps, no "
+        "guidance (LingBot-World-Fast, its DiT in lingbot_world_fast/ inside --ckpt-dir, or a 2.0 causal-fast "
+        "download); causal = LingBot-World 2.0 causal-pretrain (40 guided steps a chunk) " + _preset_default("model"),
     )
     gen.add_argument(
         "--kv-cache",
@@ -161,7 +169,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace, tiny: bool) -> GenerationSettings:
-    base = load_settings(preset=getattr(args, "preset", None) or ("tiny" if tiny else "default"))
+    from contracts.model_families import preset_for
+
+    default = "tiny" if tiny else preset_for(args.ckpt_dir, getattr(args, "model", None))  # the folder's family's
+    base = load_settings(preset=getattr(args, "preset", None) or default)
     changes = {k: v for k, v in {
         "size": args.size, "frame_num": args.frame_num, "steps": args.steps, "shift": args.shift,
         "seed": args.seed, "negative_prompt": args.negative_prompt, "model": getattr(args, "model", None),
@@ -232,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
     resolved = resolve_request(settings, (image.height, image.width), None if poses is None else len(poses))
     from contracts.checkpoint_layout import check_checkpoint  # the one check, as serve and demo run it
 
-    check_checkpoint(args.ckpt_dir, settings.model)  # the layout (and the Fast folder), before any weight is read
+    # the layout (and the Fast folder, a 2.0 1.3B's assets), before any weight is read
+    check_checkpoint(args.ckpt_dir, settings.model, args.assets_dir)
     for line in resolved.adjustments:
         print(f"note: {line}", file=sys.stderr)
 
@@ -267,6 +279,7 @@ def run(args: argparse.Namespace) -> int:
         model=settings.model,
         compute=getattr(args, "compute", None),
         devices=devices,
+        assets_dir=args.assets_dir,
     )
     load_s = time.perf_counter() - started
     if pipe.compute == "fp8":

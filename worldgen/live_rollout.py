@@ -90,9 +90,10 @@ def generate_live_episode(
 
     image = load_image(image_path)
     prompt = read_prompt(folder)
-    frames = live_frames(settings.frame_num)
-    chunks = frames.latent_frames // 3
-    needed = [poses_needed(frames, c) for c in range(chunks)]
+    n = pipe.family.chunk_frames  # latent frames a chunk: the model family's (3 for v1 Fast, 4 for 2.0)
+    frames = live_frames(settings.frame_num, n)
+    chunks = frames.latent_frames // n
+    needed = [poses_needed(frames, c, n) for c in range(chunks)]
     if on_plan is not None:
         on_plan(needed, frames.frames)
     resolved = resolve_request(settings, (image.height, image.width), frames.pose_frames)
@@ -104,7 +105,7 @@ def generate_live_episode(
         if on_start is not None:
             on_start(chunk, poses)
 
-    camera = LiveCamera(feed.wait, intrinsics, frames, height, width, on_start=started)
+    camera = LiveCamera(feed.wait, intrinsics, frames, height, width, chunk_frames=n, on_start=started)
     first_phase, t0 = len(pipe.meter.records), time.perf_counter()
     extra = {} if on_chunk is None else {"on_chunk": on_chunk}
     video, notes = generate_noting(pipe, image, prompt, None, None, settings, progress=progress, camera=camera, **extra)

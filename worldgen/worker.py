@@ -230,10 +230,11 @@ class PipelineEngine:
         poses = np.load(episode_dir / "poses.npy", mmap_mode="r", allow_pickle=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if getattr(settings, "model", "base") == "fast":
-                from worldgen.pipelines.fast_plan import FastOptions, fast_frames
+            if getattr(settings, "model", "base") in ("fast", "causal"):
+                from worldgen.pipelines.fast_plan import fast_frames
 
-                return fast_frames(settings.frame_num, len(poses), FastOptions().chunk_frames).frames
+                chunk_frames = self._pipeline_for(settings.model).family.chunk_frames
+                return fast_frames(settings.frame_num, len(poses), chunk_frames).frames
             return frames_for_poses(settings.frame_num, len(poses))
 
     def probe(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 from bridge.wire.protocol import DEFAULT_PORT, Limits
 from bridge.workers.worker_config import ConfigError, WorkerConfig
 from contracts.checkpoint_layout import TINY_CHECKPOINTS
+from contracts.model_families import preset_for
 from contracts.engine_options import DEVICE_HELP, EngineOptions, EngineOptionsError
 from contracts.toml_file import read_toml
 
@@ -25,7 +26,8 @@ DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
 # Keys of [worker] that are engine options (contracts.engine_options.EngineOptions); `device` is the
 # engine's one device (a pool's workers each get one entry of `devices` instead).
 ENGINE_KEYS = (
-    "ckpt", "model", "device", "gpus", "dtype", "compute", "attention", "vram_budget_gb", "t5_on_cpu", "warm_up",
+    "ckpt", "model", "assets_dir", "device", "gpus", "dtype", "compute", "attention", "vram_budget_gb", "t5_on_cpu",
+    "warm_up",
 )  # fmt: skip
 
 
@@ -69,7 +71,8 @@ class ServerConfig:
         own when it is "" (a 14B model must not run the tiny model's 96x160, 17 frames by default)."""
         if self.generation_preset:
             return self.generation_preset
-        return "tiny" if str(self.worker.engine.ckpt) in TINY_CHECKPOINTS else "default"
+        engine = self.worker.engine
+        return "tiny" if str(engine.ckpt) in TINY_CHECKPOINTS else preset_for(engine.ckpt, engine.model)
 
 
 def load_server_config(path: Path | None, overrides: dict[str, Any] | None = None) -> ServerConfig:

@@ -272,13 +272,16 @@ def plan_cache(
     mode: str = "auto",
     sink_frames: int | None = None,
     max_attention_tokens: int | None = None,
+    cache_frames: int | None = None,
 ) -> tuple[CacheSpec, str]:
     """Choose one job's cache and say why. `room_bytes` is what the budget leaves for it (None: no
     budget). `auto` takes the first that fits of: the reference's cache (whole video, compute dtype;
     with `max_attention_tokens`, only the frames it reads), the same in FP8, a rolling FP8 window
     (sink + as many whole chunks as fit). `full`, `fp8` and
     `rolling` force a kind (a rolling window still sized to the room). FP8 sizes include the window
-    dequantized for one layer during attention. Raises ValueError when even
+    dequantized for one layer during attention. `cache_frames` (LingBot-World 2.0's local_attn_size): the
+    reference's cache is that many frames, rolling with `sink_frames` kept, and a rolling fallback is never
+    longer. Raises ValueError when even
     the smallest rolling window (sink + one chunk) does not fit."""
     if mode not in MODES:
         raise ValueError(f"KV-cache mode must be one of {MODES}, not {mode!r}")
@@ -299,6 +302,9 @@ def plan_cache(
         window_frames = max(-(-max_attention_tokens // frame_tokens), chunk_frames)
         if window_frames < latent_frames:
             held, what, ref_sink = window_frames, f"the attention window's {window_frames} latent frames", 0
+    if cache_frames is not None and cache_frames < latent_frames:
+        ref_rolling, ref_sink, held = True, sink_frames or 0, cache_frames
+        what = f"the reference's rolling window of {held} latent frames ({ref_sink}-frame sink)"
     gib = 2**30
     if mode in ("auto", "full"):
         spec = make(held, "model", ref_rolling, ref_sink)
@@ -318,7 +324,7 @@ def plan_cache(
             f"the smallest rolling KV cache ({sink} sink frame(s) + one chunk, {need:.2f} GiB) does not fit "
             f"the {0 if room_bytes is None else room_bytes / gib:.2f} GiB left: raise --vram-budget or lower --size"
         )
-    frames = min(sink + chunks * chunk_frames, latent_frames)
+    frames = min(sink + chunks * chunk_frames, latent_frames, cache_frames or latent_frames)
     spec = make(frames, "fp8", True, sink)
     why = (
         f"rolling FP8 window of {frames} of {latent_frames} latent frames ({size(spec) / gib:.1f} GiB, "

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from contracts.model_families import V1_FAST, ModelFamily
 from contracts.settings import GenerationSettings
 from worldgen.errors import InputError
 from worldgen.models.block_graphs import BlockGraphs
@@ -82,8 +83,17 @@ class FastPipeline(Pipeline):
     the same tiles (`decode_after_loop`): a streamed video and a non-streamed one are the same video.
     """
 
-    def __init__(self, *, dit: ModelSlot, dit_config: DiTConfig, dtype: torch.dtype | None = None, **kwargs):
+    def __init__(
+        self,
+        *,
+        dit: ModelSlot,
+        dit_config: DiTConfig,
+        dtype: torch.dtype | None = None,
+        family: ModelFamily = V1_FAST,
+        **kwargs,
+    ):
         super().__init__(experts={"fast": dit}, **kwargs)
+        self.family = family  # its chunk, steps and window rule (contracts.model_families)
         self.dit = dit
         self.dit_config = dit_config
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
@@ -108,6 +118,7 @@ class FastPipeline(Pipeline):
         self.camera_blocks = 0  # blocks whose camera modulation a chunk's forwards share (`plan_job` decides)
         self.decode_after_loop = False  # a batch job's chunks decode after the loop (`plan_job` decides)
         self.camera_until_decode = False  # a chunk's camera modulation is freed before its decode (`plan_job`)
+        self.kv_caches = 1  # KV caches a job holds at once, each planned in its share of the room (guided: 2)
 
     def set_compute(self, compute: str) -> None:
         """Switch the DiT's compute between jobs (the bench compares both in one process); the VAE is
@@ -144,11 +155,12 @@ class FastPipeline(Pipeline):
                 latent_frames,
                 frame_tokens,
                 options.chunk_frames,
-                room_bytes=None if room_gib is None else room_gib * GiB,
+                room_bytes=None if room_gib is None else room_gib * GiB / self.kv_caches,
                 compute_dtype=self.dtype,
                 mode=options.kv_cache,
                 sink_frames=options.sink_frames,
                 max_attention_tokens=options.max_attention_tokens,
+                cache_frames=options.cache_frames,
                 **dims,
             )
 
@@ -461,7 +473,7 @@ class FastPipeline(Pipeline):
         if camera is not None and poses is not None:
             raise InputError("a live camera replaces poses: give one or the other")
         poses, intrinsics = validate_camera(poses, intrinsics)
-        chunk_frames = (options or FastOptions()).chunk_frames
+        chunk_frames = options.chunk_frames if options else self.family.chunk_frames
         frames = fast_frames(settings.frame_num, None if poses is None else len(poses), chunk_frames)
 
         with self.meter.phase("text"):
@@ -476,7 +488,7 @@ class FastPipeline(Pipeline):
         image_resized = prepare_image(image, settings.max_area)
         _, _, h, w = image_resized.shape
         lat_h, lat_w = h // 8, w // 8
-        options = options or FastOptions.from_settings(settings, (lat_h // 2) * (lat_w // 2))
+        options = options or FastOptions.from_settings(settings, (lat_h // 2) * (lat_w // 2), self.family)
         streamed = on_chunk is not None if stream is None else stream
         self.plan_job(frames.latent_frames, lat_h, lat_w, options, streamed=streamed)
         plucker = None if camera is None else clock.around(camera, "poses", before="dit")  # waits for poses: not DiT

@@ -10,6 +10,7 @@ import warnings
 
 import torch
 
+from contracts.model_families import V1_FAST, ModelFamily
 from contracts.settings import FIELD_BY_NAME, GenerationSettings
 from worldgen.errors import InputError
 from worldgen.models.camera_cache import block_bytes
@@ -19,7 +20,7 @@ from worldgen.pipelines.camera import TEMPORAL_STRIDE, frames_for_poses
 from worldgen.pipelines.scheduler import FlowUniPCScheduler
 from worldgen.runtime.memory import GiB, activation_gib
 
-TIMESTEP_INDICES = (0, 179, 358, 679)  # of the 1000-step schedule: 4 steps, as the model was distilled
+TIMESTEP_INDICES = V1_FAST.timestep_indices  # of the 1000-step schedule: 4 steps, as the model was distilled
 NUM_TRAIN_TIMESTEPS = 1000
 
 LOOP_MARGIN_GIB = 0.5  # allocator fragmentation and small buffers during the loop
@@ -107,6 +108,9 @@ class FastOptions:
     max_attention_tokens: int | None = None  # attend to at most this many cached tokens (None: all)
     sink_frames: int | None = None  # frames kept when a rolling cache evicts (None: 1 when rolling)
     kv_cache: str = FIELD_BY_NAME["kv_cache"].default  # one of KV_CACHE_MODES (worldgen.models.kv_cache.plan_cache)
+    # LingBot-World 2.0's local_attn_size: the reference's cache holds this many latent frames and rolls,
+    # keeping `sink_frames` (None: the whole video, or v1's window rule with max_attention_tokens)
+    cache_frames: int | None = None
 
     def __post_init__(self) -> None:
         if self.shift <= 0:
@@ -121,16 +125,37 @@ class FastOptions:
             raise InputError(f"sink_frames must be >= 0 (got {self.sink_frames})")
         if self.kv_cache not in MODES:
             raise InputError(f"kv_cache must be one of {', '.join(MODES)} (got {self.kv_cache!r})")
+        if self.cache_frames is not None and self.cache_frames < self.chunk_frames + (self.sink_frames or 0):
+            raise InputError(
+                f"attention_frames {self.cache_frames}: a rolling cache holds its {self.sink_frames or 0} sink frame(s) "
+                f"and at least one chunk of {self.chunk_frames} latent frames; give at least "
+                f"{self.chunk_frames + (self.sink_frames or 0)}, or 0 for the whole video"
+            )
 
     @classmethod
-    def from_settings(cls, settings: GenerationSettings, frame_tokens: int) -> FastOptions:
-        """A job's settings (shift, kv_cache, attention_frames, sink_frames) for frames of `frame_tokens`."""
+    def from_settings(
+        cls, settings: GenerationSettings, frame_tokens: int, family: ModelFamily = V1_FAST
+    ) -> FastOptions:
+        """A job's settings (shift, kv_cache, attention_frames, sink_frames) for frames of `frame_tokens`, with
+        the family's chunk and steps (`contracts.model_families`). attention_frames is v1 Fast's
+        max_attention_size (a window read from the whole video), or v2's local_attn_size (a cache that
+        rolls keeping sink_frames) where the family says so."""
+        loop = {"chunk_frames": family.chunk_frames, "timestep_indices": family.timestep_indices or TIMESTEP_INDICES}
+        if family.window_keeps_sink:
+            return cls(
+                shift=settings.shift,
+                cache_frames=settings.attention_frames or None,
+                sink_frames=settings.sink_frames,
+                kv_cache=settings.kv_cache,
+                **loop,
+            )
         window = settings.attention_frames * frame_tokens or None
         return cls(
             shift=settings.shift,
             max_attention_tokens=window,
             sink_frames=settings.sink_frames,
             kv_cache=settings.kv_cache,
+            **loop,
         )
 
 
@@ -252,7 +277,9 @@ def camera_choice(
 
 
 def full_cache_spec(latent_frames: int, frame_tokens: int, options: FastOptions) -> CacheSpec:
-    """The reference's cache: the whole video, in the compute dtype, never rolling."""
+    """The reference's cache in the compute dtype: the whole video, or v2's `cache_frames` rolling with its sink."""
+    if options.cache_frames is not None and options.cache_frames < latent_frames:
+        return CacheSpec(options.cache_frames * frame_tokens, frame_tokens, rolling=True, sink_frames=options.sink_frames or 0)
     return CacheSpec(
         capacity_tokens=latent_frames * frame_tokens,
         frame_tokens=frame_tokens,

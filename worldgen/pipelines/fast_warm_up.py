@@ -153,7 +153,7 @@ def _planned_job(pipe, settings: GenerationSettings | None, image_size: tuple[in
     settings = settings or GenerationSettings(model="fast")
     lat_h, lat_w = latent_size(image_size or MODEL_FRAME, settings.max_area)
     frame_tokens = (lat_h // 2) * (lat_w // 2)
-    options = FastOptions.from_settings(settings, frame_tokens)
+    options = FastOptions.from_settings(settings, frame_tokens, pipe.family)
     with warnings.catch_warnings():  # the job says it when its frames get rounded
         warnings.simplefilter("ignore")
         frames = fast_frames(settings.frame_num, None, options.chunk_frames)

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from contracts.checkpoint_layout import TINY_CHECKPOINTS
+from contracts.checkpoint_layout import TINY_CHECKPOINTS, TINY_V2_CHECKPOINTS, find_model
+from contracts.model_families import dit_size
 from contracts.engine_options import (
     AUTO_DEVICE,
     DEVICE_HELP,
@@ -59,6 +60,10 @@ def resolve_checkpoint(ckpt: str | Path) -> tuple[Path, bool]:
     if str(ckpt) in TINY_CHECKPOINTS:
         from worldgen.runtime.tiny import ensure_tiny_checkpoint
 
+        if str(ckpt) in TINY_V2_CHECKPOINTS:
+            from worldgen.runtime.tiny import ensure_tiny_v2
+
+            return ensure_tiny_v2(), True
         return ensure_tiny_checkpoint("nf4" if str(ckpt) == "tiny-nf4" else "bf16"), True
     return Path(ckpt).expanduser(), False
 
@@ -78,6 +83,7 @@ def load_pipeline(
     devices: list[str] | tuple[str, ...] | None = None,
     first_use_ahead: bool = False,
     ahead_settings: GenerationSettings | None = None,
+    assets_dir: str | Path | None = None,
 ) -> Pipeline:
     """Recognise the checkpoint, make the memory plan and return a pipeline whose models load lazily.
 
@@ -91,13 +97,15 @@ def load_pipeline(
     recorded in `pipe.engine` (the worker reports it in its health answers). A Fast pipeline on CUDA
     compiles its kernels ahead (`FastPipeline.compile_ahead`); with `first_use_ahead` (a server) it also
     runs umT5 and the VAE once (`FastPipeline.first_use_ahead`), so its first job is as quick as its next;
-    both for a job of `ahead_settings` (a server's job defaults; None: the default settings).
+    both for a job of `ahead_settings` (a server's job defaults; None: the default settings). Which model
+    family the folder holds (v1 base or Fast, LingBot-World 2.0's causal-fast or causal-pretrain) is
+    `contracts.checkpoint_layout.find_model`'s answer; `assets_dir`: where a 2.0 1.3B download's umT5,
+    VAE and tokenizer are (else beside it or in a sibling download). `model` "causal" runs the guided
+    causal-pretrain loop (`worldgen.pipelines.causal_pretrain`).
     """
     from worldgen.kernels.attention import resolve_backend
     from worldgen.runtime.checkpoint import (
         expert_files,
-        find_checkpoint,
-        find_fast_checkpoint,
         load_expert,
         load_t5,
     )
@@ -133,11 +141,11 @@ def load_pipeline(
     if model not in MODELS:
         raise InputError(f"model {model!r} is unknown: use one of {', '.join(MODELS)}")
     root, is_tiny = resolve_checkpoint(ckpt)
-    if is_tiny and model == "fast":
+    if is_tiny and model == "fast" and str(ckpt) not in TINY_V2_CHECKPOINTS:
         from worldgen.runtime.tiny import ensure_tiny_fast
 
         ensure_tiny_fast(root)
-    layout = find_fast_checkpoint(root) if model == "fast" else find_checkpoint(root)
+    family, layout = find_model(root, model, assets_dir)
 
     def planned(on: torch.device, t5_on_cpu: bool) -> MemoryPlan:
         """The plan for one device, its CUDA cap applied (the one side effect of the budget)."""
@@ -156,7 +164,8 @@ def load_pipeline(
 
     plan = planned(device, text_encoder_on_cpu)
     backend = resolve_backend(attention)
-    dit_config = DiTConfig.from_json(next(iter(layout.experts.values())) / "config.json")
+    dit_folder = next(iter(layout.experts.values()))
+    dit_config = DiTConfig.from_json(dit_folder / "config.json")
     text_len = dit_config.text_len
     experts = {
         name: ModelSlot(
@@ -171,7 +180,7 @@ def load_pipeline(
     kind = Pipeline
     extra = {"experts": experts}
     if devices and len(devices) == 2:
-        if model == "fast":
+        if model != "base":
             raise InputError("--gpus with two GPUs: the Fast model has no guidance passes to split; use one GPU")
         from worldgen.pipelines.multi_gpu import SecondDevice
 
@@ -188,10 +197,12 @@ def load_pipeline(
     from worldgen.pipelines.fast_plan import vae_dtype
 
     vae_compute = vae_dtype(model, compute, device)
-    if model == "fast":
+    if model in ("fast", "causal"):
+        from worldgen.pipelines.causal_pretrain import CausalPretrainPipeline
         from worldgen.pipelines.fast import FastPipeline
 
-        kind, extra = FastPipeline, {"dit": experts["fast"], "dit_config": dit_config, "dtype": dtype}
+        kind = CausalPretrainPipeline if model == "causal" else FastPipeline
+        extra = {"dit": experts["fast"], "dit_config": dit_config, "dtype": dtype, "family": family}
     pipe = kind(
         **extra,
         tokenizer=PromptTokenizer(layout.tokenizer_dir / "tokenizer.json"),
@@ -202,7 +213,7 @@ def load_pipeline(
         vae=ModelSlot("VAE", lambda: _vae(layout, device, pipe.vae_dtype, first_use_ahead)),  # `pipe`: it may change it
         device=device,
         text_len=text_len,
-        name=f"{'tiny (random weights)' if is_tiny else root.name}{', Fast' if model == 'fast' else ''}, "
+        name=f"{'tiny (random weights)' if is_tiny else root.name}: {family.title}, {dit_size(dit_folder / 'config.json')}, "
         f"{layout.kind} checkpoint layout",
         plan=plan,
         text_cache=TextCache(layout.t5, text_cache_dir, variant=f"{t5_device.type}-{t5_dtype}")
@@ -228,6 +239,8 @@ def load_pipeline(
     # what the provenance record of each rollout says about the model (worldgen.rollout.rollout_record)
     pipe.identity = {
         "variant": model,
+        "family": family.name,  # contracts.model_families
+        "size": dit_size(dit_folder / "config.json"),
         "weights": "tiny" if is_tiny else "real",
         "checkpoint": str(root),
         "layout": layout.kind,
@@ -236,7 +249,7 @@ def load_pipeline(
         "text_encoder": "cpu, streamed" if text_encoder_on_cpu else str(t5_device),
         "attention": backend,
     }
-    if model == "fast" and device.type == "cuda":
+    if model in ("fast", "causal") and device.type == "cuda":
         from worldgen.pipelines import fast_warm_up
 
         if fast_warm_up.COMPILE_AHEAD:  # its kernels compiled side by side now, not in the first chunk
@@ -271,6 +284,7 @@ def load_pipeline_from_options(options: EngineOptions, **kwargs: Any) -> Pipelin
         model=options.model,
         compute=options.compute,
         ahead_settings=job_defaults(options),
+        assets_dir=options.assets_dir,
         **kwargs,
     )
 

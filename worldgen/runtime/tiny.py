@@ -28,7 +28,10 @@ VERSION = "tiny-v1"
 NOISE_NOTE = "the tiny model has random weights: its output is noise, not a prediction"
 SEED = 20260101
 FAST_SEED = 20260407  # the tiny Fast DiT's weights (made on first use of --model fast)
+V2_SEED = 20261128  # the tiny LingBot-World 2.0 DiTs' weights (`tiny-v2`)
 DIT = DiTConfig(text_len=512, dim=64, ffn_dim=128, freq_dim=32, text_dim=32, num_heads=4, num_layers=2)
+# `tiny-v2`'s DiTs: another shape than DIT's, as the 1.3B's differs from the 14B's (every size comes from config.json)
+V2_DIT = dataclasses.replace(DIT, dim=48, ffn_dim=96, num_heads=3, num_layers=3)
 T5 = {"vocab": 100, "dim": 32, "dim_attn": 32, "dim_ffn": 64, "num_heads": 4, "num_layers": 2,
       "num_buckets": 32, "shared_pos": False, "dropout": 0.0}  # fmt: skip
 VAE_OVERRIDES = {"dim": 8, "num_res_blocks": 1}
@@ -54,9 +57,11 @@ def _random_state(module: torch.nn.Module, generator: torch.Generator) -> dict[s
     return state
 
 
-def _write_expert_bf16(folder: Path, state: dict[str, torch.Tensor], class_name: str = "WanModel") -> None:
+def _write_expert_bf16(
+    folder: Path, state: dict[str, torch.Tensor], class_name: str = "WanModel", config: DiTConfig = DIT
+) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps({"_class_name": class_name, **dataclasses.asdict(DIT)}, indent=1))
+    (folder / "config.json").write_text(json.dumps({"_class_name": class_name, **dataclasses.asdict(config)}, indent=1))
     keys = sorted(state)
     halves = (keys[: len(keys) // 2], keys[len(keys) // 2 :])
     weight_map = {}
@@ -151,4 +156,22 @@ def ensure_tiny_fast(root: Path) -> Path:
             _write_expert_nf4(tmp, state, model)
         else:
             _write_expert_bf16(tmp, state, class_name="WanModelFast")
+    return target
+
+
+def ensure_tiny_v2() -> Path:
+    """The tiny LingBot-World 2.0 download (`tiny-v2`), made once: `transformers/` (causal-fast) and
+    `transformer_causal/` (causal-pretrain) in the diffusers layout, with umT5, VAE and tokenizer beside
+    them (a real download holds one of the two DiTs; the tiny one serves --model fast and causal)."""
+    target = cache_root() / VERSION / "v2"
+    if (target / "README.txt").exists():
+        return target
+    from contracts.model_families import V2_FAST, V2_PRETRAIN
+
+    with _built_once(target, "README.txt") as tmp:
+        generator = torch.Generator().manual_seed(V2_SEED)
+        model = WanCameraDiT(V2_DIT)
+        for folder, class_name in ((V2_FAST.dit_dirs[0], "WanModelFast"), (V2_PRETRAIN.dit_dirs[0], "WanModelCausal")):
+            _write_expert_bf16(tmp / folder, _random_state(model, generator), class_name, V2_DIT)
+        _write_shared_parts(tmp, generator, "google/umt5-xxl")
     return target

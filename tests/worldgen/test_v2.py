@@ -1,0 +1,164 @@
+"""LingBot-World 2.0 against the reference (golden/v2): causal-fast with the whole-video and rolling
+caches, a 1.3B-shaped DiT read from its own config.json, and causal-pretrain with guidance. Every
+setting (example, sizes, chunk size, window, sink, shift, steps, guidance) is read from the case files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from contracts.checkpoint_layout import find_model, find_v2_checkpoint
+from contracts.model_families import V2_FAST, V2_PRETRAIN, dit_size, family_for
+from tests.worldgen.numerics import rel_l2
+from worldgen.errors import CheckpointError
+from worldgen.models.kv_cache import CacheSpec
+from worldgen.pipelines.base import prepare_image
+from worldgen.pipelines.camera import validate_action
+from worldgen.pipelines.causal_pretrain import NEGATIVE_PROMPT, CausalPretrainPipeline
+from worldgen.pipelines.fast import FastPipeline
+from worldgen.pipelines.fast_conditioning import fast_camera
+from worldgen.pipelines.fast_plan import FastOptions, fast_frames, fast_schedule, full_cache_spec
+from worldgen.runtime.checkpoint import load_expert
+from worldgen.runtime.residency import ModelSlot
+
+DIT_TOL = 1e-5  # golden README, v2/: DiT outputs and KV caches
+LOOP_TOL = 5e-5  # x0 and latents
+PRETRAIN_TOL = 2e-5  # causal_pretrain's sample steps and latent_final
+
+
+@pytest.fixture(scope="module")
+def v2_root(golden):
+    return golden / "v2"
+
+
+def _pipeline(kind, dit, family):
+    return kind(
+        dit=ModelSlot("fast", lambda: dit), dit_config=dit.cfg, tokenizer=None, text_encoder=None, vae=None,
+        device=torch.device("cpu"), text_len=dit.cfg.text_len, name="golden v2", family=family,
+    )  # fmt: skip
+
+
+def _shared(v2_root):
+    return v2_root.parent.parent  # paths in case.json are relative to shared/
+
+
+def test_fast_inputs_follow_the_case(v2_root):
+    spec = json.loads((v2_root / "fast" / "case.json").read_text())
+    io = load_file(v2_root / "fast" / "inputs.safetensors")
+    shared = _shared(v2_root)
+    poses, intrinsics = validate_action(np.load(shared / spec["poses"]), np.load(shared / spec["intrinsics"]))
+    with pytest.warns(UserWarning, match="whole chunks"):
+        frames = fast_frames(spec["frame_num_requested"], len(poses), spec["chunk_size"])
+    assert (frames.frames, frames.latent_frames) == (spec["frame_num_used"], spec["latent_grid"][0])
+    assert rel_l2(prepare_image(shared / spec["image"], spec["max_area"]), io["image_resized"]) < 1e-5
+    plucker = fast_camera(poses, intrinsics, frames, spec["height"], spec["width"])
+    assert rel_l2(plucker, io["plucker"]) < 1e-5
+    schedule = fast_schedule(spec["shift"], tuple(spec["timesteps_index"]))
+    assert list(schedule.timesteps) == io["timesteps"].tolist() == spec["timesteps"]
+    assert (spec["chunk_size"], tuple(spec["timesteps_index"])) == (V2_FAST.chunk_frames, V2_FAST.timestep_indices)
+
+
+@pytest.mark.parametrize("case", ["loop_global", "loop_rolling", "loop_1p3b"])
+def test_fast_loop(v2_root, case):
+    """The chunk loop with the case's chunk, steps, shift, window (local_attn_size) and sink, through the
+    settings a job gives (`FastOptions.from_settings` with the v2 family's window rule)."""
+    spec = json.loads((v2_root / "fast" / "case.json").read_text())
+    run = spec["cases"][case]
+    io = load_file(v2_root / "fast" / "inputs.safetensors")
+    out = load_file(v2_root / "fast" / f"{case}.safetensors")
+    dit = load_expert(v2_root / "fast" / run["checkpoint"], "cpu", torch.float32)
+    assert {k: getattr(dit.cfg, k) for k in run["model_dims"]} == run["model_dims"]  # its sizes: its config.json
+    family = family_for(v2_root / "fast" / run["checkpoint"].split("/")[0], "fast")
+    assert family is V2_FAST
+    from contracts.settings import GenerationSettings
+
+    window = max(run["local_attn_size"], 0)
+    settings = GenerationSettings(model="fast", shift=spec["shift"], attention_frames=window, sink_frames=run["sink_size"])
+    options = FastOptions.from_settings(settings, spec["frame_seqlen"], family)
+    options = FastOptions(**{**options.__dict__, "chunk_frames": spec["chunk_size"],
+                             "timestep_indices": tuple(spec["timesteps_index"])})  # fmt: skip
+    cache = full_cache_spec(spec["latent_grid"][0], spec["frame_seqlen"], options)
+    assert cache.capacity_tokens == run["kv_cache_tokens"] and cache.rolling == (run["cache_rolls"] > 0)
+    pipe = _pipeline(FastPipeline, dit, family)
+    steps = []
+    latent = torch.cat(
+        list(pipe.rollout_chunks(io["noise"], io["y"], io["context"], io["plucker"], options,
+                                 renoise_draws=io["renoise"], progress=lambda *a: steps.append(a))),  # fmt: skip
+        dim=1,
+    )
+    assert rel_l2(latent, out["latent_final"]) < LOOP_TOL
+    if case != "loop_global":  # the window and sink change the result: the case tests them
+        whole = load_file(v2_root / "fast" / "loop_global.safetensors")["latent_final"]
+        assert rel_l2(whole, out["latent_final"]) > 4 * LOOP_TOL
+
+
+def test_a_rolling_cache_is_the_reference_window_in_the_plan():
+    from worldgen.models.kv_cache import plan_cache
+
+    spec, why = plan_cache(
+        90, 1560, 4, room_bytes=None, num_layers=30, num_heads=12, head_dim=128, compute_dtype=torch.bfloat16,
+        sink_frames=6, cache_frames=18,
+    )  # fmt: skip
+    assert spec == CacheSpec(18 * 1560, 1560, "model", True, 6, None)
+    assert "rolling window of 18 latent frames (6-frame sink)" in why
+    tight, why = plan_cache(
+        90, 1560, 4, room_bytes=8 * 2**30, num_layers=40, num_heads=40, head_dim=128, compute_dtype=torch.bfloat16,
+        sink_frames=6, cache_frames=18,
+    )  # fmt: skip
+    assert tight.storage == "fp8" and tight.sink_frames == 6 and tight.capacity_tokens < 18 * 1560
+    assert "rolling FP8 window" in why
+
+
+def test_causal_pretrain_loop(v2_root):
+    spec = json.loads((v2_root / "causal_pretrain" / "case.json").read_text())
+    io = load_file(v2_root / "causal_pretrain" / "io.safetensors")
+    dit = load_expert(v2_root / "causal_pretrain" / spec["checkpoint"], "cpu", torch.float32)
+    family = family_for(v2_root / "causal_pretrain" / "ckpt", "causal")
+    assert family is V2_PRETRAIN and spec["negative_prompt"] == NEGATIVE_PROMPT
+    assert (family.guidance_steps, family.guide_scale) == (spec["sampling_steps"], spec["guide_scale"])
+    pipe = _pipeline(CausalPretrainPipeline, dit, family)
+    pipe.steps, pipe.guide_scale = spec["sampling_steps"], spec["guide_scale"]
+    options = FastOptions(shift=spec["shift"], chunk_frames=spec["chunk_size"])
+    latent = torch.cat(
+        list(pipe.rollout_chunks(io["noise"], io["y"], io["context"], io["plucker"], options,
+                                 negative_context=io["context_null"])),  # fmt: skip
+        dim=1,
+    )
+    assert rel_l2(latent, io["latent_final"]) < PRETRAIN_TOL
+    chunk = spec["chunk_size"]
+    assert rel_l2(latent[:, :chunk], io["sample_steps"][1, 0]) > 0  # chunk 1 starts from its own noise
+    assert torch.equal(io["sample_steps"][1, 0], io["noise"][:, chunk : 2 * chunk])
+
+
+def test_v2_folders_are_recognised_with_their_size_and_assets(tmp_path, v2_root):
+    import shutil
+
+    fast = v2_root / "fast" / "ckpt_14b"
+    small = tmp_path / "lingbot-world-v2-1.3b-causal-fast"
+    shutil.copytree(v2_root / "fast" / "ckpt_1p3b", small)
+    assert dit_size(small / "transformers" / "config.json") == "dim 24, 3 layers"
+    with pytest.raises(CheckpointError, match=r"--assets-dir with the 14B causal-fast folder") as info:
+        find_v2_checkpoint(small, V2_FAST)
+    assert str(small) in str(info.value)  # where it looked
+    with pytest.raises(CheckpointError, match="--model fast"):
+        find_model(small, "base")
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    for name in ("models_t5_umt5-xxl-enc-bf16.pth", "Wan2.1_VAE.pth"):
+        (assets / name).write_bytes(b"x")
+    (assets / "google" / "umt5-xxl").mkdir(parents=True)
+    (assets / "google" / "umt5-xxl" / "tokenizer.json").write_text("{}")
+    family, layout = find_model(small, "fast", assets)
+    assert family is V2_FAST and layout.root == assets and layout.experts["fast"] == small / "transformers"
+    sibling = tmp_path / "lingbot-world-v2-14b-causal-fast"
+    shutil.move(assets, sibling)
+    assert find_model(small, "fast")[1].root == sibling  # the 14B download beside it
+    shard = next((small / "transformers").glob("*-00002-*.safetensors"))
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=f"shard {shard.name} .* is missing"):
+        find_model(small, "fast", sibling)
+    assert family_for(fast, "fast") is V2_FAST
