@@ -210,7 +210,9 @@ def find_v2_checkpoint(
     sibling download that has them (the 1.3B's come from the 14B's); the error says where it looked."""
     root = Path(root).expanduser()
     if not root.is_dir():
-        raise CheckpointError(f"checkpoint folder {root} does not exist (pass --ckpt-dir, or 'tiny' for the built-in model)")
+        raise CheckpointError(
+            f"checkpoint folder {root} does not exist (pass --ckpt-dir, or 'tiny' for the built-in model)"
+        )
     if root.name in family.dit_dirs:
         folder, download = root, root.parent
     else:
@@ -228,7 +230,9 @@ def find_v2_checkpoint(
     places = [Path(assets_dir).expanduser()] if assets_dir else []
     places.append(download)
     if download.parent.is_dir():  # the other downloads beside this one (the 14B's, for the 1.3B)
-        places += sorted(p for p in download.parent.iterdir() if p.is_dir() and p != download and (p / T5_FILE).exists())
+        places += sorted(
+            p for p in download.parent.iterdir() if p.is_dir() and p != download and (p / T5_FILE).exists()
+        )
     for place in places:
         try:  # root: where the shared parts are (as for v1 Fast: the base folder whose parts it uses)
             return _with_shared_parts(place, kind, {"fast": folder})  # both causal engines: one DiT, one slot
@@ -236,7 +240,9 @@ def find_v2_checkpoint(
             continue
     looked = ", ".join(str(p) for p in places)
     if assets_dir and not Path(assets_dir).expanduser().is_dir():
-        raise CheckpointError(f"--assets-dir {assets_dir} does not exist (it holds {T5_FILE}, {VAE_FILE}, google/umt5-xxl/)")
+        raise CheckpointError(
+            f"--assets-dir {assets_dir} does not exist (it holds {T5_FILE}, {VAE_FILE}, google/umt5-xxl/)"
+        )
     raise CheckpointError(
         f"{download}: {T5_FILE}, {VAE_FILE} and google/umt5-xxl/tokenizer.json were not found together (looked in "
         f"{looked}); the 1.3B download holds its DiT alone: pass --assets-dir with the 14B causal-fast folder, "

@@ -30,7 +30,13 @@ PACKAGES = {  # module -> (what needs it, required for generation)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--ckpt-dir", type=Path, help="also check this checkpoint folder's layout ('tiny': the built-in tiny model)"
+        "--ckpt-dir",
+        type=Path,
+        help="also check this checkpoint folder's layout and name its model family, size and variant ('tiny', "
+        "'tiny-v2': the built-in tiny models)",
+    )
+    parser.add_argument(
+        "--assets-dir", type=Path, help="a LingBot-World 2.0 1.3B's umT5, VAE and tokenizer (as generate)"
     )
 
 
@@ -62,11 +68,11 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     if args.ckpt_dir:
-        failed |= check_checkpoint_arg(args.ckpt_dir)
+        failed |= check_checkpoint_arg(args.ckpt_dir, args.assets_dir)
     return 1 if failed else 0
 
 
-def check_checkpoint_arg(ckpt: Path) -> bool:
+def check_checkpoint_arg(ckpt: Path, assets_dir: Path | None = None) -> bool:
     """`--ckpt-dir`: the built-in tiny model (written on first use) or a folder; True if it serves nothing."""
     try:
         from worldgen.pipelines.loader import resolve_checkpoint
@@ -74,11 +80,11 @@ def check_checkpoint_arg(ckpt: Path) -> bool:
         if str(ckpt).startswith("tiny"):
             print(f"  ckpt     PROBLEM: the built-in tiny model needs torch ({exc})")
             return True
-        return check_checkpoint(Path(ckpt))
+        return check_checkpoint(Path(ckpt), assets_dir)
     root, is_tiny = resolve_checkpoint(ckpt)
     if is_tiny:
         print(f"  ckpt     {ckpt}: the built-in tiny model (seeded random weights: its output is noise), in {root}")
-    return check_checkpoint(root)
+    return check_checkpoint(root, assets_dir)
 
 
 def print_attention(device) -> None:
@@ -100,9 +106,28 @@ def print_attention(device) -> None:
     print(f"  fp8      {fp8_reason}" if fp8_reason else f"  fp8      {attention_note(device)}")
 
 
-def check_checkpoint(root: Path) -> bool:
-    """Print what the checkpoint folder serves (base experts, the Fast DiT); True if it serves nothing."""
+def check_checkpoint(root: Path, assets_dir: Path | None = None) -> bool:
+    """Print what the checkpoint folder serves (base experts, the Fast DiT, a LingBot-World 2.0 model: its
+    family, size and variant, names from `contracts.model_families`); True if it serves nothing."""
+    from contracts.checkpoint_layout import find_model
+    from contracts.model_families import V2_FAMILIES, dit_size, families_in
     from worldgen.errors import CheckpointError
+
+    v2 = [f for f in families_in(root) if f in V2_FAMILIES] if root.is_dir() else []
+    if v2:  # a 2.0 download holds one model (the tiny one both): no v1 parts to look for
+        served = 0
+        for family in v2:
+            try:
+                _, layout = find_model(root, family.engine, assets_dir)
+            except CheckpointError as exc:
+                print(f"  {family.engine:<8} PROBLEM: {exc}")
+                continue
+            served += 1
+            folder = layout.experts["fast"]
+            print(f"  {family.engine:<8} {folder}: {family.name} ({family.title}), {dit_size(folder / 'config.json')}, "
+                  f"{layout.kind} layout, umT5/VAE/tokenizer from {layout.root} (--model {family.engine}, "
+                  f"--preset {family.preset})")  # fmt: skip
+        return served < len(v2)
     from worldgen.runtime.checkpoint import FAST_DIR, FAST_NF4_DIR, find_checkpoint, find_fast_checkpoint
 
     base_ok = fast_ok = False
@@ -110,7 +135,7 @@ def check_checkpoint(root: Path) -> bool:
         layout = find_checkpoint(root)
         base_ok = True
         print(
-            f"  ckpt     {layout.root}: {layout.kind} layout, experts {sorted(layout.experts)}, "
+            f"  ckpt     {layout.root}: v1-base, {layout.kind} layout, experts {sorted(layout.experts)}, "
             f"tokenizer in {layout.tokenizer_dir.relative_to(layout.root)}"
         )
     except CheckpointError as exc:
@@ -120,7 +145,7 @@ def check_checkpoint(root: Path) -> bool:
         try:
             fast = find_fast_checkpoint(root)
             fast_ok = True
-            print(f"  fast     {fast.experts['fast']}: LingBot-World-Fast, {fast.kind} (--model fast)")
+            print(f"  fast     {fast.experts['fast']}: v1-fast (LingBot-World-Fast), {fast.kind} (--model fast)")
         except CheckpointError as exc:
             print(f"  fast     PROBLEM: {exc}")
     else:

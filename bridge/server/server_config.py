@@ -15,8 +15,8 @@ from typing import Any
 from bridge.wire.protocol import DEFAULT_PORT, Limits
 from bridge.workers.worker_config import ConfigError, WorkerConfig
 from contracts.checkpoint_layout import TINY_CHECKPOINTS
-from contracts.model_families import preset_for
 from contracts.engine_options import DEVICE_HELP, EngineOptions, EngineOptionsError
+from contracts.model_families import preset_for
 from contracts.toml_file import read_toml
 
 BACKENDS = ("local", "ray")

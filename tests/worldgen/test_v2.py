@@ -77,7 +77,9 @@ def test_fast_loop(v2_root, case):
     from contracts.settings import GenerationSettings
 
     window = max(run["local_attn_size"], 0)
-    settings = GenerationSettings(model="fast", shift=spec["shift"], attention_frames=window, sink_frames=run["sink_size"])
+    settings = GenerationSettings(
+        model="fast", shift=spec["shift"], attention_frames=window, sink_frames=run["sink_size"]
+    )
     options = FastOptions.from_settings(settings, spec["frame_seqlen"], family)
     options = FastOptions(**{**options.__dict__, "chunk_frames": spec["chunk_size"],
                              "timestep_indices": tuple(spec["timesteps_index"])})  # fmt: skip
@@ -86,8 +88,17 @@ def test_fast_loop(v2_root, case):
     pipe = _pipeline(FastPipeline, dit, family)
     steps = []
     latent = torch.cat(
-        list(pipe.rollout_chunks(io["noise"], io["y"], io["context"], io["plucker"], options,
-                                 renoise_draws=io["renoise"], progress=lambda *a: steps.append(a))),  # fmt: skip
+        list(
+            pipe.rollout_chunks(
+                io["noise"],
+                io["y"],
+                io["context"],
+                io["plucker"],
+                options,
+                renoise_draws=io["renoise"],
+                progress=lambda *a: steps.append(a),
+            )
+        ),  # fmt: skip
         dim=1,
     )
     assert rel_l2(latent, out["latent_final"]) < LOOP_TOL
@@ -124,8 +135,11 @@ def test_causal_pretrain_loop(v2_root):
     pipe.steps, pipe.guide_scale = spec["sampling_steps"], spec["guide_scale"]
     options = FastOptions(shift=spec["shift"], chunk_frames=spec["chunk_size"])
     latent = torch.cat(
-        list(pipe.rollout_chunks(io["noise"], io["y"], io["context"], io["plucker"], options,
-                                 negative_context=io["context_null"])),  # fmt: skip
+        list(
+            pipe.rollout_chunks(
+                io["noise"], io["y"], io["context"], io["plucker"], options, negative_context=io["context_null"]
+            )
+        ),  # fmt: skip
         dim=1,
     )
     assert rel_l2(latent, io["latent_final"]) < PRETRAIN_TOL

@@ -44,7 +44,9 @@ class CausalPretrainPipeline(FastPipeline):
         self.steps, self.guide_scale = self.family.guidance_steps, self.family.guide_scale
         self.negative_context: torch.Tensor | None = None
 
-    def generate(self, image, prompt, poses=None, intrinsics=None, settings=None, *args, negative_context=None, **kwargs):
+    def generate(
+        self, image, prompt, poses=None, intrinsics=None, settings=None, *args, negative_context=None, **kwargs
+    ):
         """`FastPipeline.generate` with the job's steps and guidance (`settings.steps`, `settings.guide_scale`'s
         first value) and the negative prompt's embedding (`settings.negative_prompt`, else the reference's)."""
         if settings is not None:

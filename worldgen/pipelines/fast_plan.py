@@ -279,7 +279,9 @@ def camera_choice(
 def full_cache_spec(latent_frames: int, frame_tokens: int, options: FastOptions) -> CacheSpec:
     """The reference's cache in the compute dtype: the whole video, or v2's `cache_frames` rolling with its sink."""
     if options.cache_frames is not None and options.cache_frames < latent_frames:
-        return CacheSpec(options.cache_frames * frame_tokens, frame_tokens, rolling=True, sink_frames=options.sink_frames or 0)
+        return CacheSpec(
+            options.cache_frames * frame_tokens, frame_tokens, rolling=True, sink_frames=options.sink_frames or 0
+        )
     return CacheSpec(
         capacity_tokens=latent_frames * frame_tokens,
         frame_tokens=frame_tokens,

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from contracts.checkpoint_layout import TINY_CHECKPOINTS, TINY_V2_CHECKPOINTS, find_model
-from contracts.model_families import dit_size
 from contracts.engine_options import (
     AUTO_DEVICE,
     DEVICE_HELP,
@@ -23,6 +22,7 @@ from contracts.engine_options import (
     EngineOptions,
     canonical_compute,
 )
+from contracts.model_families import dit_size
 from contracts.settings import GenerationSettings
 from worldgen.errors import InputError
 from worldgen.models.dit import DiTConfig
