@@ -15,7 +15,7 @@ import json
 import math
 from typing import Any
 
-from contracts.model_families import ENGINES
+from contracts.model_families import MODELS  # the `model` setting: which family each runs is said there
 
 DTYPES = ("bf16", "fp16", "fp32")  # the one vocabulary of compute dtypes (torch names are mapped in worldgen)
 # How the experts' matmuls run (the one vocabulary; `dtype` says which float type they run in):
@@ -47,7 +47,6 @@ ATTENTION_HELP = (
     "only when asked)"
 )
 ATTENTIONS = ("auto", "sdpa", "flash", "sage")
-MODELS = ENGINES  # the `model` setting: contracts.model_families says which family each runs
 # "auto": CUDA where the worker's PyTorch sees a GPU, else the CPU (the worker resolves it and
 # reports the device it took: health names that worker by it).
 AUTO_DEVICE = "auto"

@@ -24,14 +24,14 @@ from pathlib import Path
 
 from contracts.errors import CheckpointError
 
-ENGINES = ("base", "fast", "causal")  # the `model` setting: which engine (loop) a job runs
+MODELS = ("base", "fast", "causal")  # the `model` setting: which engine (loop) a job runs
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelFamily:
     name: str  # what `doctor`, the worker's health and the rollout record call it
     title: str  # what a user reads
-    engine: str  # the `model` setting that runs it (ENGINES)
+    engine: str  # the `model` setting that runs it (MODELS)
     dit_dirs: tuple[str, ...]  # its DiT's folder in the download, then its NF4 conversion (`quantize`)
     preset: str  # its reference defaults: a [preset] of config/generation.toml
     chunk_frames: int = 0  # latent frames a chunk (causal engines)

@@ -7,7 +7,8 @@ beside theirs, adding the job they ran as. Every report shows it at the top, and
 output is noise" banner follows the record (`is_random_weights`), whichever path made the video.
 
     {"schema": SCHEMA, "created": "2026-11-23T13:20:00Z", "producer": "generate" | "worker",
-     "model": {"family", "variant" (base | fast), "weights" (tiny | real), "random_weights", "name"},
+     "model": {"family" (contracts.model_families: v1-base, v1-fast, v2-causal-fast, v2-causal-pretrain),
+               "variant" (base | fast | causal), "size" (14B, 1.3B), "weights" (tiny | real), "random_weights", "name"},
      "checkpoint": {"path", "layout", "fingerprint", "files", "bytes"},
      "compute": {"device", "device_name", "dtype" (the float type the matmuls ran in: float32 on the
                  CPU), "compute" (the path: exact | fp8, contracts.engine_options.COMPUTES), "attention", ...},

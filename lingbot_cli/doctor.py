@@ -145,7 +145,7 @@ def check_checkpoint(root: Path, assets_dir: Path | None = None) -> bool:
         try:
             fast = find_fast_checkpoint(root)
             fast_ok = True
-            print(f"  fast     {fast.experts['fast']}: v1-fast (LingBot-World-Fast), {fast.kind} (--model fast)")
+            print(f"  fast     {fast.experts['fast']}: v1-fast: LingBot-World-Fast, {fast.kind} (--model fast)")
         except CheckpointError as exc:
             print(f"  fast     PROBLEM: {exc}")
     else:

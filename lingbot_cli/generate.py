@@ -171,7 +171,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace, tiny: bool) -> GenerationSettings:
     from contracts.model_families import preset_for
 
-    default = "tiny" if tiny else preset_for(args.ckpt_dir, getattr(args, "model", None))  # the folder's family's
+    ckpt = getattr(args, "ckpt_dir", None)  # the folder's family's reference defaults (submit, replay: the server's)
+    default = "tiny" if tiny else "default" if ckpt is None else preset_for(ckpt, getattr(args, "model", None))
     base = load_settings(preset=getattr(args, "preset", None) or default)
     changes = {k: v for k, v in {
         "size": args.size, "frame_num": args.frame_num, "steps": args.steps, "shift": args.shift,

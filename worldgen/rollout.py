@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts import episode
+from contracts.model_families import V1_BASE
 from contracts.provenance import checkpoint_fingerprint, make_record, write_record
 from contracts.settings import GenerationSettings
 from worldgen.errors import InputError
@@ -110,12 +111,13 @@ def rollout_record(
         if pipe.device.type == "cuda"
         else None,
     }
-    compute = pipe.compute if identity.get("variant") == "fast" else pipe.job_compute(settings)
+    compute = pipe.compute if identity.get("variant") in ("fast", "causal") else pipe.job_compute(settings)
     return make_record(
         producer=producer,
         model={
-            "family": "lingbot-world",
+            "family": identity.get("family", V1_BASE.name),  # contracts.model_families
             "variant": identity.get("variant", "base"),
+            "size": identity.get("size"),
             "weights": identity.get("weights", "real"),
             "random_weights": bool(pipe.is_random_weights),
             "name": pipe.name,

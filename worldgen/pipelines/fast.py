@@ -83,15 +83,7 @@ class FastPipeline(Pipeline):
     the same tiles (`decode_after_loop`): a streamed video and a non-streamed one are the same video.
     """
 
-    def __init__(
-        self,
-        *,
-        dit: ModelSlot,
-        dit_config: DiTConfig,
-        dtype: torch.dtype | None = None,
-        family: ModelFamily = V1_FAST,
-        **kwargs,
-    ):
+    def __init__(self, *, dit: ModelSlot, dit_config: DiTConfig, dtype=None, family: ModelFamily = V1_FAST, **kwargs):
         super().__init__(experts={"fast": dit}, **kwargs)
         self.family = family  # its chunk, steps and window rule (contracts.model_families)
         self.dit = dit
@@ -371,9 +363,8 @@ class FastPipeline(Pipeline):
                 x_t = noise[:, frames].to(device, torch.float32)
                 for s in range(steps):
                     with torch.profiler.record_function("denoise forward"):  # named on a profile
-                        flow = forward(x_t[None], timesteps[s], context, y_c, cam_c, cache=cache, current_start=start)[
-                            0
-                        ]
+                        flow = forward(x_t[None], timesteps[s], context, y_c, cam_c, cache=cache, current_start=start)
+                    flow = flow[0]
                     x0 = (x_t.double() - schedule.sigmas_x0[s] * flow.double()).to(torch.float32)
                     del flow
                     if s + 1 < steps:
@@ -393,16 +384,8 @@ class FastPipeline(Pipeline):
                 if c + 1 < chunks:
                     # refresh: the cache gets the clean chunk's keys/values (the last block only writes them)
                     with torch.profiler.record_function("cache refresh"):
-                        forward(
-                            x0[None],
-                            timesteps[-1],
-                            context,
-                            y_c,
-                            cam_c,
-                            cache=cache,
-                            current_start=start,
-                            keys_only=True,
-                        )
+                        refresh = dict(cache=cache, current_start=start, keys_only=True)
+                        forward(x0[None], timesteps[-1], context, y_c, cam_c, **refresh)
                     progress("denoise", (c + 1) * (steps + 1), total)
         finally:  # also when the consumer stops early (a cancelled job)
             forward.close()

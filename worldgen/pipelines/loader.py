@@ -22,7 +22,7 @@ from contracts.engine_options import (
     EngineOptions,
     canonical_compute,
 )
-from contracts.model_families import dit_size
+from contracts.model_families import V1_BASE, V1_FAST, ModelFamily, dit_size
 from contracts.settings import GenerationSettings
 from worldgen.errors import InputError
 from worldgen.models.dit import DiTConfig
@@ -213,7 +213,7 @@ def load_pipeline(
         vae=ModelSlot("VAE", lambda: _vae(layout, device, pipe.vae_dtype, first_use_ahead)),  # `pipe`: it may change it
         device=device,
         text_len=text_len,
-        name=f"{'tiny (random weights)' if is_tiny else root.name}: {family.title}, {dit_size(dit_folder / 'config.json')}, "
+        name=f"{'tiny (random weights)' if is_tiny else root.name}{_family_label(family, dit_folder)}, "
         f"{layout.kind} checkpoint layout",
         plan=plan,
         text_cache=TextCache(layout.t5, text_cache_dir, variant=f"{t5_device.type}-{t5_dtype}")
@@ -296,3 +296,10 @@ def _prepared_expert(
     model.set_attention_backend(attention_backend)
     model.set_compute(compute)
     return model
+
+
+def _family_label(family: ModelFamily, dit_folder: Path) -> str:
+    """What a pipeline's name says of its model (v1's names as they were: nothing for base, ", Fast")."""
+    if family in (V1_BASE, V1_FAST):
+        return ", Fast" if family is V1_FAST else ""
+    return f", {family.title}, {dit_size(dit_folder / 'config.json')}"
