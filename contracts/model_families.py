@@ -42,6 +42,19 @@ class ModelFamily:
     guidance_steps: int = 0  # engine causal: UniPC steps a chunk, each a conditional and an unconditional pass
     guide_scale: float = 0.0  # engine causal: hard-coded by the reference
     shared_parts_elsewhere: bool = False  # its download may lack umT5, VAE and tokenizer (--assets-dir)
+    # settings a job may not set for it (v1's, which its loop has no use for): refused before anything loads
+    unused_settings: tuple[str, ...] = ()
+
+    def check_settings(self, given: dict) -> None:
+        """Refuse a job's explicitly given settings this family has no use for, naming each and the fix."""
+        unused = [name for name in self.unused_settings if name in given]
+        if unused:
+            from contracts.settings import SettingsError  # settings imports this module
+
+            raise SettingsError(
+                f"{', '.join(unused)}: not used by {self.title} (a v1 setting: its loop is fixed by the model); "
+                f"leave {'them' if len(unused) > 1 else 'it'} out"
+            )
 
 
 V1_BASE = ModelFamily(
@@ -70,6 +83,7 @@ V2_FAST = ModelFamily(
     timestep_indices=(0, 250, 500, 750),
     window_keeps_sink=True,
     shared_parts_elsewhere=True,  # the 1.3B download holds its DiT alone
+    unused_settings=("steps", "guide_scale", "boundary", "negative_prompt", "gpus"),  # 4 distilled steps, no guidance
 )
 V2_PRETRAIN = ModelFamily(
     "v2-causal-pretrain",
@@ -82,6 +96,7 @@ V2_PRETRAIN = ModelFamily(
     guidance_steps=40,
     guide_scale=5.0,
     shared_parts_elsewhere=True,
+    unused_settings=("boundary", "gpus"),  # one DiT: no expert switch, no guidance split over two GPUs
 )
 FAMILIES = (V1_BASE, V1_FAST, V2_FAST, V2_PRETRAIN)
 FAMILY_BY_NAME = {f.name: f for f in FAMILIES}

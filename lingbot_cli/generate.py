@@ -17,6 +17,7 @@ from pathlib import Path
 
 from contracts.engine_options import ATTENTION_HELP, ATTENTIONS, COMPUTE_CHOICES, DEVICE_HELP, FP8_HELP, MODELS
 from contracts.episode import EpisodeError
+from contracts.errors import CheckpointError
 from contracts.provenance import sidecar_path, write_record
 from contracts.settings import FIELD_BY_NAME, GenerationSettings, SettingsError, load_settings, parse_guide_scale
 from worldgen.errors import InputError
@@ -181,6 +182,20 @@ def settings_from_args(args: argparse.Namespace, tiny: bool) -> GenerationSettin
         "sink_frames": getattr(args, "sink_frames", None),
         "guide_scale": parse_guide_scale(args.guide_scale) if args.guide_scale else None,
     }.items() if v is not None}  # fmt: skip
+    if ckpt is not None and not tiny or str(ckpt) == "tiny-v2":
+        from contracts.checkpoint_layout import TINY_V2_CHECKPOINTS
+        from contracts.model_families import V2_FAST, V2_PRETRAIN, family_for
+
+        model = changes.get("model", base.model)
+        if str(ckpt) in TINY_V2_CHECKPOINTS:
+            family = V2_PRETRAIN if model == "causal" else V2_FAST
+        else:
+            try:
+                family = family_for(ckpt, model)
+            except CheckpointError:
+                family = None  # the layout check, next, says what is wrong with the folder
+        if family is not None:
+            family.check_settings(changes)
     return base.replace(**changes)
 
 

@@ -176,3 +176,77 @@ def test_v2_folders_are_recognised_with_their_size_and_assets(tmp_path, v2_root)
     with pytest.raises(CheckpointError, match=f"shard {shard.name} .* is missing"):
         find_model(small, "fast", sibling)
     assert family_for(fast, "fast") is V2_FAST
+
+
+def test_quantize_converts_a_v2_download_its_dit_alone(tmp_path, v2_root):
+    """A 1.3B download (its DiT alone): `quantize` writes `transformers_bnb_nf4/`, which the layout rule
+    then prefers, with the shared parts still taken from the 14B folder beside it."""
+    import shutil
+
+    from worldgen.runtime.quantize import quantize_checkpoint
+
+    small = tmp_path / "lingbot-world-v2-1.3b-causal-fast"
+    shutil.copytree(v2_root / "fast" / "ckpt_1p3b", small)
+    report = quantize_checkpoint(small, tmp_path / "out", torch.device("cpu"), show_progress=False)
+    assert len(report) == 1 and report[0].startswith("transformers_bnb_nf4/model.safetensors")
+    shutil.move(tmp_path / "out" / "transformers_bnb_nf4", small / "transformers_bnb_nf4")
+    assets = tmp_path / "lingbot-world-v2-14b-causal-fast"
+    (assets / "google" / "umt5-xxl").mkdir(parents=True)
+    (assets / "google" / "umt5-xxl" / "tokenizer.json").write_text("{}")
+    for name in ("models_t5_umt5-xxl-enc-bf16.pth", "Wan2.1_VAE.pth"):
+        (assets / name).write_bytes(b"x")
+    family, layout = find_model(small, "fast")
+    assert family is V2_FAST and layout.kind == "nf4" and layout.experts["fast"].name == "transformers_bnb_nf4"
+    nf4 = load_expert(layout.experts["fast"], "cpu", torch.float32)
+    bf16 = load_expert(small / "transformers", "cpu", torch.float32)
+    assert nf4.cfg == bf16.cfg and (nf4.cfg.dim, nf4.cfg.num_layers) == (24, 3)  # the shape: its own config.json
+    io = load_file(v2_root / "fast" / "inputs.safetensors")
+    outs = []
+    for model in (nf4, bf16):
+        cache = _one_chunk_cache(model)
+        chunk = slice(0, 4)
+        x, y, cam = io["noise"][:, chunk][None], io["y"][:, chunk][None], io["plucker"][:, :, chunk]
+        outs.append(model(x, torch.tensor([999]), [io["context"]], y, cam, cache=cache, current_start=0)[0])
+    assert 0 < rel_l2(*outs) < 0.5  # NF4 rounding of a tiny model (as the v1 Fast test measures)
+
+
+def _one_chunk_cache(model):
+    from worldgen.models.kv_cache import KVCache
+
+    cfg = model.cfg
+    return KVCache(CacheSpec(72, 6), cfg.num_layers, cfg.num_heads, cfg.head_dim, torch.float32, "cpu")
+
+
+@pytest.mark.parametrize(
+    "flags,says",
+    [
+        (["--ckpt-dir", "{small}"], "pass --assets-dir with the 14B causal-fast folder"),
+        (["--ckpt-dir", "tiny-v2", "--model", "fast", "--steps", "10"], "steps: not used by LingBot-World 2.0"),
+        (["--ckpt-dir", "{small}", "--model", "fast", "--guide-scale", "3"], "guide_scale: not used by"),
+        (["--ckpt-dir", "{broken}", "--assets-dir", "{assets}"], "diffusion_pytorch_model-00002-of-00002.safetensors"),
+    ],
+)
+def test_generate_refuses_bad_v2_input_in_one_line_before_loading(tmp_path, v2_root, capsys, flags, says):
+    """A 1.3B folder without reachable assets, a v1-only setting on a v2 model, a v2 folder with a missing shard:
+    one line naming the file or field and the fix, exit 2, nothing written, no model loaded."""
+    import shutil
+
+    from lingbot_cli.main import main
+
+    small = tmp_path / "lingbot-world-v2-1.3b-causal-fast"
+    shutil.copytree(v2_root / "fast" / "ckpt_1p3b", small)
+    broken = tmp_path / "broken" / "lingbot-world-v2-14b-causal-fast"
+    shutil.copytree(v2_root / "fast" / "ckpt_14b", broken)
+    next((broken / "transformers").glob("*-00002-*")).unlink()
+    assets = tmp_path / "elsewhere" / "assets"  # not beside the 1.3B download: only --assets-dir finds it
+    (assets / "google" / "umt5-xxl").mkdir(parents=True)
+    (assets / "google" / "umt5-xxl" / "tokenizer.json").write_text("{}")
+    for name in ("models_t5_umt5-xxl-enc-bf16.pth", "Wan2.1_VAE.pth"):
+        (assets / name).write_bytes(b"x")
+    example = _shared(v2_root) / "reference" / "lingbot_v2_examples" / "05"
+    out = tmp_path / "out.mp4"
+    args = [f.format(small=small, broken=broken, assets=assets) for f in flags]
+    code = main(["generate", *args, "--action-path", str(example), "-o", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and says in err[0], err
+    assert not out.exists() and not out.with_suffix(".json").exists()

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from contracts import atomic
+from contracts.model_families import V2_FAMILIES
 from worldgen.errors import CheckpointError, InputError
 from worldgen.kernels.nf4 import QUANT_SUFFIXES, quantize_weight
 from worldgen.models.dit import DiTConfig, Linear, WanCameraDiT
@@ -155,15 +156,18 @@ def _link_or_copy(source: Path, target: Path) -> str:
     return how
 
 
-def _source_layout(source: Path) -> tuple[dict[str, Path], Path]:
+def _source_layout(source: Path) -> tuple[dict[str, Path], Path | None]:
     """The original-release expert folders and the tokenizer folder of `source`, or a clear error."""
     if not source.is_dir():
         raise InputError(f"{source}: no such folder (pass the original bf16 release, e.g. lingbot-world-base-cam/)")
     experts = {name: source / f"{name}_noise_model" for name in EXPERTS}
-    if (source / FAST_DIR).is_dir():  # LingBot-World-Fast: quantized too; the experts may be absent
+    v2 = {f.dit_dirs[0]: source / f.dit_dirs[0] for f in V2_FAMILIES if (source / f.dit_dirs[0]).is_dir()}
+    if (source / FAST_DIR).is_dir() or v2:  # LingBot-World-Fast or a 2.0 download: the experts may be absent
         if not any(folder.is_dir() for folder in experts.values()):
-            experts = {}  # a base folder holding only the Fast DiT (and the shared parts)
-        experts[FAST] = source / FAST_DIR
+            experts = {}  # a folder holding only the Fast DiT or a 2.0 model (and the shared parts)
+        if (source / FAST_DIR).is_dir():
+            experts[FAST] = source / FAST_DIR
+        experts.update(v2)
     for name, folder in experts.items():
         if not folder.is_dir():
             nf4 = source / f"{name}_noise_model_bnb_nf4"
@@ -175,12 +179,14 @@ def _source_layout(source: Path) -> tuple[dict[str, Path], Path]:
             )
         if not (folder / "config.json").exists():
             raise CheckpointError(f"{folder}: config.json is missing; re-download this expert")
-    for name in (T5_FILE, VAE_FILE):
-        if not (source / name).exists():
-            raise CheckpointError(f"{source}: {name} is missing; download it into this folder")
     tokenizer = next(
         (source / d for d in ("google/umt5-xxl", "tokenizer") if (source / d / "tokenizer.json").exists()), None
     )
+    if v2 and set(experts) == set(v2) and tokenizer is None and not (source / T5_FILE).exists():
+        return experts, None  # a 2.0 1.3B download: its DiT alone (its shared parts are the 14B folder's)
+    for name in (T5_FILE, VAE_FILE):
+        if not (source / name).exists():
+            raise CheckpointError(f"{source}: {name} is missing; download it into this folder")
     if tokenizer is None:
         raise CheckpointError(
             f"{source}: no tokenizer (looked for google/umt5-xxl/tokenizer.json, tokenizer/tokenizer.json)"
@@ -188,12 +194,20 @@ def _source_layout(source: Path) -> tuple[dict[str, Path], Path]:
     return experts, tokenizer
 
 
+def _nf4_folder(name: str) -> str:
+    """Where an expert's NF4 conversion goes: the layout `contracts.checkpoint_layout` reads."""
+    if name == FAST:
+        return FAST_NF4_DIR
+    v2 = next((f for f in V2_FAMILIES if f.dit_dirs[0] == name), None)
+    return v2.dit_dirs[1] if v2 else f"{name}_noise_model_bnb_nf4"
+
+
 def quantize_checkpoint(
     source: Path, target: Path, device: torch.device, force: bool = False, show_progress: bool = True
 ) -> list[str]:
     """The whole release -> the NF4 layout in `target`; returns one line per thing done."""
     experts, tokenizer = _source_layout(source)
-    outputs = {name: target / (FAST_NF4_DIR if name == FAST else f"{name}_noise_model_bnb_nf4") for name in experts}
+    outputs = {name: target / _nf4_folder(name) for name in experts}
     existing = [p.name for p in outputs.values() if p.exists()]
     if existing and not force:
         raise InputError(f"{target}: {', '.join(existing)} already exist; pass --force to replace them")
@@ -208,6 +222,8 @@ def quantize_checkpoint(
     for name in (T5_FILE, VAE_FILE, *OPTIONAL_CONFIGS):
         if (source / name).exists():
             report.append(f"{name}: {_link_or_copy(source / name, target / name)}")
+    if tokenizer is None:  # a 2.0 1.3B download: nothing beside its DiT
+        return report
     tokenizer_target = target / "tokenizer"
     tokenizer_target.mkdir(exist_ok=True)
     for name in TOKENIZER_FILES:
