@@ -161,13 +161,7 @@ def find_fast_checkpoint(root: Path | str) -> CheckpointLayout:
                 f"weights there, as the reference README does) or {FAST_NF4_DIR}/ (lingbot-isaac quantize)"
             )
         base = root
-    if not (folder / "config.json").exists():
-        raise CheckpointError(f"{folder}: config.json is missing; re-download the Fast model")
-    kind = expert_kind(folder)
-    if kind == "bf16":
-        _check_shards(folder)
-    elif not (folder / "quantization_meta.json").exists():
-        raise CheckpointError(f"{folder}: quantization_meta.json is missing; this is not a complete NF4 model")
+    kind = _checked_dit(folder, "Fast model")
     try:
         return _with_shared_parts(base, kind, {"fast": folder})
     except CheckpointError as exc:
@@ -177,6 +171,18 @@ def find_fast_checkpoint(root: Path | str) -> CheckpointLayout:
             f"{exc}; the Fast model uses the base checkpoint's umT5, VAE and tokenizer: put {folder.name}/ "
             "inside the lingbot-world-base-cam folder and pass that folder"
         ) from None
+
+
+def _checked_dit(folder: Path, what: str) -> str:
+    """One DiT folder's kind ("bf16" or "nf4") once its config, shards or quantization meta are all there."""
+    if not (folder / "config.json").exists():
+        raise CheckpointError(f"{folder}: config.json is missing; re-download the {what}")
+    kind = expert_kind(folder)
+    if kind == "bf16":
+        _check_shards(folder)
+    elif not (folder / "quantization_meta.json").exists():
+        raise CheckpointError(f"{folder}: quantization_meta.json is missing; this is not a complete NF4 model")
+    return kind
 
 
 def _check_shards(folder: Path) -> None:
@@ -220,13 +226,7 @@ def find_v2_checkpoint(
         if folder is None:
             raise CheckpointError(f"{root}: expected {family.dit_dirs[0]}/ ({family.title})")
         download = root
-    if not (folder / "config.json").exists():
-        raise CheckpointError(f"{folder}: config.json is missing; re-download the {family.title} model")
-    kind = expert_kind(folder)
-    if kind == "bf16":
-        _check_shards(folder)
-    elif not (folder / "quantization_meta.json").exists():
-        raise CheckpointError(f"{folder}: quantization_meta.json is missing; this is not a complete NF4 model")
+    kind = _checked_dit(folder, f"{family.title} model")
     places = [Path(assets_dir).expanduser()] if assets_dir else []
     places.append(download)
     if download.parent.is_dir():  # the other downloads beside this one (the 14B's, for the 1.3B)
