@@ -138,10 +138,15 @@ def dit_size(config_file: Path) -> str:
     return {(5120, 40): "14B", (1536, 30): "1.3B"}.get((dim, layers), f"dim {dim}, {layers} layers")
 
 
+TINY_PRESETS = {"tiny-v2": "tiny-v2"}  # a built-in tiny model's preset ([tiny] for the others)
+
+
 def preset_for(ckpt: str | Path, engine: str | None) -> str:
-    """The preset a server or `generate` puts under a job's settings when none is named: the family's
-    (a LingBot-World 2.0 folder's reference defaults, which name its engine), else [default] (v1's
-    reference defaults). `engine` None: the folder's first 2.0 model."""
+    """The preset a server, `generate` or `demo` puts under a job's settings when none is named: a built-in
+    tiny model's ([tiny], [tiny-v2]), a LingBot-World 2.0 folder's family's (its reference defaults, which
+    name its engine), else [default] (v1's reference defaults). `engine` None: the folder's first 2.0 model."""
+    if str(ckpt).startswith("tiny"):
+        return TINY_PRESETS.get(str(ckpt), "tiny")
     try:
         if engine is None:
             v2 = [f for f in families_in(Path(ckpt)) if f in V2_FAMILIES] if Path(ckpt).expanduser().is_dir() else []

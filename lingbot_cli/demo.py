@@ -21,6 +21,7 @@ from pathlib import Path
 from contracts.checkpoint_layout import check_checkpoint
 from contracts.engine_options import AUTO_DEVICE, DEVICE_HELP
 from contracts.errors import CheckpointError
+from contracts.model_families import preset_for
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "sample_room"
@@ -56,7 +57,7 @@ def _start_server(args: argparse.Namespace, endpoint: str, spool: Path, log_path
     tiny = str(args.ckpt_dir).startswith("tiny")
     device = args.device or ("cpu" if tiny else AUTO_DEVICE)
     argv = [sys.executable, "-m", "lingbot_cli", "serve", "--bind", endpoint, "--spool-dir", str(spool)]
-    argv += ["--ckpt", str(args.ckpt_dir), "--device", device, "--preset", "tiny" if tiny else "default"]
+    argv += ["--ckpt", str(args.ckpt_dir), "--device", device, "--preset", preset_for(args.ckpt_dir, None)]
     if args.vram_budget is not None:
         argv += ["--vram-budget", repr(float(args.vram_budget))]
     spool.parent.mkdir(parents=True, exist_ok=True)

@@ -173,7 +173,13 @@ def settings_from_args(args: argparse.Namespace, tiny: bool) -> GenerationSettin
     from contracts.model_families import preset_for
 
     ckpt = getattr(args, "ckpt_dir", None)  # the folder's family's reference defaults (submit, replay: the server's)
-    default = "tiny" if tiny else "default" if ckpt is None else preset_for(ckpt, getattr(args, "model", None))
+    default = (
+        "tiny"
+        if tiny and ckpt is None
+        else "default"
+        if ckpt is None
+        else preset_for(ckpt, getattr(args, "model", None))
+    )
     base = load_settings(preset=getattr(args, "preset", None) or default)
     changes = {k: v for k, v in {
         "size": args.size, "frame_num": args.frame_num, "steps": args.steps, "shift": args.shift,

@@ -14,7 +14,6 @@ from typing import Any
 
 from bridge.wire.protocol import DEFAULT_PORT, Limits
 from bridge.workers.worker_config import ConfigError, WorkerConfig
-from contracts.checkpoint_layout import TINY_CHECKPOINTS
 from contracts.engine_options import DEVICE_HELP, EngineOptions, EngineOptionsError
 from contracts.model_families import preset_for
 from contracts.toml_file import read_toml
@@ -72,7 +71,7 @@ class ServerConfig:
         if self.generation_preset:
             return self.generation_preset
         engine = self.worker.engine
-        return "tiny" if str(engine.ckpt) in TINY_CHECKPOINTS else preset_for(engine.ckpt, engine.model)
+        return preset_for(engine.ckpt, engine.model)
 
 
 def load_server_config(path: Path | None, overrides: dict[str, Any] | None = None) -> ServerConfig:

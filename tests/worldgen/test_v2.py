@@ -59,7 +59,12 @@ def test_fast_inputs_follow_the_case(v2_root):
     assert rel_l2(plucker, io["plucker"]) < 1e-5
     schedule = fast_schedule(spec["shift"], tuple(spec["timesteps_index"]))
     assert list(schedule.timesteps) == io["timesteps"].tolist() == spec["timesteps"]
-    assert (spec["chunk_size"], tuple(spec["timesteps_index"])) == (V2_FAST.chunk_frames, V2_FAST.timestep_indices)
+
+
+def test_the_families_defaults_are_the_reference_generate_defaults():
+    """generate.py's own defaults (the golden README's v2/ section), which the family rows state once."""
+    assert (V2_FAST.chunk_frames, V2_FAST.timestep_indices) == (4, (0, 250, 500, 750))
+    assert (V2_PRETRAIN.chunk_frames, V2_PRETRAIN.guidance_steps, V2_PRETRAIN.guide_scale) == (4, 40, 5.0)
 
 
 @pytest.mark.parametrize("case", ["loop_global", "loop_rolling", "loop_1p3b"])
@@ -129,8 +134,7 @@ def test_causal_pretrain_loop(v2_root):
     io = load_file(v2_root / "causal_pretrain" / "io.safetensors")
     dit = load_expert(v2_root / "causal_pretrain" / spec["checkpoint"], "cpu", torch.float32)
     family = family_for(v2_root / "causal_pretrain" / "ckpt", "causal")
-    assert family is V2_PRETRAIN and spec["negative_prompt"] == NEGATIVE_PROMPT
-    assert (family.guidance_steps, family.guide_scale) == (spec["sampling_steps"], spec["guide_scale"])
+    assert family is V2_PRETRAIN and spec["negative_prompt"] == NEGATIVE_PROMPT  # hard-coded by the reference
     pipe = _pipeline(CausalPretrainPipeline, dit, family)
     pipe.steps, pipe.guide_scale = spec["sampling_steps"], spec["guide_scale"]
     options = FastOptions(shift=spec["shift"], chunk_frames=spec["chunk_size"])
