@@ -21,11 +21,14 @@ DTYPES = ("bf16", "fp16", "fp32")  # the one vocabulary of compute dtypes (torch
 # How the experts' matmuls run (the one vocabulary; `dtype` says which float type they run in):
 # exact = the reference's numerics in the engine's dtype (bf16 on CUDA, fp32 on the CPU);
 # fp8 = each large Linear as an FP8 GEMM (approximate: worldgen.kernels.fp8).
-COMPUTES = ("exact", "fp8")
+# int8 = W8A8 GEMMs and an 8-bit self-attention (approximate: worldgen.kernels.int8), for GPUs without FP8.
+COMPUTES = ("exact", "fp8", "int8")
+# "auto": the card decides: fp8 where it has FP8 tensor cores (8.9+), int8 on Ampere (8.0-8.8), exact elsewhere
+AUTO_COMPUTE = "auto"
 # Spellings still accepted wherever a compute is given (CLI, server.toml, job settings) and read as
 # the name they stand for: "bf16" named the exact path before records stated the dtype beside it.
 COMPUTE_ALIASES = {"bf16": "exact"}
-COMPUTE_CHOICES = (*COMPUTES, *COMPUTE_ALIASES)  # what CLIs and files accept
+COMPUTE_CHOICES = (*COMPUTES, AUTO_COMPUTE, *COMPUTE_ALIASES)  # what CLIs and files accept
 # What fp8 costs and buys, as measured (docs/benchmarks.md, "Speed" and "FP8 distance"): the one
 # wording of every --compute help (generate, serve, replay). No "%": the CLI's option parser formats help text.
 FP8_HELP = (

@@ -45,16 +45,16 @@ class ModelFamily:
     # settings a job may not set for it (v1's, which its loop has no use for): refused before anything loads
     unused_settings: tuple[str, ...] = ()
 
-    def check_settings(self, given: dict) -> None:
-        """Refuse a job's explicitly given settings this family has no use for, naming each and the fix."""
+    def unused_in(self, given: dict) -> str | None:
+        """Why a job's explicitly given settings cannot apply to this family (naming each and the fix), or
+        None; the caller refuses the job with it (a SettingsError: contracts.settings imports this module)."""
         unused = [name for name in self.unused_settings if name in given]
-        if unused:
-            from contracts.settings import SettingsError  # settings imports this module
-
-            raise SettingsError(
-                f"{', '.join(unused)}: not used by {self.title} (a v1 setting: its loop is fixed by the model); "
-                f"leave {'them' if len(unused) > 1 else 'it'} out"
-            )
+        if not unused:
+            return None
+        return (
+            f"{', '.join(unused)}: not used by {self.title} (a v1 setting: its loop is fixed by the model); "
+            f"leave {'them' if len(unused) > 1 else 'it'} out"
+        )
 
 
 V1_BASE = ModelFamily(

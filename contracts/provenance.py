@@ -11,7 +11,8 @@ output is noise" banner follows the record (`is_random_weights`), whichever path
                "variant" (base | fast | causal), "size" (14B, 1.3B), "weights" (tiny | real), "random_weights", "name"},
      "checkpoint": {"path", "layout", "fingerprint", "files", "bytes"},
      "compute": {"device", "device_name", "dtype" (the float type the matmuls ran in: float32 on the
-                 CPU), "compute" (the path: exact | fp8, contracts.engine_options.COMPUTES), "attention", ...},
+                 CPU), "compute" (the path: exact | fp8 | int8, contracts.engine_options.COMPUTES), "compute_reason",
+                 "attention", ...},
      "settings": every generation setting used (frame_num = frames generated),
      "requested": the settings as asked, "adjustments": ["81 frames asked, 33 poses: generating 33"],
      "output": {"frames", "height", "width", "fps"}, "inputs": {"prompt", "image", "poses", ...},

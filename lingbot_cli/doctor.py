@@ -104,6 +104,9 @@ def print_attention(device) -> None:
     print(f"  attention auto = {auto}, base and Fast models{hint}")
     fp8_reason = unsupported_reason(device)
     print(f"  fp8      {fp8_reason}" if fp8_reason else f"  fp8      {attention_note(device)}")
+    from worldgen.kernels.compute_choice import auto_compute
+
+    print(f"  compute  {auto_compute(device)[1]} (--compute auto takes {auto_compute(device)[0]})")
 
 
 def check_checkpoint(root: Path, assets_dir: Path | None = None) -> bool:

@@ -139,7 +139,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="exact",
         help="how the DiT's matmuls run. exact (default; bf16 is its old name): the reference's numerics in "
         "--dtype (NF4 weights are dequantized to it). fp8: each large Linear as an FP8 GEMM (per-token and "
-        "per-channel scales; weights stay NF4 in memory). " + FP8_HELP,
+        "per-channel scales; weights stay NF4 in memory). int8: W8A8 GEMMs (int8 weights made once per load) "
+        "and an 8-bit self-attention, for GPUs without FP8 (RTX 30xx, A100: compute capability 8.0+; approximate, "
+        "tests/worldgen/test_int8.py bounds its distance). auto: fp8 where the GPU has FP8 tensor cores, int8 on "
+        "8.0-8.8, exact elsewhere (the record says which and why). " + FP8_HELP,
     )
     run.add_argument(
         "--gpus",
@@ -200,8 +203,9 @@ def settings_from_args(args: argparse.Namespace, tiny: bool) -> GenerationSettin
                 family = family_for(ckpt, model)
             except CheckpointError:
                 family = None  # the layout check, next, says what is wrong with the folder
-        if family is not None:
-            family.check_settings(changes)
+        unused = None if family is None else family.unused_in(changes)
+        if unused:
+            raise SettingsError(unused)
     return base.replace(**changes)
 
 

@@ -127,7 +127,7 @@ def rollout_record(
             "device": str(pipe.device),
             "device_name": _device_name(pipe),
             "dtype": identity.get("dtype"),
-            # the path this job's matmuls took (exact | fp8) beside the dtype they ran in: a job's own
+            # the path this job's matmuls took (exact | fp8 | int8) beside the dtype they ran in: a job's own
             # compute overrides the engine's; the Fast DiT keeps the one it was loaded with
             "compute": compute,
             "attention": identity.get("attention"),
@@ -137,6 +137,7 @@ def rollout_record(
             else None,
             "text_encoder": identity.get("text_encoder"),
             "second_device": str(pipe.second_device.device) if getattr(pipe, "second_device", None) else None,
+            "compute_reason": getattr(pipe, "engine", {}).get("compute_reason"),  # as asked, or what auto chose and why
         },
         settings=used,
         requested=settings.to_dict(),

@@ -60,17 +60,19 @@ def test_bad_json_is_named():
 
 
 def test_compute_names_the_path_and_bf16_still_means_exact():
-    """One vocabulary (exact | fp8) for the engine options, the job settings and the CLIs; the old
-    spelling "bf16" is accepted everywhere and stored as the name it stands for."""
+    """One vocabulary (exact | fp8 | int8, and auto where the card decides) for the engine options, the job
+    settings and the CLIs; the old spelling "bf16" is accepted everywhere and stored as the name it stands for."""
     from contracts.engine_options import COMPUTE_CHOICES, COMPUTES
     from contracts.settings import GenerationSettings, SettingsError
 
-    assert COMPUTES == ("exact", "fp8") and set(COMPUTE_CHOICES) == {"exact", "fp8", "bf16"}
+    assert COMPUTES == ("exact", "fp8", "int8") and set(COMPUTE_CHOICES) == {"exact", "fp8", "int8", "auto", "bf16"}
     assert EngineOptions(compute="bf16").compute == "exact"
     assert EngineOptions.from_dict({"compute": "exact"}).compute == "exact"
     assert GenerationSettings.from_dict({"compute": "bf16"}).compute == "exact"
     assert GenerationSettings(compute="fp8").to_dict()["compute"] == "fp8"
-    with pytest.raises(SettingsError, match="compute must be one of null, 'exact', 'fp8' \\('bf16' = 'exact'\\)"):
+    with pytest.raises(
+        SettingsError, match="compute must be one of null, 'exact', 'fp8', 'int8' \\('bf16' = 'exact'\\)"
+    ):
         GenerationSettings.from_dict({"compute": "fp32"})
     with pytest.raises(SettingsError, match="compute must be one of"):
         GenerationSettings.from_dict({"compute": ["exact"]})  # not a name at all: refused, not a crash

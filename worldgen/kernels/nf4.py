@@ -37,6 +37,7 @@ from torch import nn
 
 from worldgen.errors import CheckpointError
 from worldgen.kernels.fp8 import FP8, FP8_MAX, QuantizedRows, fp8_linear, quantize_rows, wants_fp8
+from worldgen.kernels.int8 import int8_linear, wants_int8
 from worldgen.kernels.triton_lang import launch, tl, triton
 from worldgen.quiet import hide_known_harmless
 
@@ -212,6 +213,8 @@ class NF4Linear(nn.Module):
         dtype = dtype or self.compute_dtype
         if isinstance(x, QuantizedRows) or wants_fp8(x, self.compute, dtype):  # FP8 per output channel, FP8 GEMM
             return fp8_linear(x, self.fp8_weight(), self.bias)
+        if wants_int8(x, self.compute):  # int8 per output channel, made once from the dequantized weight
+            return int8_linear(x, self, dtype)
         bias = None if self.bias is None else self.bias.to(dtype)
         return F.linear(x.to(dtype), self.dequantized_weight(dtype), bias)
 

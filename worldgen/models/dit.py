@@ -42,6 +42,7 @@ from worldgen.kernels.fp8 import (
     takes_fp8,
     wants_fp8,
 )
+from worldgen.kernels.int8 import int8_attention, int8_linear, wants_int8
 from worldgen.models.camera_cache import CameraCache
 from worldgen.models.config_json import read_config
 from worldgen.models.positions import rope_tables, sinusoidal_embedding
@@ -104,6 +105,8 @@ class Linear(nn.Linear):
         dtype = dtype or self.weight.dtype
         if isinstance(x, QuantizedRows) or wants_fp8(x, self.compute, dtype):
             return fp8_linear(x, self.weight, self.bias)
+        if wants_int8(x, self.compute):  # W8A8 (worldgen.kernels.int8)
+            return int8_linear(x, self, dtype)
         bias = None if self.bias is None else self.bias.to(dtype)
         return F.linear(x.to(dtype), self.weight.to(dtype), bias)
 
@@ -187,6 +190,8 @@ class SelfAttention(nn.Module):
         fp8 = self.takes_fp8_attention(q)
         if kv is not None:  # the causal model: attend to the cache's window (this chunk's keys included)
             k, v = kv.update(k, v, fp8_window=fp8)
+        if self.compute == "int8":  # INT8 Q K^T, 16-bit P V (worldgen.kernels.int8)
+            return int8_attention(q, k, v)
         if fp8:
             attended = fp8_attention(q, k, v, q8, out)
             if attended is not None:
@@ -416,8 +421,8 @@ class WanCameraDiT(nn.Module):
                 module.attention_backend = backend
 
     def set_compute(self, compute: str) -> None:
-        """'exact' (the reference's numerics; 'bf16' is its old name) or 'fp8' (large Linears as FP8
-        GEMMs; see worldgen.kernels.fp8)."""
+        """'exact' (the reference's numerics; 'bf16' is its old name), 'fp8' (large Linears as FP8
+        GEMMs; see worldgen.kernels.fp8) or 'int8' (W8A8 GEMMs and 8-bit self-attention; worldgen.kernels.int8)."""
         from contracts.engine_options import COMPUTES, canonical_compute
 
         compute = canonical_compute(compute)

@@ -245,7 +245,7 @@ class Pipeline:
         return latent
 
     def job_compute(self, settings: GenerationSettings) -> str:
-        """The experts' compute for this job ('exact' or 'fp8', approximate), refused where unsupported."""
+        """The experts' compute for this job ('exact', or 'fp8' / 'int8', approximate), refused where unsupported."""
         from worldgen.kernels.fp8 import COMPUTES, check_dtype, check_supported
 
         compute = canonical_compute(getattr(settings, "compute", None) or self.compute)
@@ -255,6 +255,11 @@ class Pipeline:
             for device in [self.device] + ([self.second_device.device] if self.second_device else []):
                 check_supported(device)
             check_dtype(self.identity.get("dtype"))  # what load_pipeline recorded (None: not known)
+        if compute == "int8":
+            from worldgen.kernels.compute_choice import check_supported as check_compute
+
+            for device in [self.device] + ([self.second_device.device] if self.second_device else []):
+                check_compute(compute, device)
         return compute
 
     # -- decode -----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import torch
 
 from contracts.checkpoint_layout import TINY_CHECKPOINTS, TINY_V2_CHECKPOINTS, find_model
 from contracts.engine_options import (
+    AUTO_COMPUTE,
     AUTO_DEVICE,
     DEVICE_HELP,
     MODELS,
@@ -123,16 +124,24 @@ def load_pipeline(
         check_devices(devices)
         device = devices[0]
     device = resolve_device(device)
+    from worldgen.kernels.compute_choice import auto_compute
+    from worldgen.kernels.compute_choice import check_supported as check_compute
     from worldgen.kernels.fp8 import COMPUTES, check_dtype, check_supported
 
     compute = canonical_compute(compute) or "exact"  # None: the engine's choice, the exact path
+    compute_reason = f"compute {compute}: as asked"
+    if compute == AUTO_COMPUTE:  # the card decides (worldgen.kernels.compute_choice), the record says why
+        compute, compute_reason = auto_compute(device)
     if compute not in COMPUTES:
-        raise InputError(f"compute {compute!r} is unknown: use one of {', '.join(COMPUTES)}")
+        raise InputError(f"compute {compute!r} is unknown: use one of {', '.join(COMPUTES)} or {AUTO_COMPUTE}")
     if compute == "fp8":
         if dtype is not None:  # asked for explicitly: say so before the device (a CPU's float32 is no choice)
             check_dtype(dtype)
         for name in devices or [device]:
             check_supported(name)
+    if compute == "int8":
+        for name in devices or [device]:
+            check_compute(compute, name)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     if device.type == "cuda":  # compiled kernels kept under the user's cache folder across processes
         from worldgen.runtime.compile_cache import use_persistent_cache
@@ -229,6 +238,7 @@ def load_pipeline(
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "compute": compute,
+        "compute_reason": compute_reason,  # `--compute auto`: which path the card took and why
         "devices": [str(d) for d in devices] if devices else [str(device)],
         "attention": backend,
         "text_encoder_device": str(t5_device),
