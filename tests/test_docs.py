@@ -230,3 +230,141 @@ def test_isaac_sim_doc_states_the_window_defaults_the_session_uses():
     assert f"render size (default {settings.width}x{settings.height}," in doc
     assert "Record on render steps (default)" in doc and settings.sample_on == "render"
     assert settings.server == f"tcp://127.0.0.1:{protocol.DEFAULT_PORT}"
+
+
+# The README is a user's guide (issue 51): short, no wall of prose, and every command and link in it true.
+README_MOST_LINES = 200
+PARAGRAPH_MOST_LINES = 12
+LIST_ITEM = re.compile(r"\s*(?:[-*+]|\d+[.)])\s")
+FENCE = re.compile(r"^\s*```")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _long_paragraphs(doc: str, text: str, most: int = PARAGRAPH_MOST_LINES) -> list[str]:
+    """Paragraphs over `most` lines: runs of prose lines, i.e. not in a code block (fenced, or indented after a
+    blank line), a table, a list (an item and its lines up to the next blank one) or a heading."""
+    problems, run, first = [], 0, 0
+    fenced = listed = indented = False
+    lines = [*text.splitlines(), ""]
+    for number, line in enumerate(lines, 1):
+        after_blank = number == 1 or not lines[number - 2].strip()
+        if FENCE.match(line):
+            fenced, prose = not fenced, False
+        elif fenced:
+            prose = False
+        elif not line.strip():
+            listed = indented = prose = False
+        else:
+            indented = indented or (after_blank and line.startswith(("    ", "\t")))
+            listed = listed or bool(LIST_ITEM.match(line))
+            prose = not (indented or listed or line.startswith(("|", "#")))
+        if prose:
+            run, first = run + 1, first if run else number
+        else:
+            if run > most:
+                problems.append(f"{doc}:{first}: a paragraph of {run} lines (at most {most})")
+            run = 0
+    return problems
+
+
+def _anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a document's headings: lowercase, punctuation but hyphens and spaces dropped,
+    spaces to hyphens; a repeated one gets -1, -2 ... Headings inside code blocks are not headings."""
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.sub(r"^```.*?^```", "", text, flags=re.M | re.S), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        if seen[slug]:
+            seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
+
+
+def _broken_links(doc: str, text: str) -> list[str]:
+    """Relative links `[x](path)` to a file that is not there, and `[x](file.md#anchor)` to no heading of it."""
+    wrong = []
+    for target in LINK.findall(re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):
+            continue  # https:, mailto: ...
+        path, _, anchor = target.partition("#")
+        file = (REPO / doc).parent / path
+        if path and not file.exists():
+            wrong.append(f"{doc}: {target}: no such file")
+        elif anchor and not path and anchor not in _anchors(text):
+            wrong.append(f"{doc}: {target}: no such heading in {doc}")
+        elif anchor and path and file.suffix == ".md" and anchor not in _anchors(file.read_text(encoding="utf-8")):
+            wrong.append(f"{doc}: {target}: no such heading in {path}")
+    return wrong
+
+
+def _wrong_commands(doc: str, text: str, options: dict[str, set[str]]) -> list[str]:
+    """`lingbot-isaac WORD ...` in code blocks and spans (a block's `\\` continuations joined): WORD is a command
+    (or an upper-case placeholder such as COMMAND) and every --flag after it is one of its options."""
+    wrong = []
+    for line in _command_lines(text):
+        for command in re.split(r"&&|;|\|", re.sub(r"\s#.*", "", line)):
+            for name, rest in re.findall(r"(?:^|[\s/])lingbot-isaac\s+([\w-]+)(.*)", command):
+                if name.isupper() or name.startswith("-"):
+                    continue
+                if name not in options:
+                    wrong.append(f"{doc}: lingbot-isaac {name}: no such command")
+                    continue
+                wrong += [f"{doc}: {name} has no {flag}" for flag in FLAG.findall(rest) if flag not in options[name]]
+    return wrong
+
+
+def _readme_problems(text: str, options: dict[str, set[str]], doc: str = "README.md") -> list[str]:
+    lines = len(text.splitlines())
+    problems = [f"{doc}: {lines} lines (at most {README_MOST_LINES})"] if lines > README_MOST_LINES else []
+    return problems + _long_paragraphs(doc, text) + _broken_links(doc, text) + _wrong_commands(doc, text, options)
+
+
+def test_the_readme_is_a_short_guide_whose_commands_and_links_are_true(options):
+    problems = _readme_problems(_text("README.md"), options)
+    for doc in DOCS[1:]:  # the other docs' links and commands must hold too (their length is their own)
+        problems += _broken_links(doc, _text(doc)) + _wrong_commands(doc, _text(doc), options)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_readme_checks_see_each_planted_violation(options):
+    prose = "\n".join(f"line {i} of a paragraph" for i in range(1, 14))
+    planted = "\n".join(
+        [
+            "# Title",
+            "",
+            prose,  # 13 lines: too long
+            "",
+            "\n".join(f"- item {i}" for i in range(13)),  # a list, a table and a code block may be longer
+            "",
+            "\n".join("| a | b |" for _ in range(13)),
+            "",
+            "```bash",
+            "\n".join("make demo" for _ in range(13)),
+            "lingbot-isaac frobnicate --x",
+            "lingbot-isaac serve --ckpt tiny \\",
+            "    --no-such-flag 1   # a flag on a continuation line",
+            "lingbot-isaac COMMAND --help && lingbot-isaac replay data/sample_room --live --model fast",
+            "```",
+            "",
+            prose.replace("line 13 of a paragraph", ""),  # 12 lines: fine
+            "",
+            "[ok](docs/benchmarks.md#session-27-lingbot-world-20-on-the-h200-issue-52) [ok](#title)"
+            " [ok](https://example.com/x) [gone](docs/no-such.md) [bad](docs/benchmarks.md#no-such-heading)"
+            " [bad](#no-such-title) `lingbot-isaac generate --ckpt-dir tiny --no-such-option`",
+        ]
+    )
+    planted += "\n" * (README_MOST_LINES - len(planted.splitlines())) + "\nthe line over the limit"
+    assert _readme_problems(planted, options) == [
+        "README.md: 201 lines (at most 200)",
+        "README.md:3: a paragraph of 13 lines (at most 12)",
+        "README.md: docs/no-such.md: no such file",
+        "README.md: docs/benchmarks.md#no-such-heading: no such heading in docs/benchmarks.md",
+        "README.md: #no-such-title: no such heading in README.md",
+        "README.md: generate has no --no-such-option",
+        "README.md: lingbot-isaac frobnicate: no such command",
+        "README.md: serve has no --no-such-flag",
+    ]
+
+
+def test_anchors_follow_githubs_rule():
+    text = "# Session 27: LingBot-World 2.0 (issue 52)\n```\n# not a heading\n```\n## Headless: `lingbot-isaac replay`\n## Use\n## Use\n"
+    assert _anchors(text) == {"session-27-lingbot-world-20-issue-52", "headless-lingbot-isaac-replay", "use", "use-1"}
