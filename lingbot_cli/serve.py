@@ -63,8 +63,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument(
         "--model",
         choices=MODELS,
-        help="base (two experts) or fast (LingBot-World-Fast) (overrides [worker] model; default: "
-        f"{EngineOptions.model})",
+        help="base (two experts), fast (LingBot-World-Fast, or a 2.0 causal-fast folder) or causal (a 2.0 "
+        f"causal-pretrain folder) (overrides [worker] model; default: {EngineOptions.model})",
+    )
+    engine.add_argument(
+        "--assets-dir",
+        help="a LingBot-World 2.0 1.3B download's umT5, VAE and tokenizer: the 14B causal-fast folder (overrides "
+        "[worker] assets_dir; default: beside --ckpt, or a sibling folder that has them)",
     )
     engine.add_argument(
         "--dtype", choices=DTYPES, help="compute dtype of the DiT and T5 (default: bf16 on CUDA, fp32 on CPU)"
@@ -73,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--compute",
         choices=COMPUTE_CHOICES,
         help="how the experts' matmuls run: exact (bf16 is its old name) = the reference's numerics in --dtype; "
-        "fp8 = FP8 GEMMs. " + FP8_HELP + " (default: exact; a job's own compute setting overrides it)",
+        "fp8 = FP8 GEMMs; int8 = W8A8 GEMMs and 8-bit attention (GPUs without FP8: RTX 30xx, A100); auto = the "
+        "card decides. " + FP8_HELP + " (default: exact; a job's own compute setting overrides it)",
     )
     engine.add_argument(
         "--gpus",
@@ -113,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         "worker.device": args.device,
         "worker.devices": [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None,
         "worker.model": args.model,
+        "worker.assets_dir": args.assets_dir,
         "worker.dtype": args.dtype,
         "worker.compute": args.compute,
         "worker.gpus": args.gpus,
@@ -143,11 +150,12 @@ def check_worker_checkpoint(config: ServerConfig) -> None:
     if worker.command or worker.backend != "local":
         return
     engine_model = worker.engine.model or "base"
-    check_checkpoint(worker.engine.ckpt, engine_model)  # the model the workers load: without it nothing runs
+    assets = worker.engine.assets_dir
+    check_checkpoint(worker.engine.ckpt, engine_model, assets)  # the model the workers load: without it nothing runs
     preset = load_settings(config.generation_config, config.preset())
     if preset.model != engine_model:
         try:  # a folder with only the engine's model serves that model alone (worldgen.worker)
-            check_checkpoint(worker.engine.ckpt, preset.model)
+            check_checkpoint(worker.engine.ckpt, preset.model, assets)
         except CheckpointError as exc:
             logging.getLogger("bridge.server.server").warning(
                 f"jobs that leave the model to the preset ({preset.model}) will fail: {exc}; jobs that ask for "
