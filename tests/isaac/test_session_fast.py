@@ -56,7 +56,7 @@ def test_a_bad_model_is_refused_before_anything_is_sent(tmp_path):
     # no server at all: a refusal that reached for the network would fail differently
     session = Session(SessionSettings(server="tcp://127.0.0.1:9", model="turbo", compare=False))
     before = session.status()
-    with pytest.raises(SettingsError, match=r"^model must be one of 'base', 'fast' \(got 'turbo'\)"):
+    with pytest.raises(SettingsError, match=r"^model must be one of 'base', 'fast', 'causal' \(got 'turbo'\)"):
         session.generate(episode)
     assert session.status() is before and not session.busy  # nothing started
     assert not (episode / ROLLOUT_VIDEO).exists()
