@@ -7,7 +7,7 @@ The tokenizer is our tiny character tokenizer (ids fit the real vocabulary).
 Usage: python bench/synthetic_checkpoint.py OUT_DIR [--layout nf4|bf16] [--device cuda] [--experts high,low]
        [--no-shared] [--fast]  (--experts high --no-shared: one expert only, e.g. to benchmark quantize;
        --fast: also the LingBot-World-Fast DiT, lingbot_world_fast[_bnb_nf4]/; --experts none --fast:
-       only it and the shared parts)
+       only it and the shared parts; --v2 14b-fast|1.3b-fast|14b-pretrain: a LingBot-World 2.0 download)
 """
 
 from __future__ import annotations
@@ -42,8 +42,27 @@ def random_tensor(shape, name: str, device, gen) -> torch.Tensor:
     return (torch.randn(shape, device=device, generator=gen) * 0.02).to(torch.bfloat16)
 
 
-def write_expert(folder: Path, layout: str, device: torch.device, seed: int, class_name: str = "WanModel") -> None:
-    cfg = DiTConfig()
+# LingBot-World 2.0 downloads (--v2): the DiT's folder (bf16 layout, then NF4), its class and its shape
+V2_DITS = {
+    "14b-fast": (("transformers", "transformers_bnb_nf4"), "WanModelFast", DiTConfig()),
+    "1.3b-fast": (
+        ("transformers", "transformers_bnb_nf4"),
+        "WanModelFast",
+        DiTConfig(dim=1536, ffn_dim=8960, num_heads=12, num_layers=30),  # Wan2.1-1.3B: its config.json
+    ),
+    "14b-pretrain": (("transformer_causal", "transformer_causal_bnb_nf4"), "WanModelCausal", DiTConfig()),
+}
+
+
+def write_expert(
+    folder: Path,
+    layout: str,
+    device: torch.device,
+    seed: int,
+    class_name: str = "WanModel",
+    cfg: DiTConfig | None = None,
+) -> None:
+    cfg = cfg or DiTConfig()
     with torch.device("meta"):
         model = WanCameraDiT(cfg)
     linears = {n for n, m in model.named_modules() if isinstance(m, Linear)}
@@ -90,10 +109,22 @@ def main() -> None:
     parser.add_argument("--experts", default="high,low", help="which experts to write")
     parser.add_argument("--no-shared", action="store_true", help="skip umT5, VAE and tokenizer")
     parser.add_argument("--fast", action="store_true", help="also write the LingBot-World-Fast DiT")
+    parser.add_argument(
+        "--v2",
+        choices=sorted(V2_DITS),
+        help="a LingBot-World 2.0 download instead: its DiT (and shared parts unless --no-shared)",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     start = time.perf_counter()
     suffix = "_bnb_nf4" if args.layout == "nf4" else ""
+    if args.v2:
+        (bf16_dir, nf4_dir), class_name, cfg = V2_DITS[args.v2]
+        write_expert(
+            args.out / (nf4_dir if args.layout == "nf4" else bf16_dir), args.layout, device, 3, class_name, cfg
+        )
+        print(f"2.0 {args.v2} DiT written ({time.perf_counter() - start:.0f} s)", flush=True)
+        args.experts = ""
     for seed, expert in enumerate(("high", "low")):
         if expert not in args.experts.split(","):
             continue
