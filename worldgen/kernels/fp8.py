@@ -233,7 +233,7 @@ class QuantizedRows:
 def takes_fp8(x: torch.Tensor, linear: torch.nn.Module) -> bool:
     """Whether `linear` would run x (or an input of x's rows) as an FP8 GEMM (`wants_fp8`)."""
     dtype = getattr(linear, "compute_dtype", None) or linear.weight.dtype
-    return wants_fp8(x, getattr(linear, "compute", "exact"), dtype)
+    return wants_fp8(x, getattr(linear, "compute", "exact"), dtype, linear.out_features)
 
 
 def quantize_input(x: torch.Tensor | QuantizedRows, linear: torch.nn.Module) -> torch.Tensor | QuantizedRows:
@@ -288,6 +288,14 @@ def fp8_linear(
     return out.view(*lead, wq.shape[0])
 
 
-def wants_fp8(x: torch.Tensor, compute: str, dtype: torch.dtype) -> bool:
-    """Whether this call takes the FP8 GEMM: fp8 asked, a CUDA bf16 call, enough rows to matter."""
-    return compute == "fp8" and dtype == torch.bfloat16 and x.is_cuda and x.numel() // x.shape[-1] >= MIN_ROWS
+def wants_fp8(x: torch.Tensor, compute: str, dtype: torch.dtype, out_features: int = 16) -> bool:
+    """Whether this call takes the FP8 GEMM: fp8 asked, a CUDA bf16 call, enough rows to matter, and both of
+    the GEMM's widths multiples of 16 (`torch._scaled_mm`'s rule: every real model's are; a tiny one's may not)."""
+    return (
+        compute == "fp8"
+        and dtype == torch.bfloat16
+        and x.is_cuda
+        and x.numel() // x.shape[-1] >= MIN_ROWS
+        and x.shape[-1] % 16 == 0
+        and out_features % 16 == 0
+    )

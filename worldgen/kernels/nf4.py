@@ -211,7 +211,7 @@ class NF4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor | QuantizedRows, dtype: torch.dtype | None = None) -> torch.Tensor:
         dtype = dtype or self.compute_dtype
-        if isinstance(x, QuantizedRows) or wants_fp8(x, self.compute, dtype):  # FP8 per output channel, FP8 GEMM
+        if isinstance(x, QuantizedRows) or wants_fp8(x, self.compute, dtype, self.out_features):  # FP8 GEMM
             return fp8_linear(x, self.fp8_weight(), self.bias)
         if wants_int8(x, self.compute):  # int8 per output channel, made once from the dequantized weight
             return int8_linear(x, self, dtype)

@@ -103,7 +103,7 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor | QuantizedRows, dtype: torch.dtype | None = None) -> torch.Tensor:
         dtype = dtype or self.weight.dtype
-        if isinstance(x, QuantizedRows) or wants_fp8(x, self.compute, dtype):
+        if isinstance(x, QuantizedRows) or wants_fp8(x, self.compute, dtype, self.out_features):
             return fp8_linear(x, self.weight, self.bias)
         if wants_int8(x, self.compute):  # W8A8 (worldgen.kernels.int8)
             return int8_linear(x, self, dtype)
