@@ -127,6 +127,14 @@ def test_a_rolling_cache_is_the_reference_window_in_the_plan():
     )  # fmt: skip
     assert tight.storage == "fp8" and tight.sink_frames == 6 and tight.capacity_tokens < 18 * 1560
     assert "rolling FP8 window" in why
+    # a room for 6 frames (the 14B at 464x832 under 24 GiB): the 6-frame sink and a 4-frame chunk do not fit, so
+    # the sink shrinks to what does, and the record says so
+    per_frame = tight.planned_bytes(40, 40, 128, torch.bfloat16) / (tight.capacity_tokens // 1560)
+    small, why = plan_cache(
+        90, 1560, 4, room_bytes=6.5 * per_frame, num_layers=40, num_heads=40, head_dim=128, compute_dtype=torch.bfloat16,
+        sink_frames=6, cache_frames=18,
+    )  # fmt: skip
+    assert (small.capacity_tokens // 1560, small.sink_frames) == (6, 2) and "the sink cut from 6 to 2" in why
 
 
 def test_causal_pretrain_loop(v2_root):

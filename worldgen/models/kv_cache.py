@@ -314,9 +314,11 @@ def plan_cache(
         spec = make(held, "fp8", ref_rolling, ref_sink)
         if room_bytes is None or size(spec) <= room_bytes or mode == "fp8":
             return spec, f"{what} in FP8 ({size(spec) / gib:.1f} GiB): bf16 would not fit the budget"
-    sink = 1 if sink_frames is None else sink_frames
+    sink = asked_sink = 1 if sink_frames is None else sink_frames
     per_frame = size(make(1, "fp8", True, 0))
     fit_frames = latent_frames if room_bytes is None else int(room_bytes // per_frame)
+    if fit_frames - sink < chunk_frames <= fit_frames:  # the sink asked for leaves no room for a chunk: a smaller one
+        sink = fit_frames - chunk_frames
     chunks = min((fit_frames - sink) // chunk_frames, -(-(latent_frames - sink) // chunk_frames))
     if chunks < 1:
         need = (sink + chunk_frames) * per_frame / gib
@@ -330,4 +332,6 @@ def plan_cache(
         f"rolling FP8 window of {frames} of {latent_frames} latent frames ({size(spec) / gib:.1f} GiB, "
         f"{sink}-frame attention sink): the whole video would need {size(make(latent_frames, 'fp8', False, 0)) / gib:.1f} GiB"
     )
+    if sink < asked_sink:
+        why += f"; the sink cut from {asked_sink} to {sink} frame(s): {asked_sink} and one chunk do not fit"
     return spec, why
