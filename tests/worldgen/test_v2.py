@@ -262,3 +262,17 @@ def test_generate_refuses_bad_v2_input_in_one_line_before_loading(tmp_path, v2_r
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and says in err[0], err
     assert not out.exists() and not out.with_suffix(".json").exists()
+
+
+def test_a_narrow_dit_plans_its_own_activations_under_a_small_budget():
+    """The 1.3B (dim 1536, 3.2 GiB of bf16 weights) plans under 8 GiB; a 14B-wide DiT of the same weight size
+    would not (its activations are measured at dim 5120 and scale with the width)."""
+    from worldgen.errors import InputError
+    from worldgen.runtime.memory import activation_gib, plan_memory
+
+    assert activation_gib(6240, 1536) == pytest.approx(activation_gib(6240) * 1536 / 5120)
+    args = dict(expert_gib=3.2, checkpoint_kind="bf16", gpu_total_gib=139.0)
+    plan = plan_memory(torch.device("cuda"), 8.0, width=1536, **args)
+    assert plan.usable_gib == pytest.approx(7.4) and plan.width == 1536
+    with pytest.raises(InputError, match="does not fit --vram-budget 8"):
+        plan_memory(torch.device("cuda"), 8.0, **args)

@@ -194,7 +194,7 @@ class FastPipeline(Pipeline):
         choice = CameraChoice(camera_blocks(spare, chunk_tokens, cfg.dim, cfg.num_layers, self.dtype))
         if usable is not None and not self._keeps_forward():  # the same KV cache and tiles: the same video
             kv = spec.planned_bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype) / GiB
-            room = usable - self._loop_fixed_gib()[0] - kv - activation_gib(chunk_tokens) - graphs_gib
+            room = usable - self._loop_fixed_gib()[0] - kv - activation_gib(chunk_tokens, self.dit_config.dim) - graphs_gib
             dims = (cfg.dim, cfg.num_layers)
             choice = camera_choice(choice.blocks, streamed, room, cut.decode_push_gib, chunk_tokens, dims, self.dtype)
         self.camera_blocks, self.decode_after_loop, self.camera_until_decode = dataclasses.astuple(choice)
@@ -222,7 +222,7 @@ class FastPipeline(Pipeline):
         fewest tiles (faster, closest to the reference)."""
         cfg = self.dit_config
         fixed, cross = self._loop_fixed_gib()
-        act = activation_gib(chunk_tokens)
+        act = activation_gib(chunk_tokens, self.dit_config.dim)
         kept = GRAPH_POOL_BYTES_PER_TOKEN * chunk_tokens / GiB if self.use_chunk_graphs else act
         keeps_forward = self._keeps_forward()
         graphs = BLOCK_GRAPH_BYTES_PER_TOKEN * chunk_tokens / GiB if block_graphs else 0.0
@@ -275,7 +275,7 @@ class FastPipeline(Pipeline):
             return None
         kv = spec.planned_bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype) / GiB
         resident = self.plan.expert_gib + self.plan.text_encoder_gib + VAE_WEIGHTS_GIB + LOOP_MARGIN_GIB
-        vae = cut.decode_cache_gib + max(activation_gib(chunk_tokens), cut.decode_push_gib)
+        vae = cut.decode_cache_gib + max(activation_gib(chunk_tokens, self.dit_config.dim), cut.decode_push_gib)
         return card - CUDA_CONTEXT_GIB - resident - kv - vae
 
     def _decode_stream(self) -> torch.cuda.Stream | None:

@@ -270,7 +270,7 @@ def camera_choice(
         blocks = camera_blocks(loop_room_gib, chunk_tokens, dim, num_layers, dtype)
         return CameraChoice(blocks, decode_after_loop=True) if blocks > kept else CameraChoice(kept)
     if kept == 0:
-        room = push_gib - activation_gib(chunk_tokens) - FORWARD_EXCESS_BYTES_PER_TOKEN * chunk_tokens / GiB
+        room = push_gib - activation_gib(chunk_tokens, dim) - FORWARD_EXCESS_BYTES_PER_TOKEN * chunk_tokens / GiB
         blocks = camera_blocks(room, chunk_tokens, dim, num_layers, dtype)
         return CameraChoice(blocks, until_decode=blocks > 0)
     return CameraChoice(kept)

@@ -156,6 +156,9 @@ def load_pipeline(
         ensure_tiny_fast(root)
     family, layout = find_model(root, model, assets_dir)
 
+    dit_folder = next(iter(layout.experts.values()))
+    dit_config = DiTConfig.from_json(dit_folder / "config.json")
+
     def planned(on: torch.device, t5_on_cpu: bool) -> MemoryPlan:
         """The plan for one device, its CUDA cap applied (the one side effect of the budget)."""
         plan = plan_memory(
@@ -167,14 +170,13 @@ def load_pipeline(
             gpu_total_gib=gpu_total_gib(on) if on.type == "cuda" else None,
             text_encoder_gib=layout.t5.stat().st_size / GiB if layout.t5.exists() else 0.0,
             text_encoder_on_cpu=t5_on_cpu,
+            width=dit_config.dim,  # a narrower DiT (2.0's 1.3B) holds fewer activations
         )
         apply_memory_cap(plan)
         return plan
 
     plan = planned(device, text_encoder_on_cpu)
     backend = resolve_backend(attention)
-    dit_folder = next(iter(layout.experts.values()))
-    dit_config = DiTConfig.from_json(dit_folder / "config.json")
     text_len = dit_config.text_len
     experts = {
         name: ModelSlot(

@@ -19,6 +19,9 @@ from worldgen.models.camera_cache import cache_gib
 GiB = 2**30
 
 
+REFERENCE_WIDTH = 5120  # the 14B DiT's dim, at which ACTIVATION_GIB (below) was measured
+
+
 @dataclasses.dataclass
 class MemoryPlan:
     """Per-phase decisions: which models stay resident, whether both experts fit, whether the two
@@ -41,6 +44,7 @@ class MemoryPlan:
     text_encoder_device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
     usable_gib: float | None = None  # the VRAM budget less the CUDA context; None: no budget
     expert_gib: float = 0.0
+    width: int = REFERENCE_WIDTH  # the DiT's dim: its activations scale with it (`activation_gib`)
     job: str = ""
     notes: tuple[str, ...] = ()
 
@@ -66,12 +70,12 @@ class MemoryPlan:
             # no budget: every model stays resident (umT5 too); the camera cache takes what is left
             before = self.camera_cache
             resident = 2 * self.expert_gib + self.text_encoder_gib + VAE_WEIGHTS_GIB
-            room = self.card_gib - CUDA_CONTEXT_GIB - resident - activation_gib(tokens)
+            room = self.card_gib - CUDA_CONTEXT_GIB - resident - activation_gib(tokens, self.width)
             self.camera_cache = camera_cache_gib(tokens) <= room
             return self.camera_cache != before
         before = dataclasses.astuple(self)
         usable, expert = self.usable_gib, self.expert_gib
-        act = activation_gib(tokens)
+        act = activation_gib(tokens, self.width)
         if expert + act > usable:
             raise InputError(
                 f"this job ({tokens:,} DiT tokens, ~{act:.1f} GiB of activations) and one expert ({expert:.1f} GiB) "
@@ -139,8 +143,10 @@ def camera_cache_gib(tokens: int) -> float:
     return 1.1 * cache_gib(tokens)
 
 
-def activation_gib(tokens: int) -> float:
-    return ACTIVATION_GIB * tokens / REFERENCE_TOKENS
+def activation_gib(tokens: int, width: int = REFERENCE_WIDTH) -> float:
+    """A forward's activations: measured for the 14B DiT, scaled by tokens and by the DiT's width (a
+    narrower one, LingBot-World 2.0's 1.3B at dim 1536, holds proportionally less; an estimate)."""
+    return ACTIVATION_GIB * tokens / REFERENCE_TOKENS * width / REFERENCE_WIDTH
 
 
 def vae_peak_gib(pixels: int) -> float:
@@ -163,6 +169,7 @@ def plan_memory(
     gpu_total_gib: float | None = None,
     text_encoder_on_cpu: bool = False,
     text_encoder_gib: float = 0.0,
+    width: int = REFERENCE_WIDTH,
 ) -> MemoryPlan:
     """Decide residency from the budgets and the model sizes, for the default 480p job.
 
@@ -179,7 +186,7 @@ def plan_memory(
         plan = MemoryPlan.unlimited(device)
         plan.ram_budget_gb = ram_budget_gb
         if device.type == "cuda" and gpu_total_gib is not None:
-            plan.card_gib, plan.expert_gib = gpu_total_gib, expert_gib
+            plan.card_gib, plan.expert_gib, plan.width = gpu_total_gib, expert_gib, width
             plan.text_encoder_gib = 0.0 if text_encoder_on_cpu else text_encoder_gib
             plan.fit(REFERENCE_TOKENS, REFERENCE_PIXELS)
     else:
@@ -188,7 +195,7 @@ def plan_memory(
                 f"--vram-budget {vram_budget_gb:g} GiB is more than this GPU has ({gpu_total_gib:.1f} GiB)"
             )
         usable = vram_budget_gb - CUDA_CONTEXT_GIB
-        if expert_gib + ACTIVATION_GIB > usable:
+        if expert_gib + activation_gib(REFERENCE_TOKENS, width) > usable:
             raise InputError(
                 f"one {checkpoint_kind} expert ({expert_gib:.1f} GiB) plus activations does not fit --vram-budget "
                 f"{vram_budget_gb:g}; convert the checkpoint with `lingbot-isaac quantize` (NF4: ~9 GiB per expert) "
@@ -196,7 +203,7 @@ def plan_memory(
             )
         notes = (
             f"one expert is {expert_gib:.1f} GiB ({checkpoint_kind}); "
-            f"activations ~{ACTIVATION_GIB:g} GiB per pass at 480p",
+            f"activations ~{activation_gib(REFERENCE_TOKENS, width):.1f} GiB per pass at 480p",
         )
         plan = MemoryPlan(
             device=device,
@@ -207,6 +214,7 @@ def plan_memory(
             text_encoder_device=device,
             usable_gib=usable,
             expert_gib=expert_gib,
+            width=width,
             notes=notes,
         )
         plan.fit(REFERENCE_TOKENS, REFERENCE_PIXELS)  # the default 480p job; each job re-fits the plan to its size
