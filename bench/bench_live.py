@@ -15,7 +15,8 @@ for more poses) and sends one pose every 1/16 s times 1/--pace (each pose in its
 simulation step would). Per chunk it prints the pose-to-pixels latency (the server's: from the chunk's
 last pose arriving to its `chunk` message leaving; and the client's: from sending that pose to holding
 the chunk) and how far behind the model was. The server keeps up when it makes chunks at least as fast
-as the poses complete them (16 / 12 = 1.33 chunks a second at pace 1) and the lag does not grow.
+as the poses complete them (16 / 12 = 1.33 chunks a second at pace 1 for v1 Fast's 12-frame chunks, 1.0 for
+LingBot-World 2.0's 16-frame ones) and the lag does not grow.
 """
 
 from __future__ import annotations
@@ -124,7 +125,10 @@ def verdict(rows: list[dict], pace: float) -> dict:
     """Chunks a second after the first (sent times) against the rate the poses complete them."""
     sent = [r["sent_s"] for r in rows if r["sent_s"] is not None]
     lags = [r["lag_s"] for r in rows if r["lag_s"] is not None]
-    needed = POSE_FPS * pace / 12 if pace > 0 else None
+    counts = [r["poses"] for r in rows if r["poses"]]
+    # poses a chunk completes: 12 for v1 Fast's 3-frame chunks, 16 for LingBot-World 2.0's 4-frame ones
+    per_chunk = float(np.median(np.diff(counts))) if len(counts) > 2 else 12.0
+    needed = POSE_FPS * pace / per_chunk if pace > 0 else None
     rate = (len(sent) - 1) / (sent[-1] - sent[0]) if len(sent) > 1 and sent[-1] > sent[0] else None
     keeps_up = (
         None if needed is None or rate is None else rate >= 0.95 * needed and lags[-1] <= 2 * max(lags[1:2] or lags)
