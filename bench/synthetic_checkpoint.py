@@ -116,6 +116,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     device = torch.device(args.device)
+    args.out.mkdir(parents=True, exist_ok=True)  # also when only the shared parts are written
     start = time.perf_counter()
     suffix = "_bnb_nf4" if args.layout == "nf4" else ""
     if args.v2:
