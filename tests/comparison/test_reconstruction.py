@@ -15,7 +15,7 @@ from scipy.spatial.transform import Rotation
 from comparison.camera_metrics import anchored_errors, fit_similarity, path_errors, rotation_angle_deg
 from comparison.reconstruction import ReconstructionConfig, ReconstructionRun, RegisteredPoses, _pairs
 from comparison.sfm_fidelity import evaluate_reconstruction, read_run
-from tests.comparison.scene import INTRINSICS_480x832, camera_path, render_frames
+from tests.comparison.scene import INTRINSICS_480x832, camera_path, half_translation, render_frames, yaw_ramp
 from tests.room_render import look_at
 
 FRAMES = 10
@@ -24,13 +24,6 @@ SMALL = ReconstructionConfig(trials=2, max_features=1024, overlap=4)
 # Tolerances on perfect frames at 256x144 (measured: ~0.07 deg and ~3 mm per frame)
 ROT_ERR_PER_FRAME_DEG = 0.3
 TRANS_ERR_PER_FRAME_M = 0.02
-
-
-def half_translation(poses: np.ndarray) -> np.ndarray:
-    """The same rotations, every camera centre half as far from the first: a model moving at half speed."""
-    half = poses.copy()
-    half[:, :3, 3] = poses[0, :3, 3] + 0.5 * (poses[:, :3, 3] - poses[0, :3, 3])
-    return half
 
 
 def random_similarity(seed: int) -> tuple[float, np.ndarray, np.ndarray]:
@@ -205,6 +198,22 @@ def test_81_frames_of_a_slow_camera_all_register():
     assert summary["registered_ratio"]["mean"] == 1.0
     assert summary["rot_err_deg_per_frame"]["mean"] < ROT_ERR_PER_FRAME_DEG
     assert summary["trans_err_per_frame"]["mean"] < TRANS_ERR_PER_FRAME_M
+
+
+@pytest.mark.slow
+def test_a_yaw_ramp_sums_to_its_drift_at_full_size():
+    """Issue 54: the default recipe (global mapper, SfM at 416 px wide) on 81 frames at 480x832 whose heading
+    drifts 0 to 10 degrees: RotErr sums to 405 degrees within 1% (one trial, no sim frames: the quick part)."""
+    commanded = camera_path(81)
+    rollout = render_frames(yaw_ramp(commanded, 10.0), 480, 832)
+    config = ReconstructionConfig(trials=1)
+    result = evaluate_reconstruction(None, rollout, commanded.astype(np.float32),
+                                     np.tile(INTRINSICS_480x832, (81, 1)), config)  # fmt: skip
+    summary = result["rollout"]["summary"]
+    print(f"\nyaw ramp, 81 frames: RotErr {summary['rot_err_deg']['mean']:.2f} deg; {result['run']['seconds']}")
+    assert result["run"]["frame_size"] == [240, 416] and result["run"]["mapper_used"] == [{"rollout": "global"}]
+    assert summary["registered_ratio"]["mean"] == 1.0
+    assert summary["rot_err_deg"]["mean"] == pytest.approx(10.0 * 81 / 2, rel=0.01)
 
 
 def test_noise_is_not_reconstructed_and_says_why():
