@@ -22,9 +22,12 @@ How, and why:
 - COLMAP runs in a child process (`python -m comparison.reconstruction WORKDIR`) with a time limit
   per episode: a run past the limit is killed and the trials finished by then are kept; a crash in
   the native code becomes a reason on the report, never a dead comparison.
-- `mapper`: "incremental" (COLMAP's), "global" (GLOMAP's, in COLMAP since 3.12), or "auto": the
-  incremental mapper, then the global one where frames that have verified matches stayed
-  unregistered, keeping whichever registered more.
+- `mapper`: "global" (GLOMAP's, in COLMAP since 3.12, the default: the mapper of CamI2V's recipe, set
+  for speed below), "incremental" (COLMAP's; the default before issue 54, a few times slower on the
+  same numbers: docs/benchmarks.md, Session 27), or "auto": the incremental mapper, then the global one
+  where frames that have verified matches stayed unregistered, keeping whichever registered more.
+- Frames wider than `max_width` are shrunk before SfM (the intrinsics follow), and features and
+  matches are computed once per episode and shared by every trial and map: trials rerun the mapper only.
 """
 
 from __future__ import annotations

@@ -163,13 +163,15 @@ def test_a_path_that_pans_the_other_way_gives_the_expected_rot_err():
     assert section["summary"]["scale_vs_command"] is None
 
 
-def test_the_global_mapper_reconstructs_the_same_path():
-    """GLOMAP's global mapper (`--sfm-mapper global`) on the commanded path: the same tolerances."""
+@pytest.mark.parametrize("mapper", ["global", "incremental"])
+def test_either_mapper_reconstructs_the_same_path(mapper):
+    """GLOMAP's global mapper (the default) and COLMAP's incremental one (`--sfm-mapper incremental`) on the
+    commanded path: the same tolerances."""
     commanded = camera_path(FRAMES)
     frames = render_frames(commanded, HEIGHT, WIDTH)
-    config = ReconstructionConfig(trials=1, max_features=1024, overlap=4, mapper="global")
+    config = ReconstructionConfig(trials=1, max_features=1024, overlap=4, mapper=mapper)
     result = evaluate_reconstruction(None, frames, commanded, np.tile(INTRINSICS_480x832, (FRAMES, 1)), config)
-    assert result["run"]["mapper_used"] == [{"rollout": "global"}] and result["status"] == "reconstructed"
+    assert result["run"]["mapper_used"] == [{"rollout": mapper}] and result["status"] == "reconstructed"
     summary = result["rollout"]["summary"]
     assert summary["registered_ratio"]["mean"] == 1.0
     assert summary["rot_err_deg_per_frame"]["mean"] < ROT_ERR_PER_FRAME_DEG
@@ -192,7 +194,7 @@ def test_81_frames_of_a_slow_camera_all_register():
     mapper no first pair with enough parallax at 832x480 (0 of 81 registered); frames 2^j apart do."""
     commanded = camera_path(81)
     frames = render_frames(commanded, HEIGHT, WIDTH)
-    config = ReconstructionConfig(trials=1, max_features=1024)
+    config = ReconstructionConfig(trials=1, max_features=1024, mapper="incremental")
     result = evaluate_reconstruction(None, frames, commanded, np.tile(INTRINSICS_480x832, (81, 1)), config)
     summary = result["rollout"]["summary"]
     assert summary["registered_ratio"]["mean"] == 1.0
