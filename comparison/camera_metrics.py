@@ -11,8 +11,10 @@ docs/comparison.md, "Whole-clip camera fidelity"), over the frames J the reconst
   seaborn, rosbags and 16 more packages into the `compare` extra for four formulas; the tests check
   the fit and the metrics on exact geometry instead;
 - RotErr (CameraCtrl, He et al. 2024): sum over j of the angle between the estimated and commanded
-  rotations relative to the first registered frame, arccos((tr(R_rel_est^T R_rel_cmd) - 1) / 2), in
-  degrees; relative rotations do not depend on the reconstruction's frame, so no fit is involved;
+  rotations relative to the first registered frame, the angle of R_rel_est^T R_rel_cmd in degrees, from its
+  quaternion in float64 (`comparison.rotation_angle`: arccos of the trace reads errors below ~0.02 degree
+  as 0); relative rotations do not depend on the reconstruction's frame, so no fit is involved (as CamI2V
+  defines it: a mirrored path shows in TransErr and the anchored error, not here);
 - TransErr (CameraCtrl): sum over j of |c_cmd_j - c_aligned_j|, camera centres after the fit, in the
   poses' units (metres);
 - CamMC (MotionCtrl, Wang et al. 2024; CamI2V): sum over j of the Frobenius norm of
@@ -33,6 +35,8 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from comparison.rotation_angle import rotation_angle_deg
 
 TRANSLATION_EPS = 1e-3  # a commanded path whose centres stay within this many metres does not translate
 
@@ -72,14 +76,9 @@ def fit_similarity(source: np.ndarray, target: np.ndarray) -> Similarity | None:
     return Similarity(float(fit.scale), np.asarray(fit.rotation.matrix()), np.asarray(fit.translation))
 
 
-def rotation_angle_deg(rotation: np.ndarray) -> np.ndarray:
-    """The angles of rotation matrices [..., 3, 3], in degrees (clipped against round-off)."""
-    cos = (np.trace(rotation, axis1=-2, axis2=-1) - 1.0) / 2.0
-    return np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))
-
-
 def relative_rotation_errors_deg(estimated: np.ndarray, commanded: np.ndarray) -> np.ndarray:
-    """Per frame, the angle between the rotations relative to frame 0 of both paths [N, 4, 4]."""
+    """Per frame, the angle between the rotations relative to frame 0 of both paths [N, 4, 4] (float64)."""
+    estimated, commanded = np.asarray(estimated, np.float64), np.asarray(commanded, np.float64)
     rel_est = estimated[0, :3, :3].T @ estimated[:, :3, :3]
     rel_cmd = commanded[0, :3, :3].T @ commanded[:, :3, :3]
     return rotation_angle_deg(np.swapaxes(rel_est, -1, -2) @ rel_cmd)

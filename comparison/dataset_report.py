@@ -3,7 +3,8 @@
 `compare_dataset(dataset_dir, out_dir)` finds every episode folder under `dataset_dir` that has a
 rollout (`rollout.mp4`, as `lingbot-isaac replay` writes it), compares each one
 (`comparison.report.compare_episode`, into `out_dir/episodes/NAME/`; an episode whose report is
-newer than its rollout is not compared again), and writes:
+newer than its rollout is not compared again; episodes run in parallel processes, one a core, each
+printed when it finishes), and writes:
 - `dataset.json`: one row per episode with the numbers taken from its own `report.json`, the
   episodes that could not be compared and why, and the totals;
 - `dataset.html`: one self-contained page (Jinja2 template `templates/dataset_report.html.j2`):
@@ -21,9 +22,12 @@ from __future__ import annotations
 import html
 import json
 import math
+import multiprocessing
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -242,12 +246,15 @@ def compare_dataset(
     whole_clip: bool = True,
     progress: bool = True,
     provenance: dict[str, Any] | None = None,
+    cores: int | None = None,
 ) -> Path:
     """Compare every episode of a dataset (resuming: up-to-date reports are kept) and write the
     dataset report; returns dataset.html. An episode that cannot be compared is listed with why.
 
     The episodes are those under `dataset_dir` with a rollout, or the given `episodes` folders
-    (a replay's; one without a rollout is listed as not compared)."""
+    (a replay's; one without a rollout is listed as not compared). Episodes run in parallel processes
+    on up to `cores` cores (default: all this process may use; `parallel_plan`), each finished one
+    printed with its time."""
     out_dir = Path(out_dir)
     not_compared: dict[str, str] = {}
     if episodes is not None:
@@ -269,27 +276,72 @@ def compare_dataset(
         if not found:
             raise EpisodeError(f"--dataset {root}: no episode folder with a {ROLLOUT} under it "
                                "(run `lingbot-isaac replay` first)")  # fmt: skip
-    reports: list[Path] = []
+    todo, reports = [], []
     taken: set[str] = set()
+    for episode, rollout in found:
+        target = out_dir / "episodes" / _unique_name(episode, root, taken)
+        report_json = target / "report.json"
+        reports.append(report_json)
+        if not (report_json.is_file() and report_json.stat().st_mtime >= rollout.stat().st_mtime):
+            todo.append((episode, rollout, target))
+    jobs, threads = parallel_plan(len(todo), cores)
+    reconstruction = replace(reconstruction or ReconstructionConfig(), threads=threads)
+    options = {"model": model, "tiny_model": tiny_model, "estimator": estimator, "reconstruction": reconstruction,
+               "whole_clip": whole_clip}  # fmt: skip
     bar = _bar(len(found), progress)
+    bar.update(len(found) - len(todo))  # up to date already
+    if todo and progress:
+        bar.write(f"compare: {len(todo)} episode(s), {jobs} at a time, COLMAP with {threads} thread(s) each",
+                  file=sys.stderr)  # fmt: skip
     try:
-        for episode, rollout in found:
-            target = out_dir / "episodes" / _unique_name(episode, root, taken)
-            report_json = target / "report.json"
-            fresh = report_json.is_file() and report_json.stat().st_mtime >= rollout.stat().st_mtime
-            if not fresh:
-                try:
-                    compare_episode(episode, rollout, target, model=model, tiny_model=tiny_model, estimator=estimator,
-                                    reconstruction=reconstruction, whole_clip=whole_clip)  # fmt: skip
-                except (EpisodeError, VideoError, ValueError) as exc:
-                    not_compared[str(episode)] = str(exc)
-                    bar.update(1)
-                    continue
-            reports.append(report_json)
-            bar.update(1)
+        with _pool(jobs) as pool:
+            running = {pool.submit(_compare_one, episode, rollout, target, options): (episode, target)
+                       for episode, rollout, target in todo}  # fmt: skip
+            for future in as_completed(running):
+                episode, target = running[future]
+                error, seconds, status = future.result()
+                if error is not None:
+                    not_compared[str(episode)] = error
+                    reports.remove(target / "report.json")
+                if progress:
+                    bar.write(f"  {episode.name}: {error or f'whole clip {status}'} ({seconds:.0f} s)", file=sys.stderr)
+                bar.update(1)
     finally:
         bar.close()
     return write_dataset_report(reports, out_dir, not_compared, title=title, provenance=provenance)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def parallel_plan(episodes: int, cores: int | None) -> tuple[int, int]:
+    """(episodes at a time, COLMAP threads each) for `cores`: one episode a core, since COLMAP's mappers
+    mostly run on one core (docs/benchmarks.md); with fewer episodes than cores, the spare cores go to
+    their COLMAP threads (features and matching use them)."""
+    cores = available_cores() if cores is None else cores
+    if cores < 1:
+        raise ValueError(f"cores {cores}: at least 1")
+    jobs = max(1, min(cores, episodes))
+    return jobs, max(1, cores // jobs)
+
+
+def _pool(jobs: int):
+    # spawn, not fork: the parent may hold threads (the progress bar, OpenCV's); one episode per process
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+
+
+def _compare_one(episode: Path, rollout: Path, target: Path, options: dict) -> tuple[str | None, float, str | None]:
+    """One episode in a worker process: (why it could not be compared or None, seconds, whole-clip status)."""
+    started = time.perf_counter()
+    try:
+        compare_episode(episode, rollout, target, **options)
+    except (EpisodeError, VideoError, ValueError) as exc:
+        return str(exc), time.perf_counter() - started, None
+    report = json.loads((target / "report.json").read_text())
+    status = ((report.get("camera_fidelity") or {}).get("whole_clip") or {}).get("status")
+    return None, time.perf_counter() - started, status
 
 
 def _bar(total: int, enabled: bool):

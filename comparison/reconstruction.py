@@ -22,9 +22,12 @@ How, and why:
 - COLMAP runs in a child process (`python -m comparison.reconstruction WORKDIR`) with a time limit
   per episode: a run past the limit is killed and the trials finished by then are kept; a crash in
   the native code becomes a reason on the report, never a dead comparison.
-- `mapper`: "incremental" (COLMAP's), "global" (GLOMAP's, in COLMAP since 3.12), or "auto": the
-  incremental mapper, then the global one where frames that have verified matches stayed
-  unregistered, keeping whichever registered more.
+- `mapper`: "global" (GLOMAP's, in COLMAP since 3.12, the default: the mapper of CamI2V's recipe, set
+  for speed below), "incremental" (COLMAP's; the default before issue 54, a few times slower on the
+  same numbers: docs/benchmarks.md, Session 27), or "auto": the incremental mapper, then the global one
+  where frames that have verified matches stayed unregistered, keeping whichever registered more.
+- Frames wider than `max_width` are shrunk before SfM (the intrinsics follow), and features and
+  matches are computed once per episode and shared by every trial and map: trials rerun the mapper only.
 """
 
 from __future__ import annotations
@@ -53,9 +56,12 @@ class ReconstructionConfig:
 
     trials: int = 3  # seeded mapper runs; the report gives their mean and spread
     seed: int = 0  # trial t uses seed + t
-    mapper: str = "incremental"  # see MAPPERS
+    mapper: str = "global"  # see MAPPERS; docs/benchmarks.md, Session 27, measured global against incremental
     overlap: int = 10  # each frame is matched with the next `overlap` frames of its video
     max_features: int = 4096  # SIFT features per frame
+    # frames wider than this are shrunk (area averaging, aspect kept, the intrinsics scaled with them)
+    # before SfM: at 416x240 SIFT costs a quarter of 832x480 and the numbers stayed within their bands
+    max_width: int = 416
     # the incremental mapper's first pair needs this median triangulation angle (COLMAP: 16; where no
     # pair qualifies it searches them all again with half the inliers, then half the angle: from 8, a
     # 5-s clip of a walking camera took two vain searches of ~50 s each on 162 frames to reach 4)
@@ -63,6 +69,11 @@ class ReconstructionConfig:
     # global bundle adjustment each time the model grew by this factor (COLMAP: 1.1; 1.4 is its setting
     # for video, where consecutive frames overlap)
     ba_global_ratio: float = 1.4
+    # the global mapper keeps the longest tracks until every frame sees this many (COLMAP: all tracks);
+    # positioning and bundle adjustment cost grows with the points, their accuracy hardly past a few hundred
+    global_tracks_per_frame: int = 500
+    global_ba_iterations: int = 1  # bundle adjustment + filtering rounds of the global mapper (COLMAP: 3)
+    global_retriangulation: bool = False  # COLMAP: True (a second triangulation and bundle adjustment)
     timeout_s: float = 1800.0  # per episode, everything included; finished trials are kept
     min_registered_ratio: float = 0.5  # fewer registered frames than this: "not reconstructed"
     threads: int = -1  # COLMAP's threads (-1: all cores)
@@ -74,6 +85,10 @@ class ReconstructionConfig:
             raise ValueError(f"trials {self.trials}: at least 1")
         if self.overlap < 1:
             raise ValueError(f"overlap {self.overlap}: at least 1")
+        if self.max_width < 64:
+            raise ValueError(f"max_width {self.max_width}: at least 64 pixels")
+        if self.global_tracks_per_frame < 1 or self.global_ba_iterations < 1:
+            raise ValueError("global_tracks_per_frame and global_ba_iterations: at least 1")
 
 
 @dataclass
@@ -146,6 +161,9 @@ def reconstruct_paths(
     if len(sizes) != 1:
         raise ValueError(f"the videos must share one frame size, got {sorted(sizes)}")
     height, width = sizes.pop()
+    if width > config.max_width:  # SfM at a smaller size: the intrinsics follow the frames (intrinsics_matrix)
+        height, width = round(height * config.max_width / width), config.max_width
+        streams = {name: _shrink(frames, height, width) for name, frames in streams.items()}
     count = max(len(frames) for frames in streams.values())
     if len(intrinsics) < count:
         raise ValueError(f"{count} frames but only {len(intrinsics)} intrinsics rows")
@@ -183,6 +201,10 @@ def reconstruct_paths(
         _collect(work, run)
         run.seconds = {"write_frames_s": write_s, **run.seconds, "total_s": time.perf_counter() - started}
     return run
+
+
+def _shrink(frames: np.ndarray, height: int, width: int) -> np.ndarray:
+    return np.stack([cv2.resize(frame, (width, height), interpolation=cv2.INTER_AREA) for frame in frames])
 
 
 def _collect(work: Path, run: ReconstructionRun) -> None:
@@ -271,6 +293,9 @@ def _map(database: Path, image_dir: Path, names: list[str], mapper: str, seed: i
     options.mapper.bundle_adjustment.refine_focal_length = False
     options.mapper.bundle_adjustment.refine_principal_point = False
     options.mapper.bundle_adjustment.refine_extra_params = False
+    options.mapper.track_required_tracks_per_view = config["global_tracks_per_frame"]
+    options.mapper.ba_num_iterations = config["global_ba_iterations"]
+    options.mapper.skip_retriangulation = not config["global_retriangulation"]
     return pycolmap.global_mapping(database, image_dir, out, options)
 
 

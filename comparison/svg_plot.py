@@ -45,6 +45,23 @@ def _format(value: float) -> str:
     return f"{value:g}" if abs(value) >= 0.01 or value == 0 else f"{value:.1e}"
 
 
+LEGEND_ROW_PX = 15  # one more row of legend entries
+LEGEND_CHAR_PX = 6.5  # an upper bound of a character's width at font-size 11 (no font metrics in SVG text)
+
+
+def _legend_layout(labels: list[str], left: float, right_edge: float) -> list[tuple[float, int]]:
+    """(x, row) of each legend entry (a 14-px line, a gap, the label): left to right, a new row where the
+    next entry would pass `right_edge`."""
+    out, x, row = [], left, 0
+    for label in labels:
+        entry = 18 + LEGEND_CHAR_PX * len(label)
+        if x > left and x + entry > right_edge:
+            x, row = left, row + 1
+        out.append((x, row))
+        x += entry + 16
+    return out
+
+
 def line_plot(
     series: list[Series],
     title: str,
@@ -55,8 +72,12 @@ def line_plot(
     height: int = 240,
     y_min: float | None = None,
 ) -> str:
-    """An <svg> element as a string; empty data gives a plot that says so."""
+    """An <svg> element as a string; empty data gives a plot that says so. The legend wraps onto more rows
+    (the plot grows by them) rather than run past the right edge."""
     left, right, top, bottom = 56, 12, 42, 40
+    legend = _legend_layout([s.label for s in series], left, width - right)
+    extra = LEGEND_ROW_PX * (max(row for _, row in legend) if legend else 0)
+    top, height = top + extra, height + extra
     plot_w, plot_h = width - left - right, height - top - bottom
     xs = [x for s in series for x in s.xs] + [x for s in series for x in s.markers_at]
     ys = [y for s in series for y in s.ys if _finite(y)]
@@ -104,7 +125,6 @@ def line_plot(
         f'<text x="14" y="{top + plot_h / 2}" font-size="12" text-anchor="middle" '
         f'transform="rotate(-90 14 {top + plot_h / 2})">{escape(y_label)}</text>'
     )
-    legend_x = left
     for index, s in enumerate(series):
         color = s.color or PALETTE[index % len(PALETTE)]
         dash = ' stroke-dasharray="5 3"' if s.dashed else ""
@@ -131,13 +151,13 @@ def line_plot(
                 f'<path d="M{cx - 3:.1f},{cy - 3:.1f}L{cx + 3:.1f},{cy + 3:.1f}'
                 f'M{cx - 3:.1f},{cy + 3:.1f}L{cx + 3:.1f},{cy - 3:.1f}" stroke="{color}"/>'
             )
-        legend_y = 33
+        legend_x, row = legend[index]
+        legend_y = 33 + LEGEND_ROW_PX * row
         parts.append(
             f'<line x1="{legend_x}" y1="{legend_y - 4}" x2="{legend_x + 14}" y2="{legend_y - 4}" '
             f'stroke="{color}" stroke-width="2"{dash}/>'
         )
         parts.append(f'<text x="{legend_x + 18}" y="{legend_y}" font-size="11">{escape(s.label)}</text>')
-        legend_x += 6.5 * len(s.label) + 34  # a rough text width: the legend is one row
     parts.append("</svg>")
     return "".join(parts)
 

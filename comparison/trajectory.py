@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 import cv2
 import numpy as np
 
+from comparison.rotation_angle import rotation_angle_deg as angles_deg
 from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH
 
 
@@ -105,9 +106,8 @@ def commanded_relative_pose(c2w_i: np.ndarray, c2w_j: np.ndarray) -> tuple[np.nd
 
 
 def rotation_angle_deg(rotation: np.ndarray) -> float:
-    """The angle of a rotation matrix, in degrees (clipped against round-off)."""
-    cos = (np.trace(rotation) - 1.0) / 2.0
-    return math.degrees(math.acos(float(np.clip(cos, -1.0, 1.0))))
+    """The angle of a rotation matrix, in degrees (`comparison.rotation_angle`: exact for small angles)."""
+    return float(angles_deg(rotation))
 
 
 def rotation_error_deg(estimated: np.ndarray, commanded: np.ndarray) -> float:

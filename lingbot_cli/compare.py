@@ -98,7 +98,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=sfm.trials,
         help="seeded reconstruction trials per episode (each maps the sim frames, then sim and rollout together)",
     )
-    parser.add_argument("--sfm-mapper", choices=MAPPERS, default=sfm.mapper, help="COLMAP's mapper")
+    parser.add_argument(
+        "--sfm-mapper",
+        choices=MAPPERS,
+        default=sfm.mapper,
+        help=f"COLMAP's mapper (default {sfm.mapper}: GLOMAP's global mapper; incremental: COLMAP's, the old default)",
+    )
+    parser.add_argument(
+        "--cores",
+        type=int,
+        default=None,
+        help="with --dataset: the cores to use (default: all this process may run on); episodes run in parallel, "
+        "one a core",
+    )
     parser.add_argument(
         "--sfm-timeout-s",
         type=float,
@@ -196,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
 def run_dataset(args: argparse.Namespace) -> int:
     from comparison.dataset_report import compare_dataset
 
+    if args.cores is not None and args.cores < 1:
+        raise CompareUsageError(f"--cores {args.cores}: give at least 1")
     if args.episode is not None or args.rollout is not None or args.pair:
         raise CompareUsageError(
             "--dataset compares every episode under its folder: give no EPISODE_DIR, ROLLOUT_MP4 or --pair with it"
@@ -206,7 +220,7 @@ def run_dataset(args: argparse.Namespace) -> int:
     tiny = True if (args.tiny or args.model == "tiny") else None  # None: each rollout's rollout.json says
     html_path = compare_dataset(
         args.dataset, args.out, model=args.model, tiny_model=tiny, estimator=estimator, progress=not args.no_progress,
-        reconstruction=_reconstruction(args), whole_clip=not args.no_sfm,
+        reconstruction=_reconstruction(args), whole_clip=not args.no_sfm, cores=args.cores,
     )  # fmt: skip
     print(f"dataset report: {html_path}")
     print(f"json:           {html_path.with_name('dataset.json')}")

@@ -33,6 +33,24 @@ def camera_path(count: int, pan: float = 1.0) -> np.ndarray:
     return np.stack(poses)
 
 
+def half_translation(poses: np.ndarray) -> np.ndarray:
+    """The same rotations, every camera centre half as far from the first: a model moving at half speed."""
+    half = poses.copy()
+    half[:, :3, 3] = poses[0, :3, 3] + 0.5 * (poses[:, :3, 3] - poses[0, :3, 3])
+    return half
+
+
+def yaw_ramp(poses: np.ndarray, total_deg: float) -> np.ndarray:
+    """Every camera turned about the world's up axis (z) by total_deg x k / (F - 1) at frame k, the centres
+    unchanged: a model that drifts in heading. Frame k's RotErr is that angle; summed, total_deg x F / 2."""
+    out = poses.copy()
+    for k in range(len(poses)):
+        angle = np.radians(total_deg * k / max(len(poses) - 1, 1))
+        cos, sin = np.cos(angle), np.sin(angle)
+        out[k, :3, :3] = np.array([[cos, -sin, 0.0], [sin, cos, 0.0], [0.0, 0.0, 1.0]]) @ poses[k, :3, :3]
+    return out
+
+
 def render_frames(poses: np.ndarray, height: int, width: int) -> np.ndarray:
     K = intrinsics_matrix(INTRINSICS_480x832, height, width)
     intrinsics = (K[0, 0], K[1, 1], K[0, 2], K[1, 2])

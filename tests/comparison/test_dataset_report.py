@@ -8,6 +8,7 @@ rollout is not a video (listed as not compared, with the reason).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -15,6 +16,7 @@ import cv2
 import numpy as np
 import pytest
 
+from comparison.dataset_report import parallel_plan
 from comparison.video_io import write_video
 from contracts.provenance import write_record
 from lingbot_cli.main import main as cli
@@ -91,6 +93,21 @@ def test_rerun_keeps_up_to_date_reports(dataset):
     assert cli(["compare", "--dataset", str(dataset["root"]), "--out", str(out), "--no-progress", *SFM]) == 0
     assert report.stat().st_mtime_ns == before
     assert json.loads((out / "dataset.json").read_text())["episodes"] == dataset["json"]["episodes"]
+
+
+def test_episodes_run_in_parallel_one_a_core(dataset, tmp_path, capfd):
+    """Issue 54: --cores 2 runs two episodes at once (COLMAP one thread each), each printed when it ends."""
+    assert parallel_plan(3, 2) == (2, 1) and parallel_plan(1, 16) == (1, 16) and parallel_plan(0, 4) == (1, 4)
+    with pytest.raises(ValueError, match="cores 0"):
+        parallel_plan(2, 0)
+    assert (
+        cli(["compare", "--dataset", str(dataset["root"] / "run1"), "--out", str(tmp_path), "--cores", "2", *SFM]) == 0
+    )
+    err = capfd.readouterr().err
+    assert "2 episode(s), 2 at a time, COLMAP with 1 thread(s) each" in err
+    assert re.search(r"good: whole clip reconstructed \(\d+ s\)", err) and re.search(r"bad: whole clip \w+", err)
+    assert len(json.loads((tmp_path / "dataset.json").read_text())["episodes"]) == 2
+    assert cli(["compare", "--dataset", str(dataset["root"]), "--cores", "0"]) == 2
 
 
 def test_dataset_and_episode_arguments_do_not_mix(dataset, capsys):

@@ -13,6 +13,7 @@ from comparison.episode_input import EpisodeError
 from comparison.report import SCHEMA, TINY_NOTE, compare_episode
 from comparison.side_by_side import GAP, label_height
 from comparison.summary import write_summary
+from comparison.svg_plot import LEGEND_CHAR_PX
 from comparison.video_io import read_video, write_video
 from contracts.provenance import with_job, write_record
 from tests.comparison.conftest import FRAMES, HEIGHT, SMALL_SFM, WIDTH
@@ -59,6 +60,14 @@ def test_report_files_and_numbers(report_case):
         assert len(whole[source]["per_frame"]["rotation_error_deg"]) == FRAMES
     assert whole["rollout"]["summary"]["scale_vs_command"]["mean"] == pytest.approx(1.0, abs=0.05)
     assert fidelity["pairwise_role"].startswith("a second view")
+    page = report_case["html"].read_text()
+    assert "<h2>Camera control: the whole clip reconstructed</h2>" in page
+    # issue 54: every legend entry of the position plot (three, the last one was cut to "wo..") inside the plot
+    svg = re.search(r'<svg id="plot-sfm-position".*?</svg>', page).group(0)
+    width = float(re.search(r'width="(\d+)"', svg).group(1))
+    labels = re.findall(r'<text x="([\d.]+)" y="[\d.]+" font-size="11">([^<]*(?:model|control)[^<]*)</text>', svg)
+    assert len(labels) == 3, labels
+    assert all(float(x) + LEGEND_CHAR_PX * len(html.unescape(text)) <= width for x, text in labels), labels
     assert report["timings"]["comparison"]["whole_clip_reconstruction_s"] > 0
     assert report["settings"]["generation"]["steps"] == 4
     assert report["timings"]["generation"] == {"generate_s": 1.5}
@@ -141,6 +150,7 @@ def test_noise_rollout_without_sim_frames(tmp_path, commanded_poses, rendered):
     assert "failed" in page and "no sim frames" in page and TINY_NOTE not in page
     assert "not reconstructed: no pair of frames passed geometric verification" in page
     assert "Camera fidelity, pairwise (the fallback: the whole clip was not reconstructed)" in page
+    assert "<h2>Camera control: the whole clip not reconstructed</h2>" in page  # issue 54: not "reconstructed"
     frames, _ = read_video(html_path.with_name("side_by_side.mp4"))
     assert frames.shape == (count, HEIGHT + label_height(WIDTH), WIDTH, 3), "only the world-model panel"
 
