@@ -46,6 +46,13 @@ def backend_for(device: torch.device | str) -> str:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
+def _group(device: torch.device, timeout: datetime.timedelta) -> dict[str, Any]:
+    """The process group's settings for a rank on `device`: NCCL bound to its GPU (not the one its rank
+    number would guess: `--gpus 2,3`), gloo on the CPU; the timeout bounds every collective."""
+    bound = {"device_id": device} if device.type == "cuda" else {}
+    return {"backend": backend_for(device), "world_size": WORLD, "timeout": timeout, **bound}
+
+
 def _meta(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
     return tuple(tensor.shape), tensor.dtype
 
@@ -185,9 +192,7 @@ class TwoDevices:
         child.close()
         timeout = datetime.timedelta(seconds=timeout_s)
         try:
-            dist.init_process_group(
-                backend_for(self.devices[0]), init_method=store, rank=0, world_size=WORLD, timeout=timeout
-            )
+            dist.init_process_group(init_method=store, rank=0, **_group(self.devices[0], timeout))
         except RuntimeError as exc:  # rank 1 never joined (it died while starting)
             self.process.kill()
             raise PeerLost(f"rank 1 did not join the process group: {exc}") from exc
@@ -262,7 +267,7 @@ def follower_main(conn, store: str, device: str, timeout_s: float, dit_factory: 
     else:  # the two ranks share the host's cores
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // WORLD))
     timeout = datetime.timedelta(seconds=timeout_s)
-    dist.init_process_group(backend_for(on), init_method=store, rank=1, world_size=WORLD, timeout=timeout)
+    dist.init_process_group(init_method=store, rank=1, **_group(on, timeout))
     try:
         model = dit_factory()
         split = SequenceParallel(1, WORLD)
