@@ -139,8 +139,8 @@ def test_two_ranks_give_the_one_process_rollout_of_fast_and_split_an_odd_chunk(g
 
 def test_a_rank_that_dies_mid_rollout_fails_the_other_with_peer_lost(v2_case):
     """Rank 1 killed after the first chunk: rank 0's next forward raises PeerLost at once (its collective's
-    connection is closed), well within the group's timeout, and every later use says so too."""
-    checkpoint, io, options, _ = v2_case
+    connection is closed), well within the group's timeout; the pipeline's next job starts rank 1 again."""
+    checkpoint, io, options, expected = v2_case
     pipe = _pipeline(load_expert(checkpoint, "cpu", torch.float32), V2_FAST)
     handle = use_two_devices(pipe, functools.partial(load_expert, checkpoint, "cpu", torch.float32), ["cpu", "cpu"],
                              timeout_s=TIMEOUT_S, load_timeout_s=60)  # fmt: skip
@@ -154,8 +154,9 @@ def test_a_rank_that_dies_mid_rollout_fails_the_other_with_peer_lost(v2_case):
         with pytest.raises(PeerLost, match="peer was lost|is gone"):
             next(chunks)
         assert time.monotonic() - began < TIMEOUT_S
-        with pytest.raises(PeerLost):  # a later job on this pipeline fails at once, with the same error
-            next(pipe.rollout_chunks(io["noise"], io["y"], io["context"], io["plucker"], options))
+        # the pipeline goes on: its next job starts a new rank 1 and runs (the reference's rollout)
+        latent = _rollout(pipe, io, options, renoise_draws=io["renoise"])
+        assert handle.starts == 2 and rel_l2(latent, expected) < LOOP_TOL
     finally:
         began = time.monotonic()
         handle.close()
@@ -183,3 +184,25 @@ def test_load_pipeline_with_two_devices_runs_a_fast_job_on_both(tmp_path):
         assert two.scale_out.leader.forwards == 2 * 5 - 1  # 2 chunks: 4 steps each, one refresh between
     finally:
         two.scale_out.close()
+
+
+def test_a_rank_that_stops_answering_fails_the_other_with_peer_lost_within_the_timeout(v2_case):
+    """Rank 1 frozen (SIGSTOP: alive, its connections open, silent): rank 0's collective gives up after the
+    group's timeout with PeerLost; nothing waits forever, and closing does not wait for the frozen rank."""
+    checkpoint, io, options, _ = v2_case
+    pipe = _pipeline(load_expert(checkpoint, "cpu", torch.float32), V2_FAST)
+    handle = use_two_devices(pipe, functools.partial(load_expert, checkpoint, "cpu", torch.float32), ["cpu", "cpu"],
+                             timeout_s=5, load_timeout_s=60)  # fmt: skip
+    try:
+        chunks = pipe.rollout_chunks(io["noise"], io["y"], io["context"], io["plucker"], options,
+                                     renoise_draws=io["renoise"])  # fmt: skip
+        next(chunks)
+        os.kill(handle.peer_pid, signal.SIGSTOP)
+        began = time.monotonic()
+        with pytest.raises(PeerLost, match="peer was lost"):
+            next(chunks)
+        assert time.monotonic() - began < 5 + 10
+    finally:
+        began = time.monotonic()
+        handle.close()
+        assert time.monotonic() - began < 15

@@ -178,25 +178,33 @@ class TwoDevices:
     ) -> None:
         if len(devices) != WORLD:
             raise ValueError(f"a two-device job takes two devices, not {devices}")
+        self.devices = [torch.device(d) for d in devices]
+        self.dit_factory, self.timeout_s, self.load_timeout_s = dit_factory, timeout_s, load_timeout_s
+        self.process = None
+        self._start()
+
+    def _start(self) -> None:
+        """Spawn rank 1 and join it in a process group (rank 1 then loads its weights: `wait_ready`)."""
         if dist.is_initialized():
             raise RuntimeError("this process already has a process group: one two-device pipeline per process")
-        self.devices = [torch.device(d) for d in devices]
-        self.load_timeout_s, self.ready = load_timeout_s, False
+        self.ready = False
         self._dir = tempfile.mkdtemp(prefix="lingbot-two-devices-")
         store = f"file://{os.path.join(self._dir, 'store')}"  # a file rendezvous: no port to pick
         context = mp.get_context("spawn")
         self.conn, child = context.Pipe()
-        args = (child, store, str(self.devices[1]), timeout_s, dit_factory, os.getpid())
+        args = (child, store, str(self.devices[1]), self.timeout_s, self.dit_factory, os.getpid())
         self.process = context.Process(target=follower_main, args=args, name="lingbot-rank1", daemon=True)
         self.process.start()
         child.close()
-        timeout = datetime.timedelta(seconds=timeout_s)
+        timeout = datetime.timedelta(seconds=self.timeout_s)
         try:
             dist.init_process_group(init_method=store, rank=0, **_group(self.devices[0], timeout))
         except RuntimeError as exc:  # rank 1 never joined (it died while starting)
             self.process.kill()
+            self.process = None
             raise PeerLost(f"rank 1 did not join the process group: {exc}") from exc
         self.leader = Leader(self.conn, self.process)
+        self.starts = getattr(self, "starts", 0) + 1
         atexit.register(self.close)
 
     @property
@@ -224,7 +232,11 @@ class TwoDevices:
                 raise PeerLost(self.leader.lost) from exc
 
     def new_cache(self, model, spec: CacheSpec, cfg, dtype: torch.dtype, device, start_tokens: int) -> KVCache:
-        """A rollout's cache on rank 0 (its half of the heads), the same made on rank 1; `model` split first."""
+        """A rollout's cache on rank 0 (its half of the heads), the same made on rank 1; `model` split first.
+        A rank 1 lost in an earlier job (that job failed with PeerLost) is started afresh first: the next job runs."""
+        if self.process is None or self.leader.lost is not None:
+            self.close()
+            self._start()
         self.wait_ready()
         self.leader.attach(model)
         heads = cfg.num_heads // WORLD
@@ -236,7 +248,7 @@ class TwoDevices:
             return
         atexit.unregister(self.close)
         self.leader.send({"op": "stop"}, quiet=True)
-        self.process.join(timeout=10)
+        self.process.join(timeout=10 if self.leader.lost is None else 0)  # a lost peer is not waited for
         if self.process.is_alive():
             self.process.kill()
             self.process.join(timeout=10)
