@@ -301,6 +301,10 @@ def follower_main(conn, store: str, device: str, timeout_s: float, dit_factory: 
 def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: int) -> None:
     caches: dict[int, KVCache] = {}
     held: dict[str, torch.Tensor | None] = {}
+    # one tensor per timestep value, so the model's time cache (keyed by the tensor) computes each once a job:
+    # the 14B's time projection is a large dequantized weight for one row (`WanCameraDiT.time_cache`)
+    steps: dict[tuple, torch.Tensor] = {}
+    model.time_cache = {}
 
     def receive(meta) -> torch.Tensor:
         tensor = torch.empty(meta[0], dtype=meta[1], device=device)
@@ -324,9 +328,11 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
         elif op == "close":
             caches.pop(message["id"]).close()
             held.clear()
-            model.camera_cache = None
+            steps.clear()
+            model.camera_cache, model.time_cache = None, {}
         elif op == "forward":
             x, t = receive(message["x"]), receive(message["t"])
+            t = steps.setdefault(tuple(t.tolist()), t)
             if message["y"] is not None:
                 held["y"] = receive(message["y"])
             if message["cam"] not in (None, "held"):
