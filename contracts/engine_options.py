@@ -53,6 +53,12 @@ ATTENTIONS = ("auto", "sdpa", "flash", "sage")
 # "auto": CUDA where the worker's PyTorch sees a GPU, else the CPU (the worker resolves it and
 # reports the device it took: health names that worker by it).
 AUTO_DEVICE = "auto"
+# A two-device causal job (worldgen.pipelines.two_gpu): how long a rank waits in one collective for its peer
+# before the job fails with PeerLost (a dead peer's closed connection fails it at once); generous, since a
+# peer's first forward may compile its kernels while the other waits
+PEER_TIMEOUT_S = 300.0
+# ... and how long the leader waits for its peer to load its share of the DiT (a 14B's weights from disk)
+PEER_LOAD_TIMEOUT_S = 1800.0
 DEVICE_HELP = "auto (CUDA where there is a GPU, else the CPU), cpu, cuda or cuda:N"
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 

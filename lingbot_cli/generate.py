@@ -147,8 +147,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--gpus",
         metavar="I,J",
-        help="run one rollout on two GPUs, e.g. 0,1: each step's conditional pass on the first, the "
-        "unconditional one on the second at the same time (exact: the same output as one GPU). Each GPU "
+        help="run one rollout on two GPUs, e.g. 0,1: the base model's conditional pass on the first, the "
+        "unconditional one on the second at the same time; the causal models (fast, causal) split each chunk "
+        "forward's attention heads and tokens over both (exact: the same output as one GPU). Each GPU "
         "holds its own copy of the experts under --vram-budget (default: one device, --device)",
     )
     run.add_argument(
@@ -289,10 +290,11 @@ def run(args: argparse.Namespace) -> int:
     devices = devices_for_gpus(getattr(args, "gpus", None))
     if devices and args.device:
         raise InputError("give --device or --gpus, not both")
-    if devices and len(devices) == 2 and settings.gpus == 1:
+    if devices and len(devices) == 2 and settings.gpus == 1 and settings.model != "fast":
         import dataclasses
 
-        # the job's own setting says what ran (its provenance record): one rollout over two GPUs
+        # the job's own setting says what ran (its provenance record): one rollout over two GPUs (model fast's
+        # setting means the server's guidance split, which it has none of: its record's engine names both GPUs)
         settings = dataclasses.replace(settings, gpus=2)
     pipe = load_pipeline(
         args.ckpt_dir,

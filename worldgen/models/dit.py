@@ -136,6 +136,10 @@ def compute_dtype_of(linear: nn.Module) -> torch.dtype:
 
 
 class SelfAttention(nn.Module):
+    # set on the causal DiT's self-attentions of a rank of a sequence-parallel job
+    # (`worldgen.models.sequence_parallel`): q/k/v exchanged between token slices and head groups
+    sequence_parallel = None
+
     def __init__(self, dim: int, num_heads: int, eps: float):
         super().__init__()
         self.num_heads = num_heads
@@ -187,6 +191,8 @@ class SelfAttention(nn.Module):
         """The attention before its output projection: cuDNN's FP8 output (e4m3 [B, L, n, d] and its
         scale; `q8`: `fp8_query(q)` made ahead, `out`: where it goes) where that kernel runs, else [B, L,
         dim] in q's dtype. The only part of the block whose shapes depend on the KV cache's window."""
+        if self.sequence_parallel is not None:
+            return self.sequence_parallel.attention_output(self, q, k, v, kv)
         fp8 = self.takes_fp8_attention(q)
         if kv is not None:  # the causal model: attend to the cache's window (this chunk's keys included)
             k, v = kv.update(k, v, fp8_window=fp8)
@@ -215,7 +221,10 @@ class SelfAttention(nn.Module):
     def write_keys(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: LayerKV) -> None:
         """Only the KV cache's part of `forward`: this call's keys and values written, nothing attended."""
         b, s, _ = x.shape
-        kv.write(*self._keys_values(quantize_input(x, self.q), (b, s, self.num_heads, -1), rope))
+        k, v = self._keys_values(quantize_input(x, self.q), (b, s, self.num_heads, -1), rope)
+        if self.sequence_parallel is not None:
+            return self.sequence_parallel.write_keys(kv, k, v)
+        kv.write(k, v)
 
 
 class CrossAttention(SelfAttention):
@@ -409,6 +418,9 @@ class WanCameraDiT(nn.Module):
     # with a KV cache, the blocks run through this (`worldgen.models.block_graphs.BlockGraphs`, attached by
     # the Fast pipeline): CUDA graphs between the self-attentions; None: `run_blocks`, eagerly
     block_graphs: Callable[..., torch.Tensor | None] | None = None
+    # a rank of a sequence-parallel job (`worldgen.models.sequence_parallel.SequenceParallel.attach`): each
+    # forward works on its slice of the tokens; None (one device): nothing of it runs
+    sequence_parallel = None
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -455,12 +467,15 @@ class WanCameraDiT(nn.Module):
 
     def camera_inputs(self, cam: torch.Tensor | None, dtype: torch.dtype) -> list:
         """Each block's camera input: None (no camera), the camera tokens, or its (scale, shift) read
-        from the attached `camera_cache` (`worldgen.models.camera_cache`)."""
+        from the attached `camera_cache` (`worldgen.models.camera_cache`). A sequence-parallel rank's
+        are its rows of the tokens (the blocks' camera layers split with them)."""
         if cam is None:
             return [None] * len(self.blocks)
+        shard = self.sequence_parallel.shard if self.sequence_parallel is not None else lambda tokens: tokens
+        embed = lambda c: shard(self.embed_camera(c[:1].to(dtype)))  # noqa: E731
         if self.camera_cache is None:
-            return [self.embed_camera(cam[:1].to(dtype))] * len(self.blocks)
-        return self.camera_cache.block_inputs(cam, self.blocks, lambda c: self.embed_camera(c[:1].to(dtype)))
+            return [embed(cam)] * len(self.blocks)
+        return self.camera_cache.block_inputs(cam, self.blocks, embed)
 
     def grid(self, x: torch.Tensor) -> tuple[int, int, int]:
         """The token grid (frames, rows, columns) of a latent [B, C, F, H, W]."""
@@ -519,6 +534,9 @@ class WanCameraDiT(nn.Module):
         and values, and None comes back (the same cache, 1/40 of the refresh's work less)."""
         if keys_only and cache is None:
             raise ValueError("keys_only writes a KV cache: give one")
+        sp = self.sequence_parallel
+        if sp is not None:  # a leader hands the call to its peers first: they run it beside it
+            sp.before_forward(self, x, t, context, y, cam, cache, rope, keys_only)
         cfg = self.cfg
         dtype = self.compute_dtype
         inp = torch.cat([x, y], dim=1).to(dtype)
@@ -536,18 +554,22 @@ class WanCameraDiT(nn.Module):
             if self.time_cache is not None:  # t is kept with them: its id is not reused while they are held
                 self.time_cache[id(t)] = (t, e, e0)
 
+        if sp is not None:  # this rank's rows of the tokens (and of their RoPE tables) from here to the head
+            tokens, rope = sp.begin(tokens, rope)
         # with a cache the text keys/values are computed on its first call only: no need to embed again
         text = None if cache is not None and cache.has_text else self.embed_text(context)
         # camera tokens are the same for every sample of the batch: [1, L, dim], broadcast in the blocks;
         # with a camera cache, each covered block's modulation of this camera is computed once (first forward)
         cams = self.camera_inputs(cam, dtype)
-        if self.block_graphs is not None and cache is not None:
+        if self.block_graphs is not None and cache is not None and sp is None:
             tokens = self.block_graphs(self, tokens, e0, rope, text, cams, cache, keys_only)
         else:
             tokens = self.run_blocks(tokens, e0, rope, text, cams, cache, keys_only)
         if tokens is None:  # keys_only: the cache has them
             return None
         out = self.head(tokens, e)
+        if sp is not None:  # the head's few channels of every rank's rows
+            out = sp.gather(out)
         return unpatchify(out, (f, h, w), cfg.patch_size, cfg.out_dim)
 
     def run_blocks(

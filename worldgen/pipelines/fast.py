@@ -111,6 +111,7 @@ class FastPipeline(Pipeline):
         self.decode_after_loop = False  # a batch job's chunks decode after the loop (`plan_job` decides)
         self.camera_until_decode = False  # a chunk's camera modulation is freed before its decode (`plan_job`)
         self.kv_caches = 1  # KV caches a job holds at once, each planned in its share of the room (guided: 2)
+        self.scale_out = None  # a second rank: each forward split over two (`worldgen.pipelines.two_gpu`)
 
     def set_compute(self, compute: str) -> None:
         """Switch the DiT's compute between jobs (the bench compares both in one process); the VAE is
@@ -296,6 +297,8 @@ class FastPipeline(Pipeline):
         if spec is None or spec.frame_tokens != frame_tokens:  # no plan for this size: the reference's cache
             spec = full_cache_spec(latent_frames, frame_tokens, options)
         start = options.chunk_frames * frame_tokens
+        if self.scale_out is not None:  # each rank's cache holds half the heads (worldgen.pipelines.two_gpu)
+            return self.scale_out.new_cache(self.residency.use("fast"), spec, cfg, dtype, self.device, start)
         return KVCache(spec, cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype, self.device, start_tokens=start)
 
     # -- denoise -----------------------------------------------------------------------------------

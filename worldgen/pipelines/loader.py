@@ -7,6 +7,7 @@ Its own module so that neither pipeline imports the other's loader (the base pip
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -93,8 +94,9 @@ def load_pipeline(
     (`worldgen.kernels.attention`: auto, sdpa, flash, sage). `model`: "base" (the two experts) or "fast"
     (LingBot-World-Fast, a `worldgen.pipelines.fast.FastPipeline`). `compute`: "exact" ("bf16", its old name) or "fp8"
     (approximate, Ada/Hopper only: `worldgen.kernels.fp8`), a job's settings may override it. `devices`:
-    one device (as `device`) or two, the second running each step's unconditional pass
-    (`worldgen.pipelines.multi_gpu`; `devices_for_gpus` turns `--gpus 0,1` into them). What was applied is
+    one device (as `device`) or two: the base model's second runs each step's unconditional pass
+    (`worldgen.pipelines.multi_gpu`), the causal models' split each chunk forward with the first, from a
+    process of its own (`worldgen.pipelines.two_gpu`); `devices_for_gpus` turns `--gpus 0,1` into them. What was applied is
     recorded in `pipe.engine` (the worker reports it in its health answers). A Fast pipeline on CUDA
     compiles its kernels ahead (`FastPipeline.compile_ahead`); with `first_use_ahead` (a server) it also
     runs umT5 and the VAE once (`FastPipeline.first_use_ahead`), so its first job is as quick as its next;
@@ -190,9 +192,7 @@ def load_pipeline(
     t5_dtype = dtype if t5_device.type == "cuda" else torch.float32
     kind = Pipeline
     extra = {"experts": experts}
-    if devices and len(devices) == 2:
-        if model != "base":
-            raise InputError("--gpus with two GPUs: the Fast model has no guidance passes to split; use one GPU")
+    if devices and len(devices) == 2 and model == "base":  # guidance's two passes, one a device
         from worldgen.pipelines.multi_gpu import SecondDevice
 
         other = torch.device(devices[1])
@@ -261,6 +261,17 @@ def load_pipeline(
         "text_encoder": "cpu, streamed" if text_encoder_on_cpu else str(t5_device),
         "attention": backend,
     }
+    if devices and len(devices) == 2 and model != "base":  # each chunk forward split over both: rank 1 a process
+        from worldgen.pipelines.two_gpu import use_two_devices
+
+        if dit_config.num_heads % 2:
+            raise InputError(
+                f"two devices split the DiT's attention heads in halves: its {dit_config.num_heads} do not"
+            )
+
+        sizes = (vram_budget_gb, ram_budget_gb, layout.expert_gib, layout.kind)
+        rank1 = functools.partial(_rank1_dit, dit_folder, str(devices[1]), dtype, *sizes, backend, compute)
+        use_two_devices(pipe, rank1, [str(device), str(devices[1])])
     if model in ("fast", "causal") and device.type == "cuda":
         from worldgen.pipelines import fast_warm_up
 
@@ -308,6 +319,24 @@ def _prepared_expert(
     model.set_attention_backend(attention_backend)
     model.set_compute(compute)
     return model
+
+
+def _rank1_dit(
+    folder: Path, device: str, dtype: torch.dtype, vram_budget_gb, ram_budget_gb, expert_gib, kind, backend, compute
+) -> torch.nn.Module:
+    """Rank 1's DiT of a two-device causal job, loaded in its own process (`worldgen.pipelines.two_gpu`) under
+    its device's plan (it holds no text encoder or VAE)."""
+    from worldgen.runtime.checkpoint import load_expert
+    from worldgen.runtime.cuda_memory import apply_memory_cap, gpu_total_gib
+    from worldgen.runtime.memory import plan_memory
+
+    on = torch.device(device)
+    total = gpu_total_gib(on) if on.type == "cuda" else None
+    plan = plan_memory(
+        on, vram_budget_gb, ram_budget_gb, expert_gib=expert_gib, checkpoint_kind=kind, gpu_total_gib=total
+    )
+    apply_memory_cap(plan)
+    return _prepared_expert(load_expert(folder, on, dtype), plan, backend, compute)
 
 
 def _family_label(family: ModelFamily, dit_folder: Path) -> str:

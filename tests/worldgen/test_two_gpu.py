@@ -1,0 +1,208 @@
+"""A causal rollout split over two ranks (worldgen.pipelines.two_gpu, worldgen.models.sequence_parallel): two real
+processes on the CPU with the gloo backend give the one-process rollout of the golden tiny causal models (float32),
+rolling KV cache included; a rank that dies makes the other fail with PeerLost, and nothing waits forever."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from contracts.model_families import V1_FAST, V2_FAST
+from contracts.settings import GenerationSettings
+from tests.worldgen.numerics import rel_l2
+from worldgen.models.sequence_parallel import PeerLost, SequenceParallel
+from worldgen.pipelines.causal_pretrain import CausalPretrainPipeline
+from worldgen.pipelines.fast import FastPipeline
+from worldgen.pipelines.fast_plan import FastOptions
+from worldgen.pipelines.two_gpu import use_two_devices
+from worldgen.runtime.checkpoint import FAST_DIR, load_expert
+from worldgen.runtime.residency import ModelSlot
+
+SPLIT_TOL = 1e-6  # two ranks against one, float32: the same math, only GEMM row counts differ
+LOOP_TOL = 5e-5  # golden README: loop latents against the reference
+TIMEOUT_S = 30.0  # the tests' process-group timeout: a silent peer fails a collective within it
+
+
+def _pipeline(dit, family, kind=FastPipeline):
+    return kind(
+        dit=ModelSlot("fast", lambda: dit), dit_config=dit.cfg, tokenizer=None, text_encoder=None, vae=None,
+        device=torch.device("cpu"), text_len=dit.cfg.text_len, name="golden", family=family,
+    )  # fmt: skip
+
+
+def _rollout(pipe, io, options, **kwargs) -> torch.Tensor:
+    chunks = pipe.rollout_chunks(io["noise"], io["y"], io["context"], io["plucker"], options, **kwargs)
+    return torch.cat(list(chunks), dim=1)
+
+
+@pytest.fixture(scope="module")
+def v2_case(golden):
+    root = golden / "v2" / "fast"
+    spec = json.loads((root / "case.json").read_text())
+    run = spec["cases"]["loop_rolling"]
+    assert run["cache_rolls"] > 0  # the case rolls its cache: the split must keep the rolling rules
+    settings = GenerationSettings(
+        model="fast", shift=spec["shift"], attention_frames=run["local_attn_size"], sink_frames=run["sink_size"]
+    )
+    options = FastOptions.from_settings(settings, spec["frame_seqlen"], V2_FAST)
+    options = FastOptions(**{**options.__dict__, "chunk_frames": spec["chunk_size"],
+                             "timestep_indices": tuple(spec["timesteps_index"])})  # fmt: skip
+    io = load_file(root / "inputs.safetensors")
+    expected = load_file(root / "loop_rolling.safetensors")["latent_final"]
+    return root / run["checkpoint"], io, options, expected
+
+
+def test_the_token_split_pads_and_the_heads_exchange_needs_whole_groups():
+    """Rank r of P holds rows [r*ceil(L/P), (r+1)*ceil(L/P)) of a chunk, zeros past its end (dropped later)."""
+    x = torch.arange(5.0).view(1, 5, 1)
+    assert SequenceParallel(0, 2).shard(x).flatten().tolist() == [0, 1, 2]
+    assert SequenceParallel(1, 2).shard(x).flatten().tolist() == [3, 4, 0]
+    cos = torch.ones(5, 2)
+    assert SequenceParallel(1, 2).begin(x, (cos, cos))[1][0].shape == (3, 2)  # the RoPE rows follow the tokens
+    with pytest.raises(ValueError, match="3 attention heads do not split over 2 ranks"):
+        SequenceParallel(0, 2).attach(type("M", (), {"cfg": type("C", (), {"num_heads": 3})()})())
+
+
+def test_two_ranks_give_the_one_process_rollout_of_lingbot_world_2_with_its_rolling_cache(v2_case):
+    """The v2 causal-fast loop_rolling case (its window rolls, keeping the sink) on two gloo ranks equals the
+    one-process rollout; so does the guided causal-pretrain loop (two KV caches a rank) on the same ranks."""
+    checkpoint, io, options, expected = v2_case
+    dit = load_expert(checkpoint, "cpu", torch.float32)
+    pipe = _pipeline(dit, V2_FAST)
+    one = _rollout(pipe, io, options, renoise_draws=io["renoise"])
+    assert rel_l2(one, expected) < LOOP_TOL
+    pretrain = _pipeline(dit, V2_FAST, CausalPretrainPipeline)
+    pretrain.steps, pretrain.guide_scale = 3, 5.0
+    negative = torch.randn(io["context"].shape, generator=torch.Generator().manual_seed(1))
+    one_guided = _rollout(pretrain, io, options, negative_context=negative)
+
+    handle = use_two_devices(pipe, functools.partial(load_expert, checkpoint, "cpu", torch.float32), ["cpu", "cpu"],
+                             timeout_s=TIMEOUT_S, load_timeout_s=60)  # fmt: skip
+    try:
+        two = _rollout(pipe, io, options, renoise_draws=io["renoise"])
+        error = rel_l2(two, one)
+        print(f"v2 loop_rolling: two ranks vs one rel-L2 {error:.2e}")
+        assert error < SPLIT_TOL
+        assert handle.leader.forwards == 3 * 5 - 1  # 3 chunks of 4 steps and a refresh, none after the last
+        pretrain.scale_out = handle
+        two_guided = _rollout(pretrain, io, options, negative_context=negative)
+        error = rel_l2(two_guided, one_guided)
+        print(f"v2 causal-pretrain, 3 steps: two ranks vs one rel-L2 {error:.2e}")
+        assert error < SPLIT_TOL
+    finally:
+        handle.close()
+    assert handle.process is None
+
+
+def test_two_ranks_give_the_one_process_rollout_of_fast_and_split_an_odd_chunk(golden):
+    """v1 Fast's golden loop on two ranks equals the one-process rollout; then a chunk of 45 tokens (not
+    whole halves: rank 1's last row is padding) with a rolling window and a sink, camera and all."""
+    checkpoint = golden / "fast" / "lingbot-world-base-cam" / FAST_DIR
+    io = load_file(golden / "fast" / "loop" / "io.safetensors")
+    dit = load_expert(checkpoint, "cpu", torch.float32)
+    pipe = _pipeline(dit, V1_FAST)
+    one = _rollout(pipe, io, FastOptions(), renoise_draws=io["renoise"])
+    g = torch.Generator().manual_seed(3)
+    odd = {  # 9 latent frames of 6 x 10: 15 tokens a frame, 45 a chunk of 3
+        "noise": torch.randn(16, 9, 6, 10, generator=g),
+        "y": torch.randn(20, 9, 6, 10, generator=g),
+        "context": io["context"],
+        "plucker": torch.randn(1, 384, 9, 6, 10, generator=g),
+    }
+    rolling = FastOptions(cache_frames=5, sink_frames=2)  # 2 sink frames + 1 chunk: rolls from chunk 2 on
+    one_odd = _rollout(pipe, odd, rolling, generator=torch.Generator().manual_seed(4))
+
+    handle = use_two_devices(pipe, functools.partial(load_expert, checkpoint, "cpu", torch.float32), ["cpu", "cpu"],
+                             timeout_s=TIMEOUT_S, load_timeout_s=60)  # fmt: skip
+    try:
+        error = rel_l2(_rollout(pipe, io, FastOptions(), renoise_draws=io["renoise"]), one)
+        print(f"v1 Fast loop: two ranks vs one rel-L2 {error:.2e}")
+        assert error < SPLIT_TOL
+        two_odd = _rollout(pipe, odd, rolling, generator=torch.Generator().manual_seed(4))
+        error = rel_l2(two_odd, one_odd)
+        print(f"v1 Fast, 45-token chunks, rolling: two ranks vs one rel-L2 {error:.2e}")
+        assert error < SPLIT_TOL
+        # rank 0 gone without a word (its pipe closed): rank 1, idle between jobs, exits on its own
+        handle.conn.close()
+        handle.process.join(timeout=10)
+        assert handle.process.exitcode == 3
+    finally:
+        handle.close()
+
+
+def test_a_rank_that_dies_mid_rollout_fails_the_other_with_peer_lost(v2_case):
+    """Rank 1 killed after the first chunk: rank 0's next forward raises PeerLost at once (its collective's
+    connection is closed), well within the group's timeout; the pipeline's next job starts rank 1 again."""
+    checkpoint, io, options, expected = v2_case
+    pipe = _pipeline(load_expert(checkpoint, "cpu", torch.float32), V2_FAST)
+    handle = use_two_devices(pipe, functools.partial(load_expert, checkpoint, "cpu", torch.float32), ["cpu", "cpu"],
+                             timeout_s=TIMEOUT_S, load_timeout_s=60)  # fmt: skip
+    try:
+        chunks = pipe.rollout_chunks(io["noise"], io["y"], io["context"], io["plucker"], options,
+                                     renoise_draws=io["renoise"])  # fmt: skip
+        next(chunks)
+        os.kill(handle.peer_pid, signal.SIGKILL)
+        handle.process.join(timeout=10)
+        began = time.monotonic()
+        with pytest.raises(PeerLost, match="peer was lost|is gone"):
+            next(chunks)
+        assert time.monotonic() - began < TIMEOUT_S
+        # the pipeline goes on: its next job starts a new rank 1 and runs (the reference's rollout)
+        latent = _rollout(pipe, io, options, renoise_draws=io["renoise"])
+        assert handle.starts == 2 and rel_l2(latent, expected) < LOOP_TOL
+    finally:
+        began = time.monotonic()
+        handle.close()
+        assert time.monotonic() - began < 15
+
+
+def test_load_pipeline_with_two_devices_runs_a_fast_job_on_both(tmp_path):
+    """`load_pipeline(devices=[a, b], model="fast")` (what `generate --gpus 0,1` asks for): the whole job
+    (text, encode and decode on rank 0) gives the one-device video, each forward split with rank 1."""
+    from worldgen.pipelines.loader import load_pipeline
+
+    settings = GenerationSettings(model="fast", size="64*96", frame_num=21, seed=3)
+    image = torch.linspace(0, 1, 3 * 64 * 96).view(64, 96, 3).mul(255).to(torch.uint8).numpy()
+    poses = torch.eye(4).repeat(21, 1, 1).numpy()
+    intrinsics = torch.tensor([[400.0, 400.0, 416.0, 240.0]]).repeat(21, 1).numpy()
+    job = (image, "a room", poses, intrinsics, settings)
+    one = load_pipeline("tiny", device="cpu", model="fast", text_cache_dir=tmp_path).generate(*job)
+    two = load_pipeline("tiny", devices=["cpu", "cpu"], model="fast", text_cache_dir=tmp_path)
+    try:
+        assert two.engine["devices"] == ["cpu", "cpu"]
+        video = two.generate(*job)
+        error = rel_l2(video, one)
+        print(f"tiny Fast generate: two ranks vs one rel-L2 {error:.2e}")
+        assert error < SPLIT_TOL
+        assert two.scale_out.leader.forwards == 2 * 5 - 1  # 2 chunks: 4 steps each, one refresh between
+    finally:
+        two.scale_out.close()
+
+
+def test_a_rank_that_stops_answering_fails_the_other_with_peer_lost_within_the_timeout(v2_case):
+    """Rank 1 frozen (SIGSTOP: alive, its connections open, silent): rank 0's collective gives up after the
+    group's timeout with PeerLost; nothing waits forever, and closing does not wait for the frozen rank."""
+    checkpoint, io, options, _ = v2_case
+    pipe = _pipeline(load_expert(checkpoint, "cpu", torch.float32), V2_FAST)
+    handle = use_two_devices(pipe, functools.partial(load_expert, checkpoint, "cpu", torch.float32), ["cpu", "cpu"],
+                             timeout_s=5, load_timeout_s=60)  # fmt: skip
+    try:
+        chunks = pipe.rollout_chunks(io["noise"], io["y"], io["context"], io["plucker"], options,
+                                     renoise_draws=io["renoise"])  # fmt: skip
+        next(chunks)
+        os.kill(handle.peer_pid, signal.SIGSTOP)
+        began = time.monotonic()
+        with pytest.raises(PeerLost, match="peer was lost"):
+            next(chunks)
+        assert time.monotonic() - began < 5 + 10
+    finally:
+        began = time.monotonic()
+        handle.close()
+        assert time.monotonic() - began < 15

@@ -1,0 +1,353 @@
+"""A causal job (model fast or causal) on two devices of one host: each chunk forward split over two ranks.
+
+Rank 0 is the pipeline's own process: the text, the VAE's encode and decode, the chunk loop and its
+scheduler, and rank 0's half of every DiT forward. Rank 1 is a process spawned here (`follower_main`)
+that holds its own copy of the DiT's weights on the second device and runs only the other half of each
+forward (the split: `worldgen.models.sequence_parallel`, Ulysses over the heads). It learns each call
+from rank 0 (`Leader.before_forward`: a small header over a pipe, then x and t, and when they change y,
+the camera and the text, by broadcast) and each KV cache's life (made, grown, closed: `LeaderKVCache`).
+Each rank's caches hold half the heads; their token bookkeeping (and so rolling) is the same on both.
+
+The process group is gloo on the CPU, NCCL on CUDA, with a timeout (`contracts.engine_options.PEER_TIMEOUT_S`).
+A peer that dies closes its connections: the other rank's next collective or send fails with `PeerLost`
+(the rollout's error); the follower also exits when the leader's pipe closes, or its parent is gone.
+One two-device pipeline per process (the group is the process's default one).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from contracts.engine_options import PEER_LOAD_TIMEOUT_S, PEER_TIMEOUT_S
+from worldgen.models.camera_cache import CameraCache
+from worldgen.models.kv_cache import CacheSpec, KVCache
+from worldgen.models.positions import rope_tables
+from worldgen.models.sequence_parallel import PeerLost, SequenceParallel
+
+WORLD = 2
+DitFactory = Callable[[], torch.nn.Module]  # picklable (a top-level function or a partial of one): runs in rank 1
+
+
+def backend_for(device: torch.device | str) -> str:
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def _group(device: torch.device, timeout: datetime.timedelta) -> dict[str, Any]:
+    """The process group's settings for a rank on `device`: NCCL bound to its GPU (not the one its rank
+    number would guess: `--gpus 2,3`), gloo on the CPU; the timeout bounds every collective."""
+    bound = {"device_id": device} if device.type == "cuda" else {}
+    return {"backend": backend_for(device), "world_size": WORLD, "timeout": timeout, **bound}
+
+
+def _meta(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
+    return tuple(tensor.shape), tensor.dtype
+
+
+class Leader(SequenceParallel):
+    """Rank 0's split: `SequenceParallel` plus handing every forward and cache event to rank 1."""
+
+    def __init__(self, conn, process) -> None:
+        super().__init__(0, WORLD)
+        self.conn, self.process = conn, process
+        self.lost: str | None = None  # why the peer is gone, once it is: every later call fails with it
+        self.caches = 0
+        self.held: dict[str, torch.Tensor | None] = {}  # the y and camera tensors rank 1 holds (by identity)
+        self.forwards = 0  # forwards handed to rank 1
+
+    def send(self, message: dict[str, Any], quiet: bool = False) -> None:
+        """A header to rank 1; `quiet` (a cache's close in a `finally`): a lost peer is not raised again."""
+        if self.lost is None:
+            try:
+                if not self.process.is_alive():
+                    raise BrokenPipeError(f"it exited with code {self.process.exitcode}")
+                self.conn.send(message)
+                return
+            except (OSError, EOFError) as exc:
+                self.lost = f"rank 1 (pid {self.process.pid}) is gone: {self._peer_error() or exc}"
+        if not quiet:
+            raise PeerLost(self.lost)
+
+    def _peer_error(self) -> str | None:
+        """What rank 1 said before it went (its error), if anything."""
+        try:
+            while self.conn.poll(0.2):
+                message = self.conn.recv()
+                if message.get("op") == "error":
+                    return message["error"]
+        except (OSError, EOFError):
+            pass
+        return None
+
+    def _collective(self, op, *args) -> None:
+        if self.lost is not None:
+            raise PeerLost(self.lost)
+        try:
+            super()._collective(op, *args)
+        except PeerLost as exc:
+            said = self._peer_error()
+            self.lost = f"{exc}{f'; rank 1 said: {said}' if said else ''}"
+            raise PeerLost(self.lost) from exc.__cause__
+
+    def before_forward(self, model, x, t, context, y, cam, cache, rope, keys_only: bool) -> None:
+        if not isinstance(cache, LeaderKVCache):
+            raise ValueError("a two-device forward needs the pipeline's KV cache (worldgen.pipelines.two_gpu)")
+        send_y, send_cam = y is not self.held.get("y"), cam is not None and cam is not self.held.get("cam")
+        text = None
+        if not cache.has_text:  # the text keys/values are made on a cache's first call only
+            text = list(context) if isinstance(context, (list, tuple)) else list(context.unbind(0))
+        camera = model.camera_cache
+        self.send(
+            {
+                "op": "forward",
+                "id": cache.peer_id,
+                "call": cache.call,
+                "keys_only": keys_only,
+                "x": _meta(x),
+                "t": _meta(t),
+                "y": _meta(y) if send_y else None,
+                "cam": None if cam is None else _meta(cam) if send_cam else "held",
+                "text": None if text is None else [_meta(c) for c in text],
+                "camera_blocks": None if camera is None else camera.covered(len(model.blocks)),
+            }
+        )
+        for tensor in (x, t, *([y] if send_y else []), *([cam] if send_cam else []), *(text or [])):
+            self._collective(dist.broadcast, tensor.contiguous(), 0)
+        self.held["y"], self.forwards = y, self.forwards + 1
+        if send_cam:
+            self.held["cam"] = cam
+
+
+class LeaderKVCache(KVCache):
+    """Rank 0's KV cache (its heads); made, grown and closed on rank 1 alike, and each call's tokens noted."""
+
+    def __init__(
+        self,
+        leader: Leader,
+        spec: CacheSpec,
+        num_layers: int,
+        num_heads: int,
+        head_dim: int,
+        dtype,
+        device,
+        start_tokens,
+    ):
+        super().__init__(spec, num_layers, num_heads, head_dim, dtype, device, start_tokens)
+        self.leader, self.peer_id, self.call = leader, leader.caches, (0, 0)
+        leader.caches += 1
+        shape = {"layers": num_layers, "heads": num_heads, "head_dim": head_dim, "dtype": dtype, "start": start_tokens}
+        leader.send({"op": "cache", "id": self.peer_id, "spec": spec, **shape})
+
+    def begin(self, current_start: int, num_tokens: int) -> None:
+        super().begin(current_start, num_tokens)
+        self.call = (current_start, num_tokens)
+
+    def grow(self) -> None:
+        super().grow()
+        self.leader.send({"op": "grow", "id": self.peer_id})
+
+    def close(self) -> None:
+        super().close()
+        self.leader.held.clear()
+        self.leader.send({"op": "close", "id": self.peer_id}, quiet=True)
+
+
+class TwoDevices:
+    """Rank 0's handle on a two-device causal job: rank 1's process, the split, the per-rank caches.
+    Made by `use_two_devices`; `close` stops rank 1 (also at exit)."""
+
+    def __init__(
+        self,
+        dit_factory: DitFactory,
+        devices: list[str],
+        timeout_s: float = PEER_TIMEOUT_S,
+        load_timeout_s: float = PEER_LOAD_TIMEOUT_S,
+    ) -> None:
+        if len(devices) != WORLD:
+            raise ValueError(f"a two-device job takes two devices, not {devices}")
+        self.devices = [torch.device(d) for d in devices]
+        self.dit_factory, self.timeout_s, self.load_timeout_s = dit_factory, timeout_s, load_timeout_s
+        self.process = None
+        self._start()
+
+    def _start(self) -> None:
+        """Spawn rank 1 and join it in a process group (rank 1 then loads its weights: `wait_ready`)."""
+        if dist.is_initialized():
+            raise RuntimeError("this process already has a process group: one two-device pipeline per process")
+        self.ready = False
+        self._dir = tempfile.mkdtemp(prefix="lingbot-two-devices-")
+        store = f"file://{os.path.join(self._dir, 'store')}"  # a file rendezvous: no port to pick
+        context = mp.get_context("spawn")
+        self.conn, child = context.Pipe()
+        args = (child, store, str(self.devices[1]), self.timeout_s, self.dit_factory, os.getpid())
+        self.process = context.Process(target=follower_main, args=args, name="lingbot-rank1", daemon=True)
+        self.process.start()
+        child.close()
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        try:
+            dist.init_process_group(init_method=store, rank=0, **_group(self.devices[0], timeout))
+        except RuntimeError as exc:  # rank 1 never joined (it died while starting)
+            self.process.kill()
+            self.process = None
+            raise PeerLost(f"rank 1 did not join the process group: {exc}") from exc
+        self.leader = Leader(self.conn, self.process)
+        self.starts = getattr(self, "starts", 0) + 1
+        atexit.register(self.close)
+
+    @property
+    def peer_pid(self) -> int | None:
+        return self.process.pid
+
+    def wait_ready(self) -> None:
+        """Wait (bounded) until rank 1 has its weights: its first collective would otherwise time out."""
+        deadline = time.monotonic() + self.load_timeout_s
+        while not self.ready:
+            if self.leader.lost is not None:
+                raise PeerLost(self.leader.lost)
+            try:
+                if self.conn.poll(0.5):
+                    message = self.conn.recv()
+                    if message.get("op") == "error":
+                        raise EOFError(message["error"])
+                    self.ready = message.get("op") == "ready"
+                elif not self.process.is_alive():
+                    raise EOFError(f"it exited with code {self.process.exitcode}")
+                elif time.monotonic() > deadline:
+                    raise EOFError(f"it did not load its DiT within {self.load_timeout_s:g} s")
+            except (OSError, EOFError) as exc:
+                self.leader.lost = f"rank 1 (pid {self.process.pid}) is gone: {exc}"
+                raise PeerLost(self.leader.lost) from exc
+
+    def new_cache(self, model, spec: CacheSpec, cfg, dtype: torch.dtype, device, start_tokens: int) -> KVCache:
+        """A rollout's cache on rank 0 (its half of the heads), the same made on rank 1; `model` split first.
+        A rank 1 lost in an earlier job (that job failed with PeerLost) is started afresh first: the next job runs."""
+        if self.process is None or self.leader.lost is not None:
+            self.close()
+            self._start()
+        self.wait_ready()
+        self.leader.attach(model)
+        heads = cfg.num_heads // WORLD
+        return LeaderKVCache(self.leader, spec, cfg.num_layers, heads, cfg.head_dim, dtype, device, start_tokens)
+
+    def close(self) -> None:
+        """Stop rank 1 and leave the process group (idempotent)."""
+        if self.process is None:
+            return
+        atexit.unregister(self.close)
+        self.leader.send({"op": "stop"}, quiet=True)
+        self.process.join(timeout=10 if self.leader.lost is None else 0)  # a lost peer is not waited for
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=10)
+        self.process = None
+        self.conn.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def use_two_devices(pipe, dit_factory: DitFactory, devices: list[str], **kwargs: Any) -> TwoDevices:
+    """Give a Fast (or causal-pretrain) pipeline a second rank: its rollouts then split each forward over
+    `devices` (rank 0 is the pipeline's device). Captured forwards are turned off: a replay would run
+    rank 0's half without handing rank 1 the call."""
+    handle = TwoDevices(dit_factory, devices, **kwargs)
+    pipe.scale_out = handle
+    pipe.use_chunk_graphs = pipe.use_block_graphs = False
+    return handle
+
+
+# -- rank 1 ------------------------------------------------------------------------------------------
+def follower_main(conn, store: str, device: str, timeout_s: float, dit_factory: DitFactory, parent: int) -> None:
+    """Rank 1's process: join the group, load the DiT, then run the other half of every forward rank 0
+    hands over until told to stop, or until rank 0 is gone (its pipe closed, or no parent)."""
+    on = torch.device(device)
+    if on.type == "cuda":
+        torch.cuda.set_device(on)
+    else:  # the two ranks share the host's cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // WORLD))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(init_method=store, rank=1, **_group(on, timeout))
+    try:
+        model = dit_factory()
+        split = SequenceParallel(1, WORLD)
+        split.attach(model)
+        conn.send({"op": "ready"})
+        with torch.no_grad():
+            _serve(conn, model, split, on, parent)
+    except (PeerLost, EOFError, OSError) as exc:  # rank 0 is gone: nothing to tell it
+        print(f"lingbot rank 1: {type(exc).__name__}: {exc}", file=sys.stderr)
+        os._exit(3)
+    except BaseException as exc:  # noqa: BLE001  (anything else: said to rank 0, whose job fails with it)
+        traceback.print_exc()
+        with contextlib.suppress(OSError, EOFError):
+            conn.send({"op": "error", "error": f"{type(exc).__name__}: {exc}"})
+        os._exit(1)
+    dist.destroy_process_group()
+
+
+def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: int) -> None:
+    caches: dict[int, KVCache] = {}
+    held: dict[str, torch.Tensor | None] = {}
+    # one tensor per timestep value, so the model's time cache (keyed by the tensor) computes each once a job:
+    # the 14B's time projection is a large dequantized weight for one row (`WanCameraDiT.time_cache`)
+    steps: dict[tuple, torch.Tensor] = {}
+    model.time_cache = {}
+
+    def receive(meta) -> torch.Tensor:
+        tensor = torch.empty(meta[0], dtype=meta[1], device=device)
+        split._collective(dist.broadcast, tensor, 0)
+        return tensor
+
+    while True:
+        if not conn.poll(1.0):  # idle between jobs: nothing waits in a collective
+            if os.getppid() != parent:
+                raise EOFError("rank 0's process is gone")
+            continue
+        message = conn.recv()
+        op = message["op"]
+        if op == "stop":
+            return
+        if op == "cache":
+            shape = (message["layers"], message["heads"], message["head_dim"], message["dtype"])
+            caches[message["id"]] = KVCache(message["spec"], *shape, device, start_tokens=message["start"])
+        elif op == "grow":
+            caches[message["id"]].grow()
+        elif op == "close":
+            caches.pop(message["id"]).close()
+            held.clear()
+            steps.clear()
+            model.camera_cache, model.time_cache = None, {}
+        elif op == "forward":
+            x, t = receive(message["x"]), receive(message["t"])
+            t = steps.setdefault(tuple(t.tolist()), t)
+            if message["y"] is not None:
+                held["y"] = receive(message["y"])
+            if message["cam"] not in (None, "held"):
+                held["cam"] = receive(message["cam"])
+            cam = None if message["cam"] is None else held["cam"]
+            text = None if message["text"] is None else [receive(meta) for meta in message["text"]]
+            blocks = message["camera_blocks"]  # rank 0's camera cache, mirrored (the same blocks covered)
+            if blocks is None:
+                model.camera_cache = None
+            elif model.camera_cache is None or model.camera_cache.max_blocks != blocks:
+                model.camera_cache = CameraCache(blocks)
+            cache = caches[message["id"]]
+            current_start, tokens = message["call"]
+            f, h, w = model.grid(x)
+            cache.begin(current_start, tokens)
+            rope = rope_tables(model.cfg.head_dim, (f, h, w), device, current_start // (h * w))
+            model.forward_tokens(x, t, text, held["y"], cam, cache, rope, message["keys_only"])
+            cache.commit()
