@@ -94,10 +94,8 @@ class DiTConfig:
 
 
 class Linear(nn.Linear):
-    """nn.Linear that casts its input to the weight dtype, or computes in `dtype` when given.
-
-    `compute = "fp8"` (set by `WanCameraDiT.set_compute`) runs large bf16 calls as an FP8 GEMM.
-    """
+    """nn.Linear that casts its input to the weight dtype, or computes in `dtype` when given; `compute` "fp8" /
+    "int8" (set by `WanCameraDiT.set_compute`) runs large calls as an FP8 / INT8 GEMM."""
 
     compute = "exact"
 
@@ -136,9 +134,7 @@ def compute_dtype_of(linear: nn.Module) -> torch.dtype:
 
 
 class SelfAttention(nn.Module):
-    # set on the causal DiT's self-attentions of a rank of a sequence-parallel job
-    # (`worldgen.models.sequence_parallel`): q/k/v exchanged between token slices and head groups
-    sequence_parallel = None
+    sequence_parallel = None  # a sequence-parallel rank's (worldgen.models.sequence_parallel): q/k/v exchanged
 
     def __init__(self, dim: int, num_heads: int, eps: float):
         super().__init__()
