@@ -1,120 +1,222 @@
-"""LingBot-World 2.0 on one GPU: whole rollouts of a causal-fast (14B or 1.3B) or causal-pretrain download,
-per chunk, per compute, beside the floor of bench/fast_chunk_floor.py (shared/).
+"""LingBot-World 2.0 (causal-fast 14B / 1.3B, causal-pretrain 14B) on one GPU: whole rollouts, timed per chunk.
 
 Usage:
-  python bench/bench_v2.py --ckpt DIR [--assets-dir DIR] --action-path EXAMPLE [--model fast|causal]
-      [--size 480*832] [--frames 81,81,361] [--compute exact,fp8] [--attention-frames 18 --sink-frames 6]
-      [--vram-budget 24] [--steps 40] [--json OUT.json]
+  python bench/bench_v2.py --ckpt CKPT_DIR --example EXAMPLE_DIR [--model fast|causal] [--compute exact,fp8]
+      [--frames 81,81,361] [--size 480*832] [--attention-frames 18] [--sink-frames 6] [--seed 42]
+      [--steps 40] [--vram-budget GIB] [--assets-dir DIR] [--json OUT.json]
 
-One pipeline per compute (`load_pipeline`, as `generate` loads it); each --frames entry is one rollout of the
-example (seed 42) through `generate` with every chunk handed out as it is decoded (a streamed job, as a live
-view takes it). Per rollout it prints: the plan's KV cache and why, seconds to the first chunk (the first
-rollout after the load is a fresh process's), every chunk's seconds (wall between chunks handed out) and the
-DiT's part (`pipe.chunk_timings`), the steady chunk (median of chunks 2..), the whole rollout, peak VRAM
-allocated / reserved and peak RSS; per compute after the first, the rel-L2 of its video from the first
-compute's video (the same seed: decoded frames, float32 in [-1, 1]).
+CKPT_DIR is a 2.0 download (real, or bench/synthetic_checkpoint.py --v2 ...); EXAMPLE_DIR holds image.jpg,
+poses.npy, intrinsics.npy and prompt.txt. One pipeline is loaded per --compute entry (`load_pipeline`, which
+compiles the job's kernels ahead); each --frames entry is one rollout through `pipe.generate` with every chunk
+streamed out (`on_chunk`), so the first rollout after a load is a fresh process's first job and a repeated
+entry shows the warm figures. Per rollout it prints and writes (--json, rewritten after each rollout): seconds
+to the first chunk, each chunk's seconds (between `on_chunk` calls, and `pipe.chunk_timings`' DiT/encode/decode),
+the steady chunk (median of the chunks after the first), the whole rollout, the load, peak CUDA memory
+allocated / reserved (reset per rollout; `resident_gib`: allocated when the rollout started), the process's peak
+RSS, the KV cache plan, and for every compute after the first the relative L2 distance of its final latents
+(`pipe.last_latents`, all chunks) from the first compute's same rollout (same seed, same inputs; relative to
+the exact one's norm whichever ran first).
+--model causal runs the causal-pretrain loop (`--steps` guided steps a chunk, guidance 5.0);
+--frames 17 is one chunk (13 frames, 4 latent frames).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import gc
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from contracts import episode  # noqa: E402
+from contracts import atomic  # noqa: E402
 from contracts.settings import GenerationSettings  # noqa: E402
+from worldgen.pipelines.camera import load_action  # noqa: E402
 from worldgen.pipelines.loader import load_pipeline  # noqa: E402
+from worldgen.rollout import find_image, read_prompt  # noqa: E402
 from worldgen.runtime.metering import peak_rss_gib  # noqa: E402
 
 GiB = 2**30
 
 
-def rollout(pipe, example: Path, settings: GenerationSettings) -> tuple[dict, torch.Tensor]:
-    image = episode.find_image(example)
-    poses, intrinsics = episode.load_action(example)
-    if torch.cuda.is_available():
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def extend_poses(poses: np.ndarray, intrinsics: np.ndarray, frames: int) -> tuple[np.ndarray, np.ndarray]:
+    """At least `frames` poses: the path is repeated from its last pose, each step the same relative motion
+    (c2w_{i+1} = c2w_i @ inv(c2w_j) @ c2w_{j+1}, j cycling over the recorded path)."""
+    poses = [p for p in poses.astype(np.float64)]
+    steps = [np.linalg.inv(poses[j]) @ poses[j + 1] for j in range(len(poses) - 1)]
+    while len(poses) < frames:
+        poses.append(poses[-1] @ steps[(len(poses) - 1) % len(steps)])
+    if len(intrinsics) > 1:
+        intrinsics = np.concatenate([intrinsics, np.repeat(intrinsics[-1:], frames - len(intrinsics), 0)])
+    return np.stack(poses).astype(np.float32), intrinsics
+
+
+def settings_for(args: argparse.Namespace, frames: int) -> GenerationSettings:
+    given = dict(model=args.model, size=args.size, frame_num=frames, seed=args.seed)
+    given.update(attention_frames=args.attention_frames, sink_frames=args.sink_frames)
+    if args.model == "causal":
+        given.update(steps=args.steps, guide_scale=5.0)
+    return GenerationSettings.from_dict(given)
+
+
+def one_rollout(pipe, args, example, frames: int) -> dict:
+    """One `pipe.generate` with every chunk streamed out: its figures (and its latents, under "_latents")."""
+    image, prompt, poses, intrinsics = example
+    if len(poses) < frames:
+        poses, intrinsics = extend_poses(poses, intrinsics, frames)
+    settings = settings_for(args, frames)
+    gc.collect()
+    cuda = torch.cuda.is_available()
+    if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    marks: list[float] = []
+    resident = torch.cuda.memory_allocated() / GiB if cuda else 0.0
+    stamps: list[float] = []
     start = time.perf_counter()
     video = pipe.generate(
-        image, episode.read_prompt(example), poses, intrinsics, settings,
-        on_chunk=lambda i, n, frames: marks.append(time.perf_counter()),
-    )  # fmt: skip
+        image, prompt, poses, intrinsics, settings, on_chunk=lambda *_: stamps.append(time.perf_counter())
+    )
     whole = time.perf_counter() - start
-    chunks = [b - a for a, b in zip([start, *marks], marks, strict=False)]
+    gaps = [b - a for a, b in zip([start, *stamps], stamps, strict=False)]  # chunk 0: from the start of the rollout
     dit = [round(t.get("dit", 0.0), 3) for t in pipe.chunk_timings]
-    result = {
+    spec = pipe.cache_spec
+    return {
+        "frames_asked": frames,
         "frames": int(video.shape[1]),
-        "kv_cache": pipe.cache_spec.describe() if pipe.cache_spec else None,
-        "kv_reason": pipe.cache_reason,
-        "first_chunk_s": round(chunks[0], 3),
-        "chunk_s": [round(c, 3) for c in chunks],
-        "dit_s": dit,
-        "steady_chunk_s": round(statistics.median(chunks[1:]), 3) if len(chunks) > 1 else None,
+        "chunks": len(stamps),
+        "first_chunk_s": round(gaps[0], 3),
+        "text_s": round(pipe.timings.get("text", 0.0), 3),
+        "chunk_s": [round(g, 3) for g in gaps],
+        "steady_chunk_s": round(statistics.median(gaps[1:]), 3) if len(gaps) > 1 else None,
+        "chunk_dit_s": dit,
         "steady_dit_s": round(statistics.median(dit[1:]), 3) if len(dit) > 1 else None,
-        "whole_s": round(whole, 2),
-        "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / GiB, 2) if torch.cuda.is_available() else None,
-        "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / GiB, 2) if torch.cuda.is_available() else None,
+        "chunk_decode_s": [round(t.get("decode", 0.0), 3) for t in pipe.chunk_timings],
+        "chunk_encode_s": [round(t.get("encode", 0.0), 3) for t in pipe.chunk_timings],
+        "whole_s": round(whole, 3),
+        "timings": {k: round(v, 3) for k, v in pipe.timings.items()},
+        "resident_gib": round(resident, 2),
+        "max_allocated_gib": round(torch.cuda.max_memory_allocated() / GiB, 2) if cuda else None,
+        "max_reserved_gib": round(torch.cuda.max_memory_reserved() / GiB, 2) if cuda else None,
         "peak_rss_gib": round(peak_rss_gib() or 0.0, 2),
+        "kv_cache": spec.describe() if spec is not None else None,
+        "cache_reason": pipe.cache_reason,
+        "_latents": torch.cat(pipe.last_latents, dim=1),
     }
-    return result, video
+
+
+def summary(r: dict) -> str:
+    chunks = " ".join(f"{g:.2f}" for g in r["chunk_s"])
+    return (
+        f"  {r['frames']} frames ({r['chunks']} chunks): first chunk {r['first_chunk_s']:.2f} s (text "
+        f"{r['text_s']:.2f}), steady chunk {r['steady_chunk_s']} s (DiT {r['steady_dit_s']}), whole "
+        f"{r['whole_s']:.2f} s; allocated {r['max_allocated_gib']} GiB (resident at start {r['resident_gib']}), "
+        f"reserved {r['max_reserved_gib']} GiB, peak RSS {r['peak_rss_gib']} GiB"
+        + (f"; vs the first compute: rel-L2 {r['rel_l2_vs_first']:.4f}" if "rel_l2_vs_first" in r else "")
+        + f"\n    chunks: {chunks}\n    DiT: {r['chunk_dit_s']}\n    decode: {r['chunk_decode_s']}"
+        f"\n    KV cache: {r['kv_cache']} -- {r['cache_reason']}"
+    )
+
+
+def run_compute(args, compute: str, example, frames_list, reference: dict, report: dict) -> None:
+    """Load a pipeline in `compute`, run every rollout, compare with `reference` (index -> latents) or fill it."""
+    entry = {"compute": compute, "rollouts": []}
+    report["computes"].append(entry)
+    start = time.perf_counter()
+    pipe = load_pipeline(
+        args.ckpt,
+        device=args.device,
+        vram_budget_gb=args.vram_budget,
+        model=args.model,
+        compute=compute,
+        assets_dir=args.assets_dir,
+        ahead_settings=settings_for(args, frames_list[0]),
+    )
+    entry["load_s"] = round(time.perf_counter() - start, 2)
+    entry["engine"] = {k: v for k, v in pipe.engine.items() if isinstance(v, (str, int, float, bool, type(None)))}
+    entry["name"] = pipe.name
+    print(f"[{compute}] {pipe.name}: loaded in {entry['load_s']} s ({entry['engine']})", flush=True)
+    for i, frames in enumerate(frames_list):
+        try:
+            r = one_rollout(pipe, args, example, frames)
+        except Exception as exc:  # noqa: BLE001  (report it, go on with the next compute)
+            entry["rollouts"].append({"frames_asked": frames, "error": traceback.format_exc()[-3000:]})
+            print(f"[{compute}] {frames} frames FAILED: {type(exc).__name__}: {exc}", flush=True)
+            traceback.print_exc()
+            atomic.write_json(args.json, report, indent=1) if args.json else None
+            break
+        latents = r.pop("_latents")
+        if i in reference and reference[i].shape == latents.shape:
+            # relative to exact's latents, whichever compute ran first
+            ref, new = (latents, reference[i]) if compute == "exact" else (reference[i], latents)
+            r["rel_l2_vs_first"] = round(rel_l2(new, ref), 5)
+            r["rel_l2_last_chunk"] = round(rel_l2(new[:, -4:], ref[:, -4:]), 5)
+        else:
+            reference.setdefault(i, latents)
+        if i == 0:
+            entry["plan"] = pipe.describe_plan()
+            print(entry["plan"], flush=True)
+        entry["rollouts"].append(r)
+        print(f"[{compute}] rollout {i + 1}:\n{summary(r)}", flush=True)
+        if args.json:
+            atomic.write_json(args.json, report, indent=1)
+    del pipe
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ckpt", required=True, help="a LingBot-World 2.0 download (or tiny-v2)")
-    parser.add_argument("--assets-dir", help="the 1.3B's umT5, VAE and tokenizer (default: beside it or a sibling)")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ckpt", type=Path, required=True)
     parser.add_argument(
-        "--action-path", type=Path, required=True, help="example folder: image, poses, intrinsics, prompt"
+        "--example", "--action-path", type=Path, required=True, help="image, prompt.txt, poses.npy, intrinsics.npy"
     )
-    parser.add_argument("--model", default="fast", choices=("fast", "causal"))
+    parser.add_argument("--model", choices=("fast", "causal"), default="fast")
+    parser.add_argument("--compute", default="exact,fp8")
+    parser.add_argument("--frames", default="81,81,361", help="one rollout each")
     parser.add_argument("--size", default="480*832")
-    parser.add_argument("--frames", default="81,81", help="comma-separated: one rollout each")
-    parser.add_argument("--compute", default="exact,fp8", help="comma-separated: one pipeline each")
-    parser.add_argument("--attention-frames", type=int, default=18, help="the KV window (0: the whole video)")
+    parser.add_argument("--attention-frames", type=int, default=18)
     parser.add_argument("--sink-frames", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=40, help="--model causal: UniPC steps a chunk")
-    parser.add_argument("--vram-budget", type=float)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--json", type=Path, help="write every result here (rewritten after each rollout)")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--steps", type=int, default=40, help="--model causal: guided steps a chunk")
+    parser.add_argument("--vram-budget", type=float, default=None, help="GiB (default: no budget)")
+    parser.add_argument("--assets-dir", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
-    results: list[dict] = []
-    first_video: torch.Tensor | None = None
+    poses, intrinsics = load_action(args.example)
+    example = (find_image(args.example), read_prompt(args.example), poses, intrinsics)
+    frames_list = [int(f) for f in args.frames.split(",")]
+    report = {
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "poses": len(poses),
+        "computes": [],
+    }
+    print(f"torch {torch.__version__} on {report['device']}; {len(poses)} poses in {args.example}", flush=True)
+    reference: dict[int, torch.Tensor] = {}
     for compute in args.compute.split(","):
-        started = time.perf_counter()
-        pipe = load_pipeline(
-            args.ckpt, device=args.device, vram_budget_gb=args.vram_budget, model=args.model, compute=compute,
-            assets_dir=args.assets_dir,
-        )  # fmt: skip
-        load_s = time.perf_counter() - started
-        print(f"[{compute}] {pipe.name}: loaded in {load_s:.1f} s", flush=True)
-        for i, frames in enumerate(int(f) for f in args.frames.split(",")):
-            extra = {"steps": args.steps, "guide_scale": 5.0} if args.model == "causal" else {}
-            settings = GenerationSettings(
-                model=args.model, size=args.size, frame_num=frames, seed=42, attention_frames=args.attention_frames,
-                sink_frames=args.sink_frames, **extra,
-            )  # fmt: skip
-            result, video = rollout(pipe, args.action_path, settings)
-            result.update(compute=compute, rollout=i, requested_frames=frames, load_s=round(load_s, 1))
-            if compute != args.compute.split(",")[0] and first_video is not None and first_video.shape == video.shape:
-                result["video_rel_l2_from_first_compute"] = float((video - first_video).norm() / first_video.norm())
-            if i == 0 and compute == args.compute.split(",")[0]:
-                first_video = video
-            results.append(result)
-            print(json.dumps(result), flush=True)
-            if args.json:
-                args.json.write_text(json.dumps(results, indent=1))
-        del pipe
-        if torch.cuda.is_available():
+        try:
+            run_compute(args, compute, example, frames_list, reference, report)
+        except Exception as exc:  # noqa: BLE001  (a failed load: report it, try the next compute)
+            report["computes"].append({"compute": compute, "error": traceback.format_exc()[-3000:]})
+            print(f"[{compute}] FAILED: {type(exc).__name__}: {exc}", flush=True)
+            traceback.print_exc()
+            gc.collect()
             torch.cuda.empty_cache()
+        if args.json:
+            atomic.write_json(args.json, report, indent=1)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,15 @@ what we can measure memory, speed and load throughput on without downloading the
 The tokenizer is our tiny character tokenizer (ids fit the real vocabulary).
 
 Usage: python bench/synthetic_checkpoint.py OUT_DIR [--layout nf4|bf16] [--device cuda] [--experts high,low]
-       [--no-shared] [--fast]  (--experts high --no-shared: one expert only, e.g. to benchmark quantize;
-       --fast: also the LingBot-World-Fast DiT, lingbot_world_fast[_bnb_nf4]/; --experts none --fast:
-       only it and the shared parts; --v2 14b-fast|1.3b-fast|14b-pretrain: a LingBot-World 2.0 download)
+       [--no-shared] [--fast] [--v2 14b-fast|1.3b-fast|14b-pretrain]
+  --experts high --no-shared: one expert only, e.g. to benchmark quantize; --experts none: the shared parts only;
+  --fast: also the LingBot-World-Fast DiT, lingbot_world_fast[_bnb_nf4]/ (--experts none --fast: it and the shared parts);
+  --v2: a LingBot-World 2.0 download instead of the experts: 14b-fast (transformers[_bnb_nf4]/, WanModelFast, the
+  default 14B DiTConfig), 14b-pretrain (transformer_causal[_bnb_nf4]/, WanModelCausal), both with the shared parts
+  unless --no-shared; 1.3b-fast (transformers/, Wan2.1-1.3B's shape) is its DiT alone in the bf16 layout, as
+  released: its umT5, VAE and tokenizer come from a 14B download beside it (or --assets-dir). E.g.
+    python bench/synthetic_checkpoint.py /tmp/v2/14b-fast --v2 14b-fast
+    python bench/synthetic_checkpoint.py /tmp/v2/1.3b-fast --v2 1.3b-fast
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ V2_DITS = {
     ),
     "14b-pretrain": (("transformer_causal", "transformer_causal_bnb_nf4"), "WanModelCausal", DiTConfig()),
 }
+V2_DIT_ONLY = ("1.3b-fast",)  # downloads that hold their DiT alone (contracts.checkpoint_layout.find_v2_checkpoint)
 
 
 def write_expert(
@@ -104,7 +111,7 @@ def write_expert(
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
-    parser.add_argument("--layout", choices=("nf4", "bf16"), default="nf4")
+    parser.add_argument("--layout", choices=("nf4", "bf16"), help="default nf4 (bf16 for --v2 1.3b-fast)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--experts", default="high,low", help="which experts to write")
     parser.add_argument("--no-shared", action="store_true", help="skip umT5, VAE and tokenizer")
@@ -115,6 +122,11 @@ def main() -> None:
         help="a LingBot-World 2.0 download instead: its DiT (and shared parts unless --no-shared)",
     )
     args = parser.parse_args()
+    if args.v2 in V2_DIT_ONLY:  # as released: the DiT alone, bf16 (the shared parts are the 14B's)
+        if args.layout == "nf4":
+            parser.error(f"--v2 {args.v2} is released in the bf16 layout only")
+        args.layout, args.no_shared = "bf16", True
+    args.layout = args.layout or "nf4"
     device = torch.device(args.device)
     args.out.mkdir(parents=True, exist_ok=True)  # also when only the shared parts are written
     start = time.perf_counter()

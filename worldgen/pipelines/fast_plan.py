@@ -305,7 +305,8 @@ def describe_fast_plan(pipe) -> str:
     for line in pipe.plan.describe().splitlines():
         if line.startswith("  denoise"):
             ffn = next(part for part in line.split("; ") if part.startswith("feed-forward"))
-            line = f"  denoise Fast DiT resident, chunk by chunk (4 steps, then 1 cache refresh before the next chunk); {ffn}"
+            steps = f"{pipe.steps} guided steps (two passes each)" if getattr(pipe, "kv_caches", 1) == 2 else "4 steps"
+            line = f"  denoise Fast DiT resident, chunk by chunk ({steps}, then 1 cache refresh before the next chunk); {ffn}"
             line += f"; camera modulation kept a chunk in {pipe.camera_blocks} of {pipe.dit_config.num_layers} blocks"
             line += " until its decode (one slab)" if pipe.camera_until_decode else ""
             line += "; blocks replayed as CUDA graphs between self-attentions" if pipe.block_graph_room else ""
