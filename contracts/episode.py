@@ -46,6 +46,11 @@ RIGID_TOLERANCE = 1e-6  # max |last row - [0, 0, 0, 1]| of a camera-to-world mat
 ROTATION_TOLERANCE = 1e-3  # max |R^T R - I|: float32 poses of long trajectories drift a little
 MIN_POSES = 1  # the format's minimum (a still camera); readers accept any N >= 1
 GENERATE_MIN_POSES = 5  # what generation needs: 5 frames = 2 latent frames, the shortest motion
+# |translation| bound (any unit): the engine resamples in float64 and then works in float32 (differences,
+# rotations, norms whose squares must stay below 3.4e38, division by the scale); 1e9 leaves every step
+# finite with room, and is a million km in metres (a path beyond it is a unit mistake, not a scene)
+MAX_TRANSLATION = 1e9
+MAX_IMAGE_PIXELS = 8192 * 8192  # a first frame is decoded whole to be checked; the model uses <= 832*480
 
 POSES_FIX = "poses must be [N, 4, 4] float camera-to-world matrices (OpenCV axes: x right, y down, z forward)"
 INTRINSICS_FIX = (
@@ -85,6 +90,13 @@ def check_poses(poses: Any, where: str = "poses", min_poses: int = MIN_POSES, wh
     bad = np.flatnonzero(~np.isfinite(poses).all(axis=(1, 2)))
     if bad.size:
         raise EpisodeError(f"{where}: pose {bad[0]} has NaN or infinite values; {POSES_FIX}")
+    bad = np.flatnonzero(np.abs(poses[:, :3, 3]).max(axis=1) > MAX_TRANSLATION)
+    if bad.size:
+        raise EpisodeError(
+            f"{where}: pose {bad[0]} has a translation of {np.abs(poses[bad[0], :3, 3]).max():.3g}, beyond "
+            f"+-{MAX_TRANSLATION:g} (what float32 camera maths survives); express the path in metres or "
+            "centimetres, or re-centre it near the origin"
+        )
     bad = np.flatnonzero(np.abs(poses[:, 3] - [0, 0, 0, 1]).max(axis=1) > RIGID_TOLERANCE)
     if bad.size:
         raise EpisodeError(
@@ -175,15 +187,25 @@ def image_format(data: bytes, where: str = "image") -> str:
 
 
 def image_hw(data: bytes, where: str = "image") -> tuple[int, int]:
-    """(height, width) of JPEG or PNG bytes, from the header alone (nothing decoded); EpisodeError
-    for bytes Pillow cannot open."""
+    """(height, width) of JPEG or PNG bytes, decoded whole (a header or the magic bytes alone pass a
+    sniff and fail in the worker); EpisodeError for bytes Pillow cannot decode or too many pixels."""
     from PIL import Image
 
     try:
         with Image.open(io.BytesIO(data)) as img:
             width, height = img.size
-    except Exception as exc:  # whatever Pillow raises for these bytes (broken header, bomb) is theirs
-        raise EpisodeError(f"{where}: not a readable JPEG or PNG ({exc})") from None
+            if width * height > MAX_IMAGE_PIXELS:
+                raise EpisodeError(
+                    f"{where}: {width}x{height} pixels is above {MAX_IMAGE_PIXELS} (8192x8192); send the "
+                    "first frame at the render size (the model uses at most 832x480)"
+                )
+            img.load()
+    except EpisodeError:
+        raise
+    except Exception as exc:  # whatever Pillow raises for these bytes (broken data, truncation, bomb) is theirs
+        reason = str(exc).split(" (")[0][:200]  # Pillow's words, never a path (the bytes have none)
+        raise EpisodeError(f"{where}: not a readable JPEG or PNG ({type(exc).__name__}: {reason}); "
+                           "send a whole image.jpg or image.png") from None  # fmt: skip
     return height, width
 
 

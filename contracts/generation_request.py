@@ -17,12 +17,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from contracts.errors import InputError
+from contracts.model_families import V1_FAST
 from contracts.model_frame import format_size
 from contracts.settings import GenerationSettings
 
 VAE_STRIDE = (4, 8, 8)  # temporal, height, width
 PATCH = (1, 2, 2)  # the DiT's patch: latent sizes are multiples of 2
 MIN_FRAMES = 5  # 2 latent frames: the shortest video with any motion
+# latent frames per Fast chunk: v1 Fast's, the smallest of the causal-fast families (contracts.model_families), so the
+# door refuses no length some family can make; a LingBot-World 2.0 worker (4-frame chunks) names its own minimum
+FAST_CHUNK_FRAMES = V1_FAST.chunk_frames
+FAST_MIN_FRAMES = (FAST_CHUNK_FRAMES - 1) * VAE_STRIDE[0] + 1  # 9: the Fast model makes whole chunks only
+
+
+def min_frames(model: str) -> int:
+    """The fewest frames (4n+1) a job of `model` makes: one whole chunk for fast, 2 latent frames else."""
+    return FAST_MIN_FRAMES if model == "fast" else MIN_FRAMES
 
 
 def frames_4n1(frame_num: int) -> int:
@@ -88,8 +98,10 @@ def resolve_request(settings: GenerationSettings, image_hw: tuple[int, int], num
         if covered < frames:
             adjustments.append(f"{frames} frames asked, {num_poses} poses: generating {covered}")
             frames = covered
-    if frames < MIN_FRAMES:
-        raise InputError(f"frame_num {asked} is too small: use at least {MIN_FRAMES} frames (4n+1)")
+    least = min_frames(settings.model)
+    if frames < least:
+        why = f" (model fast makes whole chunks of {FAST_CHUNK_FRAMES} latent frames)" if least != MIN_FRAMES else ""
+        raise InputError(f"frame_num {asked} is too small: use at least {least} frames (4n+1){why}")
     lat_h, lat_w = latent_size(image_hw, settings.max_area)
     height, width = lat_h * VAE_STRIDE[1], lat_w * VAE_STRIDE[2]
     h0, w0 = image_hw

@@ -29,7 +29,7 @@ class SettingsError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Field:
-    """One row of the settings table. `kind`: int | float | str | choice | pair | optional-str."""
+    """One row of the settings table. `kind`: int | float | str | choice | pair | optional-str | optional-float."""
 
     name: str
     kind: str
@@ -113,6 +113,17 @@ FIELDS: tuple[Field, ...] = (
         high=1024,
     ),
     Field(
+        "translation_scale",
+        "optional-float",
+        None,
+        "camera travel between latent frames (4 video frames) that the model sees as a step of 1, in the poses' "
+        "unit (e.g. the robot's top speed x 4 / fps); fixed for the whole video, so a live job and a batch job "
+        "given the same value make the same video (None: batch: the path's largest step; live: the first "
+        "moving chunk's largest step, then held)",
+        low=1e-6,
+        high=1e9,
+    ),
+    Field(
         "gpus",
         "int",
         1,
@@ -156,6 +167,8 @@ def _check(spec: Field, value: Any) -> Any:
         return tuple(
             _number(Field(f"{name}[{i}]", "float", None, "", spec.low, spec.high), v) for i, v in enumerate(value)
         )
+    if value is None and spec.kind == "optional-float":
+        return None
     return _number(spec, value)
 
 
@@ -199,6 +212,7 @@ class GenerationSettings:
     kv_cache: str = FIELD_BY_NAME["kv_cache"].default
     attention_frames: int = FIELD_BY_NAME["attention_frames"].default
     sink_frames: int = FIELD_BY_NAME["sink_frames"].default
+    translation_scale: float | None = FIELD_BY_NAME["translation_scale"].default
     gpus: int = FIELD_BY_NAME["gpus"].default
 
     def __post_init__(self) -> None:

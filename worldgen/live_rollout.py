@@ -105,7 +105,10 @@ def generate_live_episode(
         if on_start is not None:
             on_start(chunk, poses)
 
-    camera = LiveCamera(feed.wait, intrinsics, frames, height, width, chunk_frames=n, on_start=started)
+    camera = LiveCamera(
+        feed.wait, intrinsics, frames, height, width, chunk_frames=n, on_start=started,
+        translation_scale=settings.translation_scale,
+    )  # fmt: skip
     first_phase, t0 = len(pipe.meter.records), time.perf_counter()
     extra = {} if on_chunk is None else {"on_chunk": on_chunk}
     video, notes = generate_noting(pipe, image, prompt, None, None, settings, progress=progress, camera=camera, **extra)

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from bridge.server.engine_rules import check_first_frame
 from bridge.server.jobs import Job
 from bridge.wire import protocol
 from bridge.wire.live_protocol import LiveOpen, PoseBatch
@@ -155,6 +156,8 @@ class LiveJobs:
             return
         try:
             settings = self._job_settings(request.settings)
+            if settings.model == "fast":  # (another model is refused below, in a live job's words)
+                check_first_frame(settings, request.image, "live image")  # the batch door's rules
         except ProtocolError as exc:
             self._refuse(peer, rid, exc.code, str(exc))
             return
@@ -202,8 +205,8 @@ class LiveJobs:
         log.info("live job %s accepted from %s (%d waiting)", job.id, client, len(self.queue))
         self._reply_accepted(peer, rid, job)
 
-    def _live_job(self, peer: bytes, rid: str, job_id: str) -> tuple[Job, LiveFeed] | None:
-        job = self._lookup(peer, JobRequest("poses", rid, job_id))
+    def _live_job(self, peer: bytes, client: str, rid: str, job_id: str) -> tuple[Job, LiveFeed] | None:
+        job = self._lookup(peer, JobRequest("poses", rid, job_id), owner=client)
         if job is None:
             return None
         feed = self._live_feeds().get(job.id)
@@ -217,7 +220,7 @@ class LiveJobs:
         return job, feed
 
     def _on_poses(self, peer: bytes, client: str, request: PoseBatch) -> None:
-        found = self._live_job(peer, request.rid, request.job)
+        found = self._live_job(peer, client, request.rid, request.job)
         if found is None:
             return
         job, feed = found
@@ -265,8 +268,8 @@ class LiveJobs:
         self._nudge_worker(job, feed)
         self._reply_poses(peer, request.rid, job, feed, request.seq)
 
-    def _on_end(self, peer: bytes, request: JobRequest) -> None:
-        found = self._live_job(peer, request.rid, request.job)
+    def _on_end(self, peer: bytes, request: JobRequest, client: str) -> None:
+        found = self._live_job(peer, client, request.rid, request.job)
         if found is None:
             return
         job, feed = found

@@ -25,6 +25,11 @@ from contracts.settings import GenerationSettings
 
 log = logging.getLogger("bridge.server.server")
 
+# Requests that change a job (`poses` too): only its owner's are accepted (the identity that opened
+# it: the connection, or its CurveZMQ key across reconnects); anyone else gets `not_found`, as if the
+# job did not exist. Reading a job (status, watch) stays open to whoever holds its id.
+MUTATING = ("cancel", "end")
+
 
 class RequestHandling:
     def _identity(self, peer: bytes, header: zmq.Frame) -> str:
@@ -57,6 +62,8 @@ class RequestHandling:
         elif isinstance(request, (LiveOpen, PoseBatch)):  # live jobs: bridge/server/live_jobs.py
             handler = self._on_live if isinstance(request, LiveOpen) else self._on_poses
             handler(peer, self._identity(peer, frames[0]), request)
+        elif request.type in MUTATING:  # only the job's owner may change it
+            getattr(self, f"_on_{request.type}")(peer, request, self._identity(peer, frames[0]))
         else:
             getattr(self, f"_on_{request.type}")(peer, request)
 
@@ -176,8 +183,8 @@ class RequestHandling:
         if job.state == "queued":
             job.sent_position = fields["queue_position"]
 
-    def _on_cancel(self, peer: bytes, request: JobRequest) -> None:
-        job = self._lookup(peer, request)
+    def _on_cancel(self, peer: bytes, request: JobRequest, client: str) -> None:
+        job = self._lookup(peer, request, owner=client)
         if job is None:
             return
         if job.state == "queued":
@@ -227,8 +234,12 @@ class RequestHandling:
             self.unavailable = None
         self._send(peer, protocol.encode("reloaded", {"rid": request.rid, "restarted": restarted}))
 
-    def _lookup(self, peer: bytes, request: JobRequest) -> Job | None:
+    def _lookup(self, peer: bytes, request: JobRequest, owner: str | None = None) -> Job | None:
+        """The job a request names, or None after a `not_found` reply; with `owner`, only that
+        client's job (another's is answered exactly as a missing one: ids are not probed)."""
         job = self.jobs.get(request.job)
+        if job is not None and owner is not None and job.client != owner:
+            job = None
         if job is None:
             message = (
                 f"no job {request.job!r} on this server (finished jobs are kept {self.config.result_ttl_s / 3600:g} h)"

@@ -55,9 +55,13 @@ def _live_open(message: Message) -> LiveOpen:
         episode.check_intrinsics(intrinsics, 1, "live.intrinsics")
     except EpisodeError as exc:
         raise ProtocolError(str(exc), "bad_input") from None
+    try:  # the episode's own rule, as `submit`'s (bridge.wire.protocol.parse_request): bad_request
+        prompt = episode.check_prompt(fields["prompt"], "live.prompt")
+    except EpisodeError as exc:
+        raise ProtocolError(str(exc)) from None
     return LiveOpen(
         rid=fields["rid"],
-        prompt=fields["prompt"],
+        prompt=prompt,
         settings=dict(fields.get("settings") or {}),
         image=image,
         image_format=fmt,

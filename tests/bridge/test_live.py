@@ -5,6 +5,7 @@ client that stops reading and a client that sends far too fast each end as the p
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -91,6 +92,28 @@ def test_chunks_come_while_poses_are_sent_and_the_video_is_the_batch_video(live_
     record = outcome.provenance["live"]
     assert record["poses_needed"] == [9, 21, 33] and record["batches"] == 3
     assert [c["poses"] for c in record["chunks"]] == [9, 21, 33]
+
+
+def test_a_path_whose_fastest_step_comes_late_is_the_batch_video_given_the_same_scale(live_server, payload, tmp_path):
+    """Issue 53: the live camera's scale never changes mid-stream; a live and a batch job given the same
+    `translation_scale` make the same video bit for bit, whatever the path's speed profile."""
+    accelerating = dataclasses.replace(payload, poses=payload.poses.copy())
+    accelerating.poses[:, 2, 3] = np.linspace(0, 1, 33, dtype=np.float32) ** 2  # fastest at the end
+    settings = {**FAST, "translation_scale": 0.05}
+    with Client(live_server.endpoint, timeout=20) as client:
+        live = LiveJob.open(client, payload.image, payload.prompt, payload.intrinsics, settings)
+        live.send_poses(accelerating.poses[:9])
+        live.send_poses(accelerating.poses[9:], end=True)
+        outcome = live.job.wait(timeout=JOB_S)
+        assert isinstance(outcome, Result), outcome
+        batch = client.submit(accelerating, settings).wait(timeout=JOB_S)
+        assert isinstance(batch, Result), batch
+        unscaled = client.submit(accelerating, FAST).wait(timeout=JOB_S)  # the batch job's own scale: another video
+        assert isinstance(unscaled, Result), unscaled
+    live_video = frames_of(outcome.video, tmp_path, "live.mp4")
+    assert np.array_equal(live_video, frames_of(batch.video, tmp_path, "batch.mp4"))
+    assert not np.array_equal(live_video, frames_of(unscaled.video, tmp_path, "unscaled.mp4"))
+    assert live_video.std() > 1  # a picture, not a constant colour
 
 
 def test_bad_pose_batches_are_named_errors_and_harm_neither_job_nor_server(live_server, payload):

@@ -11,7 +11,7 @@ from scipy.spatial.transform import Rotation
 
 from worldgen.errors import InputError
 from worldgen.pipelines.fast_conditioning import fast_camera
-from worldgen.pipelines.fast_live import live_chunk_camera, live_frames, poses_needed
+from worldgen.pipelines.fast_live import LiveCamera, largest_step, live_chunk_camera, live_frames, poses_needed
 
 H, W = 48, 80
 K = np.float32([[502.0, 502.0, 416.0, 240.0]])
@@ -50,16 +50,48 @@ def test_a_path_at_its_top_speed_first_gets_the_batch_jobs_camera_bit_for_bit(fr
         assert torch.equal(live_chunk_camera(held, K, frames, c, H, W), batch), f"chunk {c}"
 
 
-def test_a_path_that_speeds_up_is_scaled_by_the_steps_seen_so_far_not_the_whole_paths():
-    frame_num = 33
-    poses = path(frame_num, lambda t: t**2)  # accelerating: the batch job's scale comes from the last chunk
+def live_camera_chunks(poses: np.ndarray, frame_num: int, scale: float | None = None) -> list[torch.Tensor]:
+    """The chunks a LiveCamera makes as the poses arrive (each chunk sees only the poses held by then)."""
     frames = live_frames(frame_num)
-    batch = batch_chunks(poses, frame_num)
-    live = [live_chunk_camera(poses[: poses_needed(frames, c)], K, frames, c, H, W) for c in range(3)]
-    assert torch.equal(live[2], batch[2])  # the last chunk has seen the whole path
-    assert not torch.equal(live[0], batch[0])  # chunk 0 cannot know the later, larger steps
-    # the live rule never normalises past 1 (ray origins are the poses' positions: channels 0-2)
-    assert all(float(chunk[0, :3].abs().max()) <= 1.0 + 1e-6 for chunk in live)
+    camera = LiveCamera(lambda need: poses[:need], K, frames, H, W, translation_scale=scale)
+    return [camera(c) for c in range(frames.latent_frames // 3)]
+
+
+def test_a_path_that_speeds_up_keeps_its_first_chunks_scale_in_every_chunk():
+    frame_num = 33
+    poses = path(frame_num, lambda t: t**2)  # accelerating: the batch job's own scale comes from the last chunk
+    frames = live_frames(frame_num)
+    first = largest_step(poses, frames, 0)
+    assert largest_step(poses, frames, 2) > 2 * first  # the fastest step comes late
+    live = live_camera_chunks(poses, frame_num)
+    # every chunk at the job's one scale: the batch camera of the same poses given that scale, bit for bit
+    held = fast_camera(poses, K, frames, H, W, translation_scale=first)
+    for c, chunk in enumerate(live):
+        assert torch.equal(chunk, held[:, :, 3 * c : 3 * c + 3]), f"chunk {c}"
+    assert not torch.equal(live[0], batch_chunks(poses, frame_num)[0])  # the batch job's own scale differs
+    # the late, faster steps are rendered faster than the first chunk's: above 1 (ray origins: channels 0-2)
+    assert float(live[2][0, :3].abs().max()) > 1.5
+
+
+@pytest.mark.parametrize("scale", [0.01, 0.05, 3.0])
+def test_live_and_batch_given_the_same_scale_make_the_same_camera(scale):
+    for speed in (np.sqrt, lambda t: t**2):
+        poses = path(33, speed)
+        live = live_camera_chunks(poses, 33, scale)
+        batch = fast_camera(poses, K, live_frames(33), H, W, translation_scale=scale)
+        assert torch.equal(torch.cat(live, dim=2), batch)
+
+
+def test_a_path_standing_still_first_takes_its_scale_from_the_first_chunk_that_moves():
+    poses = path(33, lambda t: t**2)
+    poses[:9] = poses[0]  # still for chunk 0 (poses 0-8), then accelerating
+    frames = live_frames(33)
+    assert float(largest_step(poses, frames, 0)) == 0.0
+    camera = LiveCamera(lambda need: poses[:need], K, frames, H, W)
+    chunks = [camera(c) for c in range(3)]
+    assert float(camera.scale) == float(largest_step(poses, frames, 1))  # chunk 1 moves first: its scale, held
+    held = fast_camera(poses, K, frames, H, W, translation_scale=camera.scale)
+    assert torch.equal(torch.cat(chunks, dim=2), held)
 
 
 def test_a_chunk_without_its_poses_is_refused():

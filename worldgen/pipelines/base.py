@@ -351,7 +351,7 @@ class Pipeline:
             self.on_plan(self.describe_plan())
         plucker = None
         if poses is not None:
-            plucker = camera_conditioning(poses, intrinsics, frames, h, w).plucker
+            plucker = camera_conditioning(poses, intrinsics, frames, h, w, settings.translation_scale).plucker
 
         with self.meter.phase("encode"):
             progress("encode", 0, 1)

@@ -10,7 +10,8 @@ validator (`contracts.episode`) and raise `InputError` naming the file or field 
    linspace(0, F-1, (F-1)//4 + 1)): linear translation, slerp rotation, in float64 with scipy
    (`interp1d`, `Rotation`, `Slerp`, exactly the reference's calls), then cast to float32;
 2. in float32 torch: relative to the first pose, then frame-to-frame, translations divided by the
-   largest translation norm. The reference does these in float32 and example 02 has translations
+   largest translation norm (or by the job's `translation_scale` when given: one fixed scale, the
+   same for a batch and a live job, `worldgen.pipelines.fast_live`). The reference does these in float32 and example 02 has translations
    in the thousands, so float64 here would differ from it by up to 3e-2 -- the float32 torch ops
    are kept on purpose, in the reference's order;
 3. Plücker rays [o, d] per pixel centre with the intrinsics scaled from 480x832 to (height, width),
@@ -123,7 +124,12 @@ def frames_for_poses(frame_num: int, num_poses: int) -> int:
 
 
 def camera_conditioning(
-    poses: np.ndarray, intrinsics: np.ndarray, frame_num: int, height: int, width: int
+    poses: np.ndarray,
+    intrinsics: np.ndarray,
+    frame_num: int,
+    height: int,
+    width: int,
+    translation_scale: float | None = None,
 ) -> CameraCondition:
     """Camera conditioning of a (height x width) video of up to `frame_num` frames (see module doc)."""
     if height <= 0 or width <= 0 or height % PATCH or width % PATCH:
@@ -132,7 +138,7 @@ def camera_conditioning(
     frames = frames_for_poses(frame_num, len(poses))
     latent_frames = (frames - 1) // TEMPORAL_STRIDE + 1
     c2w = resample_poses(poses[:frames], latent_frames)
-    relative = relative_poses(c2w)
+    relative = relative_poses(c2w, translation_scale)
     K = scale_intrinsics(torch.from_numpy(intrinsics[:1]), height, width)[0]
     plucker = plucker_embedding(relative, K, height, width)
     return CameraCondition(frame_num=frames, relative_poses=relative, K=K, plucker=plucker)
@@ -180,13 +186,17 @@ def _rigid_inverse(transforms: torch.Tensor) -> torch.Tensor:
     return inverse
 
 
-def relative_poses(c2w: torch.Tensor) -> torch.Tensor:
+def relative_poses(c2w: torch.Tensor, scale: float | torch.Tensor | None = None) -> torch.Tensor:
     """[m,4,4] float32 camera-to-world -> pose 0 identity, then each pose relative to the one before,
-    translations divided by the largest translation norm (when it is > 0)."""
+    translations divided by `scale` (a settings' `translation_scale`, or a live job's held scale),
+    else by the largest translation norm (when it is > 0)."""
     relative = torch.matmul(_rigid_inverse(c2w[:1]), c2w)
     relative[0] = torch.eye(4, dtype=c2w.dtype)
     relative[1:] = torch.bmm(_rigid_inverse(relative[:-1]), relative[1:])
     translations = relative[:, :3, 3]
+    if scale is not None:  # a float32 scalar tensor: the same division whichever path gave it
+        relative[:, :3, 3] = translations / torch.as_tensor(scale, dtype=relative.dtype)
+        return relative
     max_norm = torch.norm(translations, dim=-1).max()
     if max_norm > 0:
         relative[:, :3, 3] = translations / max_norm

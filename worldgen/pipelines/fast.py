@@ -481,7 +481,7 @@ class FastPipeline(Pipeline):
         self.plan_job(frames.latent_frames, lat_h, lat_w, options, streamed=streamed)
         plucker = None if camera is None else clock.around(camera, "poses", before="dit")  # waits for poses: not DiT
         if camera is None and poses is not None:  # chunk c's camera made when the loop starts chunk c
-            plucker = FastCamera(poses, intrinsics, frames, h, w, options.chunk_frames)
+            plucker = FastCamera(poses, intrinsics, frames, h, w, options.chunk_frames, settings.translation_scale)
 
         if self.stream_encode:  # chunk 0's frames inside the loop, the rest after chunk 0's preview
             y = ChunkConditioning(

@@ -79,9 +79,17 @@ class FastCamera:
     host, ~1 s on a 2-core machine); chunk by chunk they are made while the GPU runs the previous chunk."""
 
     def __init__(
-        self, poses: np.ndarray, intrinsics: np.ndarray, frames: FastFrames, height: int, width: int, chunk_frames: int
+        self,
+        poses: np.ndarray,
+        intrinsics: np.ndarray,
+        frames: FastFrames,
+        height: int,
+        width: int,
+        chunk_frames: int,
+        translation_scale: float | None = None,
     ):
-        self.relative = relative_poses(resample_poses(poses[: frames.pose_frames], frames.latent_frames))
+        resampled = resample_poses(poses[: frames.pose_frames], frames.latent_frames)
+        self.relative = relative_poses(resampled, translation_scale)
         self.K = scale_intrinsics(torch.from_numpy(intrinsics[:1]), height, width)[0]
         self.height, self.width, self.chunk_frames = height, width, chunk_frames
 
@@ -90,6 +98,13 @@ class FastCamera:
         return plucker_embedding(frames, self.K, self.height, self.width)
 
 
-def fast_camera(poses: np.ndarray, intrinsics: np.ndarray, frames: FastFrames, height: int, width: int) -> torch.Tensor:
+def fast_camera(
+    poses: np.ndarray,
+    intrinsics: np.ndarray,
+    frames: FastFrames,
+    height: int,
+    width: int,
+    translation_scale: float | None = None,
+) -> torch.Tensor:
     """Plücker [1, 384, lat_f, height/8, width/8]: the poses of `pose_frames` resampled to lat_f."""
-    return FastCamera(poses, intrinsics, frames, height, width, frames.latent_frames)(0)
+    return FastCamera(poses, intrinsics, frames, height, width, frames.latent_frames, translation_scale)(0)

@@ -13,17 +13,20 @@ takes from the *whole* path, and what a live job does instead:
    e.g. 33, 57, 81). The interpolation is local (linear translation, slerp rotation between the two
    poses around t_j), so chunk k needs the poses up to ceil(t_{last latent frame of chunk k}) only:
    12 k + 9 poses for whole-chunk lengths (9, 21, 33 ...).
-3. The translation scale (`camera.relative_poses`): a batch job divides every frame-to-frame
-   translation by the largest one over the WHOLE path, so its chunk 0 already depends on the last
-   pose. A live job cannot know that; its rule: chunk k divides by the largest over the latent frames
-   of chunks 0..k (a running maximum; the cache keeps what earlier chunks were made with).
+3. The translation scale (`camera.relative_poses`): every frame-to-frame translation is divided by
+   one scale, fixed for the whole job so that the same motion is rendered at the same speed in every
+   chunk. Given (`settings.translation_scale`, e.g. from the robot's top speed), a live job and a batch
+   job use it alike. Not given, a batch job takes the largest step over the WHOLE path (so its chunk 0
+   already depends on the last pose); a live job cannot know that and takes the largest step of its
+   first chunk that moves, then holds it (`LiveCamera.scale`; a path standing still before it has zero
+   translations, which no scale changes).
 
-So the live video equals the batch video of the same poses and settings (same frames, same seed)
-exactly when the path's largest latent step lies in its first chunk that moves (a path that starts
-at its top speed, or holds still before it: zero translations do not depend on the scale); otherwise
-the chunks after the largest step is first seen are conditioned on a smaller scale than the batch
-job's, by design. A live job that ends early (fewer poses than planned) is the first chunks of that
-batch video.
+So the live video equals the batch video of the same poses and settings (same frames, same seed) bit
+for bit when both are given the same `translation_scale`, or when neither is and the path's largest
+latent step lies in its first chunk that moves (a path that starts at its top speed); otherwise a
+later, faster step is rendered faster than the first chunk's (above 1 in the model's units), where the
+batch job would have slowed the whole video down to it. A live job that ends early (fewer poses than
+planned) is the first chunks of the batch video.
 """
 
 from __future__ import annotations
@@ -76,17 +79,32 @@ def live_chunk_camera(
     height: int,
     width: int,
     chunk_frames: int = 3,
+    scale: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Chunk `chunk`'s Plücker camera [1, 384, chunk_frames, height/8, width/8] from the poses held
-    (at least `poses_needed`): the batch job's resampling, the running-maximum translation scale."""
+    (at least `poses_needed`): the batch job's resampling, translations divided by the job's `scale`
+    (None: by the largest step of chunks 0..`chunk`, what `LiveCamera` holds from the first moving chunk)."""
+    c2w = _chunk_c2w(poses, frames, chunk, chunk_frames)
+    end = (chunk + 1) * chunk_frames
+    relative = relative_poses(c2w, scale)[end - chunk_frames : end]
+    K = scale_intrinsics(torch.from_numpy(np.asarray(intrinsics[:1], dtype=np.float32)), height, width)[0]
+    return plucker_embedding(relative, K, height, width)
+
+
+def _chunk_c2w(poses: np.ndarray, frames: FastFrames, chunk: int, chunk_frames: int) -> torch.Tensor:
+    """The latent frames of chunks 0..`chunk`, resampled from the poses held (at least `poses_needed`)."""
     need = poses_needed(frames, chunk, chunk_frames)
     if len(poses) < need:
         raise InputError(f"chunk {chunk} needs {need} poses; {len(poses)} held")
     end = (chunk + 1) * chunk_frames
-    c2w = resample_poses_at(poses[:need], latent_pose_index(frames)[:end])
-    relative = relative_poses(c2w)[end - chunk_frames : end]
-    K = scale_intrinsics(torch.from_numpy(np.asarray(intrinsics[:1], dtype=np.float32)), height, width)[0]
-    return plucker_embedding(relative, K, height, width)
+    return resample_poses_at(poses[:need], latent_pose_index(frames)[:end])
+
+
+def largest_step(poses: np.ndarray, frames: FastFrames, chunk: int, chunk_frames: int = 3) -> torch.Tensor:
+    """The largest latent step of chunks 0..`chunk` (float32 scalar, 0 when they stand still): the
+    scale a batch job of those poses alone divides by, and the one a live job holds."""
+    translations = relative_poses(_chunk_c2w(poses, frames, chunk, chunk_frames), 1.0)[:, :3, 3]
+    return torch.norm(translations, dim=-1).max()
 
 
 class LiveCamera:
@@ -102,10 +120,13 @@ class LiveCamera:
         width: int,
         chunk_frames: int = 3,
         on_start: Callable[[int, int], None] | None = None,
+        translation_scale: float | None = None,
     ) -> None:
         self.wait_poses, self.frames = wait_poses, frames
         self.height, self.width, self.chunk_frames = height, width, chunk_frames
         self.on_start = on_start  # (chunk, poses it was made from): it starts now
+        # the job's one translation scale: given, or the first moving chunk's largest step once it comes
+        self.scale: float | torch.Tensor | None = translation_scale
         # the intrinsics are checked once, with a stand-in pose (the poses are checked as they come)
         _, self.intrinsics = validate_action(
             np.tile(np.eye(4, dtype=np.float32), (5, 1, 1)), np.asarray(intrinsics)[:1], source="live job"
@@ -124,7 +145,13 @@ class LiveCamera:
             raise InputError(f"live job: poses before {need} are not finite")
         if self.on_start is not None:
             self.on_start(chunk, need)
-        return live_chunk_camera(poses, self.intrinsics, self.frames, chunk, self.height, self.width, self.chunk_frames)
+        if self.scale is None:
+            step = largest_step(poses, self.frames, chunk, self.chunk_frames)
+            if step > 0:  # before the camera moves no scale applies (zero steps); from then on, this one
+                self.scale = step
+        return live_chunk_camera(
+            poses, self.intrinsics, self.frames, chunk, self.height, self.width, self.chunk_frames, self.scale
+        )
 
 
 def batch_video_frames(poses_held: int, frame_num: int, chunk_frames: int = 3) -> int:

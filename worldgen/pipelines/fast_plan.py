@@ -10,6 +10,7 @@ import warnings
 
 import torch
 
+from contracts.generation_request import FAST_CHUNK_FRAMES
 from contracts.model_families import V1_FAST, ModelFamily
 from contracts.settings import FIELD_BY_NAME, GenerationSettings
 from worldgen.errors import InputError
@@ -103,7 +104,7 @@ class FastOptions:
     """The Fast model's own knobs (the reference's generate_fast.py flags and their defaults)."""
 
     shift: float = FIELD_BY_NAME["shift"].default  # sigma shift of the 1000-step schedule
-    chunk_frames: int = 3  # latent frames per chunk (12 video frames)
+    chunk_frames: int = FAST_CHUNK_FRAMES  # latent frames per chunk (12 video frames; the door's rule too)
     timestep_indices: tuple[int, ...] = TIMESTEP_INDICES
     max_attention_tokens: int | None = None  # attend to at most this many cached tokens (None: all)
     sink_frames: int | None = None  # frames kept when a rolling cache evicts (None: 1 when rolling)
