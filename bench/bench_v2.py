@@ -36,7 +36,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contracts import atomic  # noqa: E402
-from contracts.settings import GenerationSettings  # noqa: E402
+from contracts.model_families import V2_PRETRAIN  # noqa: E402
+from contracts.settings import GenerationSettings, load_settings  # noqa: E402
 from worldgen.pipelines.camera import load_action  # noqa: E402
 from worldgen.pipelines.loader import load_pipeline  # noqa: E402
 from worldgen.rollout import find_image, read_prompt  # noqa: E402
@@ -184,11 +185,14 @@ def main() -> None:
     parser.add_argument("--model", choices=("fast", "causal"), default="fast")
     parser.add_argument("--compute", default="exact,fp8")
     parser.add_argument("--frames", default="81,81,361", help="one rollout each")
-    parser.add_argument("--size", default="480*832")
-    parser.add_argument("--attention-frames", type=int, default=18)
-    parser.add_argument("--sink-frames", type=int, default=6)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--steps", type=int, default=40, help="--model causal: guided steps a chunk")
+    long = load_settings(preset="v2-fast-long")  # the reference's long-video setting: its size, window and sink
+    parser.add_argument("--size", default=long.size)
+    parser.add_argument("--attention-frames", type=int, default=long.attention_frames)
+    parser.add_argument("--sink-frames", type=int, default=long.sink_frames)
+    parser.add_argument("--seed", type=int, default=long.seed)
+    parser.add_argument(
+        "--steps", type=int, default=V2_PRETRAIN.guidance_steps, help="--model causal: guided steps a chunk"
+    )
     parser.add_argument("--vram-budget", type=float, default=None, help="GiB (default: no budget)")
     parser.add_argument("--assets-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
