@@ -41,6 +41,7 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
 MIN_ROWS = 256  # fewer rows than this: the bf16 GEMM is as fast and exact
 FAST_ACCUM = True  # Hopper's fast FP8 accumulation (partial sums promoted to float32 less often)
+MIN_CAPABILITY = (8, 9)  # FP8 tensor cores (and Triton's e4m3): Ada and Hopper on
 
 
 def unsupported_reason_of(devices: list[str] | tuple[str, ...]) -> str | None:
@@ -68,7 +69,7 @@ def unsupported_reason(device: torch.device | str) -> str | None:
     if not hasattr(torch, "_scaled_mm"):
         return f"--compute fp8: this PyTorch ({torch.__version__}) has no torch._scaled_mm; use --compute exact"
     major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (8, 9):
+    if (major, minor) < MIN_CAPABILITY:
         name = torch.cuda.get_device_name(device)
         return (
             f"--compute fp8: {name} (compute capability {major}.{minor}) has no FP8 tensor cores; they start "
