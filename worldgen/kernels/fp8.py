@@ -35,7 +35,7 @@ import torch
 from contracts.engine_options import COMPUTES  # noqa: F401  (the one list; used by the pipeline)
 from worldgen.errors import InputError
 from worldgen.kernels import fused
-from worldgen.kernels.triton_lang import launch, tl, triton  # None without Triton
+from worldgen.kernels.triton_lang import Signature, launch, tl, triton  # None without Triton
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -142,6 +142,16 @@ def _triton_quantize_rows(x: torch.Tensor, gelu: bool = False) -> tuple[torch.Te
         BLOCK=block, GELU=gelu, num_warps=warps,
     )  # fmt: skip
     return q, scale
+
+
+# The launch's variants (`triton_lang.Signature`): a 5,120-wide input, and the feed-forward's 13,824-wide
+# hidden with its GELU (e4m3 out: compute capability 8.9+, as the FP8 path itself)
+SIGNATURES = {
+    "_quantize_rows_kernel": (
+        Signature("*bf16 *fp8e4nv *fp32 i32 i32 i32 fp32", {"BLOCK": 8192, "GELU": False}, {"num_warps": 8}),
+        Signature("*bf16 *fp8e4nv *fp32 i32 i32 i32 fp32", {"BLOCK": 16384, "GELU": True}, {"num_warps": 16}),
+    ),
+}  # fmt: skip
 
 
 KERNEL = "triton"  # "triton" (hand-written, one read) or "compile" (torch.compile'd); eager on the CPU

@@ -28,7 +28,7 @@ import os
 
 import torch
 
-from worldgen.kernels.triton_lang import launch, tl, triton
+from worldgen.kernels.triton_lang import Signature, launch, tl, triton
 
 FP8 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -393,3 +393,46 @@ def quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None
     block = 4096
     launch(_scale_cast_kernel, (triton.cdiv(x.numel(), block),), x, q, descale, x.numel(), BLOCK=block, num_warps=8)
     return q, descale.view(1, 1, 1, 1)
+
+
+# The launches' variants (`triton_lang.Signature`), at the DiT's widths (5,120: a row's BLOCK 8,192 for the
+# LayerNorm, 4,096 pairs for the RMSNorm; heads of 128 for the KV cache): the calls of a block (worldgen.models.dit)
+# in bf16, float16 and float32, and the e4m3 ones (the FP8 path's, the FP8 KV cache's: 8.9+, `e4m3_kernels`)
+_LN = "*fp32 {y} *fp32 {cam} {cam} *fp32 {out} *fp32 *fp32 *fp32 {w} {w} i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 fp32"
+_LN_FLAGS = ("RESIDUAL", "GATE", "CAMERA", "MODULATE", "AFFINE", "QUANT")
+_LN_OPTIONS = {"num_warps": 8}
+
+
+def _ln(flags: str, **dtypes: str) -> Signature:
+    """A LayerNorm variant: `flags`, the constexprs set (the rest off); the pointers' types, float32 by default."""
+    types = _LN.format(**{"y": "*fp32", "cam": "*fp32", "out": "*bf16", "w": "*fp32", **dtypes})
+    constexprs = {name: name in flags.split() for name in _LN_FLAGS}
+    return Signature(types, {**constexprs, "BLOCK": 8192}, _LN_OPTIONS)
+
+
+_PER_TOKEN = {"ROWS": 32, "BLOCK": 128}
+SIGNATURES = {
+    "_layer_norm_kernel": (
+        _ln("MODULATE"),  # a block's self-attention input
+        _ln("RESIDUAL GATE CAMERA AFFINE", y="*bf16", cam="*bf16", w="*bf16"),  # the residual, the camera, norm3
+        _ln("RESIDUAL MODULATE QUANT", y="*bf16", out="*fp8e4nv"),  # the feed-forward's e4m3 input
+        _ln("RESIDUAL GATE AFFINE", out="*fp32"),  # float32 compute
+        _ln("RESIDUAL MODULATE", y="*fp16", out="*fp16"),  # float16 compute
+    ),
+    "_rms_norm_kernel": (
+        Signature("*bf16 *bf16 *fp32 *fp32 *bf16 i32 i32 i32 fp32", {"ROPE": True, "BLOCK": 4096}, {"num_warps": 8}),
+        Signature("*fp32 *fp32 *fp32 *fp32 *fp32 i32 i32 fp32", {"half_head": 1, "ROPE": False, "BLOCK": 4096}, {"num_warps": 8}),
+        Signature("*fp16 *fp16 *fp32 *fp32 *fp16 i32 i32 i32 fp32", {"ROPE": True, "BLOCK": 4096}, {"num_warps": 8}),
+    ),
+    "_residual_kernel": (
+        Signature("*fp32 *bf16 *fp32 *fp32 *fp32 i32 i32 i32 i32 i32 i32 i32", {"CAMERA": False, "HAS_A": True, "BLOCK": 2048}, {"num_warps": 8}),
+        Signature("*fp32 *fp32 *bf16 *bf16 *fp32 i32 i32 i32 i32 i32 i32 i32", {"CAMERA": True, "HAS_A": True, "BLOCK": 2048}, {"num_warps": 8}),
+        Signature("*fp32 *bf16 *fp32 *fp32 *fp32 i64 i32 i32 i32 i32 i32 i32", {"CAMERA": False, "HAS_A": False, "BLOCK": 2048}, {"num_warps": 8}),
+    ),
+    "_per_token_kernel": (  # the FP8 KV cache: write (quantize), read (dequantize), requantize per tensor
+        Signature("*bf16 *bf16 *fp8e4nv *bf16 *bf16 i32 i32", {**_PER_TOKEN, "MODE": 0}, {"num_warps": 4}),
+        Signature("*fp8e4nv *bf16 *bf16 *bf16 *bf16 i32 i32", {**_PER_TOKEN, "MODE": 1}, {"num_warps": 4}),
+        Signature("*fp8e4nv *bf16 *fp8e4nv *bf16 *fp32 i32 i32", {**_PER_TOKEN, "MODE": 2}, {"num_warps": 4}),
+    ),
+    "_scale_cast_kernel": (Signature("*bf16 *fp8e4nv *fp32 i32", {"BLOCK": 4096}, {"num_warps": 8}),),
+}  # fmt: skip
