@@ -24,7 +24,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from worldgen.kernels.triton_lang import launch, tl, triton
+from worldgen.kernels.triton_lang import Signature, launch, tl, triton
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter runs it on CPU tensors
@@ -110,3 +110,15 @@ def _triton_rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, scale: float, ep
         BLOCK_C=triton.next_power_of_2(channels), BLOCK_P=POSITIONS, num_warps=8,
     )  # fmt: skip
     return out
+
+
+# The launch's variants (`triton_lang.Signature`): the float32 VAE (the reference's) and the bf16 one, contiguous
+# (a position stride of 1) and channels-last (a channel stride of 1), with a convolution's bias and without
+_NORM = {"BLOCK_P": POSITIONS}
+SIGNATURES = {
+    "_rms_norm_silu_kernel": (
+        Signature("*fp32 *fp32 *fp32 *fp32 i32 i32 fp32 fp32 i32", {**_NORM, "position_stride": 1, "BIAS": False, "BLOCK_C": 512}, {"num_warps": 8}),
+        Signature("*fp32 *fp32 *fp32 *fp32 i32 i32 fp32 fp32 i32", {**_NORM, "channel_stride": 1, "BIAS": True, "BLOCK_C": 128}, {"num_warps": 8}),
+        Signature("*bf16 *bf16 *bf16 *bf16 i32 i32 fp32 fp32 i32", {**_NORM, "channel_stride": 1, "BIAS": True, "BLOCK_C": 512}, {"num_warps": 8}),
+    ),
+}  # fmt: skip

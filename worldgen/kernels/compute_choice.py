@@ -14,6 +14,17 @@ from worldgen.errors import InputError
 from worldgen.kernels import fp8, int8
 
 
+def auto_choice(capability: tuple[int, int], scaled_mm: bool = True) -> str:
+    """The path `--compute auto` takes on a card of this compute capability (the decision alone, no GPU asked):
+    fp8 from 8.9 (where this PyTorch has `torch._scaled_mm`), int8 from 8.0, else exact; what
+    `fp8.unsupported_reason` and `int8.unsupported_reason` allow."""
+    if tuple(capability) >= fp8.MIN_CAPABILITY and scaled_mm:
+        return "fp8"
+    if tuple(capability) >= int8.MIN_CAPABILITY:
+        return "int8"
+    return "exact"
+
+
 def auto_compute(device: torch.device | str) -> tuple[str, str]:
     """(the compute path for `device`, one sentence saying why)."""
     device = torch.device(device)
@@ -21,9 +32,10 @@ def auto_compute(device: torch.device | str) -> tuple[str, str]:
         return "exact", f"compute auto: {device.type} has no 8-bit tensor cores, the exact path runs"
     name = torch.cuda.get_device_name(device)
     major, minor = torch.cuda.get_device_capability(device)
-    if fp8.unsupported_reason(device) is None:
+    choice = auto_choice((major, minor), hasattr(torch, "_scaled_mm"))
+    if choice == "fp8":
         return "fp8", f"compute auto: {name} (compute capability {major}.{minor}) has FP8 tensor cores"
-    if int8.unsupported_reason(device) is None:
+    if choice == "int8":
         return "int8", f"compute auto: {name} (compute capability {major}.{minor}) has INT8 but no FP8 tensor cores"
     return "exact", f"compute auto: {name} (compute capability {major}.{minor}) has no 8-bit tensor cores we use"
 

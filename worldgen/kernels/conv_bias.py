@@ -17,7 +17,7 @@ import os
 import torch
 
 from worldgen.kernels import channel_norm
-from worldgen.kernels.triton_lang import launch, tl, triton
+from worldgen.kernels.triton_lang import Signature, launch, tl, triton
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter runs it on CPU tensors
 BLOCK = 4096
@@ -57,3 +57,14 @@ def residual_add(r: torch.Tensor, bias: torch.Tensor, h: torch.Tensor) -> torch.
         )  # fmt: skip
         return out
     return (r + bias.view(-1, 1, 1, 1)) + h
+
+
+# The launch's variants (`triton_lang.Signature`): the float32 and bf16 VAEs, both layouts, a tensor of more
+# than 2**31 elements (its count an i64)
+SIGNATURES = {
+    "_residual_add_kernel": (
+        Signature("*fp32 *fp32 *fp32 *fp32 i32 i32 i32", {"CHANNELS_LAST": False, "BLOCK": BLOCK}, {"num_warps": 8}),
+        Signature("*bf16 *bf16 *bf16 *bf16 i32 i32 i32", {"CHANNELS_LAST": True, "BLOCK": BLOCK}, {"num_warps": 8}),
+        Signature("*bf16 *bf16 *bf16 *bf16 i64 i32 i32", {"CHANNELS_LAST": False, "BLOCK": BLOCK}, {"num_warps": 8}),
+    ),
+}  # fmt: skip

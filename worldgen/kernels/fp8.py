@@ -35,12 +35,13 @@ import torch
 from contracts.engine_options import COMPUTES  # noqa: F401  (the one list; used by the pipeline)
 from worldgen.errors import InputError
 from worldgen.kernels import fused
-from worldgen.kernels.triton_lang import launch, tl, triton  # None without Triton
+from worldgen.kernels.triton_lang import Signature, launch, tl, triton  # None without Triton
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
 MIN_ROWS = 256  # fewer rows than this: the bf16 GEMM is as fast and exact
 FAST_ACCUM = True  # Hopper's fast FP8 accumulation (partial sums promoted to float32 less often)
+MIN_CAPABILITY = (8, 9)  # FP8 tensor cores (and Triton's e4m3): Ada and Hopper on
 
 
 def unsupported_reason_of(devices: list[str] | tuple[str, ...]) -> str | None:
@@ -68,7 +69,7 @@ def unsupported_reason(device: torch.device | str) -> str | None:
     if not hasattr(torch, "_scaled_mm"):
         return f"--compute fp8: this PyTorch ({torch.__version__}) has no torch._scaled_mm; use --compute exact"
     major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (8, 9):
+    if (major, minor) < MIN_CAPABILITY:
         name = torch.cuda.get_device_name(device)
         return (
             f"--compute fp8: {name} (compute capability {major}.{minor}) has no FP8 tensor cores; they start "
@@ -141,6 +142,16 @@ def _triton_quantize_rows(x: torch.Tensor, gelu: bool = False) -> tuple[torch.Te
         BLOCK=block, GELU=gelu, num_warps=warps,
     )  # fmt: skip
     return q, scale
+
+
+# The launch's variants (`triton_lang.Signature`): a 5,120-wide input, and the feed-forward's 13,824-wide
+# hidden with its GELU (e4m3 out: compute capability 8.9+, as the FP8 path itself)
+SIGNATURES = {
+    "_quantize_rows_kernel": (
+        Signature("*bf16 *fp8e4nv *fp32 i32 i32 i32 fp32", {"BLOCK": 8192, "GELU": False}, {"num_warps": 8}),
+        Signature("*bf16 *fp8e4nv *fp32 i32 i32 i32 fp32", {"BLOCK": 16384, "GELU": True}, {"num_warps": 16}),
+    ),
+}  # fmt: skip
 
 
 KERNEL = "triton"  # "triton" (hand-written, one read) or "compile" (torch.compile'd); eager on the CPU

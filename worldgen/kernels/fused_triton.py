@@ -14,19 +14,26 @@ Numerics: each kernel rounds where the eager function rounds (a bf16 product, `1
 scale's dtype, the casts to the output dtype) and computes in float32 in between; a row's float32 sums
 run in another order than PyTorch's, as Inductor's did. Each function takes the argument patterns the
 DiT calls it with and returns None for any other (the caller then uses the compiled function).
+
+Cards: the kernels that read or write e4m3 (the FP8 path's, and the FP8 KV cache's, which any card may take:
+`--kv-cache fp8`, or `auto` on a small budget) run where the card has it, compute capability 8.9+ (Triton has
+no e4m3 below: the kernel would not compile); below, these functions take no such call (`e4m3_kernels`: the
+card decides) and the caller's PyTorch function runs, the numbers those kernels match.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
 
-from worldgen.kernels.triton_lang import launch, tl, triton
+from worldgen.kernels.triton_lang import Signature, launch, tl, triton
 
 FP8 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+E4M3_CAPABILITY = (8, 9)  # Triton's float8e4nv (e4m3): Ada (8.9) and Hopper (9.0) on, as FP8 tensor cores
 
 
 # Triton's interpreter runs these kernels on CPU tensors (TRITON_INTERPRET=1: the tests, without a GPU)
@@ -39,6 +46,21 @@ def available() -> bool:
 
 def _on_device(t: torch.Tensor) -> bool:
     return t.is_cuda or _INTERPRETED
+
+
+def e4m3_kernels(capability: tuple[int, int]) -> bool:
+    """Whether a card of this compute capability runs this module's e4m3 kernels (the decision alone, no GPU asked)."""
+    return tuple(capability) >= E4M3_CAPABILITY
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def _takes_e4m3(t: torch.Tensor) -> bool:
+    """Whether `t`'s card runs the e4m3 kernels (Triton's interpreter, on CPU tensors, runs them all)."""
+    return not t.is_cuda or e4m3_kernels(_capability(t.device))
 
 
 def _rows_of(x: torch.Tensor) -> bool:
@@ -209,7 +231,7 @@ def residual_norm(x, y, gate, cam, shift, scale, weight, bias, eps, out_dtype, q
         return None
     if (shift is None) != (scale is None) or (weight is None) != (bias is None):
         return None
-    if quantize and out_dtype != torch.bfloat16:
+    if quantize and (out_dtype != torch.bfloat16 or not _takes_e4m3(x)):
         return None
     cam_a, cam_b = (None, None) if cam is None else cam
     named = {"gate": gate, "cam_a": cam_a, "cam_b": cam_b, "shift": shift, "scale": scale}
@@ -329,6 +351,8 @@ def quantize_per_token(x, scale_dtype) -> tuple[torch.Tensor, torch.Tensor] | No
 def quantize_per_token_into(x, data, scale) -> bool | None:
     if not (_rows_of(x) and x.dtype in _FLOATS and scale.dtype in _FLOATS and x.shape[-1] <= 4096):
         return None
+    if not _takes_e4m3(x):
+        return None
     shaped = data.shape == x.shape and tuple(scale.shape) == (*x.shape[:-1], 1)
     if not (shaped and data.dtype == FP8 and data.is_contiguous() and scale.is_contiguous()):
         return None
@@ -338,7 +362,8 @@ def quantize_per_token_into(x, data, scale) -> bool | None:
 
 def _window_ok(data: torch.Tensor, scale: torch.Tensor) -> bool:
     shaped = tuple(scale.shape) == (*data.shape[:-1], 1) and data.shape[-1] <= 4096
-    return _rows_of(data) and scale.is_contiguous() and data.dtype == FP8 and shaped and scale.dtype in _FLOATS
+    fits = _rows_of(data) and scale.is_contiguous() and data.dtype == FP8 and shaped and scale.dtype in _FLOATS
+    return fits and _takes_e4m3(data)
 
 
 def dequantize_per_token(data, scale, dtype) -> torch.Tensor | None:
@@ -360,7 +385,7 @@ def requantize_per_tensor(data, scale) -> tuple[torch.Tensor, torch.Tensor] | No
 
 def quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """x -> (e4m3, float32 [1, 1, 1, 1] descale) with x's largest magnitude at 448 (fp8.quantize_tensor)."""
-    if not (_on_device(x) and x.is_contiguous() and x.dtype in _FLOATS and x.numel() > 0):
+    if not (_on_device(x) and x.is_contiguous() and x.dtype in _FLOATS and x.numel() > 0 and _takes_e4m3(x)):
         return None
     low, high = torch.aminmax(x)  # one pass, no |x| copy
     descale = torch.maximum(-low, high).float().clamp(min=1e-12) / E4M3_MAX
@@ -368,3 +393,46 @@ def quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None
     block = 4096
     launch(_scale_cast_kernel, (triton.cdiv(x.numel(), block),), x, q, descale, x.numel(), BLOCK=block, num_warps=8)
     return q, descale.view(1, 1, 1, 1)
+
+
+# The launches' variants (`triton_lang.Signature`), at the DiT's widths (5,120: a row's BLOCK 8,192 for the
+# LayerNorm, 4,096 pairs for the RMSNorm; heads of 128 for the KV cache): the calls of a block (worldgen.models.dit)
+# in bf16, float16 and float32, and the e4m3 ones (the FP8 path's, the FP8 KV cache's: 8.9+, `e4m3_kernels`)
+_LN = "*fp32 {y} *fp32 {cam} {cam} *fp32 {out} *fp32 *fp32 *fp32 {w} {w} i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 fp32"
+_LN_FLAGS = ("RESIDUAL", "GATE", "CAMERA", "MODULATE", "AFFINE", "QUANT")
+_LN_OPTIONS = {"num_warps": 8}
+
+
+def _ln(flags: str, **dtypes: str) -> Signature:
+    """A LayerNorm variant: `flags`, the constexprs set (the rest off); the pointers' types, float32 by default."""
+    types = _LN.format(**{"y": "*fp32", "cam": "*fp32", "out": "*bf16", "w": "*fp32", **dtypes})
+    constexprs = {name: name in flags.split() for name in _LN_FLAGS}
+    return Signature(types, {**constexprs, "BLOCK": 8192}, _LN_OPTIONS)
+
+
+_PER_TOKEN = {"ROWS": 32, "BLOCK": 128}
+SIGNATURES = {
+    "_layer_norm_kernel": (
+        _ln("MODULATE"),  # a block's self-attention input
+        _ln("RESIDUAL GATE CAMERA AFFINE", y="*bf16", cam="*bf16", w="*bf16"),  # the residual, the camera, norm3
+        _ln("RESIDUAL MODULATE QUANT", y="*bf16", out="*fp8e4nv"),  # the feed-forward's e4m3 input
+        _ln("RESIDUAL GATE AFFINE", out="*fp32"),  # float32 compute
+        _ln("RESIDUAL MODULATE", y="*fp16", out="*fp16"),  # float16 compute
+    ),
+    "_rms_norm_kernel": (
+        Signature("*bf16 *bf16 *fp32 *fp32 *bf16 i32 i32 i32 fp32", {"ROPE": True, "BLOCK": 4096}, {"num_warps": 8}),
+        Signature("*fp32 *fp32 *fp32 *fp32 *fp32 i32 i32 fp32", {"half_head": 1, "ROPE": False, "BLOCK": 4096}, {"num_warps": 8}),
+        Signature("*fp16 *fp16 *fp32 *fp32 *fp16 i32 i32 i32 fp32", {"ROPE": True, "BLOCK": 4096}, {"num_warps": 8}),
+    ),
+    "_residual_kernel": (
+        Signature("*fp32 *bf16 *fp32 *fp32 *fp32 i32 i32 i32 i32 i32 i32 i32", {"CAMERA": False, "HAS_A": True, "BLOCK": 2048}, {"num_warps": 8}),
+        Signature("*fp32 *fp32 *bf16 *bf16 *fp32 i32 i32 i32 i32 i32 i32 i32", {"CAMERA": True, "HAS_A": True, "BLOCK": 2048}, {"num_warps": 8}),
+        Signature("*fp32 *bf16 *fp32 *fp32 *fp32 i64 i32 i32 i32 i32 i32 i32", {"CAMERA": False, "HAS_A": False, "BLOCK": 2048}, {"num_warps": 8}),
+    ),
+    "_per_token_kernel": (  # the FP8 KV cache: write (quantize), read (dequantize), requantize per tensor
+        Signature("*bf16 *bf16 *fp8e4nv *bf16 *bf16 i32 i32", {**_PER_TOKEN, "MODE": 0}, {"num_warps": 4}),
+        Signature("*fp8e4nv *bf16 *bf16 *bf16 *bf16 i32 i32", {**_PER_TOKEN, "MODE": 1}, {"num_warps": 4}),
+        Signature("*fp8e4nv *bf16 *fp8e4nv *bf16 *fp32 i32 i32", {**_PER_TOKEN, "MODE": 2}, {"num_warps": 4}),
+    ),
+    "_scale_cast_kernel": (Signature("*bf16 *fp8e4nv *fp32 i32", {"BLOCK": 4096}, {"num_warps": 8}),),
+}  # fmt: skip

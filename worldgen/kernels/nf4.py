@@ -38,7 +38,7 @@ from torch import nn
 from worldgen.errors import CheckpointError
 from worldgen.kernels.fp8 import FP8, FP8_MAX, QuantizedRows, fp8_linear, quantize_rows, wants_fp8
 from worldgen.kernels.int8 import int8_linear, wants_int8
-from worldgen.kernels.triton_lang import launch, tl, triton
+from worldgen.kernels.triton_lang import Signature, launch, tl, triton
 from worldgen.quiet import hide_known_harmless
 
 QUANT_SUFFIXES = (
@@ -386,6 +386,25 @@ def _triton_fp8_rows(
         TILE_BLOCKS=tile, ROW_TILES=triton.cdiv(blocks, tile), num_warps=1, enable_fp_fusion=False,
     )  # fmt: skip
     return q, scale
+
+
+# The launches' variants (`triton_lang.Signature`): bitsandbytes' double-quantized state (uint8 absmax indices,
+# float32 codes and scales) at its blocksizes (64, nested 256); dequantized to bf16 or float32; as e4m3 rows
+# of a 5,120- and a 13,824-wide weight (the FP8 path: compute capability 8.9+)
+_NF4 = "*u8 *u8 *fp32 *fp32 *fp32 *fp32"
+_NF4_CONST = {"BLOCK_BYTES": 32, "NESTED_BLOCKSIZE": 256}
+_NF4_OPTIONS = {"num_warps": 4, "enable_fp_fusion": False}
+_FP8_ROWS_OPTIONS = {"num_warps": 1, "enable_fp_fusion": False}
+SIGNATURES = {
+    "_nf4_dequantize_kernel": (
+        Signature(f"{_NF4} *bf16 i32 i32", {**_NF4_CONST, "TILE": 1024}, _NF4_OPTIONS),
+        Signature(f"{_NF4} *fp32 i32 i32", {**_NF4_CONST, "TILE": 1024}, _NF4_OPTIONS),
+    ),
+    "_nf4_fp8_rows_kernel": (
+        Signature(f"{_NF4} *fp8e4nv *fp32 i32 i32 i32 fp32", {**_NF4_CONST, "ROW_BLOCKS": 128, "TILE_BLOCKS": 32, "ROW_TILES": 3}, _FP8_ROWS_OPTIONS),
+        Signature(f"{_NF4} *fp8e4nv *fp32 i32 i32 i32 fp32", {**_NF4_CONST, "ROW_BLOCKS": 256, "TILE_BLOCKS": 32, "ROW_TILES": 7}, _FP8_ROWS_OPTIONS),
+    ),
+}  # fmt: skip
 
 
 _failed: set[str] = set()

@@ -22,11 +22,16 @@ launcher with what Triton hands it (every argument in the kernel's order, no met
 no hook is installed). A variant's first two launches go through Triton, the second checking that Triton
 picks the same compiled kernel and binds the same trailing arguments; it is launched directly from the
 third on. Set LINGBOT_ISAAC_DIRECT_LAUNCH=0 to launch everything through Triton.
+
+Targets: each module with kernels says, beside its launches, the variants they make (`SIGNATURES`: one
+`Signature` per variant), and tests/worldgen/test_triton_targets.py compiles every kernel from them for the
+GPUs our users own (sm_80, sm_86, sm_89, sm_90) on the CPU, with no GPU: a kernel without an entry fails it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -42,7 +47,24 @@ try:
 except ImportError:  # pragma: no cover - depends on the install
     triton = tl = None
 
-__all__ = ["CompileAhead", "LaunchCounts", "compiling_ahead", "counts", "launch", "tl", "triton"]
+__all__ = ["CompileAhead", "LaunchCounts", "Signature", "compiling_ahead", "counts", "launch", "tl", "triton"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """One variant of a kernel's launches, as Triton compiles it: `types`, the Triton type of each argument that
+    is not a constexpr, in the kernel's order (`*bf16` a pointer to bf16, `*fp8e4nv` to e4m3, `i32` / `i64` an
+    int, `fp32` a float); `constexprs`, the constexpr values (and an int Triton specialises on, such as a stride
+    of 1); `options`, the launch's compile options (`num_warps`, `enable_fp_fusion`)."""
+
+    types: str
+    constexprs: dict[str, object] = dataclasses.field(default_factory=dict)
+    options: dict[str, object] = dataclasses.field(default_factory=dict)
+
+    @property
+    def e4m3(self) -> bool:
+        """Whether it reads or writes float8 e4m3 (Triton's fp8e4nv: compute capability 8.9+ only)."""
+        return "fp8e4nv" in self.types
 
 
 class CompileAhead:
