@@ -18,6 +18,7 @@ from contracts.model_families import V1_FAST, V2_FAST
 from contracts.settings import GenerationSettings
 from tests.worldgen.numerics import rel_l2
 from worldgen.models.sequence_parallel import PeerLost, SequenceParallel
+from worldgen.pipelines import fast_warm_up
 from worldgen.pipelines.causal_pretrain import CausalPretrainPipeline
 from worldgen.pipelines.fast import FastPipeline
 from worldgen.pipelines.fast_plan import FastOptions
@@ -129,6 +130,11 @@ def test_two_ranks_give_the_one_process_rollout_of_fast_and_split_an_odd_chunk(g
         error = rel_l2(two_odd, one_odd)
         print(f"v1 Fast, 45-token chunks, rolling: two ranks vs one rel-L2 {error:.2e}")
         assert error < SPLIT_TOL
+        # compiling ahead (what a CUDA pipeline's load runs) goes through both ranks with whole forwards: a
+        # first-block-only forward on rank 0 left the ranks' collectives out of step (it hung on two H200s)
+        ahead = GenerationSettings(model="fast", frame_num=17, size="64*128")
+        fast_warm_up._forward_each_chunk(pipe, ahead, (64, 128), full=False)
+        assert rel_l2(_rollout(pipe, io, FastOptions(), renoise_draws=io["renoise"]), one) < SPLIT_TOL
         # rank 0 gone without a word (its pipe closed): rank 1, idle between jobs, exits on its own
         handle.conn.close()
         handle.process.join(timeout=10)

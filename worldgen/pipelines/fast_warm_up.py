@@ -180,7 +180,10 @@ def _forward_each_chunk(pipe, settings: GenerationSettings | None, image_size: t
     chunks = frames.latent_frames // n
     camera_cache = model.camera_cache
     try:
-        with nullcontext() if full else _first_block_only(model):
+        # two ranks (worldgen.pipelines.two_gpu) run whole forwards: rank 1 runs every block of each call it
+        # is handed, so a first-block-only forward here would leave the ranks' collectives out of step
+        whole = full or pipe.scale_out is not None
+        with nullcontext() if whole else _first_block_only(model):
             for c in range(chunks):
                 if c > 0:
                     cache.grow()
