@@ -5,21 +5,45 @@ tensor-core rate (an RTX 3090: 284 dense TOPS against 35.6 TFLOP/s bf16 with flo
 Linears (`int8_linear`): the weight quantized ONCE per load (`Int8Weight.of`, kept on the Linear) to int8
 with one scale per output channel (absmax / 127, from the bf16 weight, or the NF4 weight dequantized as
 the exact path does); the input quantized per token on the fly (absmax / 127: dynamic, nothing
-calibrated); `torch._int_mm` multiplies them (int8 x int8 -> int32: cuBLASLt's INT8 GEMM on CUDA, the same
-integer product on the CPU, so the CPU runs this path's reference math bit for bit); the two scales and
-the bias are applied in float32, the result written in the compute dtype. Only Linears over many tokens
-(`MIN_ROWS`, as the FP8 path) take it. This is the math of torchao's
-`Int8DynamicActivationInt8WeightConfig` and of LightX2V's int8 modes; we keep our own ~40 lines rather
-than torchao because its tensor subclasses do not compose with our NF4 Linears, fused RMSNorm/RoPE
-kernels and CUDA-graph block replay, and its releases pin torch versions this project's CPU CI does not
-use. Measured against torchao and SageAttention on the lent H200: docs/benchmarks.md (when measured).
+calibrated) by one Triton pass (`int8_triton.quantize_rows`; the feed-forward's GELU in the same pass,
+`gelu_then_quantize`, as the fp8 path does); `torch._int_mm` multiplies them (int8 x int8 -> int32:
+cuBLASLt's INT8 GEMM on CUDA, the same integer product on the CPU, so the CPU runs this path's reference
+math bit for bit); the two scales and the bias are applied in float32 by one Triton pass over the int32
+product (`int8_triton.dequantize`), the result written in the compute dtype. Why cuBLASLt and not our own
+GEMM by default: it is the library that does this job, tuned per card (Ampere's and Hopper's INT8 MMAs), and
+its int32 output costs one extra read and write of the product (~10 bytes an output element against the
+GEMM's K); `int8_triton.gemm` fuses that epilogue into a Triton GEMM (`GEMM = "triton"`) and
+bench/bench_int8.py compares the two on a card: the default follows the measurement. `torch._scaled_mm`
+(and torch 2.13's `F.scaled_mm`) refuses int8 operands (its row-wise rule: "a and b should be float8").
+Only Linears over many tokens (`MIN_ROWS`, as the FP8 path) take it. The activation quantization is not
+fused into the LayerNorms before the Linears (the fp8 path does so): on paper it saves one bf16 write and
+read of a 1,536-wide row, ~3 ms a 1.3B chunk, against a second variant of every LayerNorm kernel.
+
+Weights: a dense Linear's bf16 weight is dropped from the device once its int8 one is made (`drop_exact_weight`:
+int8 replaces it rather than sitting beside it; the 1.3B: 2.6 GB of bf16 for 1.3 GB of int8). Another compute
+asked for on the same loaded model (`WanCameraDiT.set_compute`: the server's jobs may each name one, the
+benchmarks compare them in one process) restores it (`restore_exact_weights`): streamed again from the
+checkpoint's files where the model was loaded from them (`exact_weights_from`, set by the loader: nothing is
+held meanwhile, and a switch costs a re-read of the DiT's weights), else from a copy kept on the CPU (a model
+built in memory). An NF4 Linear keeps its NF4 bytes (half the int8's size, and what the exact path computes
+from). A Linear whose weight was dropped and then gets a call of few rows runs it W8A16 (the int8 weight
+dequantized). This is the math of torchao's `Int8DynamicActivationInt8WeightConfig` and of LightX2V's int8
+modes; we keep our own code rather than torchao because its tensor subclasses do not compose with our NF4
+Linears, fused RMSNorm/RoPE kernels and CUDA-graph block replay, and its releases pin torch versions this
+project's CPU CI does not use.
 
 Self-attention (`int8_attention`): SageAttention's scheme (Zhang et al., 2024): K smoothed (its mean over
 the tokens subtracted, per head: each query's scores move by one constant, which softmax ignores), Q and
 K quantized to int8 per block of `BLOCK` tokens (absmax / 127), S = Q8 K8^T in int32 times the two block
 scales, softmax in float32, P V in the compute dtype (16-bit: PV in 8 bits is what costs accuracy). On
 CUDA the `sageattention` package's Triton kernels run it where installed (`pip install sageattention`;
-sm_80+); elsewhere this module's reference math (the same numbers, slower).
+sm_80+); elsewhere this module's reference math (the same numbers, slower). On Hopper its Q K^T runs at the
+INT8 rate but its P V at the bf16 one, where cuDNN's FP8 attention (the fp8 path's) runs both at the 8-bit
+rate: bench/bench_int8.py times the two.
+
+The sm_80 code path on a newer card (`LINGBOT_ISAAC_TRITON_TARGET=sm80`, `triton_lang.force_target`): our
+Triton kernels (and sageattention's) are lowered for sm_80 (mma.sync, no wgmma; the GEMM's Ampere tiles,
+`triton_lang.capability`), cuBLASLt's GEMM stays the card's own.
 
 An approximation of the reference, as `--compute fp8` is: the distance from exact is measured in the tests
 (tests/worldgen/test_int8.py) and in docs/benchmarks.md.

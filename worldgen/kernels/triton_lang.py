@@ -77,20 +77,22 @@ def capability(device: torch.device | int | None = None) -> tuple[int, int]:
 
 
 def binary_for(compiled, device_capability: tuple[int, int]) -> bytes:
-    """What to load for a compiled kernel on a card: its cubin when built for that card's architecture, else its
-    PTX (text, NUL-terminated) for the driver to compile for the card: a cubin is not forward compatible
-    across architectures (sm_80's does not load on sm_90), PTX is."""
-    built = str(getattr(compiled.metadata, "arch", "")).removeprefix("sm")
-    if built.isdigit() and int(built) != device_capability[0] * 10 + device_capability[1]:
+    """What to load for a compiled kernel on a card: its cubin when its PTX targets that card's architecture, else
+    its PTX (text, NUL-terminated) for the driver to compile for the card: a cubin is not forward compatible across
+    architectures (sm_80's does not load on sm_90), PTX is. (Triton 3.7 builds the PTX and cubin of an overridden
+    arch for the card itself, only its code path for the override: the cubin then loads as it is.)"""
+    found = re.search(r"^\.target sm_(\d+)", compiled.asm.get("ptx", ""), re.MULTILINE)
+    if found and int(found[1]) != device_capability[0] * 10 + device_capability[1]:
         return compiled.asm["ptx"].encode() + b"\0"
     return compiled.asm["cubin"]
 
 
 def force_target(target: int) -> None:
     """Build every Triton kernel of this process for `target` (80: sm_80) whatever the card: Triton's own
-    switch (`knobs.runtime.override_arch`, TRITON_OVERRIDE_ARCH) picks that target's code path (Ampere's
-    mma.sync and cp.async, no wgmma or TMA; no e4m3), and the kernel is loaded from its PTX, which the
-    driver compiles for the card it runs on (Triton would load the cubin, which a newer card refuses)."""
+    switch (`knobs.runtime.override_arch`, TRITON_OVERRIDE_ARCH) lowers each kernel by that target's code path
+    (Ampere's mma.sync and cp.async, no wgmma or TMA; no e4m3). Where Triton then writes PTX for the target
+    rather than the card, the kernel is loaded from that PTX, which the driver compiles for the card it runs on
+    (`binary_for`: Triton would load the cubin, which a newer card refuses)."""
     triton.knobs.runtime.override_arch = f"sm{target}"
     kernel_class = triton.compiler.CompiledKernel
     if getattr(kernel_class, "_lingbot_forced", False):
