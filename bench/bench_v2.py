@@ -197,7 +197,12 @@ def main() -> None:
     parser.add_argument("--assets-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--int8-gemm", choices=("int_mm", "triton"), default=None, help="int8.GEMM (issue 56)")
     args = parser.parse_args()
+    if args.int8_gemm:  # --compute int8's GEMM: cuBLASLt + the Triton epilogue, or the whole GEMM in Triton
+        from worldgen.kernels import int8
+
+        int8.GEMM = args.int8_gemm
     poses, intrinsics = load_action(args.example)
     example = (find_image(args.example), read_prompt(args.example), poses, intrinsics)
     frames_list = [int(f) for f in args.frames.split(",")]

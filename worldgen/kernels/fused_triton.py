@@ -28,7 +28,7 @@ import os
 
 import torch
 
-from worldgen.kernels.triton_lang import Signature, launch, tl, triton
+from worldgen.kernels.triton_lang import Signature, capability, launch, tl, triton
 
 FP8 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -55,7 +55,7 @@ def e4m3_kernels(capability: tuple[int, int]) -> bool:
 
 @functools.cache
 def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
+    return capability(device)  # the card's, or the one forced (triton_lang.TARGET_SWITCH)
 
 
 def _takes_e4m3(t: torch.Tensor) -> bool:

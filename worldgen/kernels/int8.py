@@ -5,21 +5,45 @@ tensor-core rate (an RTX 3090: 284 dense TOPS against 35.6 TFLOP/s bf16 with flo
 Linears (`int8_linear`): the weight quantized ONCE per load (`Int8Weight.of`, kept on the Linear) to int8
 with one scale per output channel (absmax / 127, from the bf16 weight, or the NF4 weight dequantized as
 the exact path does); the input quantized per token on the fly (absmax / 127: dynamic, nothing
-calibrated); `torch._int_mm` multiplies them (int8 x int8 -> int32: cuBLASLt's INT8 GEMM on CUDA, the same
-integer product on the CPU, so the CPU runs this path's reference math bit for bit); the two scales and
-the bias are applied in float32, the result written in the compute dtype. Only Linears over many tokens
-(`MIN_ROWS`, as the FP8 path) take it. This is the math of torchao's
-`Int8DynamicActivationInt8WeightConfig` and of LightX2V's int8 modes; we keep our own ~40 lines rather
-than torchao because its tensor subclasses do not compose with our NF4 Linears, fused RMSNorm/RoPE
-kernels and CUDA-graph block replay, and its releases pin torch versions this project's CPU CI does not
-use. Measured against torchao and SageAttention on the lent H200: docs/benchmarks.md (when measured).
+calibrated) by one Triton pass (`int8_triton.quantize_rows`; the feed-forward's GELU in the same pass,
+`gelu_then_quantize`, as the fp8 path does); `torch._int_mm` multiplies them (int8 x int8 -> int32:
+cuBLASLt's INT8 GEMM on CUDA, the same integer product on the CPU, so the CPU runs this path's reference
+math bit for bit); the two scales and the bias are applied in float32 by one Triton pass over the int32
+product (`int8_triton.dequantize`), the result written in the compute dtype. Why cuBLASLt and not our own
+GEMM by default: it is the library that does this job, tuned per card (Ampere's and Hopper's INT8 MMAs), and
+its int32 output costs one extra read and write of the product (~10 bytes an output element against the
+GEMM's K); `int8_triton.gemm` fuses that epilogue into a Triton GEMM (`GEMM = "triton"`) and
+bench/bench_int8.py compares the two on a card: the default follows the measurement. `torch._scaled_mm`
+(and torch 2.13's `F.scaled_mm`) refuses int8 operands (its row-wise rule: "a and b should be float8").
+Only Linears over many tokens (`MIN_ROWS`, as the FP8 path) take it. The activation quantization is not
+fused into the LayerNorms before the Linears (the fp8 path does so): on paper it saves one bf16 write and
+read of a 1,536-wide row, ~3 ms a 1.3B chunk, against a second variant of every LayerNorm kernel.
+
+Weights: a dense Linear's bf16 weight is dropped from the device once its int8 one is made (`drop_exact_weight`:
+int8 replaces it rather than sitting beside it; the 1.3B: 2.6 GB of bf16 for 1.3 GB of int8). Another compute
+asked for on the same loaded model (`WanCameraDiT.set_compute`: the server's jobs may each name one, the
+benchmarks compare them in one process) restores it (`restore_exact_weights`): streamed again from the
+checkpoint's files where the model was loaded from them (`exact_weights_from`, set by the loader: nothing is
+held meanwhile, and a switch costs a re-read of the DiT's weights), else from a copy kept on the CPU (a model
+built in memory). An NF4 Linear keeps its NF4 bytes (half the int8's size, and what the exact path computes
+from). A Linear whose weight was dropped and then gets a call of few rows runs it W8A16 (the int8 weight
+dequantized). This is the math of torchao's `Int8DynamicActivationInt8WeightConfig` and of LightX2V's int8
+modes; we keep our own code rather than torchao because its tensor subclasses do not compose with our NF4
+Linears, fused RMSNorm/RoPE kernels and CUDA-graph block replay, and its releases pin torch versions this
+project's CPU CI does not use.
 
 Self-attention (`int8_attention`): SageAttention's scheme (Zhang et al., 2024): K smoothed (its mean over
 the tokens subtracted, per head: each query's scores move by one constant, which softmax ignores), Q and
 K quantized to int8 per block of `BLOCK` tokens (absmax / 127), S = Q8 K8^T in int32 times the two block
 scales, softmax in float32, P V in the compute dtype (16-bit: PV in 8 bits is what costs accuracy). On
 CUDA the `sageattention` package's Triton kernels run it where installed (`pip install sageattention`;
-sm_80+); elsewhere this module's reference math (the same numbers, slower).
+sm_80+); elsewhere this module's reference math (the same numbers, slower). On Hopper its Q K^T runs at the
+INT8 rate but its P V at the bf16 one, where cuDNN's FP8 attention (the fp8 path's) runs both at the 8-bit
+rate: bench/bench_int8.py times the two.
+
+The sm_80 code path on a newer card (`LINGBOT_ISAAC_TRITON_TARGET=sm80`, `triton_lang.force_target`): our
+Triton kernels (and sageattention's) are lowered for sm_80 (mma.sync, no wgmma; the GEMM's Ampere tiles,
+`triton_lang.capability`), cuBLASLt's GEMM stays the card's own.
 
 An approximation of the reference, as `--compute fp8` is: the distance from exact is measured in the tests
 (tests/worldgen/test_int8.py) and in docs/benchmarks.md.
@@ -29,14 +53,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
+
+from worldgen.kernels import int8_triton
+from worldgen.kernels.triton_lang import capability
 
 INT8_MAX = 127.0
 MIN_ROWS = 256  # fewer rows than this: the exact GEMM is as fast (the FP8 path's threshold)
 BLOCK = 128  # tokens per Q/K quantization block (SageAttention's for Q; finer blocks: closer, slower)
 MIN_CAPABILITY = (8, 0)  # INT8 tensor-core GEMMs through torch._int_mm: Ampere and later
+GEMM = "int_mm"  # "int_mm": cuBLASLt's INT8 GEMM + the Triton epilogue; "triton": int8_triton.gemm, all in one
+_failed: set[str] = set()  # Triton kernels that failed once in this process: PyTorch from then on (said once)
 
 
 def unsupported_reason(device: torch.device | str) -> str | None:
@@ -44,18 +74,19 @@ def unsupported_reason(device: torch.device | str) -> str | None:
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    capability = torch.cuda.get_device_capability(device)
-    if capability < MIN_CAPABILITY:
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < MIN_CAPABILITY:
         return (
             f"--compute int8 needs INT8 tensor cores with cuBLASLt's INT8 GEMM (compute capability 8.0+: RTX 30xx, "
-            f"A100); {torch.cuda.get_device_name(device)} is {capability[0]}.{capability[1]}: use --compute exact"
+            f"A100); {torch.cuda.get_device_name(device)} is {major}.{minor}: use --compute exact"
         )
     return None
 
 
 def quantize_rows(x: torch.Tensor, block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (int8 [M, K], float32 scales [M, 1]): one scale per row (absmax / 127), rounded to
-    nearest even. `block`: one scale per `block` rows instead ([ceil(M / block), 1])."""
+    nearest even; the reference math (the weights', the attention's and the CPU's). `block`: one scale per
+    `block` rows instead ([ceil(M / block), 1])."""
     x = x.float()
     if block is None:
         scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / INT8_MAX
@@ -65,6 +96,49 @@ def quantize_rows(x: torch.Tensor, block: int | None = None) -> tuple[torch.Tens
     scale = padded.abs().amax(dim=(1, 2), keepdim=True).clamp(min=1e-12) / INT8_MAX
     data = torch.round(padded / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
     return data.view(-1, x.shape[-1])[:rows], scale.view(-1, 1)
+
+
+def _triton(name: str, run, *args):
+    """A Triton kernel's result, or None where it takes no such call or failed (once said, PyTorch from then on)."""
+    if name in _failed or not int8_triton.available():
+        return None
+    try:
+        return run(*args)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (no compiler, a broken install: the reference math, said once)
+        _failed.add(name)
+        warnings.warn(f"the INT8 {name} Triton kernel failed ({exc}); PyTorch from now on", stacklevel=3)
+        return None
+
+
+def quantize_tokens(x: torch.Tensor, gelu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """An activation [M, K] per token -> (int8 [M, K], float32 [M, 1]): `quantize_rows`' numbers, in one Triton
+    pass on CUDA (`int8_triton.quantize_rows`); `gelu`: of the tanh GELU of x (rounded to x's dtype first)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    done = _triton("gelu+quantize" if gelu else "quantize", int8_triton.quantize_rows, x, gelu)
+    if done is not None:
+        return done
+    return quantize_rows(F.gelu(x, approximate="tanh") if gelu else x)
+
+
+@dataclasses.dataclass
+class Int8Rows:
+    """An activation already quantized per token (`gelu_then_quantize`), for the Linear it feeds."""
+
+    data: torch.Tensor  # int8 [M, K]
+    scale: torch.Tensor  # float32 [M, 1]
+    lead: tuple[int, ...]  # the leading shape of the original [..., K]
+
+
+def gelu_then_quantize(x: torch.Tensor, linear: torch.nn.Module) -> torch.Tensor | Int8Rows:
+    """The feed-forward's tanh GELU of x, quantized in the same kernel when `linear` (the layer it feeds) takes
+    the W8A8 GEMM (the fp8 path's `gelu_then_quantize`, in int8); else the GELU alone."""
+    if not wants_int8(x, getattr(linear, "compute", "exact")):
+        return F.gelu(x, approximate="tanh")
+    data, scale = quantize_tokens(x.reshape(-1, x.shape[-1]), gelu=True)
+    return Int8Rows(data, scale, tuple(x.shape[:-1]))
 
 
 def int_matmul(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
@@ -86,32 +160,119 @@ class Int8Weight:
     data: torch.Tensor
     scale: torch.Tensor
 
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight these int8 values stand for (a dropped Linear's few-row calls: W8A16)."""
+        return (self.data.float() * self.scale).to(dtype)
+
     @classmethod
     def of(cls, linear: torch.nn.Module) -> Int8Weight:
         """The Linear's int8 weight, made on its first int8 call and kept (once per load): from its bf16
-        weight, or its NF4 weight dequantized as the exact path computes with it."""
+        weight, or its NF4 weight dequantized as the exact path computes with it. A dense Linear's own weight
+        is then dropped from the device (`drop_exact_weight`)."""
         cached = getattr(linear, "_int8_weight", None)
         if cached is None:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("an INT8 weight made inside a CUDA graph capture: run the call once eagerly first")
             weight = linear.dequantized_weight() if hasattr(linear, "dequantized_weight") else linear.weight
             cached = cls(*quantize_rows(weight.detach()))
             linear._int8_weight = cached
+            if not hasattr(linear, "dequantized_weight"):
+                drop_exact_weight(linear)
         return cached
 
 
-def wants_int8(x: torch.Tensor, compute: str) -> bool:
-    """Whether this call takes the INT8 GEMM: int8 asked, enough rows to matter."""
-    return compute == "int8" and x.numel() // x.shape[-1] >= MIN_ROWS
+def dropped(linear: torch.nn.Module) -> bool:
+    """Whether `linear`'s exact weight was dropped for its int8 one (`drop_exact_weight`)."""
+    return getattr(linear, "_int8_weight", None) is not None and linear.weight.numel() == 0
 
 
-def int8_linear(x: torch.Tensor, linear: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
-    """y = x @ W.T + b with x per token and W per output channel in int8, int32 accumulation, `dtype` out."""
+def drop_exact_weight(linear: torch.nn.Module) -> None:
+    """Free a dense Linear's exact (bf16) weight once its int8 one is made. What restores it when another compute
+    is asked for on the same model (`restore_exact_weights`): the checkpoint's files where the model was loaded
+    from them (`exact_weights_from`: nothing held meanwhile), else a copy kept on the CPU."""
+    if not getattr(linear, "exact_from_file", False):
+        linear._exact_on_cpu = linear.weight.detach().to("cpu", copy=True)
+    linear.weight.data = linear.weight.data.new_empty(0)
+
+
+def exact_weights_from(model: torch.nn.Module, source) -> None:
+    """Say where `model`'s dense Linears' exact weights can be read again: `source()` yields (state-dict key,
+    tensor on the model's device, in its dtype) pairs; the loader gives the checkpoint's stream."""
+    model.exact_weights = source
+    for module in model.modules():
+        if isinstance(getattr(module, "weight", None), torch.nn.Parameter) and hasattr(module, "compute"):
+            module.exact_from_file = True
+
+
+def restore_exact_weights(model: torch.nn.Module) -> int:
+    """Undo `Int8Weight.of` on every Linear of `model`: int8 weights freed, dropped exact weights back on their
+    device (from the CPU copy, else streamed from the checkpoint's files); -> the number of Linears restored."""
+    held = {name: m for name, m in model.named_modules() if getattr(m, "_int8_weight", None) is not None}
+    from_file = {}
+    for name, linear in held.items():
+        if dropped(linear):
+            kept = getattr(linear, "_exact_on_cpu", None)
+            if kept is None:
+                from_file[name + ".weight"] = linear
+            else:
+                linear.weight.data = kept.to(linear.weight.device)
+                linear._exact_on_cpu = None
+        linear._int8_weight = None
+    if from_file:
+        source = getattr(model, "exact_weights", None)
+        if source is None:
+            raise RuntimeError(f"{len(from_file)} Linears dropped their weights for int8 and nothing restores them")
+        for key, tensor in source():
+            if key in from_file:
+                from_file.pop(key).weight.data = tensor
+        if from_file:
+            raise RuntimeError(f"the checkpoint lacks {sorted(from_file)[:3]}: the exact weights cannot be restored")
+    return len(held)
+
+
+def wants_int8(x: torch.Tensor | Int8Rows, compute: str, linear: torch.nn.Module | None = None) -> bool:
+    """Whether this call takes the int8 path: int8 asked and enough rows to matter (or already quantized), or a
+    Linear whose exact weight was dropped for its int8 one (`int8_linear` then runs it W8A16)."""
+    if isinstance(x, Int8Rows):
+        return True
+    many = compute == "int8" and x.numel() // x.shape[-1] >= MIN_ROWS
+    return many or (linear is not None and dropped(linear))
+
+
+def int8_linear(x: torch.Tensor | Int8Rows, linear: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
+    """y = x @ W.T + b with x per token and W per output channel in int8, int32 accumulation, `dtype` out
+    (x may be quantized already: `Int8Rows`). Fewer than `MIN_ROWS` rows (a Linear whose exact weight was
+    dropped): the int8 weight dequantized, times x in `dtype`."""
     weight = Int8Weight.of(linear)
-    lead = x.shape[:-1]
-    xq, x_scale = quantize_rows(x.reshape(-1, x.shape[-1]))
-    out = int_matmul(xq, weight.data).float() * x_scale * weight.scale.view(1, -1)
-    if linear.bias is not None:
-        out = out + linear.bias.float()
-    return out.to(dtype).view(*lead, weight.data.shape[0])
+    bias = linear.bias
+    if isinstance(x, Int8Rows):
+        lead, (xq, x_scale) = x.lead, (x.data, x.scale)
+    else:
+        lead = x.shape[:-1]
+        if x.numel() // x.shape[-1] < MIN_ROWS:
+            return F.linear(x.to(dtype), weight.dequantize(dtype), None if bias is None else bias.to(dtype))
+        xq, x_scale = quantize_tokens(x.reshape(-1, x.shape[-1]))
+    return int8_gemm(xq, x_scale, weight, bias, dtype).view(*lead, weight.data.shape[0])
+
+
+def int8_gemm(
+    xq: torch.Tensor, x_scale: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """(xq [M, K] int8 @ weight.T) * x_scale * weight's scales (+ bias) in `dtype`: Triton's whole GEMM where
+    `GEMM` says so, else `torch._int_mm` and the one-pass Triton epilogue; on the CPU the same math in PyTorch."""
+    w_scale = weight.scale
+    if GEMM == "triton" and xq.is_cuda:
+        done = _triton("gemm", int8_triton.gemm, xq, weight.data, x_scale, w_scale, bias, dtype, capability(xq.device))
+        if done is not None:
+            return done
+    acc = int_matmul(xq, weight.data)
+    done = _triton("epilogue", int8_triton.dequantize, acc, x_scale, w_scale, bias, dtype) if acc.is_cuda else None
+    if done is not None:
+        return done
+    out = acc.float() * x_scale * w_scale.view(1, -1)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(dtype)
 
 
 def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

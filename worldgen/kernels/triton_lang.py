@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import threading
 import time
 import warnings
@@ -47,7 +48,69 @@ try:
 except ImportError:  # pragma: no cover - depends on the install
     triton = tl = None
 
-__all__ = ["CompileAhead", "LaunchCounts", "Signature", "compiling_ahead", "counts", "launch", "tl", "triton"]
+__all__ = [
+    "CompileAhead", "LaunchCounts", "Signature", "capability", "compiling_ahead", "counts", "launch", "tl", "triton",
+]  # fmt: skip
+
+TARGET_SWITCH = "LINGBOT_ISAAC_TRITON_TARGET"  # "sm80": every Triton kernel built for sm_80 (`force_target`)
+
+
+def _forced_target() -> int | None:
+    """The compute capability (major * 10 + minor) TARGET_SWITCH forces, or None; a clear error when malformed."""
+    value = os.environ.get(TARGET_SWITCH, "").strip()
+    if not value:
+        return None
+    if not re.fullmatch(r"sm_?\d{2,3}", value):
+        raise ValueError(f"{TARGET_SWITCH}={value!r}: give a CUDA target such as sm80 (or unset it)")
+    return int(value.removeprefix("sm").removeprefix("_"))
+
+
+FORCED_TARGET = _forced_target()
+
+
+def capability(device: torch.device | int | None = None) -> tuple[int, int]:
+    """The compute capability our dispatch decides by: the card's, or the one TARGET_SWITCH forces (the
+    sm_80 code path measured on a newer card: no e4m3 kernels, the GEMM's Ampere tiles)."""
+    if FORCED_TARGET is not None:
+        return divmod(FORCED_TARGET, 10)
+    return torch.cuda.get_device_capability(device)
+
+
+def binary_for(compiled, device_capability: tuple[int, int]) -> bytes:
+    """What to load for a compiled kernel on a card: its cubin when its PTX targets that card's architecture, else
+    its PTX (text, NUL-terminated) for the driver to compile for the card: a cubin is not forward compatible across
+    architectures (sm_80's does not load on sm_90), PTX is. (Triton 3.7 builds the PTX and cubin of an overridden
+    arch for the card itself, only its code path for the override: the cubin then loads as it is.)"""
+    found = re.search(r"^\.target sm_(\d+)", compiled.asm.get("ptx", ""), re.MULTILINE)
+    if found and int(found[1]) != device_capability[0] * 10 + device_capability[1]:
+        return compiled.asm["ptx"].encode() + b"\0"
+    return compiled.asm["cubin"]
+
+
+def force_target(target: int) -> None:
+    """Build every Triton kernel of this process for `target` (80: sm_80) whatever the card: Triton's own
+    switch (`knobs.runtime.override_arch`, TRITON_OVERRIDE_ARCH) lowers each kernel by that target's code path
+    (Ampere's mma.sync and cp.async, no wgmma or TMA; no e4m3). Where Triton then writes PTX for the target
+    rather than the card, the kernel is loaded from that PTX, which the driver compiles for the card it runs on
+    (`binary_for`: Triton would load the cubin, which a newer card refuses)."""
+    triton.knobs.runtime.override_arch = f"sm{target}"
+    kernel_class = triton.compiler.CompiledKernel
+    if getattr(kernel_class, "_lingbot_forced", False):
+        return
+    original = kernel_class._init_handles
+
+    def _init_handles(self):
+        if self.module is None:
+            device = triton.runtime.driver.active.get_current_device()
+            self.kernel = binary_for(self, torch.cuda.get_device_capability(device))
+        return original(self)
+
+    kernel_class._init_handles = _init_handles
+    kernel_class._lingbot_forced = True
+
+
+if FORCED_TARGET is not None and triton is not None:
+    force_target(FORCED_TARGET)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +166,8 @@ _ahead_owner: threading.Thread | None = None  # the thread whose launches compil
 _ahead_lock = threading.Lock()
 
 
-DIRECT_SWITCH = "LINGBOT_ISAAC_DIRECT_LAUNCH"  # "0": every launch through Triton's own path
+DIRECT_SWITCH = "LINGBOT_ISAAC_DIRECT_LAUNCH"
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # "0": every launch through Triton's own path
 
 
 class LaunchCounts:
@@ -205,6 +269,9 @@ def _same(a: tuple, b: tuple) -> bool:
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """`kernel[grid](*args, **kwargs)`; inside `compiling_ahead()` (on its thread) the compile only; a
     variant launched twice before goes straight to its C launcher (module docstring)."""
+    if INTERPRETED:  # Triton's interpreter on CPU tensors (the tests): no device, no compiled kernel to keep
+        kernel[grid](*args, **kwargs)
+        return
     ahead = _ahead
     if ahead is not None and threading.current_thread() is _ahead_owner:
         ahead.submit(kernel, grid, args, kwargs)

@@ -3,18 +3,18 @@
 State-dict names are those of the released checkpoints (`blocks.12.self_attn.q.weight`, ...), so
 both the original bf16 shards and the community NF4 file load into it without renaming.
 
-Numerics follow the reference (bf16 matmuls; LayerNorms, modulation, residual gating, time
-embedding and head in float32) with three memory changes that give the same numbers:
+Numerics follow the reference (bf16 matmuls; LayerNorms, modulation, residual gating, time embedding and head in
+float32) with three memory changes that give the same numbers:
 - the timestep modulation is one row per sample, not one per token (t is the same for all tokens);
-- RoPE is applied in float32 from a small cos/sin table computed in float64, instead of casting
-  q and k to float64 complex tensors;
-- the feed-forward can run in token chunks (`ffn_chunk_tokens`) so its 13824-wide hidden
-  activation never exists for the whole sequence at once.
-Linear layers are `Linear` (below) or `worldgen.kernels.nf4.NF4Linear`; both take the compute dtype
-from their weights and can be told to compute in float32 where the reference does, or to run their
-GEMM in FP8 (`set_compute("fp8")`, an approximation: `worldgen.kernels.fp8`).
-The elementwise groups of a block (modulated norms, RMSNorm+RoPE, gated residuals) are the
-functions of `worldgen.kernels.fused`: the code below on the CPU, one fused kernel each on CUDA.
+- RoPE is applied in float32 from a small cos/sin table computed in float64, instead of casting q and k to float64
+  complex tensors;
+- the feed-forward can run in token chunks (`ffn_chunk_tokens`) so its 13824-wide hidden activation never exists for
+  the whole sequence at once.
+Linear layers are `Linear` (below) or `worldgen.kernels.nf4.NF4Linear`; both take the compute dtype from their weights
+and can be told to compute in float32 where the reference does, or to run their GEMM in FP8 or INT8 (`set_compute`,
+approximations: `worldgen.kernels.fp8`, `worldgen.kernels.int8`). The elementwise groups of a block (modulated norms,
+RMSNorm+RoPE, gated residuals) are the functions of `worldgen.kernels.fused`: the code below on the CPU, one fused
+kernel each on CUDA.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worldgen.errors import CheckpointError
-from worldgen.kernels import fused
+from worldgen.kernels import fused, int8
 from worldgen.kernels.attention import attention, attention_rows, fp8_attention, fp8_attention_runs
 from worldgen.kernels.fp8 import (
     QuantizedRows,
@@ -103,7 +103,7 @@ class Linear(nn.Linear):
         dtype = dtype or self.weight.dtype
         if isinstance(x, QuantizedRows) or wants_fp8(x, self.compute, dtype, self.out_features):
             return fp8_linear(x, self.weight, self.bias)
-        if wants_int8(x, self.compute):  # W8A8 (worldgen.kernels.int8)
+        if wants_int8(x, self.compute, self):  # W8A8 (worldgen.kernels.int8); W8A16 once its weight is dropped
             return int8_linear(x, self, dtype)
         bias = None if self.bias is None else self.bias.to(dtype)
         return F.linear(x.to(dtype), self.weight.to(dtype), bias)
@@ -294,8 +294,9 @@ class Block(nn.Module):
     def _ffn_of(self, x: torch.Tensor, h: torch.Tensor | QuantizedRows, gate: torch.Tensor) -> torch.Tensor:
         """x + ffn(h) * gate, h the feed-forward's normed input."""
         hidden = self.ffn[0](h)
-        if self.ffn[2].compute == "fp8":  # GELU and the FP8 quantization of its output in one kernel
-            return fused.gated_residual(x, self.ffn[2](gelu_then_quantize(hidden, self.ffn[2])), gate)
+        if self.ffn[2].compute in ("fp8", "int8"):  # GELU and the 8-bit quantization of its output in one kernel
+            quantize = int8.gelu_then_quantize if self.ffn[2].compute == "int8" else gelu_then_quantize
+            return fused.gated_residual(x, self.ffn[2](quantize(hidden, self.ffn[2])), gate)
         return fused.gated_residual(x, self.ffn[2](self.ffn[1](hidden)), gate)
 
     def feed_forward(
@@ -318,8 +319,7 @@ class Block(nn.Module):
         return (self.modulation.float() + e0).unsqueeze(2).unbind(1)
 
     def _self_attention_input(self, x: torch.Tensor, e0: torch.Tensor) -> tuple[tuple, torch.Tensor]:
-        """-> (`modulations(e0)`; norm1(x) * (1 + m1) + m0, rounded once to the compute dtype the Linears
-        cast to anyway)."""
+        """-> (`modulations(e0)`; norm1(x) * (1 + m1) + m0, rounded once to the compute dtype the Linears cast to)."""
         m = self.modulations(e0)
         return m, self.residual_norm(x, None, None, None, self.norm1, (m[0], m[1]), self.self_attn.q)[1]
 
@@ -429,8 +429,7 @@ class WanCameraDiT(nn.Module):
                 module.attention_backend = backend
 
     def set_compute(self, compute: str) -> None:
-        """'exact' (the reference's numerics; 'bf16' is its old name), 'fp8' (large Linears as FP8
-        GEMMs; see worldgen.kernels.fp8) or 'int8' (W8A8 GEMMs and 8-bit self-attention; worldgen.kernels.int8)."""
+        """'exact' (the reference's; 'bf16' is its old name), 'fp8' or 'int8' (worldgen.kernels.fp8, .int8)."""
         from contracts.engine_options import COMPUTES, canonical_compute
 
         compute = canonical_compute(compute)
@@ -438,6 +437,8 @@ class WanCameraDiT(nn.Module):
             raise ValueError(f"compute must be one of {COMPUTES}, got {compute!r}")
         if self.camera_cache is not None and self.blocks and self.blocks[0].self_attn.compute != compute:
             self.camera_cache.clear()  # its modulations were computed the other way
+        if compute != "int8":  # int8 weights freed, the exact weights int8 dropped back (worldgen.kernels.int8)
+            int8.restore_exact_weights(self)
         for module in self.modules():
             if hasattr(module, "compute") and module is not self:
                 module.compute = compute
