@@ -32,11 +32,9 @@ from worldgen.models.camera_cache import CameraCache
 from worldgen.models.chunk_graph import ChunkGraphs, enabled_by_environment
 from worldgen.models.dit import DiTConfig
 from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
-from worldgen.models.vae_tiling import StreamingDecoder
 from worldgen.pipelines.base import Pipeline, Progress, _no_progress, condition_mask, prepare_image
 from worldgen.pipelines.camera import validate_camera
-from worldgen.pipelines.decode_overlap import PendingDecode
-from worldgen.pipelines.decoded_video import DecodedVideo
+from worldgen.pipelines.chunk_decodes import ChunkDecodes
 from worldgen.pipelines.fast_conditioning import ChunkConditioning, FastCamera
 from worldgen.pipelines.fast_plan import (
     BLOCK_GRAPH_BYTES_PER_TOKEN,
@@ -54,7 +52,7 @@ from worldgen.pipelines.fast_plan import (
     stream_vae_cuts,
     vae_dtype,
 )
-from worldgen.runtime.cuda_memory import free_device_memory, to_host
+from worldgen.runtime.cuda_memory import free_device_memory
 from worldgen.runtime.memory import (
     CUDA_CONTEXT_GIB,
     VAE_WEIGHTS_GIB,
@@ -509,89 +507,17 @@ class FastPipeline(Pipeline):
         elif tuple(noise.shape) != shape:
             raise InputError(f"noise has shape {tuple(noise.shape)}, expected {shape}")
 
-        pieces = DecodedVideo(frames.frames)
-        latents: list[torch.Tensor] = []
         num_chunks = frames.latent_frames // options.chunk_frames
-
-        def emit(piece: torch.Tensor) -> None:
-            pieces.put(len(pieces), piece)
-            if len(pieces) == 1:
-                clock.mark("first_chunk")
-            if on_chunk is not None:
-                on_chunk(len(pieces) - 1, num_chunks, piece)
-
-        with self.meter.phase("loop"):  # the DiT chunk loop, each chunk decoded as soon as it is done
-            decoder = None
-            streaming = not self.decode_after_loop
-            self.chunk_timings = []
-            before = dict(clock.seconds)
-            # chunks 1.. decode on a second CUDA stream beside the next chunk's forwards where the plan
-            # leaves room for both at once (`graph_room`); chunk 0 decodes at once (its preview first)
-            side = self._decode_stream()
-            pending: PendingDecode | None = None
+        with self.meter.phase("loop"):  # the DiT chunk loop, each chunk decoded as the plan says (`ChunkDecodes`)
+            decodes = ChunkDecodes(self, clock, frames.frames, num_chunks, on_chunk, progress, live=camera is not None)
             for latent in self.rollout_chunks(noise, y, context, plucker, options, generator, progress=progress):
-                clock.lap("dit")
-                latents.append(latent.cpu())
-                timing: dict[str, float] = {"overlap": 0.0}
-                if pending is not None:  # the previous chunk's decode ran beside this chunk's forwards
-                    self.chunk_timings[-1]["overlap"] = pending.hidden_seconds()
-                    emit(pending.frames())
-                    pending = None
-                if streaming:
-                    try:
-                        decoder = decoder or StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels)
-                        vae_device = next(decoder.vae.parameters()).device
-                        if side is None:
-                            emit(to_host(decoder.push(latent[None].to(vae_device))[0]))
-                        else:
-                            pending = PendingDecode(decoder, latent.to(vae_device), side)
-                            if len(latents) == 1:  # the first preview as soon as it exists
-                                emit(pending.frames())
-                                pending = None
-                    except torch.OutOfMemoryError as exc:
-                        # the plan's estimate was short: finish the loop, then decode every chunk again
-                        # with the same tiles once the KV cache is gone (so the same video)
-                        streaming, decoder, pending = False, None, None
-                        free_device_memory(self.device, collect_cycles=True)
-                        self.plan.notes += (
-                            f"decoding chunk {len(latents) - 1} beside the KV cache ran out of memory "
-                            f"({str(exc).splitlines()[0][:240]}): chunks decoded after the loop",
-                        )
-                clock.lap("decode")
-                # this chunk's share (its forwards and the refresh before it, its encode, its decode:
-                # with a second stream, launching it and waiting for the previous chunk's to finish)
-                parts = ("dit", "encode", "decode") + (("poses",) if camera is not None else ())
-                spent = {k: clock.seconds.get(k, 0.0) - before.get(k, 0.0) for k in parts}
-                self.chunk_timings.append({**spent, **timing, "wall": sum(spent.values())})
-                before = dict(clock.seconds)
-            if pending is not None:  # the last chunk's decode: nothing left to overlap it with
-                emit(pending.frames())
-                pending = None
-                clock.lap("decode")
-                self.chunk_timings[-1]["decode"] += clock.seconds["decode"] - before["decode"]
-                self.chunk_timings[-1]["wall"] += clock.seconds["decode"] - before["decode"]
-            if not streaming:  # a batch job's plan, or a decode beside the KV cache that ran out of memory
-                decoder, done = StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels), len(pieces)
-                device = next(decoder.vae.parameters()).device
-                clock.lap("dit")
-                for i, latent in enumerate(latents):
-                    piece = to_host(decoder.push(latent[None].to(device))[0])
-                    if i < done:
-                        pieces.put(i, piece)
-                    else:
-                        emit(piece)
-                    progress("decode", i + 1, len(latents))
-                    before = clock.seconds.get("decode", 0.0)
-                    clock.lap("decode")
-                    spent = clock.seconds["decode"] - before
-                    self.chunk_timings[i]["decode"] += spent
-                    self.chunk_timings[i]["wall"] += spent
-            del decoder
+                decodes.take(latent)
+            decodes.finish()
             self.residency.phase_done("decode")
         clock.mark("total")
         self.timings = clock.seconds
-        self.last_latents = latents  # each chunk's final latent (CPU), for comparisons (bench_fast)
-        return pieces.video()
+        self.last_latents = decodes.latents  # each chunk's final latent (CPU), for comparisons (bench_fast)
+        return decodes.video()
 
 
 def y_from_latent(image_latent: torch.Tensor, frames: int) -> torch.Tensor:
