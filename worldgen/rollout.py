@@ -138,6 +138,9 @@ def rollout_record(
             "text_encoder": identity.get("text_encoder"),
             "second_device": str(pipe.second_device.device) if getattr(pipe, "second_device", None) else None,
             "compute_reason": getattr(pipe, "engine", {}).get("compute_reason"),  # as asked, or what auto chose and why
+            # causal models: the chunk decodes on a second CUDA stream beside the next chunk's forwards, or not
+            "decode_overlap": getattr(pipe, "decode_overlapped", None),
+            "vae_dtype": str(pipe.vae_dtype).removeprefix("torch.") if hasattr(pipe, "vae_dtype") else None,
         },
         settings=used,
         requested=settings.to_dict(),

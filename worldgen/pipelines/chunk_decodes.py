@@ -41,12 +41,46 @@ class ChunkDecodes:
         self.latents: list[torch.Tensor] = []
         self.decoder: StreamingDecoder | None = None
         self.streaming = not pipe.decode_after_loop
+        self.before: dict[str, float] = {}
+        self.side: torch.cuda.Stream | None = None
+        self.pending: PendingDecode | None = None
+
+    def start(self) -> None:
+        """The loop starts: each chunk's seconds are counted from here."""
+        pipe = self.pipe
         pipe.chunk_timings = []
-        self.before = dict(clock.seconds)
+        self.before = dict(self.clock.seconds)
         # chunks 1.. decode on a second CUDA stream beside the next chunk's forwards where the plan
         # leaves room for both at once (`graph_room`); chunk 0 decodes at once (its preview first)
         self.side = pipe._decode_stream()
-        self.pending: PendingDecode | None = None
+        pipe.decode_overlapped = self.side is not None and self.streaming
+
+    def before_poses(self, camera: Callable[[int], torch.Tensor | None]) -> Callable[[int], torch.Tensor | None]:
+        """A live camera that first hands out the chunk whose decode is still running on the second stream:
+        its frames go out as soon as they exist, before the loop waits for the next chunk's poses (not
+        after the next chunk's forwards)."""
+
+        def call(chunk: int) -> torch.Tensor | None:
+            self.flush()
+            return camera(chunk)
+
+        return call
+
+    def flush(self) -> None:
+        """Wait for the pending decode (if any) and hand its frames out; its seconds are its chunk's."""
+        if self.pending is None:
+            return
+        clock, timings = self.clock, self.pipe.chunk_timings[-1]
+        clock.lap("dit")  # the refresh launched after the chunk's decode
+        seconds = clock.seconds.get("decode", 0.0)
+        timings["overlap"] = self.pending.hidden_seconds()
+        self.emit(self.pending.frames())
+        self.pending = None
+        clock.lap("decode")
+        spent = clock.seconds["decode"] - seconds
+        timings["decode"] += spent
+        timings["wall"] += spent
+        self.before["decode"] = self.before.get("decode", 0.0) + spent
 
     def emit(self, piece: torch.Tensor) -> None:
         pieces = self.pieces
@@ -81,6 +115,7 @@ class ChunkDecodes:
                 # the plan's estimate was short: finish the loop, then decode every chunk again
                 # with the same tiles once the KV cache is gone (so the same video)
                 self.streaming, self.decoder, self.pending = False, None, None
+                pipe.decode_overlapped = False
                 free_device_memory(pipe.device, collect_cycles=True)
                 pipe.plan.notes += (
                     f"decoding chunk {len(self.latents) - 1} beside the KV cache ran out of memory "

@@ -32,6 +32,7 @@ from worldgen.models.camera_cache import CameraCache
 from worldgen.models.chunk_graph import ChunkGraphs, enabled_by_environment
 from worldgen.models.dit import DiTConfig
 from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
+from worldgen.pipelines import decode_overlap
 from worldgen.pipelines.base import Pipeline, Progress, _no_progress, condition_mask, prepare_image
 from worldgen.pipelines.camera import validate_camera
 from worldgen.pipelines.chunk_decodes import ChunkDecodes
@@ -97,7 +98,10 @@ class FastPipeline(Pipeline):
         # from 10 to 7 frames (docs/benchmarks.md, "Session 9: Fast"); every forward eager by default.
         self.use_chunk_graphs = enabled_by_environment()
         self.graph_room = True  # whether the plan has room for a captured forward's pool / a decode beside it
-        self.overlap_decode = enabled_by_environment()  # False: each chunk decodes after its forwards, same stream
+        # chunks 1.. decode on a second stream beside the next chunk's forwards where the plan has room for both
+        # (`worldgen.pipelines.decode_overlap`; LINGBOT_ISAAC_DECODE_OVERLAP=0 or False: after its forwards)
+        self.overlap_decode = decode_overlap.enabled_by_environment()
+        self.decode_overlapped = False  # whether the last rollout's decodes ran on the second stream
         # the blocks between self-attentions as CUDA graphs (worldgen.models.block_graphs), on CUDA where the
         # plan has their room without changing the job's KV cache or VAE cut (`block_graph_room`)
         self.use_block_graphs = True
@@ -174,8 +178,8 @@ class FastPipeline(Pipeline):
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.vae_cut, self.stream_encode = cut, stream_encode
-        # under a budget the plan leaves room for a captured forward's pool or a decode beside the
-        # forwards only when they are asked for (`_keeps_forward`): it costs KV-cache tokens
+        # under a budget the plan leaves room for a captured forward's pool only when it is asked for
+        # (`_keeps_forward`: it costs KV-cache tokens); the decode overlap where it costs nothing (below)
         self.graph_room = usable is None or self._keeps_forward()
         self.decode_tile_pixels = cut.tile_pixels
         if stream_encode or usable is None:
@@ -196,20 +200,40 @@ class FastPipeline(Pipeline):
             room = (
                 usable - self._loop_fixed_gib()[0] - kv - activation_gib(chunk_tokens, self.dit_config.dim) - graphs_gib
             )
-            dims = (cfg.dim, cfg.num_layers)
-            choice = camera_choice(choice.blocks, streamed, room, cut.decode_push_gib, chunk_tokens, dims, self.dtype)
+            shape = (cfg.dim, cfg.num_layers)
+            choice = camera_choice(choice.blocks, streamed, room, cut.decode_push_gib, chunk_tokens, shape, self.dtype)
         self.camera_blocks, self.decode_after_loop, self.camera_until_decode = dataclasses.astuple(choice)
+        if not self.graph_room:
+            self.graph_room = self._overlap_fits(usable, chunk_tokens, height, width, cache_for, spec, cut)
         if self.on_plan is not None:
             self.on_plan(self.describe_plan())
         return spec
 
     def _keeps_forward(self) -> bool:
-        """Whether a chunk forward's activations outlive it (a CUDA graph's pool) or share the device with
-        a decode (the decode on a second stream): the plan then counts both at once. Under a budget only
-        beside a bf16 VAE: with the float32 one the graph's pool ran out of memory at 24 GiB although the
-        arithmetic had room (sessions 7 and 9); beside the bf16 one it ran (docs/benchmarks.md, "Session 9: Fast")."""
-        asked = self.device.type == "cuda" and (self.use_chunk_graphs or self.overlap_decode)
+        """Whether a chunk forward's activations outlive it (a CUDA graph's pool, asked for) or share the device
+        with a decode (on a second stream: `_overlap_fits` tries it): the plan then counts both at once. Under a
+        budget only beside a bf16 VAE: with the float32 one the graph's pool ran out of memory at 24 GiB although
+        the arithmetic had room (sessions 7 and 9); beside the bf16 one it ran (docs/benchmarks.md, "Session 9: Fast")."""
+        asked = self.device.type == "cuda" and (self.use_chunk_graphs or getattr(self, "_overlap_trial", False))
         return asked and (self.plan.usable_gib is None or self.vae_dtype == torch.bfloat16)
+
+    def _overlap_fits(self, usable, chunk_tokens: int, height: int, width: int, cache_for, spec, cut) -> bool:
+        """Under a budget the decode overlap (on by default: `overlap_decode`) runs where it costs the job
+        nothing: on CUDA beside a bf16 VAE (`_keeps_forward`), in a job whose chunks decode as they come with
+        no camera slab freed for each decode, and with the same KV cache and cut once a decode's push is
+        counted beside a forward's activations (and the blocks' graphs, where they run)."""
+        if usable is None or not self.overlap_decode or self.decode_after_loop or self.camera_until_decode:
+            return False
+        self._overlap_trial = True
+        try:
+            if not self._keeps_forward():
+                return False
+            fitted = self._fit_loop(usable, chunk_tokens, height, width, cache_for, self.block_graph_room)
+        except ValueError:
+            return False
+        finally:
+            self._overlap_trial = False
+        return (fitted[0], fitted[2]) == (spec, cut)
 
     def _wants_block_graphs(self) -> bool:
         return self.device.type == "cuda" and self.use_block_graphs and not self.use_chunk_graphs
@@ -477,7 +501,10 @@ class FastPipeline(Pipeline):
         options = options or FastOptions.from_settings(settings, (lat_h // 2) * (lat_w // 2), self.family)
         streamed = on_chunk is not None if stream is None else stream
         self.plan_job(frames.latent_frames, lat_h, lat_w, options, streamed=streamed)
-        plucker = None if camera is None else clock.around(camera, "poses", before="dit")  # waits for poses: not DiT
+        num_chunks = frames.latent_frames // options.chunk_frames
+        decodes = ChunkDecodes(self, clock, frames.frames, num_chunks, on_chunk, progress, live=camera is not None)
+        # a live job's waits for poses are not DiT time, and the chunk decoding beside them goes out first
+        plucker = None if camera is None else clock.around(decodes.before_poses(camera), "poses", before="dit")
         if camera is None and poses is not None:  # chunk c's camera made when the loop starts chunk c
             plucker = FastCamera(poses, intrinsics, frames, h, w, options.chunk_frames, settings.translation_scale)
 
@@ -507,9 +534,8 @@ class FastPipeline(Pipeline):
         elif tuple(noise.shape) != shape:
             raise InputError(f"noise has shape {tuple(noise.shape)}, expected {shape}")
 
-        num_chunks = frames.latent_frames // options.chunk_frames
         with self.meter.phase("loop"):  # the DiT chunk loop, each chunk decoded as the plan says (`ChunkDecodes`)
-            decodes = ChunkDecodes(self, clock, frames.frames, num_chunks, on_chunk, progress, live=camera is not None)
+            decodes.start()
             for latent in self.rollout_chunks(noise, y, context, plucker, options, generator, progress=progress):
                 decodes.take(latent)
             decodes.finish()
