@@ -368,10 +368,15 @@ def test_full_size_plan_at_24_gib_streams_in_strips_with_a_rolling_window():
     assert spec.storage == "fp8" and spec.rolling and spec.capacity_tokens == 10 * 1508
     assert pipe.vae_cut.tiles == 2 and pipe.stream_encode
     assert "2 spatial tiles" in pipe.describe_plan() and "the first chunk's frames first" in pipe.describe_plan()
+    # 720p: at 24 GiB no float32 decode fits beside the DiT and the smallest window; with the decoder's tiles parked
+    # in host memory, in bf16, a 7-frame window does (said in the record); at 16 GiB nothing does, and it says why
+    pipe = _full_size_plan(24)
+    assert pipe.plan_job(21, 90, 160, FastOptions()).capacity_tokens == 7 * 3600
+    assert pipe.vae_cut.parked and pipe.vae_dtype == torch.bfloat16 and "decodes in bf16" in pipe.describe_plan()
     with pytest.raises(InputError, match=r"At 720x1280 the Fast DiT \(8.9 GiB\).*no room for a KV cache"):
-        _full_size_plan(24).plan_job(21, 90, 160, FastOptions())  # 720p does not fit 24 GiB, and says why
+        _full_size_plan(16).plan_job(21, 90, 160, FastOptions())
     pipe = _full_size_plan(40)
-    assert pipe.plan_job(21, 90, 160, FastOptions()).rolling  # with more memory it does
+    assert pipe.plan_job(21, 90, 160, FastOptions()).rolling and not pipe.vae_cut.parked  # with more memory
 
 
 def test_the_camera_modulation_is_kept_in_as_many_blocks_as_the_plan_has_room_for():

@@ -16,7 +16,7 @@ import torch
 from worldgen.models.vae_tiling import StreamingDecoder
 from worldgen.pipelines.base import Progress
 from worldgen.pipelines.decode_overlap import PendingDecode
-from worldgen.pipelines.decoded_video import DecodedVideo
+from worldgen.pipelines.decoded_video import DecodedVideo, Keep
 from worldgen.runtime.cuda_memory import free_device_memory, to_host
 from worldgen.runtime.metering import LapClock
 
@@ -34,10 +34,11 @@ class ChunkDecodes:
         on_chunk: Callable[[int, int, torch.Tensor], None] | None,
         progress: Progress,
         live: bool,
+        keep: Keep | None = None,
     ):
         self.pipe, self.clock, self.num_chunks = pipe, clock, num_chunks
         self.on_chunk, self.progress, self.live = on_chunk, progress, live
-        self.pieces = DecodedVideo(frames)
+        self.pieces = DecodedVideo(frames, keep)
         self.latents: list[torch.Tensor] = []
         self.decoder: StreamingDecoder | None = None
         self.streaming = not pipe.decode_after_loop
@@ -82,6 +83,13 @@ class ChunkDecodes:
         timings["wall"] += spent
         self.before["decode"] = self.before.get("decode", 0.0) + spent
 
+    def _decoder(self) -> StreamingDecoder:
+        """The job's streamed decoder: its plan's tiles, each tile's caches parked in host memory between its
+        turns where the plan's cut says so (`vae_tiling._Streaming.park`: one tile's on the device at a time)."""
+        pipe = self.pipe
+        park = getattr(getattr(pipe, "vae_cut", None), "parked", False)
+        return StreamingDecoder(pipe.residency.use("vae"), pipe.plan.vae_tile_pixels, park=park)
+
     def emit(self, piece: torch.Tensor) -> None:
         pieces = self.pieces
         pieces.put(len(pieces), piece)
@@ -102,7 +110,7 @@ class ChunkDecodes:
             self.pending = None
         if self.streaming:
             try:
-                self.decoder = self.decoder or StreamingDecoder(pipe.residency.use("vae"), pipe.plan.vae_tile_pixels)
+                self.decoder = self.decoder or self._decoder()
                 vae_device = next(self.decoder.vae.parameters()).device
                 if self.side is None:
                     self.emit(to_host(self.decoder.push(latent[None].to(vae_device))[0]))
@@ -140,7 +148,7 @@ class ChunkDecodes:
             pipe.chunk_timings[-1]["decode"] += clock.seconds["decode"] - before["decode"]
             pipe.chunk_timings[-1]["wall"] += clock.seconds["decode"] - before["decode"]
         if not self.streaming:  # a batch job's plan, or a decode beside the KV cache that ran out of memory
-            decoder = StreamingDecoder(pipe.residency.use("vae"), pipe.plan.vae_tile_pixels)
+            decoder = self._decoder()
             done = len(self.pieces)
             device = next(decoder.vae.parameters()).device
             clock.lap("dit")

@@ -36,6 +36,7 @@ from worldgen.pipelines import decode_overlap
 from worldgen.pipelines.base import Pipeline, Progress, _no_progress, condition_mask, prepare_image
 from worldgen.pipelines.camera import validate_camera
 from worldgen.pipelines.chunk_decodes import ChunkDecodes
+from worldgen.pipelines.decoded_video import Keep
 from worldgen.pipelines.fast_conditioning import ChunkConditioning, FastCamera
 from worldgen.pipelines.fast_plan import (
     BLOCK_GRAPH_BYTES_PER_TOKEN,
@@ -112,6 +113,7 @@ class FastPipeline(Pipeline):
         self.camera_blocks = 0  # blocks whose camera modulation a chunk's forwards share (`plan_job` decides)
         self.decode_after_loop = False  # a batch job's chunks decode after the loop (`plan_job` decides)
         self.camera_until_decode = False  # a chunk's camera modulation is freed before its decode (`plan_job`)
+        self._own_vae_dtype: torch.dtype | None = None  # the VAE's dtype before a parked cut made it bf16
         self.kv_caches = 1  # KV caches a job holds at once, each planned in its share of the room (guided: 2)
         self.scale_out = None  # a second rank: each forward split over two (`worldgen.pipelines.two_gpu`)
 
@@ -121,6 +123,7 @@ class FastPipeline(Pipeline):
         self.residency.use("fast").set_compute(compute)
         self.compute = compute
         dtype = vae_dtype("fast", compute, self.device)
+        self._own_vae_dtype = None
         if dtype != self.vae_dtype:
             self.vae.unload()
             self.vae_dtype = dtype
@@ -168,8 +171,11 @@ class FastPipeline(Pipeline):
             else:
                 spec, why, cut, stream_encode = self._fit_loop(usable, chunk_tokens, height, width, cache_for)
                 if self._wants_block_graphs():  # where they change nothing of the job's cache and cut
-                    fitted = self._fit_loop(usable, chunk_tokens, height, width, cache_for, block_graphs=True)
-                    self.block_graph_room = (fitted[0], fitted[2]) == (spec, cut)
+                    try:
+                        fitted = self._fit_loop(usable, chunk_tokens, height, width, cache_for, block_graphs=True)
+                    except ValueError:  # no room for them at all
+                        fitted = None
+                    self.block_graph_room = fitted is not None and (fitted[0], fitted[2]) == (spec, cut)
                 # what the KV cache leaves is no room in practice: 7 blocks' camera beside the float32 VAE
                 # made its decode retry allocations at the cap (docs/benchmarks.md, "Session 15: Fast"), and
                 # 8-17 blocks' tensors freed before each decode ran out of memory ("Session 18"; one slab
@@ -178,14 +184,16 @@ class FastPipeline(Pipeline):
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.vae_cut, self.stream_encode = cut, stream_encode
+        self._vae_dtype_for(cut)
         # under a budget the plan leaves room for a captured forward's pool only when it is asked for
         # (`_keeps_forward`: it costs KV-cache tokens); the decode overlap where it costs nothing (below)
         self.graph_room = usable is None or self._keeps_forward()
         self.decode_tile_pixels = cut.tile_pixels
         if stream_encode or usable is None:
             self.encode_tile_pixels = cut.tile_pixels
-        else:  # all frames before the loop, beside the DiT only
-            room = usable - self.plan.expert_gib - LOOP_MARGIN_GIB
+        else:  # all frames before the loop, beside the DiT and the float32 video they come from (`condition`)
+            video_gib = 3 * ((latent_frames - 1) * 4 + 1) * height * width * 4 / GiB
+            room = usable - self.plan.expert_gib - LOOP_MARGIN_GIB - video_gib
             pixels = height * width
             self.encode_tile_pixels = None if vae_peak_gib(pixels) <= room else vae_tile_pixels(room)
         self.plan.vae_tile_pixels = self.decode_tile_pixels
@@ -208,6 +216,20 @@ class FastPipeline(Pipeline):
         if self.on_plan is not None:
             self.on_plan(self.describe_plan())
         return spec
+
+    def _vae_dtype_for(self, cut: StreamVAE) -> None:
+        """A parked cut runs the VAE in bf16 (counted so); a job with room again gets the pipeline's own back
+        (`vae_dtype`: float32 for exact, the reference's). A VAE loaded in the other dtype is dropped (it
+        reloads); the record says why."""
+        own = self._own_vae_dtype
+        if cut.parked and self.vae_dtype != torch.bfloat16 or not cut.parked and own is not None:
+            self.vae.unload()
+            self.vae_dtype, self._own_vae_dtype = (torch.bfloat16, self.vae_dtype) if cut.parked else (own, None)
+        if cut.parked and self._own_vae_dtype is not None:
+            self.plan.notes += (
+                "the VAE decodes in bf16 (the reference: float32): no float32 decode fits this budget beside the "
+                "DiT and its KV cache",
+            )
 
     def _keeps_forward(self) -> bool:
         """Whether a chunk forward's activations outlive it (a CUDA graph's pool, asked for) or share the device
@@ -259,8 +281,13 @@ class FastPipeline(Pipeline):
             return graphs + (kept + max(pushes) if keeps_forward else max(act, *pushes))
 
         best, refusal = None, None
-        for cut in stream_vae_cuts(height, width):
+        # the decoder's tiles parked in host memory (in bf16) only where no other cut leaves a KV cache room
+        parked = stream_vae_cuts(height, width, parked=True) if self.device.type == "cuda" else []
+        for cut in stream_vae_cuts(height, width) + parked:
+            if cut.parked and best is not None and not best[3].parked:
+                break
             room = usable - fixed - cut.decode_cache_gib - beside(cut.decode_push_gib)
+            room += VAE_WEIGHTS_GIB / 2 if cut.parked else 0.0  # a parked cut's VAE is bf16: half its weights
             try:
                 spec, why = cache_for(room)
             except ValueError as exc:
@@ -277,6 +304,7 @@ class FastPipeline(Pipeline):
                 best = (score, spec, why, cut, stream_encode)
         if best is None:
             smallest = min(cut.decode_cache_gib + beside(cut.decode_push_gib) for cut in stream_vae_cuts(height, width))
+            smallest = min([smallest] + [cut.decode_cache_gib + beside(cut.decode_push_gib) for cut in parked])
             raise ValueError(
                 f"{refusal}. At {height}x{width} the Fast DiT ({self.plan.expert_gib:.1f} GiB), its text keys/values "
                 f"({cross:.1f} GiB), the VAE ({VAE_WEIGHTS_GIB:.1f} GiB) with its smallest streamed cut and one "
@@ -465,8 +493,10 @@ class FastPipeline(Pipeline):
         on_chunk: ChunkCallback | None = None,
         camera: Callable[[int], torch.Tensor | None] | None = None,
         stream: bool | None = None,
+        keep: Keep | None = None,
     ) -> torch.Tensor:
-        """-> video [3, F, H, W] float32 in [-1, 1] on the CPU (see `Pipeline.generate`).
+        """-> video [3, F, H, W] float32 in [-1, 1] on the CPU (see `Pipeline.generate`); with `keep`, each chunk as
+        `keep` returns it, frames first (the mp4's uint8 frames: `worldgen.video_out.mp4_frames`).
 
         `settings` gives size, frame_num, seed, shift and the Fast knobs (steps, guidance, boundary and
         the negative prompt do not apply); `options`, when given, replaces those knobs. `on_chunk(i, n, frames)` gets every chunk's decoded
@@ -502,7 +532,7 @@ class FastPipeline(Pipeline):
         streamed = on_chunk is not None if stream is None else stream
         self.plan_job(frames.latent_frames, lat_h, lat_w, options, streamed=streamed)
         num_chunks = frames.latent_frames // options.chunk_frames
-        decodes = ChunkDecodes(self, clock, frames.frames, num_chunks, on_chunk, progress, live=camera is not None)
+        decodes = ChunkDecodes(self, clock, frames.frames, num_chunks, on_chunk, progress, camera is not None, keep)
         # a live job's waits for poses are not DiT time, and the chunk decoding beside them goes out first
         plucker = None if camera is None else clock.around(decodes.before_poses(camera), "poses", before="dit")
         if camera is None and poses is not None:  # chunk c's camera made when the loop starts chunk c
