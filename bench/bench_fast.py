@@ -46,6 +46,7 @@ from worldgen.kernels.attention import resolve_backend  # noqa: E402
 from worldgen.models.chunk_graph import enabled_by_environment  # noqa: E402
 from worldgen.models.kv_cache import CacheSpec, KVCache  # noqa: E402
 from worldgen.models.vae_tiling import StreamingDecoder  # noqa: E402
+from worldgen.pipelines import decode_overlap  # noqa: E402
 from worldgen.pipelines.camera import load_action  # noqa: E402
 from worldgen.pipelines.fast import FastPipeline  # noqa: E402
 from worldgen.pipelines.fast_plan import FastOptions  # noqa: E402
@@ -316,7 +317,8 @@ def parse_entry(text: str) -> Entry:
     elif graphs or overlap:
         graphs_on, overlap_on = bool(graphs), bool(overlap)
     else:  # the product's default
-        graphs_on = overlap_on = enabled_by_environment()
+        # the product's defaults: graphs as LINGBOT_ISAAC_CHUNK_GRAPHS says, the overlap as LINGBOT_ISAAC_DECODE_OVERLAP
+        graphs_on, overlap_on = enabled_by_environment(), decode_overlap.enabled_by_environment()
     return Entry(
         int(count), bool(cached), graphs_on, overlap_on, bool(profile), less == "eager", less == "serial", bool(host),
         bool(batch), bool(blocks_eager),

@@ -235,7 +235,10 @@ def main() -> int:
         peak = (record.get("timings") or {}).get("peak_vram_gib")
         plan = [line.strip() for line in str(record.get("memory_plan", "")).splitlines()]
         denoise = next((line for line in plan if line.startswith("denoise")), "no plan recorded")
-        print(f"{name}: peak VRAM {peak} GiB; {denoise}")
+        compute = record.get("compute") or {}
+        # whether its chunks decoded beside the next chunk's forwards (LINGBOT_ISAAC_DECODE_OVERLAP=0: never)
+        overlap = {True: "ran", False: "off", None: "not recorded"}[compute.get("decode_overlap")]
+        print(f"{name}: peak VRAM {peak} GiB; decode overlap {overlap}, VAE {compute.get('vae_dtype')}; {denoise}")
     print(f"chunks/s {summary['chunk_rate_per_s']} (the poses complete {summary['pose_chunk_rate_per_s']}/s): "
           f"keeps up: {summary['keeps_up']}; lag first {summary['lag_first_s']} s, median {summary['lag_median_s']} s, "
           f"last {summary['lag_last_s']} s")  # fmt: skip

@@ -3,7 +3,8 @@
 Usage:
   python bench/bench_v2.py --ckpt CKPT_DIR --example EXAMPLE_DIR [--model fast|causal] [--compute exact,fp8]
       [--frames 81,81,361] [--size 480*832] [--attention-frames 18] [--sink-frames 6] [--seed 42]
-      [--steps 40] [--vram-budget GIB] [--assets-dir DIR] [--json OUT.json]
+      [--steps 40] [--vram-budget GIB] [--assets-dir DIR] [--first-use-ahead] [--decode-overlap on|off]
+      [--json OUT.json]
 
 CKPT_DIR is a 2.0 download (real, or bench/synthetic_checkpoint.py --v2 ...); EXAMPLE_DIR holds image.jpg,
 poses.npy, intrinsics.npy and prompt.txt. One pipeline is loaded per --compute entry (`load_pipeline`, which
@@ -18,6 +19,13 @@ RSS, the KV cache plan, and for every compute after the first the relative L2 di
 the exact one's norm whichever ran first).
 --model causal runs the causal-pretrain loop (`--steps` guided steps a chunk, guidance 5.0);
 --frames 17 is one chunk (13 frames, 4 latent frames).
+Each rollout keeps its chunks as the mp4's uint8 frames, as `lingbot-isaac generate` and a worker do
+(`worldgen.rollout.mp4_only`: the peak RSS is theirs), and says whether its chunks decoded beside the next
+chunk's forwards (`decode_overlap`, on by default where the plan has room: `--decode-overlap off` turns it
+off, as LINGBOT_ISAAC_DECODE_OVERLAP=0 does), the VAE's dtype and cut (`vae`: its tiles, parked in host
+memory under a tight budget). `--first-use-ahead` loads as a server does (umT5 and the VAE run once at the
+job's shapes in the load: `FastPipeline.first_use_ahead`), so the first chunk is a server's first job's;
+without it, a one-shot `generate`'s.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from contracts.model_families import V2_PRETRAIN  # noqa: E402
 from contracts.settings import GenerationSettings, load_settings  # noqa: E402
 from worldgen.pipelines.camera import load_action  # noqa: E402
 from worldgen.pipelines.loader import load_pipeline  # noqa: E402
-from worldgen.rollout import find_image, read_prompt  # noqa: E402
+from worldgen.rollout import find_image, mp4_only, read_prompt  # noqa: E402
 from worldgen.runtime.metering import peak_rss_gib  # noqa: E402
 
 GiB = 2**30
@@ -86,15 +94,16 @@ def one_rollout(pipe, args, example, frames: int) -> dict:
     stamps: list[float] = []
     start = time.perf_counter()
     video = pipe.generate(
-        image, prompt, poses, intrinsics, settings, on_chunk=lambda *_: stamps.append(time.perf_counter())
-    )
+        image, prompt, poses, intrinsics, settings, on_chunk=lambda *_: stamps.append(time.perf_counter()),
+        **mp4_only(pipe),
+    )  # fmt: skip
     whole = time.perf_counter() - start
     gaps = [b - a for a, b in zip([start, *stamps], stamps, strict=False)]  # chunk 0: from the start of the rollout
     dit = [round(t.get("dit", 0.0), 3) for t in pipe.chunk_timings]
     spec = pipe.cache_spec
     return {
         "frames_asked": frames,
-        "frames": int(video.shape[1]),
+        "frames": int(video.shape[0]),  # the mp4's uint8 frames [F, H, W, 3]
         "chunks": len(stamps),
         "first_chunk_s": round(gaps[0], 3),
         "text_s": round(pipe.timings.get("text", 0.0), 3),
@@ -110,10 +119,21 @@ def one_rollout(pipe, args, example, frames: int) -> dict:
         "max_allocated_gib": round(torch.cuda.max_memory_allocated() / GiB, 2) if cuda else None,
         "max_reserved_gib": round(torch.cuda.max_memory_reserved() / GiB, 2) if cuda else None,
         "peak_rss_gib": round(peak_rss_gib() or 0.0, 2),
+        "decode_overlap": bool(pipe.decode_overlapped),
+        "chunk_overlap_s": [round(t.get("overlap", 0.0), 3) for t in pipe.chunk_timings],
+        "vae": vae_cut(pipe),
         "kv_cache": spec.describe() if spec is not None else None,
         "cache_reason": pipe.cache_reason,
         "_latents": torch.cat(pipe.last_latents, dim=1),
     }
+
+
+def vae_cut(pipe) -> str:
+    """The VAE's dtype and cut for the rollout just made (what the plan chose)."""
+    cut = getattr(pipe, "vae_cut", None)
+    tiles = "whole frames" if cut is None or cut.tiles == 1 else f"{cut.tiles} tiles"
+    parked = f", caches parked in host memory ({cut.host_gib:.1f} GiB)" if cut is not None and cut.parked else ""
+    return f"{str(pipe.vae_dtype).removeprefix('torch.')}, {tiles}{parked}"
 
 
 def summary(r: dict) -> str:
@@ -125,6 +145,7 @@ def summary(r: dict) -> str:
         f"reserved {r['max_reserved_gib']} GiB, peak RSS {r['peak_rss_gib']} GiB"
         + (f"; vs the first compute: rel-L2 {r['rel_l2_vs_first']:.4f}" if "rel_l2_vs_first" in r else "")
         + f"\n    chunks: {chunks}\n    DiT: {r['chunk_dit_s']}\n    decode: {r['chunk_decode_s']}"
+        f"\n    decode overlap: {'ran' if r['decode_overlap'] else 'off'} (hidden {r['chunk_overlap_s']}); VAE {r['vae']}"
         f"\n    KV cache: {r['kv_cache']} -- {r['cache_reason']}"
     )
 
@@ -142,7 +163,9 @@ def run_compute(args, compute: str, example, frames_list, reference: dict, repor
         compute=compute,
         assets_dir=args.assets_dir,
         ahead_settings=settings_for(args, frames_list[0]),
+        first_use_ahead=args.first_use_ahead,
     )
+    pipe.overlap_decode = args.decode_overlap == "on"
     entry["load_s"] = round(time.perf_counter() - start, 2)
     entry["engine"] = {k: v for k, v in pipe.engine.items() if isinstance(v, (str, int, float, bool, type(None)))}
     entry["name"] = pipe.name
@@ -195,6 +218,8 @@ def main() -> None:
     )
     parser.add_argument("--vram-budget", type=float, default=None, help="GiB (default: no budget)")
     parser.add_argument("--assets-dir", type=Path, default=None)
+    parser.add_argument("--first-use-ahead", action="store_true", help="load as a server does (see above)")
+    parser.add_argument("--decode-overlap", choices=("on", "off"), default="on", help="where the plan has room")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--int8-gemm", choices=("int_mm", "triton"), default=None, help="int8.GEMM (issue 56)")

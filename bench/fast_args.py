@@ -27,7 +27,8 @@ def fast_parser(description: str) -> argparse.ArgumentParser:
         "--frames",
         default="81,161",
         help='comma-separated frame counts, one rollout each ("": none, with --golden: the parity alone), each '
-        "the product's default path (chunk graphs and decode overlap as LINGBOT_ISAAC_CHUNK_GRAPHS says) unless "
+        "the product's default path (chunk graphs as LINGBOT_ISAAC_CHUNK_GRAPHS says, the decode overlap as "
+        "LINGBOT_ISAAC_DECODE_OVERLAP: on unless 0) unless "
         "letters follow the number: c reuses the prompt's embedding from the run before (as the server's prompt "
         "cache does), g captures chunk forwards as CUDA graphs, o decodes each chunk on a second stream beside "
         "the next chunk's forwards (81cgo), p profiles the rollout (with --profile-dir), h times one steady "

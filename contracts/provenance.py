@@ -12,7 +12,8 @@ output is noise" banner follows the record (`is_random_weights`), whichever path
      "checkpoint": {"path", "layout", "fingerprint", "files", "bytes"},
      "compute": {"device", "device_name", "dtype" (the float type the matmuls ran in: float32 on the
                  CPU), "compute" (the path: exact | fp8 | int8, contracts.engine_options.COMPUTES), "compute_reason",
-                 "attention", ...},
+                 "attention", "decode_overlap" (causal models: whether chunks decoded on a second CUDA stream
+                 beside the next chunk's forwards), "vae_dtype", ...},
      "settings": every generation setting used (frame_num = frames generated),
      "requested": the settings as asked, "adjustments": ["81 frames asked, 33 poses: generating 33"],
      "output": {"frames", "height", "width", "fps"}, "inputs": {"prompt", "image", "poses", ...},

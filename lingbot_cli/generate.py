@@ -280,8 +280,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from worldgen.pipelines.loader import load_pipeline
-    from worldgen.rollout import generate_noting, rollout_record
-    from worldgen.video_out import write_mp4
+    from worldgen.rollout import generate_noting, mp4_only, rollout_record
+    from worldgen.video_out import frames_shape, write_mp4
 
     started = time.perf_counter()
     dtype = getattr(torch, args.dtype) if args.dtype else None
@@ -322,7 +322,10 @@ def run(args: argparse.Namespace) -> int:
     pipe.on_plan = lambda text: say(f"re-planned for this job's size:\n{text}", file=sys.stderr)
     bars = ProgressBars(not args.quiet)
     try:
-        video, notes = generate_noting(pipe, image, prompt, poses, intrinsics, settings, progress=bars)
+        # a causal model keeps each chunk as the mp4's uint8 frames, not the float32 video (`mp4_only`)
+        video, notes = generate_noting(
+            pipe, image, prompt, poses, intrinsics, settings, progress=bars, **mp4_only(pipe)
+        )
     finally:
         bars.close()
     for line in notes:  # what the engine changed on the way, one line each
@@ -334,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
             resolved,
             producer="generate",
             phases=pipe.meter.records,
-            video_shape=tuple(video.shape[1:]),
+            video_shape=frames_shape(video),
             notes=notes,
             inputs={
                 "image": str(image_path),
@@ -351,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
     peak_rss = max((r.peak_rss_gib or 0) for r in pipe.meter.records)
     if args.ram_budget and peak_rss > args.ram_budget:
         print(f"warning: peak RSS {peak_rss:.2f} GiB exceeded --ram-budget {args.ram_budget:g}", file=sys.stderr)
-    frames, h, w = video.shape[1:]
+    frames, h, w = frames_shape(video)
     seconds = time.perf_counter() - started
     print(
         f"wrote {path} ({frames} frames, {w}x{h}, {settings.fps} fps, {seconds:.1f} s, peak RSS {peak_rss:.2f} GiB)"

@@ -24,7 +24,7 @@ from worldgen.pipelines.base import Progress
 from worldgen.pipelines.fast_live import LiveCamera, live_frames, poses_needed
 from worldgen.pipelines.request import resolve_request
 from worldgen.rollout import find_image, generate_noting, read_prompt, rollout_record
-from worldgen.video_out import write_mp4
+from worldgen.video_out import frames_shape, mp4_frames, write_mp4
 
 WAIT_TICK_S = 0.5  # while waiting for poses: re-read the folder and report progress this often
 
@@ -111,6 +111,7 @@ def generate_live_episode(
     )  # fmt: skip
     first_phase, t0 = len(pipe.meter.records), time.perf_counter()
     extra = {} if on_chunk is None else {"on_chunk": on_chunk}
+    extra["keep"] = mp4_frames  # only the mp4 is written: the uint8 frames, a quarter of the float32 video
     video, notes = generate_noting(pipe, image, prompt, None, None, settings, progress=progress, camera=camera, **extra)
     used = starts[-1]["poses"]
     if progress:
@@ -123,7 +124,7 @@ def generate_live_episode(
         resolved,
         producer="worker",
         phases=pipe.meter.records[first_phase:],
-        video_shape=tuple(video.shape[1:]),
+        video_shape=frames_shape(video),
         notes=notes,
         inputs={
             "episode": folder.name,
@@ -141,7 +142,7 @@ def generate_live_episode(
     path = write_mp4(video, path, fps=settings.fps)
     if progress:
         progress("write", 1, 1)
-    return path, int(video.shape[1])
+    return path, frames_shape(video)[0]
 
 
 def _npy(array: np.ndarray) -> bytes:

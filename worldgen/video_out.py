@@ -23,7 +23,21 @@ def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
     return out.numpy()
 
 
+def mp4_frames(piece: torch.Tensor) -> torch.Tensor:
+    """A decoded chunk [3, f, H, W] in [-1, 1] as the mp4 takes it, [f, H, W, 3] uint8: what a Fast rollout
+    keeps of each chunk for a caller that only writes the video (`FastPipeline.generate(keep=mp4_frames)`)."""
+    return torch.from_numpy(to_uint8_frames(piece))
+
+
+def frames_shape(video: torch.Tensor | np.ndarray) -> tuple[int, int, int]:
+    """(frames, height, width) of a video [3, F, H, W] in [-1, 1] or of uint8 frames [F, H, W, 3]."""
+    return tuple(video.shape[:3]) if video.dtype in (np.uint8, torch.uint8) else tuple(video.shape[1:])
+
+
 def write_mp4(video: torch.Tensor | np.ndarray, path: Path | str, fps: int = contracts_video.DEFAULT_FPS) -> Path:
-    """Video tensor [3,F,H,W] in [-1,1] (or uint8 frames [F,H,W,3]) -> the project's mp4 (contracts.video)."""
+    """Video tensor [3,F,H,W] in [-1,1] (or uint8 frames [F,H,W,3], an array or a tensor) -> the project's mp4
+    (contracts.video)."""
+    if isinstance(video, torch.Tensor) and video.dtype == torch.uint8:
+        video = video.numpy()
     frames = video if isinstance(video, np.ndarray) else to_uint8_frames(video)
     return contracts_video.write_mp4(path, frames, fps=fps)

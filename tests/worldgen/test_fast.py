@@ -368,10 +368,15 @@ def test_full_size_plan_at_24_gib_streams_in_strips_with_a_rolling_window():
     assert spec.storage == "fp8" and spec.rolling and spec.capacity_tokens == 10 * 1508
     assert pipe.vae_cut.tiles == 2 and pipe.stream_encode
     assert "2 spatial tiles" in pipe.describe_plan() and "the first chunk's frames first" in pipe.describe_plan()
+    # 720p: at 24 GiB no float32 decode fits beside the DiT and the smallest window; with the decoder's tiles parked
+    # in host memory, in bf16, a 7-frame window does (said in the record); at 16 GiB nothing does, and it says why
+    pipe = _full_size_plan(24)
+    assert pipe.plan_job(21, 90, 160, FastOptions()).capacity_tokens == 7 * 3600
+    assert pipe.vae_cut.parked and pipe.vae_dtype == torch.bfloat16 and "decodes in bf16" in pipe.describe_plan()
     with pytest.raises(InputError, match=r"At 720x1280 the Fast DiT \(8.9 GiB\).*no room for a KV cache"):
-        _full_size_plan(24).plan_job(21, 90, 160, FastOptions())  # 720p does not fit 24 GiB, and says why
+        _full_size_plan(16).plan_job(21, 90, 160, FastOptions())
     pipe = _full_size_plan(40)
-    assert pipe.plan_job(21, 90, 160, FastOptions()).rolling  # with more memory it does
+    assert pipe.plan_job(21, 90, 160, FastOptions()).rolling and not pipe.vae_cut.parked  # with more memory
 
 
 def test_the_camera_modulation_is_kept_in_as_many_blocks_as_the_plan_has_room_for():
@@ -422,11 +427,23 @@ def test_a_batch_job_at_24_gib_decodes_after_the_loop_and_keeps_every_blocks_cam
         assert "in 40 of 40 blocks" in batch.describe_plan() and "after the loop" in batch.describe_plan()
         assert "after the loop" not in streamed.describe_plan() and not batch.camera_until_decode
         assert ("until its decode (one slab)" in streamed.describe_plan()) == streamed.camera_until_decode
-    # chunks asked for on a second stream (the opt-in overlap) keep their room beside the loop
-    overlap = _full_size_plan(24)
-    overlap.vae_dtype, overlap.overlap_decode = torch.bfloat16, True
+    # the decode overlap (the default) costs the batch job nothing: it decodes after the loop, no second stream;
+    # a streamed one decodes each chunk on the second stream, with the same KV cache, cut and camera blocks
+    overlap, plain = _full_size_plan(24), _full_size_plan(24)
+    overlap.vae_dtype = plain.vae_dtype = torch.bfloat16
+    assert overlap.overlap_decode and not overlap.use_chunk_graphs  # the defaults
+    plain.overlap_decode = False
     overlap.plan_job(21, 58, 104, FastOptions(), streamed=False)
-    assert not overlap.decode_after_loop
+    assert overlap.decode_after_loop and not overlap.graph_room
+    spec = overlap.plan_job(21, 58, 104, FastOptions())
+    assert not overlap.decode_after_loop and overlap.graph_room
+    assert spec == plain.plan_job(21, 58, 104, FastOptions()) and not plain.graph_room
+    assert (overlap.vae_cut, overlap.camera_blocks) == (plain.vae_cut, plain.camera_blocks)
+    # chunk graphs asked for keep their pool's room beside the loop, a batch job's too
+    graphs = _full_size_plan(24)
+    graphs.vae_dtype, graphs.use_chunk_graphs = torch.bfloat16, True
+    graphs.plan_job(21, 58, 104, FastOptions(), streamed=False)
+    assert not graphs.decode_after_loop and graphs.graph_room
 
 
 def test_rolling_cache_runs_a_video_longer_than_itself(loop_case):

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from worldgen.models.dit import WanCameraDiT
     from worldgen.models.kv_cache import KVCache
 
-ENV_SWITCH = "LINGBOT_ISAAC_CHUNK_GRAPHS"  # "1": capture (FastPipeline's default; unset: every forward eager)
+ENV_SWITCH = "LINGBOT_ISAAC_CHUNK_GRAPHS"  # "1": capture (unset: every forward eager)
 _failed: list[str] = []  # the first capture failure of this process (then eager for good)
 
 

@@ -99,29 +99,61 @@ def decode_tiled(vae: WanVAE, latent: torch.Tensor, max_tile_pixels: int | None,
 class _Streaming:
     """Run a VAE half a few frames at a time over fixed spatial tiles, each tile's causal frame cache
     carried from one call to the next, so the pieces, concatenated, equal the whole-video tiled result
-    (same tiles, same per-frame arithmetic)."""
+    (same tiles, same per-frame arithmetic).
 
-    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int):
+    `park`: each tile's caches wait in host memory (pinned on CUDA) while the other tiles run and between
+    calls, and come back to the device for their tile's turn: the device holds one tile's caches at a
+    time, not every tile's (a tight VRAM budget: `worldgen.pipelines.fast_plan.StreamVAE.parked`). The
+    same numbers, copied there and back exactly; the copies are queued on the current stream, in order
+    with the tile's work."""
+
+    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int, park: bool = False):
         self.vae = vae
         self.max_tile_pixels = max_tile_pixels
         self.overlap = overlap
+        self.park = park
         self.caches: dict[tuple[int, int], FrameCache] = {}
+        self.host: dict[tuple[int, int], FrameCache] = {}  # parked: each tile's host buffers, reused per call
 
     def cache_bytes(self) -> int:
         """Bytes held by every tile's causal caches (what a streamed VAE keeps between calls)."""
         return sum(t.numel() * t.element_size() for c in self.caches.values() for t in c.values() if t is not None)
+
+    def _cache(self, key: tuple[int, int], device: torch.device) -> FrameCache:
+        """Tile `key`'s caches, on `device` (brought back from the host where parked)."""
+        cache = self.caches.setdefault(key, {})
+        if self.park:
+            for module, t in cache.items():
+                if t is not None and t.device != device:
+                    cache[module] = t.to(device, non_blocking=True)
+        return cache
+
+    def _park(self, key: tuple[int, int]) -> None:
+        """Tile `key`'s caches to host memory until its next turn (kept in their layout: channels-last stays)."""
+        if not self.park:
+            return
+        cache, host = self.caches[key], self.host.setdefault(key, {})
+        for module, t in cache.items():
+            if t is None or t.device.type == "cpu":
+                continue
+            buffer = host.get(module)
+            if buffer is None or (buffer.shape, buffer.stride(), buffer.dtype) != (t.shape, t.stride(), t.dtype):
+                buffer = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu", pin_memory=True)
+                host[module] = buffer
+            cache[module] = buffer.copy_(t, non_blocking=True)  # the next H2D is queued after it: in order
 
 
 class StreamingDecoder(_Streaming):
     """`decode_tiled` a few latent frames at a time (see `_Streaming`): a streamed video equals a
     decoded-at-the-end one."""
 
-    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int = 64):
-        super().__init__(vae, max_tile_pixels, overlap)
+    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int = 64, park: bool = False):
+        super().__init__(vae, max_tile_pixels, overlap, park)
 
     def _run(self, key: tuple[int, int], latent: torch.Tensor) -> torch.Tensor:
-        cache = self.caches.setdefault(key, {})
+        cache = self._cache(key, latent.device)
         frames = [self.vae.decode_chunk(latent[:, :, t : t + 1], cache) for t in range(latent.shape[2])]
+        self._park(key)
         return torch.cat(frames, dim=2)
 
     @torch.no_grad()

@@ -1,17 +1,30 @@
-"""One Fast chunk's decode on a second CUDA stream, beside the next chunk's forwards (opt-in with the
-chunk graphs: `FastPipeline.overlap_decode`).
+"""One causal chunk's decode on a second CUDA stream, beside the next chunk's forwards (`FastPipeline.overlap_decode`).
+
+On by default on CUDA wherever the memory plan has room for a decode beside a forward's activations
+(`FastPipeline.graph_room`: always without a VRAM budget; under one beside a bf16 VAE only, as measured in
+docs/benchmarks.md, "Session 8: Fast"); `LINGBOT_ISAAC_DECODE_OVERLAP=0` turns it off (every chunk then
+decodes after its forwards on the loop's stream). The same decoder, the same pushes in the same order, only
+on another stream: the same frames. Whether it ran is the rollout record's `decode_overlap`.
 
 Its own module: the stream and event bookkeeping is a concern apart from the chunk loop.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
 
 from worldgen.models.vae_tiling import StreamingDecoder
 from worldgen.runtime.cuda_memory import to_host
+
+ENV_SWITCH = "LINGBOT_ISAAC_DECODE_OVERLAP"  # "0" (or false/no/off): no second stream; unset: on where it fits
+
+
+def enabled_by_environment() -> bool:
+    """The process's switch for the decode overlap (`FastPipeline.overlap_decode`'s default): on unless turned off."""
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 class PendingDecode:

@@ -5,34 +5,48 @@ Its own module: the chunk loop (`worldgen.pipelines.fast`) only hands pieces ove
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+
+# how a caller keeps each decoded chunk [3, f, H, W] float32: as a tensor with its f frames first (the mp4's
+# uint8 frames [f, H, W, 3]: `worldgen.video_out.mp4_frames`, a quarter of the float32 video's memory)
+Keep = Callable[[torch.Tensor], torch.Tensor]
 
 
 class DecodedVideo:
     """The video [3, F, H, W] on the CPU, written chunk by chunk as the chunks decode: one copy of the
-    frames, where a list of pieces joined at the end held two (0.7 GiB more at 161 frames, 464x832)."""
+    frames, where a list of pieces joined at the end held two (0.7 GiB more at 161 frames, 464x832).
+    With `keep`, each chunk is kept as `keep` returns it, frames first ([F, ...]): a 349-frame video at
+    464x832 is 1.67 GB in float32, 0.40 GB as the mp4's uint8 frames."""
 
-    def __init__(self, frames: int):
+    def __init__(self, frames: int, keep: Keep | None = None):
         self.frames = frames
+        self.keep = keep
+        self.axis = 0 if keep is not None else 1  # where the frames are in what is kept
         self.buffer: torch.Tensor | None = None
-        self.spans: list[tuple[int, int]] = []  # chunk i's frames: buffer[:, start:end]
+        self.spans: list[tuple[int, int]] = []  # chunk i's frames: buffer[:, start:end] (with `keep`: [start:end])
 
     def __len__(self) -> int:
         return len(self.spans)
 
     def put(self, index: int, piece: torch.Tensor) -> None:
         """Chunk `index`'s frames [3, f, H, W]: the next chunk, or one already put again (same length)."""
+        if self.keep is not None:
+            piece = self.keep(piece)
         if self.buffer is None:
-            self.buffer = torch.empty((piece.shape[0], self.frames, *piece.shape[2:]), dtype=piece.dtype)
+            shape = list(piece.shape)
+            shape[self.axis] = self.frames
+            self.buffer = torch.empty(shape, dtype=piece.dtype)
         if index == len(self.spans):
             start = self.spans[-1][1] if self.spans else 0
-            self.spans.append((start, start + piece.shape[1]))
+            self.spans.append((start, start + piece.shape[self.axis]))
         start, end = self.spans[index]
-        self.buffer[:, start:end] = piece
+        self.buffer.narrow(self.axis, start, end - start).copy_(piece)
 
     def video(self) -> torch.Tensor:
         """The frames put so far (all of them unless a live camera ended the video early)."""
         if self.buffer is None:
-            return torch.empty(3, 0, 0, 0)
+            return torch.empty(3, 0, 0, 0) if self.keep is None else torch.empty(0, 0, 0, 3, dtype=torch.uint8)
         end = self.spans[-1][1]
-        return self.buffer if end == self.frames else self.buffer[:, :end].clone()
+        return self.buffer if end == self.frames else self.buffer.narrow(self.axis, 0, end).clone()

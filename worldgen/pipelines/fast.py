@@ -32,11 +32,11 @@ from worldgen.models.camera_cache import CameraCache
 from worldgen.models.chunk_graph import ChunkGraphs, enabled_by_environment
 from worldgen.models.dit import DiTConfig
 from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
-from worldgen.models.vae_tiling import StreamingDecoder
+from worldgen.pipelines import decode_overlap
 from worldgen.pipelines.base import Pipeline, Progress, _no_progress, condition_mask, prepare_image
 from worldgen.pipelines.camera import validate_camera
-from worldgen.pipelines.decode_overlap import PendingDecode
-from worldgen.pipelines.decoded_video import DecodedVideo
+from worldgen.pipelines.chunk_decodes import ChunkDecodes
+from worldgen.pipelines.decoded_video import Keep
 from worldgen.pipelines.fast_conditioning import ChunkConditioning, FastCamera
 from worldgen.pipelines.fast_plan import (
     BLOCK_GRAPH_BYTES_PER_TOKEN,
@@ -54,7 +54,7 @@ from worldgen.pipelines.fast_plan import (
     stream_vae_cuts,
     vae_dtype,
 )
-from worldgen.runtime.cuda_memory import free_device_memory, to_host
+from worldgen.runtime.cuda_memory import free_device_memory
 from worldgen.runtime.memory import (
     CUDA_CONTEXT_GIB,
     VAE_WEIGHTS_GIB,
@@ -99,7 +99,10 @@ class FastPipeline(Pipeline):
         # from 10 to 7 frames (docs/benchmarks.md, "Session 9: Fast"); every forward eager by default.
         self.use_chunk_graphs = enabled_by_environment()
         self.graph_room = True  # whether the plan has room for a captured forward's pool / a decode beside it
-        self.overlap_decode = enabled_by_environment()  # False: each chunk decodes after its forwards, same stream
+        # chunks 1.. decode on a second stream beside the next chunk's forwards where the plan has room for both
+        # (`worldgen.pipelines.decode_overlap`; LINGBOT_ISAAC_DECODE_OVERLAP=0 or False: after its forwards)
+        self.overlap_decode = decode_overlap.enabled_by_environment()
+        self.decode_overlapped = False  # whether the last rollout's decodes ran on the second stream
         # the blocks between self-attentions as CUDA graphs (worldgen.models.block_graphs), on CUDA where the
         # plan has their room without changing the job's KV cache or VAE cut (`block_graph_room`)
         self.use_block_graphs = True
@@ -110,6 +113,7 @@ class FastPipeline(Pipeline):
         self.camera_blocks = 0  # blocks whose camera modulation a chunk's forwards share (`plan_job` decides)
         self.decode_after_loop = False  # a batch job's chunks decode after the loop (`plan_job` decides)
         self.camera_until_decode = False  # a chunk's camera modulation is freed before its decode (`plan_job`)
+        self._own_vae_dtype: torch.dtype | None = None  # the VAE's dtype before a parked cut made it bf16
         self.kv_caches = 1  # KV caches a job holds at once, each planned in its share of the room (guided: 2)
         self.scale_out = None  # a second rank: each forward split over two (`worldgen.pipelines.two_gpu`)
 
@@ -119,6 +123,7 @@ class FastPipeline(Pipeline):
         self.residency.use("fast").set_compute(compute)
         self.compute = compute
         dtype = vae_dtype("fast", compute, self.device)
+        self._own_vae_dtype = None
         if dtype != self.vae_dtype:
             self.vae.unload()
             self.vae_dtype = dtype
@@ -166,8 +171,11 @@ class FastPipeline(Pipeline):
             else:
                 spec, why, cut, stream_encode = self._fit_loop(usable, chunk_tokens, height, width, cache_for)
                 if self._wants_block_graphs():  # where they change nothing of the job's cache and cut
-                    fitted = self._fit_loop(usable, chunk_tokens, height, width, cache_for, block_graphs=True)
-                    self.block_graph_room = (fitted[0], fitted[2]) == (spec, cut)
+                    try:
+                        fitted = self._fit_loop(usable, chunk_tokens, height, width, cache_for, block_graphs=True)
+                    except ValueError:  # no room for them at all
+                        fitted = None
+                    self.block_graph_room = fitted is not None and (fitted[0], fitted[2]) == (spec, cut)
                 # what the KV cache leaves is no room in practice: 7 blocks' camera beside the float32 VAE
                 # made its decode retry allocations at the cap (docs/benchmarks.md, "Session 15: Fast"), and
                 # 8-17 blocks' tensors freed before each decode ran out of memory ("Session 18"; one slab
@@ -176,14 +184,16 @@ class FastPipeline(Pipeline):
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.vae_cut, self.stream_encode = cut, stream_encode
-        # under a budget the plan leaves room for a captured forward's pool or a decode beside the
-        # forwards only when they are asked for (`_keeps_forward`): it costs KV-cache tokens
+        self._vae_dtype_for(cut)
+        # under a budget the plan leaves room for a captured forward's pool only when it is asked for
+        # (`_keeps_forward`: it costs KV-cache tokens); the decode overlap where it costs nothing (below)
         self.graph_room = usable is None or self._keeps_forward()
         self.decode_tile_pixels = cut.tile_pixels
         if stream_encode or usable is None:
             self.encode_tile_pixels = cut.tile_pixels
-        else:  # all frames before the loop, beside the DiT only
-            room = usable - self.plan.expert_gib - LOOP_MARGIN_GIB
+        else:  # all frames before the loop, beside the DiT and the float32 video they come from (`condition`)
+            video_gib = 3 * ((latent_frames - 1) * 4 + 1) * height * width * 4 / GiB
+            room = usable - self.plan.expert_gib - LOOP_MARGIN_GIB - video_gib
             pixels = height * width
             self.encode_tile_pixels = None if vae_peak_gib(pixels) <= room else vae_tile_pixels(room)
         self.plan.vae_tile_pixels = self.decode_tile_pixels
@@ -198,20 +208,54 @@ class FastPipeline(Pipeline):
             room = (
                 usable - self._loop_fixed_gib()[0] - kv - activation_gib(chunk_tokens, self.dit_config.dim) - graphs_gib
             )
-            dims = (cfg.dim, cfg.num_layers)
-            choice = camera_choice(choice.blocks, streamed, room, cut.decode_push_gib, chunk_tokens, dims, self.dtype)
+            shape = (cfg.dim, cfg.num_layers)
+            choice = camera_choice(choice.blocks, streamed, room, cut.decode_push_gib, chunk_tokens, shape, self.dtype)
         self.camera_blocks, self.decode_after_loop, self.camera_until_decode = dataclasses.astuple(choice)
+        if not self.graph_room:
+            self.graph_room = self._overlap_fits(usable, chunk_tokens, height, width, cache_for, spec, cut)
         if self.on_plan is not None:
             self.on_plan(self.describe_plan())
         return spec
 
+    def _vae_dtype_for(self, cut: StreamVAE) -> None:
+        """A parked cut runs the VAE in bf16 (counted so); a job with room again gets the pipeline's own back
+        (`vae_dtype`: float32 for exact, the reference's). A VAE loaded in the other dtype is dropped (it
+        reloads); the record says why."""
+        own = self._own_vae_dtype
+        if cut.parked and self.vae_dtype != torch.bfloat16 or not cut.parked and own is not None:
+            self.vae.unload()
+            self.vae_dtype, self._own_vae_dtype = (torch.bfloat16, self.vae_dtype) if cut.parked else (own, None)
+        if cut.parked and self._own_vae_dtype is not None:
+            self.plan.notes += (
+                "the VAE decodes in bf16 (the reference: float32): no float32 decode fits this budget beside the "
+                "DiT and its KV cache",
+            )
+
     def _keeps_forward(self) -> bool:
-        """Whether a chunk forward's activations outlive it (a CUDA graph's pool) or share the device with
-        a decode (the decode on a second stream): the plan then counts both at once. Under a budget only
-        beside a bf16 VAE: with the float32 one the graph's pool ran out of memory at 24 GiB although the
-        arithmetic had room (sessions 7 and 9); beside the bf16 one it ran (docs/benchmarks.md, "Session 9: Fast")."""
-        asked = self.device.type == "cuda" and (self.use_chunk_graphs or self.overlap_decode)
+        """Whether a chunk forward's activations outlive it (a CUDA graph's pool, asked for) or share the device
+        with a decode (on a second stream: `_overlap_fits` tries it): the plan then counts both at once. Under a
+        budget only beside a bf16 VAE: with the float32 one the graph's pool ran out of memory at 24 GiB although
+        the arithmetic had room (sessions 7 and 9); beside the bf16 one it ran (docs/benchmarks.md, "Session 9: Fast")."""
+        asked = self.device.type == "cuda" and (self.use_chunk_graphs or getattr(self, "_overlap_trial", False))
         return asked and (self.plan.usable_gib is None or self.vae_dtype == torch.bfloat16)
+
+    def _overlap_fits(self, usable, chunk_tokens: int, height: int, width: int, cache_for, spec, cut) -> bool:
+        """Under a budget the decode overlap (on by default: `overlap_decode`) runs where it costs the job
+        nothing: on CUDA beside a bf16 VAE (`_keeps_forward`), in a job whose chunks decode as they come with
+        no camera slab freed for each decode, and with the same KV cache and cut once a decode's push is
+        counted beside a forward's activations (and the blocks' graphs, where they run)."""
+        if usable is None or not self.overlap_decode or self.decode_after_loop or self.camera_until_decode:
+            return False
+        self._overlap_trial = True
+        try:
+            if not self._keeps_forward():
+                return False
+            fitted = self._fit_loop(usable, chunk_tokens, height, width, cache_for, self.block_graph_room)
+        except ValueError:
+            return False
+        finally:
+            self._overlap_trial = False
+        return (fitted[0], fitted[2]) == (spec, cut)
 
     def _wants_block_graphs(self) -> bool:
         return self.device.type == "cuda" and self.use_block_graphs and not self.use_chunk_graphs
@@ -237,8 +281,13 @@ class FastPipeline(Pipeline):
             return graphs + (kept + max(pushes) if keeps_forward else max(act, *pushes))
 
         best, refusal = None, None
-        for cut in stream_vae_cuts(height, width):
+        # the decoder's tiles parked in host memory (in bf16) only where no other cut leaves a KV cache room
+        parked = stream_vae_cuts(height, width, parked=True) if self.device.type == "cuda" else []
+        for cut in stream_vae_cuts(height, width) + parked:
+            if cut.parked and best is not None and not best[3].parked:
+                break
             room = usable - fixed - cut.decode_cache_gib - beside(cut.decode_push_gib)
+            room += VAE_WEIGHTS_GIB / 2 if cut.parked else 0.0  # a parked cut's VAE is bf16: half its weights
             try:
                 spec, why = cache_for(room)
             except ValueError as exc:
@@ -255,6 +304,7 @@ class FastPipeline(Pipeline):
                 best = (score, spec, why, cut, stream_encode)
         if best is None:
             smallest = min(cut.decode_cache_gib + beside(cut.decode_push_gib) for cut in stream_vae_cuts(height, width))
+            smallest = min([smallest] + [cut.decode_cache_gib + beside(cut.decode_push_gib) for cut in parked])
             raise ValueError(
                 f"{refusal}. At {height}x{width} the Fast DiT ({self.plan.expert_gib:.1f} GiB), its text keys/values "
                 f"({cross:.1f} GiB), the VAE ({VAE_WEIGHTS_GIB:.1f} GiB) with its smallest streamed cut and one "
@@ -443,8 +493,10 @@ class FastPipeline(Pipeline):
         on_chunk: ChunkCallback | None = None,
         camera: Callable[[int], torch.Tensor | None] | None = None,
         stream: bool | None = None,
+        keep: Keep | None = None,
     ) -> torch.Tensor:
-        """-> video [3, F, H, W] float32 in [-1, 1] on the CPU (see `Pipeline.generate`).
+        """-> video [3, F, H, W] float32 in [-1, 1] on the CPU (see `Pipeline.generate`); with `keep`, each chunk as
+        `keep` returns it, frames first (the mp4's uint8 frames: `worldgen.video_out.mp4_frames`).
 
         `settings` gives size, frame_num, seed, shift and the Fast knobs (steps, guidance, boundary and
         the negative prompt do not apply); `options`, when given, replaces those knobs. `on_chunk(i, n, frames)` gets every chunk's decoded
@@ -479,7 +531,10 @@ class FastPipeline(Pipeline):
         options = options or FastOptions.from_settings(settings, (lat_h // 2) * (lat_w // 2), self.family)
         streamed = on_chunk is not None if stream is None else stream
         self.plan_job(frames.latent_frames, lat_h, lat_w, options, streamed=streamed)
-        plucker = None if camera is None else clock.around(camera, "poses", before="dit")  # waits for poses: not DiT
+        num_chunks = frames.latent_frames // options.chunk_frames
+        decodes = ChunkDecodes(self, clock, frames.frames, num_chunks, on_chunk, progress, camera is not None, keep)
+        # a live job's waits for poses are not DiT time, and the chunk decoding beside them goes out first
+        plucker = None if camera is None else clock.around(decodes.before_poses(camera), "poses", before="dit")
         if camera is None and poses is not None:  # chunk c's camera made when the loop starts chunk c
             plucker = FastCamera(poses, intrinsics, frames, h, w, options.chunk_frames, settings.translation_scale)
 
@@ -509,89 +564,16 @@ class FastPipeline(Pipeline):
         elif tuple(noise.shape) != shape:
             raise InputError(f"noise has shape {tuple(noise.shape)}, expected {shape}")
 
-        pieces = DecodedVideo(frames.frames)
-        latents: list[torch.Tensor] = []
-        num_chunks = frames.latent_frames // options.chunk_frames
-
-        def emit(piece: torch.Tensor) -> None:
-            pieces.put(len(pieces), piece)
-            if len(pieces) == 1:
-                clock.mark("first_chunk")
-            if on_chunk is not None:
-                on_chunk(len(pieces) - 1, num_chunks, piece)
-
-        with self.meter.phase("loop"):  # the DiT chunk loop, each chunk decoded as soon as it is done
-            decoder = None
-            streaming = not self.decode_after_loop
-            self.chunk_timings = []
-            before = dict(clock.seconds)
-            # chunks 1.. decode on a second CUDA stream beside the next chunk's forwards where the plan
-            # leaves room for both at once (`graph_room`); chunk 0 decodes at once (its preview first)
-            side = self._decode_stream()
-            pending: PendingDecode | None = None
+        with self.meter.phase("loop"):  # the DiT chunk loop, each chunk decoded as the plan says (`ChunkDecodes`)
+            decodes.start()
             for latent in self.rollout_chunks(noise, y, context, plucker, options, generator, progress=progress):
-                clock.lap("dit")
-                latents.append(latent.cpu())
-                timing: dict[str, float] = {"overlap": 0.0}
-                if pending is not None:  # the previous chunk's decode ran beside this chunk's forwards
-                    self.chunk_timings[-1]["overlap"] = pending.hidden_seconds()
-                    emit(pending.frames())
-                    pending = None
-                if streaming:
-                    try:
-                        decoder = decoder or StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels)
-                        vae_device = next(decoder.vae.parameters()).device
-                        if side is None:
-                            emit(to_host(decoder.push(latent[None].to(vae_device))[0]))
-                        else:
-                            pending = PendingDecode(decoder, latent.to(vae_device), side)
-                            if len(latents) == 1:  # the first preview as soon as it exists
-                                emit(pending.frames())
-                                pending = None
-                    except torch.OutOfMemoryError as exc:
-                        # the plan's estimate was short: finish the loop, then decode every chunk again
-                        # with the same tiles once the KV cache is gone (so the same video)
-                        streaming, decoder, pending = False, None, None
-                        free_device_memory(self.device, collect_cycles=True)
-                        self.plan.notes += (
-                            f"decoding chunk {len(latents) - 1} beside the KV cache ran out of memory "
-                            f"({str(exc).splitlines()[0][:240]}): chunks decoded after the loop",
-                        )
-                clock.lap("decode")
-                # this chunk's share (its forwards and the refresh before it, its encode, its decode:
-                # with a second stream, launching it and waiting for the previous chunk's to finish)
-                parts = ("dit", "encode", "decode") + (("poses",) if camera is not None else ())
-                spent = {k: clock.seconds.get(k, 0.0) - before.get(k, 0.0) for k in parts}
-                self.chunk_timings.append({**spent, **timing, "wall": sum(spent.values())})
-                before = dict(clock.seconds)
-            if pending is not None:  # the last chunk's decode: nothing left to overlap it with
-                emit(pending.frames())
-                pending = None
-                clock.lap("decode")
-                self.chunk_timings[-1]["decode"] += clock.seconds["decode"] - before["decode"]
-                self.chunk_timings[-1]["wall"] += clock.seconds["decode"] - before["decode"]
-            if not streaming:  # a batch job's plan, or a decode beside the KV cache that ran out of memory
-                decoder, done = StreamingDecoder(self.residency.use("vae"), self.plan.vae_tile_pixels), len(pieces)
-                device = next(decoder.vae.parameters()).device
-                clock.lap("dit")
-                for i, latent in enumerate(latents):
-                    piece = to_host(decoder.push(latent[None].to(device))[0])
-                    if i < done:
-                        pieces.put(i, piece)
-                    else:
-                        emit(piece)
-                    progress("decode", i + 1, len(latents))
-                    before = clock.seconds.get("decode", 0.0)
-                    clock.lap("decode")
-                    spent = clock.seconds["decode"] - before
-                    self.chunk_timings[i]["decode"] += spent
-                    self.chunk_timings[i]["wall"] += spent
-            del decoder
+                decodes.take(latent)
+            decodes.finish()
             self.residency.phase_done("decode")
         clock.mark("total")
         self.timings = clock.seconds
-        self.last_latents = latents  # each chunk's final latent (CPU), for comparisons (bench_fast)
-        return pieces.video()
+        self.last_latents = decodes.latents  # each chunk's final latent (CPU), for comparisons (bench_fast)
+        return decodes.video()
 
 
 def y_from_latent(image_latent: torch.Tensor, frames: int) -> torch.Tensor:

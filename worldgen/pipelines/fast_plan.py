@@ -51,26 +51,38 @@ class StreamVAE:
 
     tile_pixels: int | None  # the tiles' largest area (None: whole frames)
     tiles: int
-    decode_cache_gib: float  # kept from the first decoded chunk to the end
+    decode_cache_gib: float  # kept from the first decoded chunk to the end (parked: one tile's, in its turn)
     decode_push_gib: float  # transient, while a chunk decodes
     encode_cache_gib: float  # kept while conditioning frames are encoded
     encode_push_gib: float  # transient, while frames encode
+    # the decoder's tiles' caches wait in host memory between their turns (`vae_tiling._Streaming.park`), the
+    # VAE in bf16: the cut of a budget where no float32 cut fits beside the DiT and its KV cache
+    parked: bool = False
+    host_gib: float = 0.0  # parked: every tile's caches in pinned host memory (the process's RSS)
 
     @classmethod
-    def cut(cls, height: int, width: int, tile_pixels: int | None) -> StreamVAE:
+    def cut(cls, height: int, width: int, tile_pixels: int | None, parked: bool = False) -> StreamVAE:
         """The float32 figures whatever the VAE's dtype: a plan that halved them for a bf16 VAE grew the
         24 GiB cache from 10 to 16 frames and chunk 1's cache grow ran out of memory on the H100 (2.6-3.0
         GiB reserved and unusable: fragmentation; docs/benchmarks.md, "Session 9: Fast"). What a bf16
-        VAE saves is left as slack."""
+        VAE saves is left as slack. A `parked` cut is counted at bf16, half the float32 figures per pixel
+        (the decoder's caches are 2,365 elements a pixel whatever the dtype, 9,458 bytes in float32 and
+        4,729 in bf16 as `StreamingDecoder.cache_bytes` counts them on the CPU; a push's tensors measured
+        there 7,823 and 3,990 bytes a pixel: the push is counted at half the H100's float32 figure), for
+        its largest tile: the device holds one tile's caches at a time (its encode figures stay float32:
+        the encoder is not parked)."""
         one, every, count = streamed_tiles(height, width, tile_pixels)
         tile = None if count == 1 else tile_pixels
+        half = 0.5 if parked else 1.0
         return cls(
             tile,
             count,
-            DECODE_CACHE_BYTES_PER_PIXEL * every / GiB,
-            DECODE_PUSH_BYTES_PER_PIXEL * one / GiB,
+            half * DECODE_CACHE_BYTES_PER_PIXEL * (one if parked else every) / GiB,
+            half * DECODE_PUSH_BYTES_PER_PIXEL * one / GiB,
             ENCODE_CACHE_BYTES_PER_PIXEL * every / GiB,
             ENCODE_PUSH_BYTES_PER_PIXEL * one / GiB,
+            parked,
+            half * DECODE_CACHE_BYTES_PER_PIXEL * every / GiB if parked else 0.0,
         )
 
     @property
@@ -78,20 +90,21 @@ class StreamVAE:
         """What a bf16 VAE leaves unused of the float32 figures counted for the loop (half the decoder's
         caches and push; its peak was 3 GiB lower, docs/benchmarks.md, "Session 9: Fast"). Kept out of
         the KV cache, whose growth chunk by chunk fragmented memory when it took this room; a chunk's
-        camera modulation (`camera_blocks`), the same allocation every chunk, may use it."""
-        return (self.decode_cache_gib + self.decode_push_gib) / 2
+        camera modulation (`camera_blocks`), the same allocation every chunk, may use it. A parked cut
+        is counted at bf16 already: nothing left."""
+        return 0.0 if self.parked else (self.decode_cache_gib + self.decode_push_gib) / 2
 
 
-def stream_vae_cuts(height: int, width: int) -> list[StreamVAE]:
+def stream_vae_cuts(height: int, width: int, parked: bool = False) -> list[StreamVAE]:
     """Whole frames, full-height strips (2 to 4: the cheapest tiles, measured), then ever smaller
-    tiles (2 to 12 per frame); one entry per distinct cut."""
+    tiles (2 to 12 per frame); one entry per distinct cut (`parked`: each with its tiles' caches parked)."""
     h, w, overlap = height // 8, width // 8, 8  # in latent pixels (the streamed VAE's 64-pixel overlap)
     # a tile is full height only when its area allows a square of that height (`worldgen.models.vae_tiling.tile_shape`)
     areas = [None] + [64 * h * max(h, -(-(w + (k - 1) * overlap) // k)) for k in (2, 3, 4)]
     areas += [height * width // parts for parts in range(2, 13)]
     cuts, seen = [], set()
     for area in areas:
-        cut = StreamVAE.cut(height, width, area)
+        cut = StreamVAE.cut(height, width, area, parked)
         key = (cut.tiles, round(cut.decode_cache_gib, 4), round(cut.decode_push_gib, 4))
         if key not in seen:
             seen.add(key)
@@ -296,11 +309,14 @@ def describe_fast_plan(pipe) -> str:
     """A Fast pipeline's plan: the base plan's lines with the denoise line for the chunk loop and the KV cache added."""
     cut = getattr(pipe, "vae_cut", None)
 
-    def tiles(pixels: int | None) -> str:
+    def tiles(pixels: int | None, decode: bool = False) -> str:
+        parked = ""
+        if decode and cut is not None and cut.parked:
+            parked = f", in bf16, each tile's caches parked in host memory between its turns ({cut.host_gib:.1f} GiB)"
         if pixels is None:
-            return "whole frames"
+            return "whole frames" + parked
         count = f"{cut.tiles} " if cut is not None and cut.tile_pixels == pixels else ""
-        return f"{count}spatial tiles of <= {pixels:,} pixels, blended at the seams"
+        return f"{count}spatial tiles of <= {pixels:,} pixels, blended at the seams" + parked
 
     lines = []
     for line in pipe.plan.describe().splitlines():
@@ -323,7 +339,7 @@ def describe_fast_plan(pipe) -> str:
                 if pipe.decode_after_loop
                 else "chunk by chunk, each as soon as it is made"
             )
-            line = line.split(",")[0] + f", {tiles(pipe.decode_tile_pixels)}; {when}"
+            line = line.split(",")[0] + f", {tiles(pipe.decode_tile_pixels, decode=True)}; {when}"
         lines.append(line)
         if line.startswith("  denoise") and pipe.cache_spec is not None:
             lines += [f"  kv cache {pipe.cache_spec.describe()}", f"           ({pipe.cache_reason})"]

@@ -1,0 +1,43 @@
+"""A caller that only writes the mp4 (`generate`, the worker) gets a causal rollout's chunks kept as the mp4's uint8
+frames: the same frames the float32 video gives, a quarter of its memory (a 349-frame video at 464x832: 1.67 GB)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from worldgen.pipelines.decoded_video import DecodedVideo
+from worldgen.video_out import frames_shape, mp4_frames, to_uint8_frames
+
+
+def test_chunks_kept_as_mp4_frames_are_the_float_videos_frames():
+    torch.manual_seed(0)
+    pieces = [torch.rand(3, f, 8, 12) * 2.2 - 1.1 for f in (9, 12, 12)]  # beyond [-1, 1] too: clamped alike
+    floats, kept = DecodedVideo(33), DecodedVideo(33, keep=mp4_frames)
+    for i, piece in enumerate(pieces):
+        floats.put(i, piece)
+        kept.put(i, piece)
+    kept.put(1, pieces[1])  # a chunk put again (decoded after the loop): in its place
+    video = kept.video()
+    assert video.dtype == torch.uint8 and tuple(video.shape) == (33, 8, 12, 3)
+    assert np.array_equal(video.numpy(), to_uint8_frames(floats.video()))
+    assert frames_shape(video) == frames_shape(floats.video()) == (33, 8, 12)
+    short = DecodedVideo(33, keep=mp4_frames)  # a live job that ended after its first chunk
+    short.put(0, pieces[0])
+    assert tuple(short.video().shape) == (9, 8, 12, 3) and short.video().is_contiguous()
+
+
+def test_a_tiny_fast_rollout_kept_as_mp4_frames_writes_the_same_frames(lingbot_examples):
+    from contracts.settings import GenerationSettings
+    from worldgen.pipelines.loader import load_pipeline
+    from worldgen.rollout import mp4_only
+
+    pipe = load_pipeline("tiny", device="cpu", model="fast")
+    example = lingbot_examples / "00"
+    settings = GenerationSettings(size="32*48", frame_num=21, seed=3)
+    args = ("a room", np.load(example / "poses.npy"), np.load(example / "intrinsics.npy"), settings)
+    chunks = []
+    kept = pipe.generate(example / "image.jpg", *args, on_chunk=lambda i, n, f: chunks.append(f), **mp4_only(pipe))
+    video = pipe.generate(example / "image.jpg", *args)
+    assert np.array_equal(kept.numpy(), to_uint8_frames(video))
+    assert torch.equal(torch.cat(chunks, dim=1), video)  # the chunks handed out stay the float32 frames

@@ -1,0 +1,135 @@
+"""LingBot-World 2.0's 1.3B under an 8 GiB VRAM budget (beside Isaac Sim on a 24 GB card): the plan holds the
+reference's window, decodes in bf16 with its tiles' caches parked in host memory, and its arithmetic adds up."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from contracts.model_families import V2_FAST
+from contracts.settings import load_settings
+from worldgen.pipelines.fast_plan import FastOptions, StreamVAE, stream_vae_cuts
+from worldgen.runtime.memory import GiB, activation_gib
+
+ONE_3B = {"dim": 1536, "ffn_dim": 8960, "num_heads": 12, "num_layers": 30}  # Wan2.1-1.3B: its config.json
+ONE_3B_GIB = 3.18  # its bf16 weights with the camera layers: 1,709,502,016 parameters (counted on the meta device)
+
+
+def _plan_1_3b(budget_gib: float | None, compute: str):
+    """A FastPipeline with the 1.3B's full-size config under a budget: planning only, no model loaded."""
+    from worldgen.models.dit import DiTConfig
+    from worldgen.pipelines.fast import FastPipeline
+    from worldgen.runtime.memory import plan_memory
+    from worldgen.runtime.residency import ModelSlot
+
+    plan = plan_memory(
+        torch.device("cuda"), budget_gib, expert_gib=ONE_3B_GIB, checkpoint_kind="bf16", gpu_total_gib=24.0,
+        width=ONE_3B["dim"],
+    )  # fmt: skip
+    unloaded = []
+    vae = ModelSlot("VAE", lambda: None)
+    vae.unload = lambda: unloaded.append(True)  # the VAE loaded in the other dtype is dropped (none here)
+    empty = ModelSlot("none", lambda: None)
+    pipe = FastPipeline(
+        dit=empty, dit_config=DiTConfig(**ONE_3B), dtype=torch.bfloat16, tokenizer=None, text_encoder=empty, vae=vae,
+        device=torch.device("cuda"), text_len=512, name="1.3B", plan=plan, family=V2_FAST, compute=compute,
+        vae_dtype=torch.bfloat16 if compute == "fp8" else torch.float32,
+    )  # fmt: skip
+    return pipe, unloaded
+
+
+@pytest.mark.parametrize("compute", ["exact", "fp8"])
+def test_the_1_3b_at_464x832_fits_8_gib_with_the_reference_window(compute):
+    long = load_settings(preset="v2-fast-long")  # the reference's long video: 480*832, 18 latent frames, sink 6
+    assert (long.size, long.attention_frames, long.sink_frames) == ("480*832", 18, 6)
+    options = FastOptions.from_settings(long, 29 * 52, V2_FAST)
+    pipe, unloaded = _plan_1_3b(8.0, compute)
+    for latent_frames in (20, 88):  # 81 and 361 frames asked: 77 and 349 made
+        spec = pipe.plan_job(latent_frames, 58, 104, options)
+        # the reference's window, whole: 18 latent frames with its 6-frame sink, in FP8
+        assert (spec.capacity_tokens, spec.sink_frames, spec.storage, spec.rolling) == (18 * 1508, 6, "fp8", True)
+        cut = pipe.vae_cut
+        assert cut.parked and pipe.vae_dtype == torch.bfloat16 and cut.tiles == 8
+        assert pipe.plan.stream_text_encoder and not pipe.plan.keep_text_encoder  # umT5 never resident on the GPU
+        assert not pipe.stream_encode and not pipe.graph_room  # every frame encoded first; no overlap (no room)
+        # the loop's arithmetic, every part: under the 7.4 usable GiB (the budget less the CUDA context), and so
+        # the peak allocated under 8 GiB
+        cfg = pipe.dit_config
+        kv = spec.planned_bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, torch.bfloat16) / GiB
+        cross = 2 * 30 * 512 * 1536 * 2 / GiB
+        act = activation_gib(4 * 1508, 1536)
+        loop = ONE_3B_GIB + cross + 0.25 + kv + max(act, cut.decode_cache_gib + cut.decode_push_gib) + 0.5
+        assert loop <= pipe.plan.usable_gib == pytest.approx(7.4)
+        assert 2.3 < kv < 2.6 and cut.decode_cache_gib + cut.decode_push_gib < 0.8
+        # the encode before the loop: the DiT, the float32 video it encodes, tiles whose float32 peak fits the rest
+        video = 3 * ((latent_frames - 1) * 4 + 1) * 464 * 832 * 4 / GiB
+        tile = pipe.encode_tile_pixels
+        assert tile is not None and ONE_3B_GIB + 0.5 + video + 0.5 + 10 * tile / 386_048 <= 7.4
+        plan = pipe.describe_plan()
+        assert "18 latent frames" in plan and "6-frame attention sink" in plan
+        assert "8 spatial tiles" in plan and "caches parked in host memory" in plan
+    # a batch job (`generate`: nobody takes the chunks as they come) decodes after the loop, the same tiles parked,
+    # the loop's room (what the decoder leaves) holding some blocks' camera modulation
+    spec = pipe.plan_job(88, 58, 104, options, streamed=False)
+    assert spec.capacity_tokens == 18 * 1508 and pipe.vae_cut.parked and pipe.decode_after_loop
+    assert 0 < pipe.camera_blocks < 30 and not pipe.camera_until_decode
+    notes = " ".join(pipe.plan.notes)
+    assert ("the VAE decodes in bf16 (the reference: float32)" in notes) == (compute == "exact")
+    assert unloaded == ([True] if compute == "exact" else [])  # a float32 VAE would reload in bf16: once
+    # with room the float32 VAE of exact comes back (no parked cut): 16 GiB as measured in session 27
+    roomy, _ = _plan_1_3b(16.0, compute)
+    roomy.plan_job(88, 58, 104, options)
+    assert not roomy.vae_cut.parked
+    assert roomy.vae_dtype == (torch.float32 if compute == "exact" else torch.bfloat16)
+
+
+def test_a_parked_cut_counts_one_tiles_caches_in_bf16_and_every_tiles_in_host_memory():
+    whole = StreamVAE.cut(464, 832, None)
+    parked = StreamVAE.cut(464, 832, None, parked=True)
+    assert parked.decode_cache_gib == pytest.approx(whole.decode_cache_gib / 2)  # one tile (the whole frame), bf16
+    assert parked.host_gib == pytest.approx(parked.decode_cache_gib) and parked.bf16_saving_gib == 0.0
+    eight = next(c for c in stream_vae_cuts(464, 832, parked=True) if c.tiles == 8)
+    unparked = next(c for c in stream_vae_cuts(464, 832) if c.tile_pixels == eight.tile_pixels)
+    assert eight.decode_cache_gib == pytest.approx(unparked.decode_cache_gib / 2 / 8)  # one of 8 equal tiles
+    assert eight.host_gib == pytest.approx(unparked.decode_cache_gib / 2)
+    assert eight.decode_push_gib == pytest.approx(unparked.decode_push_gib / 2)
+
+
+def test_the_decoders_caches_are_what_the_plan_counts_per_pixel():
+    """`DECODE_CACHE_BYTES_PER_PIXEL` (measured on the H100 in float32) is the decoder's own arithmetic: 2,365
+    elements a pixel, whatever the dtype; bf16 holds half the bytes (what a parked cut counts)."""
+    from worldgen.models.vae import WAN21_VAE, WanVAE
+    from worldgen.models.vae_tiling import StreamingDecoder
+    from worldgen.pipelines.fast_plan import DECODE_CACHE_BYTES_PER_PIXEL
+
+    torch.manual_seed(0)
+    vae = WanVAE(WAN21_VAE).eval()
+    latent = torch.randn(1, 16, 3, 4, 6)  # 32 x 48 pixels
+    for dtype, bytes_per_pixel in ((torch.float32, DECODE_CACHE_BYTES_PER_PIXEL), (torch.bfloat16, 4729)):
+        decoder = StreamingDecoder(vae.to(dtype), None)
+        decoder.push(latent[:, :, :1])
+        decoder.push(latent[:, :, 1:])  # steady: every cache holds its 2 frames
+        assert decoder.cache_bytes() / (32 * 48) == pytest.approx(bytes_per_pixel, abs=2)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_parked_decoder_gives_the_same_frames(device):
+    """Parking each tile's caches in host memory between its turns moves them there and back exactly: the same
+    frames bit for bit (on the CPU the caches are in host memory already: the same path, no copy)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (host memory apart from the device's)")
+    from worldgen.models.vae import WAN21_VAE, WanVAE
+    from worldgen.models.vae_tiling import StreamingDecoder
+
+    torch.manual_seed(0)
+    vae = WanVAE(dataclasses.replace(WAN21_VAE, dim=8, num_res_blocks=1)).eval().to(device)
+    latent = torch.randn(1, 16, 9, 6, 10, device=device)
+    plain, parked = StreamingDecoder(vae, 24 * 24, overlap=16), StreamingDecoder(vae, 24 * 24, overlap=16, park=True)
+    for a, b in ((0, 1), (1, 5), (5, 9)):
+        assert torch.equal(plain.push(latent[:, :, a:b]), parked.push(latent[:, :, a:b]))
+    assert len(parked.caches) > 1  # tiles
+    if device == "cuda":
+        cached = [t for cache in parked.caches.values() for t in cache.values() if t is not None]
+        assert cached and all(t.device.type == "cpu" and t.is_pinned() for t in cached)

@@ -1,0 +1,171 @@
+"""A Fast rollout's chunk decodes: each chunk decoded as soon as its forwards are done (on the loop's stream,
+or on a second CUDA stream beside the next chunk's forwards: `worldgen.pipelines.decode_overlap`), or after
+the loop (a batch job's plan, or a decode beside the KV cache that ran out of memory), and each chunk's
+seconds (`FastPipeline.chunk_timings`).
+
+Its own module: the chunk loop (`FastPipeline.generate`) hands each finished latent over and asks for the
+video at the end; what runs where and when is this concern.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from worldgen.models.vae_tiling import StreamingDecoder
+from worldgen.pipelines.base import Progress
+from worldgen.pipelines.decode_overlap import PendingDecode
+from worldgen.pipelines.decoded_video import DecodedVideo, Keep
+from worldgen.runtime.cuda_memory import free_device_memory, to_host
+from worldgen.runtime.metering import LapClock
+
+
+class ChunkDecodes:
+    """Takes each chunk's final latent as the loop makes it (`take`), decodes it when the plan says, hands
+    its frames to `on_chunk`, and puts the video together (`finish`, then `video`)."""
+
+    def __init__(
+        self,
+        pipe,
+        clock: LapClock,
+        frames: int,
+        num_chunks: int,
+        on_chunk: Callable[[int, int, torch.Tensor], None] | None,
+        progress: Progress,
+        live: bool,
+        keep: Keep | None = None,
+    ):
+        self.pipe, self.clock, self.num_chunks = pipe, clock, num_chunks
+        self.on_chunk, self.progress, self.live = on_chunk, progress, live
+        self.pieces = DecodedVideo(frames, keep)
+        self.latents: list[torch.Tensor] = []
+        self.decoder: StreamingDecoder | None = None
+        self.streaming = not pipe.decode_after_loop
+        self.before: dict[str, float] = {}
+        self.side: torch.cuda.Stream | None = None
+        self.pending: PendingDecode | None = None
+
+    def start(self) -> None:
+        """The loop starts: each chunk's seconds are counted from here."""
+        pipe = self.pipe
+        pipe.chunk_timings = []
+        self.before = dict(self.clock.seconds)
+        # chunks 1.. decode on a second CUDA stream beside the next chunk's forwards where the plan
+        # leaves room for both at once (`graph_room`); chunk 0 decodes at once (its preview first)
+        self.side = pipe._decode_stream()
+        pipe.decode_overlapped = self.side is not None and self.streaming
+
+    def before_poses(self, camera: Callable[[int], torch.Tensor | None]) -> Callable[[int], torch.Tensor | None]:
+        """A live camera that first hands out the chunk whose decode is still running on the second stream:
+        its frames go out as soon as they exist, before the loop waits for the next chunk's poses (not
+        after the next chunk's forwards)."""
+
+        def call(chunk: int) -> torch.Tensor | None:
+            self.flush()
+            return camera(chunk)
+
+        return call
+
+    def flush(self) -> None:
+        """Wait for the pending decode (if any) and hand its frames out; its seconds are its chunk's."""
+        if self.pending is None:
+            return
+        clock, timings = self.clock, self.pipe.chunk_timings[-1]
+        clock.lap("dit")  # the refresh launched after the chunk's decode
+        seconds = clock.seconds.get("decode", 0.0)
+        timings["overlap"] = self.pending.hidden_seconds()
+        self.emit(self.pending.frames())
+        self.pending = None
+        clock.lap("decode")
+        spent = clock.seconds["decode"] - seconds
+        timings["decode"] += spent
+        timings["wall"] += spent
+        self.before["decode"] = self.before.get("decode", 0.0) + spent
+
+    def _decoder(self) -> StreamingDecoder:
+        """The job's streamed decoder: its plan's tiles, each tile's caches parked in host memory between its
+        turns where the plan's cut says so (`vae_tiling._Streaming.park`: one tile's on the device at a time)."""
+        pipe = self.pipe
+        park = getattr(getattr(pipe, "vae_cut", None), "parked", False)
+        return StreamingDecoder(pipe.residency.use("vae"), pipe.plan.vae_tile_pixels, park=park)
+
+    def emit(self, piece: torch.Tensor) -> None:
+        pieces = self.pieces
+        pieces.put(len(pieces), piece)
+        if len(pieces) == 1:
+            self.clock.mark("first_chunk")
+        if self.on_chunk is not None:
+            self.on_chunk(len(pieces) - 1, self.num_chunks, piece)
+
+    def take(self, latent: torch.Tensor) -> None:
+        """Chunk `len(latents)`'s final latent (on the device), as the loop yields it."""
+        pipe, clock = self.pipe, self.clock
+        clock.lap("dit")
+        self.latents.append(latent.cpu())
+        timing: dict[str, float] = {"overlap": 0.0}
+        if self.pending is not None:  # the previous chunk's decode ran beside this chunk's forwards
+            pipe.chunk_timings[-1]["overlap"] = self.pending.hidden_seconds()
+            self.emit(self.pending.frames())
+            self.pending = None
+        if self.streaming:
+            try:
+                self.decoder = self.decoder or self._decoder()
+                vae_device = next(self.decoder.vae.parameters()).device
+                if self.side is None:
+                    self.emit(to_host(self.decoder.push(latent[None].to(vae_device))[0]))
+                else:
+                    self.pending = PendingDecode(self.decoder, latent.to(vae_device), self.side)
+                    if len(self.latents) == 1:  # the first preview as soon as it exists
+                        self.emit(self.pending.frames())
+                        self.pending = None
+            except torch.OutOfMemoryError as exc:
+                # the plan's estimate was short: finish the loop, then decode every chunk again
+                # with the same tiles once the KV cache is gone (so the same video)
+                self.streaming, self.decoder, self.pending = False, None, None
+                pipe.decode_overlapped = False
+                free_device_memory(pipe.device, collect_cycles=True)
+                pipe.plan.notes += (
+                    f"decoding chunk {len(self.latents) - 1} beside the KV cache ran out of memory "
+                    f"({str(exc).splitlines()[0][:240]}): chunks decoded after the loop",
+                )
+        clock.lap("decode")
+        # this chunk's share (its forwards and the refresh before it, its encode, its decode:
+        # with a second stream, launching it and waiting for the previous chunk's to finish)
+        parts = ("dit", "encode", "decode") + (("poses",) if self.live else ())
+        spent = {k: clock.seconds.get(k, 0.0) - self.before.get(k, 0.0) for k in parts}
+        pipe.chunk_timings.append({**spent, **timing, "wall": sum(spent.values())})
+        self.before = dict(clock.seconds)
+
+    def finish(self) -> None:
+        """After the loop: the last chunk's pending decode, or every chunk's decode where the plan (or an
+        out-of-memory decode) left them for now."""
+        pipe, clock, before = self.pipe, self.clock, self.before
+        if self.pending is not None:  # the last chunk's decode: nothing left to overlap it with
+            self.emit(self.pending.frames())
+            self.pending = None
+            clock.lap("decode")
+            pipe.chunk_timings[-1]["decode"] += clock.seconds["decode"] - before["decode"]
+            pipe.chunk_timings[-1]["wall"] += clock.seconds["decode"] - before["decode"]
+        if not self.streaming:  # a batch job's plan, or a decode beside the KV cache that ran out of memory
+            decoder = self._decoder()
+            done = len(self.pieces)
+            device = next(decoder.vae.parameters()).device
+            clock.lap("dit")
+            for i, latent in enumerate(self.latents):
+                piece = to_host(decoder.push(latent[None].to(device))[0])
+                if i < done:
+                    self.pieces.put(i, piece)
+                else:
+                    self.emit(piece)
+                self.progress("decode", i + 1, len(self.latents))
+                seconds = clock.seconds.get("decode", 0.0)
+                clock.lap("decode")
+                spent = clock.seconds["decode"] - seconds
+                pipe.chunk_timings[i]["decode"] += spent
+                pipe.chunk_timings[i]["wall"] += spent
+            del decoder
+        self.decoder = None
+
+    def video(self) -> torch.Tensor:
+        return self.pieces.video()
