@@ -142,7 +142,7 @@ def encode(
             raise ProtocolError(f"array {name!r}: dtype {array.dtype} is not one of {sorted(DTYPES)}")
         array = np.ascontiguousarray(array, dtype=DTYPES[wire])
         descriptors.append({"name": name, "kind": "array", "dtype": wire, "shape": list(array.shape)})
-        data.append(memoryview(array).cast("B"))
+        data.append(memoryview(array).cast("B") if array.size else b"")  # (no view casts a shape with a 0)
     for name, blob in (blobs or {}).items():
         descriptors.append({"name": name, "kind": "blob", "size": len(blob)})
         data.append(blob)
