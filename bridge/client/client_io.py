@@ -192,7 +192,8 @@ class ClientIO:
             frames = message.arrays.get("frames")
             self._jobs.pop(job_id, None)
             provenance = message.get("provenance")
-            job._deliver(Result(job_id, message.blobs["video"], frames, message.get("seconds"), provenance))
+            error = message.get("error")  # a live job ended by a limit: the video is its chunks so far
+            job._deliver(Result(job_id, message.blobs["video"], frames, message.get("seconds"), provenance, error))
         elif message.type == "error" and job is not None:
             self._end_job(job_id, message.fields["code"], message.fields["message"])
 

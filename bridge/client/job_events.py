@@ -40,6 +40,8 @@ class Result:
     frames: np.ndarray | None = None  # uint8 [F, H, W, 3], if asked for (read-only)
     seconds: float | None = None
     provenance: dict[str, Any] | None = None  # what made the video (contracts.provenance), from the worker
+    # a live job ended by a limit ({"code": "live_gap" | "live_deadline", "message"}): the video is its chunks so far
+    error: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -187,7 +187,8 @@ class JobLifecycle:
             return
         job.result_bytes, job.frames = size, expected
         self._storage_requeues.pop(job.id, None)
-        self._finish(job, "done", None)
+        # done, with its video; a live job ended by a limit names it (bridge/server/live_jobs.py)
+        self._finish(job, "done", self._live_limit(job))
         self._make_room(0, job.client, keep=job.id)  # a result larger than its inputs: stay under the quota
 
     def _storage_suspect(self, job: Job, why: str) -> bool:
@@ -220,6 +221,9 @@ class JobLifecycle:
             return
         if code not in protocol.ERROR_CODES:
             code = "worker_error"
+        limit = self._live_limit(job)
+        if limit is not None and code == "bad_input":  # a live job a limit ended before its first chunk
+            code, message = limit["code"], limit["message"]
         self._storage_requeues.pop(job.id, None)
         if code == "worker_crashed" and self._retry_crashed(job, message):
             return

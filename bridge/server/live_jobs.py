@@ -5,7 +5,8 @@ A live job is an ordinary job (`bridge.server.jobs.Job`: queued, running, done .
 restart, cancelled, failed with the worker) plus its pose feed, kept on disk in the job's folder:
 
     SPOOL/jobs/JOB/live/poses-000000.npy ...   pose batch `seq`, written atomically before `poses_ok`
-    SPOOL/jobs/JOB/live/end                    the job takes no more poses (`end`, or a limit)
+    SPOOL/jobs/JOB/live/end                    the job takes no more poses (`end`, or a limit: then the
+                                               limit's {"code", "message"}, JSON)
     SPOOL/jobs/JOB/live.json                   per-chunk timings, written when the job ends
 
 The worker (`worldgen.worker`, `worldgen.live_rollout`) reads the batches from that folder as they
@@ -16,10 +17,21 @@ runs again from the same poses (the same chunks, so a client keeps what it has a
 
 Bounds: a job takes at most `frame_num` poses (its planned length: the frame limit); poses more than
 `live_ahead_chunks` chunks ahead of the chunks already sent are refused with `busy` (the reply says
-how far behind the model is); a job with no poses for `live_idle_s` (counted from its last batch or
-its last chunk sent, whichever is later, and never while the model is behind) ends. Chunks go to the client
-that opened the job like any `chunk` (non-blocking sends: a client that stops reading loses chunks,
-never the server's memory; the result keeps every frame).
+how far behind the model is). Two limits hold a slow or silent client to a live job's promise (a
+worker is the server's scarcest part): both count only the time its running model waits for its
+poses (never the queue, never a model still making chunks whose poses it holds, which is the model's
+time, as a batch job's is), and either ends the job with its chunks so far as its result and names
+itself in the job's `error` (`live_gap`, `live_deadline`; a job that made no chunk fails with it):
+
+- `live_max_gap_s`: the longest wait for the next pose batch (from the last batch, the last chunk
+  sent or the job's start, whichever is latest);
+- the deadline: all the waits together, at most `live_deadline_factor` x the job's real-time length
+  (frame_num / fps) + `live_deadline_extra_s` (bridge.server.server_config).
+
+When one fires the model is waiting for poses, so it stops at once (the `end` file and a nudge): the
+worker is free for the next job. Chunks go to the client that opened the job like any `chunk`
+(non-blocking sends: a client that stops reading loses chunks, never the server's memory; the
+result keeps every frame).
 
 A mixin of `bridge.server.server.Server`.
 """
@@ -44,12 +56,14 @@ from bridge.wire.live_protocol import LiveOpen, PoseBatch
 from bridge.wire.protocol import JobRequest, ProtocolError
 from bridge.workers import worker_protocol as wp
 from contracts import atomic, episode
+from contracts.settings import FIELD_BY_NAME
 
 log = logging.getLogger("bridge.server.server")
 
 LIVE_DIR = "live"
 END_FILE = wp.LIVE_END_FILE
 TIMINGS_FILE = "live.json"
+LIMIT_CODES = ("live_gap", "live_deadline")  # error codes of bridge.wire.protocol: the limits that end a job
 
 
 def batch_path(job: Job, seq: int) -> Path:
@@ -66,16 +80,26 @@ class LiveFeed:
 
     opened: float  # time.time() of the job's acceptance: every timing is in seconds since then
     planned_poses: int  # frame_num: the most poses the job takes
+    real_time_s: float  # frame_num / fps: the video's length played back (the deadline's unit)
     batches: int = 0
     poses: int = 0
     ended: bool = False
-    last_poses: float = dataclasses.field(default_factory=time.monotonic)  # or the last chunk sent: the idle clock
+    # the last batch, chunk sent or start (time.monotonic()): the gap's clock
+    last_poses: float = dataclasses.field(default_factory=time.monotonic)
+    waited: float = 0.0  # seconds the running model waited for this job's poses: the deadline's clock
+    ticked: float | None = None  # the server loop's last look at the clocks (time.monotonic())
+    limit: dict[str, str] | None = None  # the limit that ended the feed: {"code": one of LIMIT_CODES, "message"}
     received: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (poses held after a batch, s)
     needed: list[int] | None = None  # poses each chunk needs (the worker's `live` message)
     chunks: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # per sent chunk: poses and timings
 
     def since_open(self, when: float | None = None) -> float:
         return round((time.time() if when is None else when) - self.opened, 4)
+
+    def model_busy(self) -> bool:
+        """The model is not waiting for poses: it has not said what its chunks need (loading, or not
+        started), or it holds the poses of a chunk it has not sent yet."""
+        return self.needed is None or self.chunks_ready() > len(self.chunks)
 
     def chunks_ready(self) -> int:
         if self.needed is None:
@@ -118,9 +142,27 @@ def accept_live(spool, client: str, request: LiveOpen, settings: dict[str, Any],
     return record
 
 
+def real_time_s(settings: dict[str, Any]) -> float:
+    """A job's video length played back: frame_num / fps (its settings')."""
+    fps = settings.get("fps") or FIELD_BY_NAME["fps"].default
+    return int(settings.get("frame_num", 0)) / fps
+
+
+def read_limit(path: Path) -> dict[str, str] | None:
+    """The limit an `end` file names (a client's `end` leaves none)."""
+    try:
+        limit = json.loads(path.read_bytes() or b"null")
+    except (OSError, ValueError):
+        return None
+    if isinstance(limit, dict) and limit.get("code") in LIMIT_CODES and isinstance(limit.get("message"), str):
+        return {"code": limit["code"], "message": limit["message"]}
+    return None
+
+
 def load_feed(job: Job) -> LiveFeed:
     """A live job's feed rebuilt from its folder (a restarted server): batches in order, up to the first gap."""
-    feed = LiveFeed(opened=job.created, planned_poses=int(job.settings.get("frame_num", 0)))
+    feed = LiveFeed(opened=job.created, planned_poses=int(job.settings.get("frame_num", 0)),
+                    real_time_s=real_time_s(job.settings))  # fmt: skip
     while batch_path(job, feed.batches).is_file():
         path = batch_path(job, feed.batches)
         try:
@@ -131,13 +173,15 @@ def load_feed(job: Job) -> LiveFeed:
         feed.batches += 1
         feed.poses += count
         feed.received.append((feed.poses, round(path.stat().st_mtime - job.created, 4)))
-    feed.ended = (job.dir / LIVE_DIR / END_FILE).exists() or feed.poses >= feed.planned_poses
+    end = job.dir / LIVE_DIR / END_FILE
+    feed.ended = end.exists() or feed.poses >= feed.planned_poses
+    feed.limit = read_limit(end) if end.exists() else None
     return feed
 
 
 class LiveJobs:
     """The server's live-job requests (`live`, `poses`, `end`), the worker's `live` message, the
-    chunks' timings and the idle limit."""
+    chunks' timings and the two limits (gap, deadline)."""
 
     def _live_feeds(self) -> dict[str, LiveFeed]:
         feeds = getattr(self, "_feeds", None)
@@ -196,7 +240,8 @@ class LiveJobs:
             return
         self.jobs[job.id] = job
         self.by_request[(client, rid)] = job.id
-        self._live_feeds()[job.id] = LiveFeed(opened=job.created, planned_poses=settings.frame_num)
+        self._live_feeds()[job.id] = LiveFeed(opened=job.created, planned_poses=settings.frame_num,
+                                              real_time_s=real_time_s(job.settings))  # fmt: skip
         job.subscribers.add(peer)
         job.chunk_peers.add(peer)
         if request.want_stills:
@@ -230,8 +275,9 @@ class LiveJobs:
             self._reply_poses(peer, request.rid, job, feed, request.seq)
             return
         if feed.ended:
+            why = f" ({feed.limit['code']}: {feed.limit['message']})" if feed.limit else ""
             self._send(peer, protocol.error_frames("job_over", f"live job {job.id} has ended (it holds {feed.poses} "
-                                                   "poses); it takes no more", request.rid, job.id))  # fmt: skip
+                                                   f"poses); it takes no more{why}", request.rid, job.id))  # fmt: skip
             return
         if request.seq > feed.batches:
             self._refuse(peer, request.rid, "out_of_order", f"live job {job.id}: pose batch {request.seq} arrived "
@@ -277,13 +323,16 @@ class LiveJobs:
             self._end_feed(job, feed, "the client ended it")
         self._reply_status(peer, request.rid, job)
 
-    def _end_feed(self, job: Job, feed: LiveFeed, why: str) -> None:
+    def _end_feed(self, job: Job, feed: LiveFeed, why: str, limit: dict[str, str] | None = None) -> None:
+        """No more poses: the worker makes the chunks whose poses it holds, then the job ends. `limit`:
+        the limit that ended it ({"code", "message"}), kept in the `end` file (a restarted server
+        names it too) and in the job's outcome."""
         try:
-            atomic.write_bytes(job.dir / LIVE_DIR / END_FILE, why.encode())
+            atomic.write_bytes(job.dir / LIVE_DIR / END_FILE, json.dumps(limit).encode() if limit else why.encode())
         except OSError as exc:
             self._storage_failed(exc, f"live job {job.id}'s end")
-        feed.ended = True
-        log.info("live job %s: no more poses (%s; %d held)", job.id, why, feed.poses)
+        feed.ended, feed.limit = True, limit
+        log.info("live job %s: no more poses (%s; %d held)", job.id, limit["message"] if limit else why, feed.poses)
         self._nudge_worker(job, feed)
 
     def _live_ahead(self, feed: LiveFeed, poses: int) -> int:
@@ -305,6 +354,7 @@ class LiveJobs:
         if feed is None:
             return {}
         feed.chunks = []  # a rerun (restart, retry) makes and sends every chunk again
+        feed.last_poses, feed.ticked = time.monotonic(), None  # the gap counts from the start, not the queue
         return {"live_dir": str(job.dir / LIVE_DIR), "want_chunks": True}
 
     def _worker_live(self, event) -> None:
@@ -331,22 +381,43 @@ class LiveJobs:
         if timing["poses_received_s"] is not None:
             timing["lag_s"] = round(timing["sent_s"] - timing["poses_received_s"], 4)
         feed.chunks.append(timing)
-        feed.last_poses = time.monotonic()  # the idle clock starts again once the model caught up
+        feed.last_poses = time.monotonic()  # the gap's clock starts again once the model caught up
         timing["behind"] = feed.status()["behind"]
         return {"live": {k: v for k, v in timing.items() if v is not None}}
 
     def _live_tick(self) -> None:
-        """The idle limit: a running or queued live job with no poses for `live_idle_s` ends."""
+        """The two limits, on the clocks of running live jobs whose model waits for their poses: the
+        gap since the last batch (or chunk sent, or start) and all the waits together (the deadline)."""
         now = time.monotonic()
+        config = self.config
         for job_id, feed in list(self._live_feeds().items()):
             job = self.jobs.get(job_id)
             if job is None or job.terminal:
                 self._live_done(job_id)
                 continue
-            # the model has not caught up (or has not started): the client waits for it, not idle
-            waiting = feed.needed is None or feed.chunks_ready() > len(feed.chunks)
-            if not feed.ended and not waiting and now - feed.last_poses > self.config.live_idle_s:
-                self._end_feed(job, feed, f"no poses for {self.config.live_idle_s:g} s")
+            last, feed.ticked = feed.ticked, now
+            if feed.ended or job.state != "running" or feed.model_busy():
+                continue  # queued, or the model's time (as a batch job's): the client is not holding it up
+            if last is not None:
+                feed.waited += now - last
+            made = (f"its {len(feed.chunks)} chunk(s) so far ({feed.poses} poses held) are its result" if feed.chunks
+                    else f"it made no chunk ({feed.poses} poses held), so it fails")  # fmt: skip
+            gap, deadline = now - feed.last_poses, config.live_deadline_s(feed.real_time_s)
+            if gap > config.live_max_gap_s:
+                self._end_feed(job, feed, "", {"code": "live_gap", "message": (
+                    f"live job {job.id} ended: the model waited {gap:.1f} s for the next pose batch, longer than "
+                    f"the server's live_max_gap_s ({config.live_max_gap_s:g} s); {made}")})  # fmt: skip
+            elif feed.waited > deadline:
+                self._end_feed(job, feed, "", {"code": "live_deadline", "message": (
+                    f"live job {job.id} ended: the model waited {feed.waited:.1f} s for its poses in all, past its "
+                    f"limit of {deadline:.1f} s (the server's live_deadline_factor {config.live_deadline_factor:g} x "
+                    f"its real-time length {feed.real_time_s:.2f} s + live_deadline_extra_s "
+                    f"{config.live_deadline_extra_s:g} s); {made}: send poses at the video's pace")})  # fmt: skip
+
+    def _live_limit(self, job: Job) -> dict[str, str] | None:
+        """The limit that ended a live job's feed (`live_gap`, `live_deadline`), or None."""
+        feed = self._live_feeds().get(job.id)
+        return feed.limit if feed is not None else None
 
     def _live_done(self, job_id: str) -> None:
         """A live job ended: its timings go beside its result (`live.json`), its feed is forgotten."""
@@ -354,7 +425,8 @@ class LiveJobs:
         job = self.jobs.get(job_id)
         if feed is None or job is None or not job.dir.is_dir():
             return
-        record = {"poses": feed.poses, "batches": feed.batches, "pose_batches": feed.received, "chunks": feed.chunks}
+        record = {"poses": feed.poses, "batches": feed.batches, "pose_batches": feed.received, "chunks": feed.chunks,
+                  "waited_s": round(feed.waited, 3), **({"limit": feed.limit} if feed.limit else {})}  # fmt: skip
         try:
             atomic.write_json(job.dir / TIMINGS_FILE, record)
         except OSError as exc:

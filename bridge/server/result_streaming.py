@@ -94,6 +94,8 @@ class ResultStreaming:
             arrays["frames"] = np.load(job.frames_path, allow_pickle=False)
         seconds = (job.finished or 0) - (job.started or 0)
         fields: dict[str, Any] = {"job": job.id, "seconds": round(seconds, 3)}
+        if job.error:  # a live job ended by a limit: its video is the chunks made so far
+            fields["error"] = job.error
         provenance, note = read_record(job.result_path)  # the worker's record beside result.mp4
         provenance = self._live_provenance(
             job, provenance

@@ -19,6 +19,7 @@ from contracts.model_families import preset_for
 from contracts.toml_file import read_toml
 
 BACKENDS = ("local", "ray")
+RENAMED = {"live_idle_s": "live_max_gap_s"}  # [server] keys of earlier releases: named, not "unknown"
 DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
@@ -48,7 +49,13 @@ class ServerConfig:
     max_queue_per_client: int = 16
     max_attempts: int = 2  # a job interrupted by server restarts this often is failed, not resumed
     result_ttl_s: float = 24 * 3600.0  # finished jobs (and their mp4) are deleted after this
-    live_idle_s: float = 60.0  # a live job that gets no poses for this long ends (its chunks so far are the result)
+    # A live job's two limits (docs/protocol.md, "Live jobs"; bridge/server/live_jobs.py). Both count only the
+    # time its running model waits for its poses (never the queue, never a model behind the poses it holds),
+    # and end it with its chunks so far as its result, the limit named (live_gap, live_deadline):
+    live_max_gap_s: float = 10.0  # the longest wait for the next pose batch (from the last batch or chunk sent)
+    # all its waits together: at most live_deadline_factor x its real-time length (frame_num / fps) + live_deadline_extra_s
+    live_deadline_factor: float = 4.0
+    live_deadline_extra_s: float = 30.0
     live_ahead_chunks: int = 8  # a live job's poses may run this many chunks ahead of the model; beyond: "busy"
     # a result no client fetched yet is not evicted for room (bridge/server/eviction.py) this long after its job ended
     result_grace_s: float = 600.0
@@ -64,6 +71,11 @@ class ServerConfig:
     limits: Limits = Limits()
     worker: WorkerConfig = WorkerConfig()
     security: SecurityConfig = SecurityConfig()
+
+    def live_deadline_s(self, real_time_s: float) -> float:
+        """A live job's time limit: the seconds its model may wait for its poses, all waits together;
+        `real_time_s`: its video's length played back (frame_num / fps)."""
+        return self.live_deadline_factor * real_time_s + self.live_deadline_extra_s
 
     def preset(self) -> str:
         """The generation preset under each job's settings: `generation_preset`, or the checkpoint's
@@ -90,6 +102,9 @@ def load_server_config(path: Path | None, overrides: dict[str, Any] | None = Non
     unknown_tables = sorted(set(table) - {"server", "worker", "limits", "security"})
     if unknown_tables:
         raise ConfigError(f"{where}: unknown table(s) {unknown_tables}; known: server, worker, limits, security")
+    for key, now in RENAMED.items():
+        if isinstance(table.get("server"), dict) and key in table["server"]:
+            raise ConfigError(f"{where} [server] {key}: renamed {now} (see config/server.toml)")
     server = _fields(ServerConfig, table.get("server", {}), f"{where} [server]", skip={"limits", "worker", "security"})
     limits = _fields(Limits, table.get("limits", {}), f"{where} [limits]")
     worker = _worker_config(table.get("worker", {}), f"{where} [worker]")

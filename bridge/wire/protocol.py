@@ -64,6 +64,8 @@ ERROR_CODES = (
     "internal",  # a bug in the server
     "out_of_order",  # a live job's pose batch is not the next one (its `seq`); the expected one is named
     "job_over",  # a pose batch or `end` for a live job that has ended (finished, failed, cancelled, or ended)
+    "live_deadline",  # a live job ended by its time limit (the time the model waited for its poses); chunks kept
+    "live_gap",  # a live job ended by the longest wait for its next pose batch; its chunks so far are kept
 )
 
 JPEG_MAGIC, PNG_MAGIC = episode.JPEG_MAGIC, episode.PNG_MAGIC
@@ -140,7 +142,7 @@ def encode(
             raise ProtocolError(f"array {name!r}: dtype {array.dtype} is not one of {sorted(DTYPES)}")
         array = np.ascontiguousarray(array, dtype=DTYPES[wire])
         descriptors.append({"name": name, "kind": "array", "dtype": wire, "shape": list(array.shape)})
-        data.append(memoryview(array).cast("B"))
+        data.append(memoryview(array).cast("B") if array.size else b"")  # (no view casts a shape with a 0)
     for name, blob in (blobs or {}).items():
         descriptors.append({"name": name, "kind": "blob", "size": len(blob)})
         data.append(blob)
@@ -241,7 +243,8 @@ REPLIES: dict[str, dict[str, tuple[str, bool]]] = {
         "behind": (COUNT, True),  # chunks_ready - chunks_sent: how far the model is behind the poses
         "ended": (BOOL, True),  # no more poses are taken
     },
-    "result": {"job": (ID, True), "seconds": (NUMBER, False), "provenance": (MAP, False)},
+    # `error`: a live job ended by a limit (`live_gap`, `live_deadline`); its video is its chunks so far
+    "result": {"job": (ID, True), "seconds": (NUMBER, False), "provenance": (MAP, False), "error": (MAP, False)},
     "error": {"code": (TEXT, True), "message": (TEXT, True), "rid": (ID, False), "job": (ID, False)},
     "status": {
         "rid": (ID, True),

@@ -179,6 +179,7 @@ def test_config_server_toml_documents_exactly_the_defaults():
         ("[worker]\ncommand = 'python w.py'\n", "must be a list"),
         ("[limits]\nmax_poses = -1\n", "non-negative integer"),
         ("[server\n", "not valid TOML"),
+        ("[server]\nlive_idle_s = 60.0\n", "live_idle_s: renamed live_max_gap_s"),
     ],
 )
 def test_config_mistakes_are_named(tmp_path, text, words):

@@ -41,6 +41,16 @@ def test_big_endian_input_is_sent_little_endian():
     np.testing.assert_array_equal(decode_request(frames).arrays["poses"], POSES)
 
 
+def test_an_empty_pose_batch_encodes_and_decodes_as_zero_rows():
+    """Found by the live fuzz (issue 53): a [0, 4, 4] batch raised TypeError in `encode` (a memoryview
+    cannot cast a shape with a 0); it travels as an empty frame and the decoder refuses it by name."""
+    frames = encode("poses", {"rid": "r", "job": "j", "seq": 0}, {"poses": np.zeros((0, 4, 4), np.float32)})
+    assert bytes(frames[1]) == b""
+    with pytest.raises(ProtocolError) as refused:
+        decode_request(frames)
+    assert refused.value.code == "bad_request" and "empty array" in str(refused.value)
+
+
 def test_result_round_trip_with_frames():
     frames_array = np.arange(2 * 4 * 6 * 3, dtype=np.uint8).reshape(2, 4, 6, 3)
     frames = encode("result", {"job": "j1", "seconds": 1.5}, {"frames": frames_array}, {"video": b"mp4!"})

@@ -1,4 +1,4 @@
-"""Hypothesis against a live server: random and malformed frames, wrong versions, oversized
+"""Hypothesis against a live server: random and malformed frames (batch and live messages), wrong versions, oversized
 declared shapes, bad dtypes, MiB-sized junk. The server (with the real tiny worker) must answer
 every one with an error (or, for the rare valid message, a normal reply), never crash, and keep its
 memory bounded."""
@@ -35,7 +35,7 @@ class Prober:
         while True:  # skip events of jobs that a (rare) valid submit started
             assert self.socket.poll(5000), f"no answer to {[bytes(f[:40]) for f in frames]}"
             reply = protocol.decode_reply(self.socket.recv_multipart())
-            if reply.type not in ("progress", "result") and not (
+            if reply.type not in ("progress", "result", "chunk") and not (
                 reply.type == "error" and "rid" not in reply.fields and "job" in reply.fields
             ):
                 break
@@ -43,7 +43,7 @@ class Prober:
         if isinstance(expected, protocol.ProtocolError):
             assert reply.type == "error" and reply.fields["code"] == expected.code, (reply.fields, expected)
         else:
-            assert reply.type in ("error", "accepted", "status", "health")
+            assert reply.type in ("error", "accepted", "status", "health", "poses_ok")
 
     def close(self) -> None:
         self.socket.close(linger=0)

@@ -27,7 +27,7 @@ JOB_S = 400
 def v2_server(tmp_path_factory):
     pool = ServerPool(tmp_path_factory.mktemp("v2-server"))
     try:
-        server = pool.start(worker=TINY, worker_keys={"ckpt": "tiny-v2", "model": "fast"}, live_idle_s=30.0)
+        server = pool.start(worker=TINY, worker_keys={"ckpt": "tiny-v2", "model": "fast"}, live_max_gap_s=30.0)
         yield server.wait_loaded()
     finally:
         pool.close()
