@@ -50,6 +50,9 @@ GENERATE_MIN_POSES = 5  # what generation needs: 5 frames = 2 latent frames, the
 # rotations, norms whose squares must stay below 3.4e38, division by the scale); 1e9 leaves every step
 # finite with room, and is a million km in metres (a path beyond it is a unit mistake, not a scene)
 MAX_TRANSLATION = 1e9
+# |fx, fy, cx, cy| bound, pixels of the model frame: the engine divides by them in float32 (a float64 1e300 is inf
+# there); 1e9 px is a focal length no lens has (a value beyond it is a unit mistake)
+MAX_INTRINSIC = 1e9
 MAX_IMAGE_PIXELS = 8192 * 8192  # a first frame is decoded whole to be checked; the model uses <= 832*480
 
 POSES_FIX = "poses must be [N, 4, 4] float camera-to-world matrices (OpenCV axes: x right, y down, z forward)"
@@ -140,6 +143,12 @@ def check_intrinsics(intrinsics: Any, count: int, where: str = "intrinsics") -> 
     bad = np.flatnonzero(~np.isfinite(intrinsics).all(axis=1))
     if bad.size:
         raise EpisodeError(f"{where}: row {bad[0]} has NaN or infinite values; {INTRINSICS_FIX}")
+    bad = np.flatnonzero(np.abs(intrinsics).max(axis=1) > MAX_INTRINSIC)
+    if bad.size:
+        raise EpisodeError(
+            f"{where}: row {bad[0]} has {intrinsics[bad[0]].tolist()}, beyond +-{MAX_INTRINSIC:g} pixels (what float32 "
+            f"camera maths survives); {INTRINSICS_FIX}"
+        )
     bad = np.flatnonzero((intrinsics[:, :2] <= 0).any(axis=1))
     if bad.size:
         raise EpisodeError(

@@ -7,6 +7,8 @@ so the live jobs under test stay queued and take poses."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -108,6 +110,16 @@ def test_translations_float32_maths_cannot_survive_are_refused_whole_and_the_job
     ok = dealer.ask(poses(job, 1, payload.poses[9:21]))  # the same seq again: nothing of the bad batch was kept
     assert ok.type == "poses_ok" and ok.fields["seq"] == 1 and ok.fields["poses"] == 21, ok.fields
     assert cancel(dealer, job).fields["state"] == "cancelled"
+
+
+def test_intrinsics_float32_maths_cannot_survive_are_refused_at_the_door(held, dealers):
+    """A float64 1e300 focal length is finite where it is checked and inf in the engine's float32 maths."""
+    _, payload = held
+    dealer = dealers()
+    far = copy.copy(payload)  # past the client library's own check (EpisodePayload refuses it): a raw client
+    object.__setattr__(far, "intrinsics", np.float64([[1e300, 1e300, 0, 0]]).repeat(len(payload.poses), 0))
+    refused(dealer.ask(submit(far, "s")), "bad_input", "intrinsics", "1e+09")
+    refused(dealer.ask(live(far, "l")), "bad_input", "intrinsics", "1e+09")
 
 
 @pytest.mark.parametrize("frame_num", [1, 4, 5, 8])
