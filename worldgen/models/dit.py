@@ -183,11 +183,12 @@ class SelfAttention(nn.Module):
         kv: LayerKV | None = None,
         q8: QuantizedTensor | None = None,
         out: torch.Tensor | None = None,
+        heads_here: bool = False,
     ) -> torch.Tensor | QuantizedTensor:
-        """The attention before its output projection: cuDNN's FP8 output (e4m3 [B, L, n, d] and its
-        scale; `q8`: `fp8_query(q)` made ahead, `out`: where it goes) where that kernel runs, else [B, L,
-        dim] in q's dtype. The only part of the block whose shapes depend on the KV cache's window."""
-        if self.sequence_parallel is not None:
+        """The attention before its output projection (the only part of the block whose shapes depend on the KV
+        cache's window): cuDNN's FP8 output (e4m3 [B, L, n, d] and its scale; `q8`: `fp8_query(q)` made ahead, `out`:
+        where it goes) where that kernel runs, else [B, L, dim] in q's dtype. `heads_here`: a split's rank's heads."""
+        if self.sequence_parallel is not None and not heads_here:
             return self.sequence_parallel.attention_output(self, q, k, v, kv)
         fp8 = self.takes_fp8_attention(q)
         if kv is not None:  # the causal model: attend to the cache's window (this chunk's keys included)
@@ -593,8 +594,6 @@ class WanCameraDiT(nn.Module):
 
 def unpatchify(x: torch.Tensor, grid: tuple[int, int, int], patch: tuple[int, int, int], channels: int) -> torch.Tensor:
     """[B, L, p*q*r*C] -> [B, C, F*p, H*q, W*r] (patch axes interleaved back)."""
-    b = x.shape[0]
-    f, h, w = grid
-    p, q, r = patch
-    x = x.view(b, f, h, w, p, q, r, channels)
-    return x.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(b, channels, f * p, h * q, w * r)
+    (f, h, w), (p, q, r) = grid, patch
+    x = x.view(x.shape[0], f, h, w, p, q, r, channels)
+    return x.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(x.shape[0], channels, f * p, h * q, w * r)

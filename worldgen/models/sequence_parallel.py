@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from worldgen.kernels.attention import attention
+from worldgen.kernels.fp8 import QuantizedTensor
 
 
 class PeerLost(RuntimeError):
@@ -103,12 +103,15 @@ class SequenceParallel:
         return recv.permute(1, 2, 0, 3, 4).reshape(b, rows, num_heads * d)
 
     def attention_output(self, attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv) -> torch.Tensor:
-        """`SelfAttention.attention_output` over the ranks: [B, rows, n, d] q/k/v -> [B, rows, dim]. The
-        FP8 attention does not take this path: the window is attended in the compute dtype."""
+        """`SelfAttention.attention_output` over the ranks: [B, rows, n, d] q/k/v -> [B, rows, dim]. Each rank
+        attends with its heads as one device does (`SelfAttention.attention_output`: cuDNN's FP8 attention under fp8,
+        INT8 under int8); an FP8 output is dequantized before the inverse all-to-all, since each rank's has its
+        own scale and the output projection takes one."""
         q, k, v = self.to_heads(torch.stack((q, k, v)))
-        if kv is not None:
-            k, v = kv.update(k, v)
-        return self.to_tokens(attention(q, k, v, attn.attention_backend), attn.num_heads)
+        attended = attn.attention_output(q, k, v, kv, heads_here=True)
+        if isinstance(attended, QuantizedTensor):
+            attended = attended.dequantize(q.dtype).flatten(2)
+        return self.to_tokens(attended, attn.num_heads)
 
     def write_keys(self, kv, k: torch.Tensor, v: torch.Tensor) -> None:
         """`SelfAttention.write_keys` over the ranks: this rank's heads of every token into its cache."""

@@ -228,14 +228,14 @@ def fast_frames(frame_num: int, num_poses: int | None, chunk_frames: int) -> Fas
 
 
 def vae_dtype(model: str, compute: str, device: torch.device) -> torch.dtype:
-    """The VAE's compute dtype: float32 as the reference, but bf16 for the Fast model under fp8 on CUDA.
+    """The VAE's compute dtype: float32 as the reference, but bf16 for the Fast model under fp8 or int8 on CUDA.
 
     A Fast chunk decodes while the next is awaited, and in float32 its decode was 0.52 s of a 1.87 s
-    chunk on the H100 (docs/benchmarks.md, "Session 8: Fast"); fp8 is the approximate path already,
+    chunk on the H100 (docs/benchmarks.md, "Session 8: Fast"); fp8 and int8 are approximate already,
     and a Fast pipeline's jobs run in the compute it was loaded with (`FastPipeline.set_compute`
     reloads the VAE when that changes), so no exact job decodes through a bf16 VAE. The base model's
     jobs may switch compute per job: its VAE stays float32."""
-    if model == "fast" and compute == "fp8" and device.type == "cuda":
+    if model == "fast" and compute in ("fp8", "int8") and device.type == "cuda":
         return torch.bfloat16
     return torch.float32
 

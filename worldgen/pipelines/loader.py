@@ -90,7 +90,7 @@ def load_pipeline(
     """Recognise the checkpoint, make the memory plan and return a pipeline whose models load lazily.
 
     `dtype` is the DiT/T5 compute dtype: bfloat16 on CUDA, float32 on the CPU by default. The VAE
-    runs in float32 as in the reference, except under the Fast model's fp8 (`vae_dtype`). `attention` picks the DiT's attention kernel
+    runs in float32 as in the reference, except under the Fast model's fp8 and int8 (`vae_dtype`). `attention` picks the DiT's attention kernel
     (`worldgen.kernels.attention`: auto, sdpa, flash, sage). `model`: "base" (the two experts) or "fast"
     (LingBot-World-Fast, a `worldgen.pipelines.fast.FastPipeline`). `compute`: "exact" ("bf16", its old name) or "fp8"
     (approximate, Ada/Hopper only: `worldgen.kernels.fp8`), a job's settings may override it. `devices`:
