@@ -120,7 +120,9 @@ def _optional_kernel(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         return _flash_attn_func()(q, k, v)
     from sageattention import sageattn
 
-    return sageattn(q, k, v, tensor_layout="NHD")
+    # K smoothed out of place: sageattn's own smoothing (`smooth_k`) subtracts the mean from k in place, and k is
+    # the KV cache's window (a view): the cached keys would drift by each call's mean
+    return sageattn(q, k - k.mean(dim=1, keepdim=True), v, tensor_layout="NHD", smooth_k=False)
 
 
 # Fewer keys than this (the 512 text tokens of cross-attention) go through SDPA whatever the backend:
