@@ -26,6 +26,9 @@ forward's numbers (tested bit for bit on the GPU).
 The calls of a rollout share a key (token count, the kind of each block's camera input, the text
 keys/values of the cache); a key seen on two calls in a row is captured on the second, and the calls
 after it replay. A capture that fails (of these or of `chunk_graph`'s) means eager blocks for the rest of the process, said once.
+A sequence-parallel rank (`worldgen.models.sequence_parallel`, two GPUs) replays the same graphs over its
+rows: its all-to-alls sit in the eager part (`SequenceParallel.attention_output`), so each rank captures on
+its own and a rank's eager and replayed forwards make the same collectives.
 Should cuDNN decline a later window's shape (the attention then comes back in bf16, not in the FP8
 buffer the graphs read), that forward's remaining blocks run eagerly and the graphs are dropped.
 On the CPU nothing is captured: the same eager blocks run, and `decisions` keeps the bookkeeping.
@@ -107,7 +110,8 @@ class BlockGraphs:
         static = {"x": tokens.clone(), "e0": e0.clone(), "cos": rope[0].clone(), "sin": rope[1].clone()}
         for name in ("q", "k", "v"):
             static[name] = torch.empty(b, length, cfg.num_heads, cfg.head_dim, dtype=dtype, device=tokens.device)
-        self.fp8 = model.blocks[0].self_attn.takes_fp8_attention(static["q"])
+        # a sequence-parallel rank's attention hands back its rows in the compute dtype (its FP8 output dequantized)
+        self.fp8 = model.sequence_parallel is None and model.blocks[0].self_attn.takes_fp8_attention(static["q"])
         if self.fp8:  # e4m3 q and output, each with its one scale
             for name in ("q8", "o8"):
                 static[name] = torch.empty(static["q"].shape, dtype=torch.float8_e4m3fn, device=tokens.device)
@@ -201,7 +205,10 @@ class BlockGraphs:
             if b > last:
                 break
             if keys_only and b == last:
-                cache.layers[b].write(s["k"], s["v"])
+                if model.sequence_parallel is not None:  # a rank's keys go to their heads' ranks first
+                    model.sequence_parallel.write_keys(cache.layers[b], s["k"], s["v"])
+                else:
+                    cache.layers[b].write(s["k"], s["v"])
                 return None
             q8 = QuantizedTensor(s["q8"], s["q8_descale"]) if self.fp8 else None
             attn = blocks[b].self_attn

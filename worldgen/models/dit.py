@@ -559,7 +559,7 @@ class WanCameraDiT(nn.Module):
         # camera tokens are the same for every sample of the batch: [1, L, dim], broadcast in the blocks;
         # with a camera cache, each covered block's modulation of this camera is computed once (first forward)
         cams = self.camera_inputs(cam, dtype)
-        if self.block_graphs is not None and cache is not None and sp is None:
+        if self.block_graphs is not None and cache is not None:
             tokens = self.block_graphs(self, tokens, e0, rope, text, cams, cache, keys_only)
         else:
             tokens = self.run_blocks(tokens, e0, rope, text, cams, cache, keys_only)

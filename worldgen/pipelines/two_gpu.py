@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from contracts.engine_options import PEER_LOAD_TIMEOUT_S, PEER_TIMEOUT_S
+from worldgen.models.block_graphs import BlockGraphs
 from worldgen.models.camera_cache import CameraCache
 from worldgen.models.kv_cache import CacheSpec, KVCache
 from worldgen.models.positions import rope_tables
@@ -122,6 +123,9 @@ class Leader(SequenceParallel):
                 "cam": None if cam is None else _meta(cam) if send_cam else "held",
                 "text": None if text is None else [_meta(c) for c in text],
                 "camera_blocks": None if camera is None else camera.covered(len(model.blocks)),
+                # rank 0's blocks replayed as CUDA graphs between the attentions: rank 1 does the same, or it
+                # launches every kernel from the host while rank 0 waits in the next all-to-all
+                "block_graphs": model.block_graphs is not None and model.block_graphs.allowed,
             }
         )
         for tensor in (x, t, *([y] if send_y else []), *([cam] if send_cam else []), *(text or [])):
@@ -261,11 +265,12 @@ class TwoDevices:
 
 def use_two_devices(pipe, dit_factory: DitFactory, devices: list[str], **kwargs: Any) -> TwoDevices:
     """Give a Fast (or causal-pretrain) pipeline a second rank: its rollouts then split each forward over
-    `devices` (rank 0 is the pipeline's device). Captured forwards are turned off: a replay would run
-    rank 0's half without handing rank 1 the call."""
+    `devices` (rank 0 is the pipeline's device). Whole captured forwards (`chunk_graph`) are turned off: a
+    replay would run rank 0's half without handing rank 1 the call; the blocks' graphs stay (each rank
+    replays the parts between its attentions, whose all-to-alls run eagerly: `worldgen.models.block_graphs`)."""
     handle = TwoDevices(dit_factory, devices, **kwargs)
     pipe.scale_out = handle
-    pipe.use_chunk_graphs = pipe.use_block_graphs = False
+    pipe.use_chunk_graphs = False
     return handle
 
 
@@ -330,6 +335,9 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
             held.clear()
             steps.clear()
             model.camera_cache, model.time_cache = None, {}
+            if model.block_graphs is not None:  # they read the closed cache's text keys
+                model.block_graphs.close()
+                model.block_graphs = None
         elif op == "forward":
             x, t = receive(message["x"]), receive(message["t"])
             t = steps.setdefault(tuple(t.tolist()), t)
@@ -344,6 +352,11 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
                 model.camera_cache = None
             elif model.camera_cache is None or model.camera_cache.max_blocks != blocks:
                 model.camera_cache = CameraCache(blocks)
+            if message["block_graphs"] and model.block_graphs is None:
+                model.block_graphs = BlockGraphs()
+            elif not message["block_graphs"] and model.block_graphs is not None:
+                model.block_graphs.close()
+                model.block_graphs = None
             cache = caches[message["id"]]
             current_start, tokens = message["call"]
             f, h, w = model.grid(x)
