@@ -379,6 +379,19 @@ def test_full_size_plan_at_24_gib_streams_in_strips_with_a_rolling_window():
     assert pipe.plan_job(21, 90, 160, FastOptions()).rolling and not pipe.vae_cut.parked  # with more memory
 
 
+def test_a_plan_split_over_two_gpus_counts_each_ranks_half_of_the_heads():
+    """Each rank's KV cache holds half the heads (worldgen.pipelines.two_gpu): at 24 GiB a GPU, the 480p job's
+    whole 21 frames fit where one GPU holds a 10-frame window, and the reason says the figures are one rank's."""
+    one = _full_size_plan(24)
+    assert one.plan_job(21, 58, 104, FastOptions()).capacity_tokens == 10 * 1508
+    two = _full_size_plan(24)
+    two.ranks = 2
+    spec = two.plan_job(21, 58, 104, FastOptions())
+    assert two.cache_heads == 20 and spec.capacity_tokens > 10 * 1508
+    print(f"two ranks at 24 GiB each: {spec.describe()} -- {two.cache_reason}")
+    assert "each of 2 GPUs holds 20 of the 40 heads" in two.cache_reason
+
+
 def test_the_camera_modulation_is_kept_in_as_many_blocks_as_the_plan_has_room_for():
     assert camera_blocks(None, 4524, 5120, 40, torch.bfloat16) == 40  # no plan (the CPU): every block
     per_block = 1.1 * 2 * 4524 * 5120 * 2 / 2**30

@@ -116,6 +116,7 @@ class FastPipeline(Pipeline):
         self._own_vae_dtype: torch.dtype | None = None  # the VAE's dtype before a parked cut made it bf16
         self.kv_caches = 1  # KV caches a job holds at once, each planned in its share of the room (guided: 2)
         self.scale_out = None  # a second rank: each forward split over two (`worldgen.pipelines.two_gpu`)
+        self.ranks = 1  # devices each forward is split over (`two_gpu.use_two_devices` sets 2): the plan's share
 
     def set_compute(self, compute: str) -> None:
         """Switch the DiT's compute between jobs (the bench compares both in one process); the VAE is
@@ -129,6 +130,12 @@ class FastPipeline(Pipeline):
             self.vae_dtype = dtype
 
     # -- memory ------------------------------------------------------------------------------------
+    @property
+    def cache_heads(self) -> int:
+        """The heads whose keys/values this device's KV cache holds (what the plan counts): all of them, or
+        one rank's share when each forward is split over two GPUs (`worldgen.pipelines.two_gpu`)."""
+        return self.dit_config.num_heads // self.ranks
+
     def plan_job(
         self, latent_frames: int, lat_h: int, lat_w: int, options: FastOptions, streamed: bool = True
     ) -> CacheSpec:
@@ -146,7 +153,7 @@ class FastPipeline(Pipeline):
         self.plan.notes = self._load_notes
         self.plan.experts_beside_vae = True  # the VAE decodes each chunk while the DiT is resident
         cfg = self.dit_config
-        dims = {"num_layers": cfg.num_layers, "num_heads": cfg.num_heads, "head_dim": cfg.head_dim}
+        dims = {"num_layers": cfg.num_layers, "num_heads": self.cache_heads, "head_dim": cfg.head_dim}
 
         def cache_for(room_gib: float | None) -> tuple[CacheSpec, str]:
             return plan_cache(
@@ -197,6 +204,8 @@ class FastPipeline(Pipeline):
             pixels = height * width
             self.encode_tile_pixels = None if vae_peak_gib(pixels) <= room else vae_tile_pixels(room)
         self.plan.vae_tile_pixels = self.decode_tile_pixels
+        if self.ranks > 1:  # the figures above are one rank's
+            why += f" (each of {self.ranks} GPUs holds {self.cache_heads} of the {cfg.num_heads} heads)"
         self.cache_spec, self.cache_reason = spec, why
         if spare is not None and self.vae_dtype == torch.bfloat16:
             spare += cut.bf16_saving_gib
@@ -204,7 +213,7 @@ class FastPipeline(Pipeline):
         spare = None if spare is None else spare - graphs_gib
         choice = CameraChoice(camera_blocks(spare, chunk_tokens, cfg.dim, cfg.num_layers, self.dtype))
         if usable is not None and not self._keeps_forward():  # the same KV cache and tiles: the same video
-            kv = spec.planned_bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype) / GiB
+            kv = spec.planned_bytes(cfg.num_layers, self.cache_heads, cfg.head_dim, self.dtype) / GiB
             room = (
                 usable - self._loop_fixed_gib()[0] - kv - activation_gib(chunk_tokens, self.dit_config.dim) - graphs_gib
             )
@@ -295,7 +304,7 @@ class FastPipeline(Pipeline):
                 continue
             # streamed conditioning: the encoder's caches live through chunk 0 (its forwards and its
             # decode) in a one-chunk cache, then the rest of the frames encode beside the decoder's caches
-            first_kv = spec.bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype) / GiB
+            first_kv = spec.bytes(cfg.num_layers, self.cache_heads, cfg.head_dim, self.dtype) / GiB
             first_kv *= min(1.0, chunk_tokens / spec.capacity_tokens)
             with_encoder = fixed + first_kv + cut.encode_cache_gib + cut.decode_cache_gib
             stream_encode = with_encoder + beside(cut.decode_push_gib, cut.encode_push_gib) <= usable
@@ -326,7 +335,7 @@ class FastPipeline(Pipeline):
         cfg, card = self.dit_config, self.plan.card_gib
         if self.device.type != "cuda" or card is None:
             return None
-        kv = spec.planned_bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype) / GiB
+        kv = spec.planned_bytes(cfg.num_layers, self.cache_heads, cfg.head_dim, self.dtype) / GiB
         resident = self.plan.expert_gib + self.plan.text_encoder_gib + VAE_WEIGHTS_GIB + LOOP_MARGIN_GIB
         vae = cut.decode_cache_gib + max(activation_gib(chunk_tokens, self.dit_config.dim), cut.decode_push_gib)
         return card - CUDA_CONTEXT_GIB - resident - kv - vae

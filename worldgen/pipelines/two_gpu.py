@@ -270,7 +270,7 @@ def use_two_devices(pipe, dit_factory: DitFactory, devices: list[str], **kwargs:
     replays the parts between its attentions, whose all-to-alls run eagerly: `worldgen.models.block_graphs`)."""
     handle = TwoDevices(dit_factory, devices, **kwargs)
     pipe.scale_out = handle
-    pipe.use_chunk_graphs = False
+    pipe.use_chunk_graphs, pipe.ranks = False, WORLD
     return handle
 
 
