@@ -28,6 +28,10 @@ PROFILED = {
     "Memcpy DtoH (Device -> Pageable)": "copy / cast",
     "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda": "copy / cast",
     "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float>>>": "other elementwise",
+    # an H200 profile of an int8 rollout (docs/benchmarks.md, "Session 29"): SageAttention's Triton kernel, our epilogue
+    "_attn_fwd": "attention",
+    "_dequantize_kernel": "triton hand-written",
+    "void cutlass::Kernel2<cutlass_80_tensorop_i16832gemm_s8_128x64_128x3_tn_align16>": "gemm int8",
 }
 
 
