@@ -94,6 +94,13 @@ def test_two_ranks_give_the_one_process_rollout_of_lingbot_world_2_with_its_roll
         print(f"v2 loop_rolling: two ranks vs one rel-L2 {error:.2e}")
         assert error < SPLIT_TOL
         assert handle.leader.forwards == 3 * 5 - 1  # 3 chunks of 4 steps and a refresh, none after the last
+        # the link's bytes as each end counted them: what rank 0 sent, rank 1 received, and back
+        peer = handle.peer_stats()
+        leader = handle.leader
+        assert leader.sent_bytes > 0 and (peer["received_bytes"], peer["sent_bytes"]) == (
+            leader.sent_bytes, leader.received_bytes,
+        )  # fmt: skip
+        assert peer["peak_allocated_bytes"] is None and peer["peak_rss_gib"] > 0  # the CPU: no CUDA figures
         pretrain.scale_out = handle
         two_guided = _rollout(pretrain, io, options, negative_context=negative)
         error = rel_l2(two_guided, one_guided)

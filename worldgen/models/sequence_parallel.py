@@ -16,6 +16,8 @@ Heads must divide by P (1.3B: 12, 14B: 40).
 The DiT calls into this only where `model.sequence_parallel` / `self_attn.sequence_parallel` is set
 (`attach`); with one device nothing here runs. A collective that fails because a peer went away
 raises `PeerLost`; the process group's timeout bounds how long a silent peer is waited for.
+`sent_bytes` and `received_bytes` count what crossed the link from and to this rank (host arithmetic from
+the tensors' sizes, no synchronisation): the bench reads them per chunk.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ class SequenceParallel:
     def __init__(self, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
         self.tokens = 0  # the current forward's token count (before padding), set by `shard`
+        self.sent_bytes = self.received_bytes = 0  # what crossed the link from / to this rank, so far
+
+    def count(self, sent: int, received: int) -> None:
+        self.sent_bytes += sent
+        self.received_bytes += received
 
     # -- tokens ------------------------------------------------------------------------------------
     def rows(self, tokens: int) -> int:
@@ -77,6 +84,7 @@ class SequenceParallel:
         """Every rank's rows [B, rows, C] -> the whole chunk [B, L, C] (padding dropped), on every rank."""
         parts = [torch.empty_like(x) for _ in range(self.world)]
         self._collective(dist.all_gather, parts, x.contiguous())
+        self.count(x.nbytes * (self.world - 1), x.nbytes * (self.world - 1))
         return torch.cat(parts, dim=1)[:, : self.tokens]
 
     # -- heads -------------------------------------------------------------------------------------
@@ -87,6 +95,7 @@ class SequenceParallel:
         send = qkv.view(s, b, rows, self.world, n // self.world, d).permute(3, 0, 1, 2, 4, 5).contiguous()
         recv = torch.empty_like(send)  # [source rank (its tokens), S, B, rows, n/P, d]
         self._collective(dist.all_to_all_single, recv, send)
+        self.count(send.nbytes // self.world * (self.world - 1), send.nbytes // self.world * (self.world - 1))
         whole = recv.permute(1, 2, 0, 3, 4, 5).reshape(s, b, self.world * rows, n // self.world, d)
         return whole[:, :, : self.tokens]
 
@@ -100,6 +109,7 @@ class SequenceParallel:
         send = out.permute(1, 0, 2, 3, 4).contiguous()  # [destination rank (its tokens), B, rows, n/P, d]
         recv = torch.empty_like(send)  # [source rank (its heads), B, rows, n/P, d]
         self._collective(dist.all_to_all_single, recv, send)
+        self.count(send.nbytes // self.world * (self.world - 1), send.nbytes // self.world * (self.world - 1))
         return recv.permute(1, 2, 0, 3, 4).reshape(b, rows, num_heads * d)
 
     def attention_output(self, attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv) -> torch.Tensor:

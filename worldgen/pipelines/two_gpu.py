@@ -130,6 +130,7 @@ class Leader(SequenceParallel):
         )
         for tensor in (x, t, *([y] if send_y else []), *([cam] if send_cam else []), *(text or [])):
             self._collective(dist.broadcast, tensor.contiguous(), 0)
+            self.count(tensor.nbytes * (self.world - 1), 0)
         self.held["y"], self.forwards = y, self.forwards + 1
         if send_cam:
             self.held["cam"] = cam
@@ -246,6 +247,27 @@ class TwoDevices:
         heads = cfg.num_heads // WORLD
         return LeaderKVCache(self.leader, spec, cfg.num_layers, heads, cfg.head_dim, dtype, device, start_tokens)
 
+    def peer_stats(self, reset: bool = False, timeout_s: float = 10.0) -> dict[str, Any]:
+        """Rank 1's figures, asked between forwards: `peak_allocated_bytes` (CUDA's since its start or the last
+        `reset`; None on the CPU), `peak_rss_gib`, and its own count of the link's bytes (`sent_bytes`,
+        `received_bytes`)."""
+        self.leader.send({"op": "stats", "reset": reset})
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if self.conn.poll(0.2):
+                    message = self.conn.recv()
+                    if message.get("op") == "stats":
+                        return message["stats"]
+                    if message.get("op") == "error":
+                        raise EOFError(message["error"])
+                elif not self.process.is_alive():
+                    raise EOFError(f"it exited with code {self.process.exitcode}")
+        except (OSError, EOFError) as exc:
+            self.leader.lost = f"rank 1 (pid {self.process.pid}) is gone: {exc}"
+            raise PeerLost(self.leader.lost) from exc
+        raise PeerLost(f"rank 1 (pid {self.process.pid}) did not say its figures within {timeout_s:g} s")
+
     def close(self) -> None:
         """Stop rank 1 and leave the process group (idempotent)."""
         if self.process is None:
@@ -314,6 +336,7 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
     def receive(meta) -> torch.Tensor:
         tensor = torch.empty(meta[0], dtype=meta[1], device=device)
         split._collective(dist.broadcast, tensor, 0)
+        split.count(0, tensor.nbytes)
         return tensor
 
     while True:
@@ -325,7 +348,9 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
         op = message["op"]
         if op == "stop":
             return
-        if op == "cache":
+        if op == "stats":
+            conn.send({"op": "stats", "stats": _stats(split, device, message["reset"])})
+        elif op == "cache":
             shape = (message["layers"], message["heads"], message["head_dim"], message["dtype"])
             caches[message["id"]] = KVCache(message["spec"], *shape, device, start_tokens=message["start"])
         elif op == "grow":
@@ -364,3 +389,20 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
             rope = rope_tables(model.cfg.head_dim, (f, h, w), device, current_start // (h * w))
             model.forward_tokens(x, t, text, held["y"], cam, cache, rope, message["keys_only"])
             cache.commit()
+
+
+def _stats(split: SequenceParallel, device: torch.device, reset: bool) -> dict[str, Any]:
+    """Rank 1's figures (`TwoDevices.peer_stats`)."""
+    from worldgen.runtime.metering import peak_rss_gib
+
+    cuda = device.type == "cuda"
+    figures = {
+        "device": str(device),
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
+        "peak_rss_gib": peak_rss_gib(),
+        "sent_bytes": split.sent_bytes,
+        "received_bytes": split.received_bytes,
+    }
+    if cuda and reset:
+        torch.cuda.reset_peak_memory_stats(device)
+    return figures
