@@ -4,7 +4,7 @@ Usage:
   python bench/bench_v2.py --ckpt CKPT_DIR --example EXAMPLE_DIR [--model fast|causal] [--compute exact,fp8]
       [--frames 81,81,361] [--size 480*832] [--attention-frames 18] [--sink-frames 6] [--seed 42]
       [--steps 40] [--vram-budget GIB] [--assets-dir DIR] [--first-use-ahead] [--decode-overlap on|off]
-      [--json OUT.json]
+      [--gpus 0,1] [--json OUT.json]
 
 CKPT_DIR is a 2.0 download (real, or bench/synthetic_checkpoint.py --v2 ...); EXAMPLE_DIR holds image.jpg,
 poses.npy, intrinsics.npy and prompt.txt. One pipeline is loaded per --compute entry (`load_pipeline`, which
@@ -26,6 +26,11 @@ off, as LINGBOT_ISAAC_DECODE_OVERLAP=0 does), the VAE's dtype and cut (`vae`: it
 memory under a tight budget). `--first-use-ahead` loads as a server does (umT5 and the VAE run once at the
 job's shapes in the load: `FastPipeline.first_use_ahead`), so the first chunk is a server's first job's;
 without it, a one-shot `generate`'s.
+--gpus 0,1: each compute runs on the first GPU alone, then split over both (`load_pipeline(devices=...)`,
+`worldgen.pipelines.two_gpu`: each chunk forward sequence-parallel); a two-GPU rollout adds the rel-L2 of its
+final latents from the one-GPU rollout of the same compute and seed (`rel_l2_vs_one_gpu`), rank 1's peak CUDA
+memory (`peer_max_allocated_gib`, asked from its own process) and what the link moved per chunk, both
+directions (`link_mb_per_chunk`: between `on_chunk` calls, so a chunk's cache refresh counts in the next).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from contracts.model_families import V2_PRETRAIN  # noqa: E402
 from contracts.settings import GenerationSettings, load_settings  # noqa: E402
 from worldgen.pipelines.camera import load_action  # noqa: E402
 from worldgen.pipelines.loader import load_pipeline  # noqa: E402
+from worldgen.pipelines.multi_gpu import devices_for_gpus  # noqa: E402
 from worldgen.rollout import find_image, mp4_only, read_prompt  # noqa: E402
 from worldgen.runtime.metering import peak_rss_gib  # noqa: E402
 
@@ -88,15 +94,22 @@ def one_rollout(pipe, args, example, frames: int) -> dict:
     gc.collect()
     cuda = torch.cuda.is_available()
     if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    resident = torch.cuda.memory_allocated() / GiB if cuda else 0.0
+        torch.cuda.synchronize(pipe.device)
+        torch.cuda.reset_peak_memory_stats(pipe.device)
+    resident = torch.cuda.memory_allocated(pipe.device) / GiB if cuda else 0.0
+    split = pipe.scale_out  # a two-GPU pipeline's rank 1 and link
+    if split is not None:
+        split.peer_stats(reset=True)
+    linked = lambda: split.leader.sent_bytes + split.leader.received_bytes if split is not None else 0  # noqa: E731
     stamps: list[float] = []
+    moved = [linked()]
+
+    def on_chunk(*_) -> None:
+        stamps.append(time.perf_counter())
+        moved.append(linked())
+
     start = time.perf_counter()
-    video = pipe.generate(
-        image, prompt, poses, intrinsics, settings, on_chunk=lambda *_: stamps.append(time.perf_counter()),
-        **mp4_only(pipe),
-    )  # fmt: skip
+    video = pipe.generate(image, prompt, poses, intrinsics, settings, on_chunk=on_chunk, **mp4_only(pipe))
     whole = time.perf_counter() - start
     gaps = [b - a for a, b in zip([start, *stamps], stamps, strict=False)]  # chunk 0: from the start of the rollout
     dit = [round(t.get("dit", 0.0), 3) for t in pipe.chunk_timings]
@@ -116,15 +129,29 @@ def one_rollout(pipe, args, example, frames: int) -> dict:
         "whole_s": round(whole, 3),
         "timings": {k: round(v, 3) for k, v in pipe.timings.items()},
         "resident_gib": round(resident, 2),
-        "max_allocated_gib": round(torch.cuda.max_memory_allocated() / GiB, 2) if cuda else None,
-        "max_reserved_gib": round(torch.cuda.max_memory_reserved() / GiB, 2) if cuda else None,
+        "max_allocated_gib": round(torch.cuda.max_memory_allocated(pipe.device) / GiB, 2) if cuda else None,
+        "max_reserved_gib": round(torch.cuda.max_memory_reserved(pipe.device) / GiB, 2) if cuda else None,
         "peak_rss_gib": round(peak_rss_gib() or 0.0, 2),
         "decode_overlap": bool(pipe.decode_overlapped),
         "chunk_overlap_s": [round(t.get("overlap", 0.0), 3) for t in pipe.chunk_timings],
         "vae": vae_cut(pipe),
         "kv_cache": spec.describe() if spec is not None else None,
         "cache_reason": pipe.cache_reason,
+        **(two_gpu_figures(split, moved) if split is not None else {}),
         "_latents": torch.cat(pipe.last_latents, dim=1),
+    }
+
+
+def two_gpu_figures(split, moved: list[int]) -> dict:
+    """A two-GPU rollout's: its devices, rank 1's peak CUDA memory, the link's megabytes per chunk."""
+    peer = split.peer_stats()
+    per_chunk = [round((b - a) / 2**20, 1) for a, b in zip(moved, moved[1:], strict=False)]
+    peak = peer["peak_allocated_bytes"]
+    return {
+        "devices": [str(d) for d in split.devices],
+        "peer_max_allocated_gib": None if peak is None else round(peak / GiB, 2),
+        "link_mb_per_chunk": per_chunk,
+        "steady_link_mb": statistics.median(per_chunk[1:]) if len(per_chunk) > 1 else None,
     }
 
 
@@ -144,20 +171,31 @@ def summary(r: dict) -> str:
         f"{r['whole_s']:.2f} s; allocated {r['max_allocated_gib']} GiB (resident at start {r['resident_gib']}), "
         f"reserved {r['max_reserved_gib']} GiB, peak RSS {r['peak_rss_gib']} GiB"
         + (f"; vs the first compute: rel-L2 {r['rel_l2_vs_first']:.4f}" if "rel_l2_vs_first" in r else "")
+        + (f"; vs one GPU: rel-L2 {r['rel_l2_vs_one_gpu']:.2e}" if "rel_l2_vs_one_gpu" in r else "")
+        + (
+            f"\n    two GPUs {r['devices']}: rank 1 allocated {r['peer_max_allocated_gib']} GiB; link MB a chunk "
+            f"{r['link_mb_per_chunk']} (steady {r['steady_link_mb']})"
+            if "devices" in r
+            else ""
+        )  # fmt: skip
         + f"\n    chunks: {chunks}\n    DiT: {r['chunk_dit_s']}\n    decode: {r['chunk_decode_s']}"
         f"\n    decode overlap: {'ran' if r['decode_overlap'] else 'off'} (hidden {r['chunk_overlap_s']}); VAE {r['vae']}"
         f"\n    KV cache: {r['kv_cache']} -- {r['cache_reason']}"
     )
 
 
-def run_compute(args, compute: str, example, frames_list, reference: dict, report: dict) -> None:
-    """Load a pipeline in `compute`, run every rollout, compare with `reference` (index -> latents) or fill it."""
-    entry = {"compute": compute, "rollouts": []}
+def run_compute(
+    args, compute: str, example, frames_list, reference: dict, report: dict, devices=None, one_gpu=None
+) -> None:
+    """Load a pipeline in `compute` (split over `devices`, two), run every rollout, compare with `reference`
+    (index -> latents) or fill it; a two-GPU rollout also with `one_gpu` (index -> the one-GPU latents)."""
+    entry = {"compute": compute, "devices": devices, "rollouts": []}
     report["computes"].append(entry)
     start = time.perf_counter()
     pipe = load_pipeline(
         args.ckpt,
-        device=args.device,
+        device=None if devices else args.device,
+        devices=devices,
         vram_budget_gb=args.vram_budget,
         model=args.model,
         compute=compute,
@@ -180,13 +218,19 @@ def run_compute(args, compute: str, example, frames_list, reference: dict, repor
             atomic.write_json(args.json, report, indent=1) if args.json else None
             break
         latents = r.pop("_latents")
-        if i in reference and reference[i].shape == latents.shape:
-            # relative to exact's latents, whichever compute ran first
-            ref, new = (latents, reference[i]) if compute == "exact" else (reference[i], latents)
-            r["rel_l2_vs_first"] = round(rel_l2(new, ref), 5)
-            r["rel_l2_last_chunk"] = round(rel_l2(new[:, -4:], ref[:, -4:]), 5)
+        if devices:  # against the one-GPU rollout of this compute (same seed), not the first compute's
+            if i in one_gpu and one_gpu[i].shape == latents.shape:
+                r["rel_l2_vs_one_gpu"] = round(rel_l2(latents, one_gpu[i]), 6)
         else:
-            reference.setdefault(i, latents)
+            if one_gpu is not None:
+                one_gpu[i] = latents
+            if i in reference and reference[i].shape == latents.shape:
+                # relative to exact's latents, whichever compute ran first
+                ref, new = (latents, reference[i]) if compute == "exact" else (reference[i], latents)
+                r["rel_l2_vs_first"] = round(rel_l2(new, ref), 5)
+                r["rel_l2_last_chunk"] = round(rel_l2(new[:, -4:], ref[:, -4:]), 5)
+            else:
+                reference.setdefault(i, latents)
         if i == 0:
             entry["plan"] = pipe.describe_plan()
             print(entry["plan"], flush=True)
@@ -194,6 +238,8 @@ def run_compute(args, compute: str, example, frames_list, reference: dict, repor
         print(f"[{compute}] rollout {i + 1}:\n{summary(r)}", flush=True)
         if args.json:
             atomic.write_json(args.json, report, indent=1)
+    if pipe.scale_out is not None:  # one two-device pipeline a process: rank 1 and the group go now
+        pipe.scale_out.close()
     del pipe
     gc.collect()
     torch.cuda.empty_cache()
@@ -222,6 +268,7 @@ def main() -> None:
     parser.add_argument("--decode-overlap", choices=("on", "off"), default="on", help="where the plan has room")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--gpus", metavar="I,J", default=None, help="each compute on GPU I, then split over I and J")
     parser.add_argument("--int8-gemm", choices=("int_mm", "triton"), default=None, help="int8.GEMM (issue 56)")
     args = parser.parse_args()
     if args.int8_gemm:  # --compute int8's GEMM: cuBLASLt + the Triton epilogue, or the whole GEMM in Triton
@@ -240,9 +287,15 @@ def main() -> None:
     }
     print(f"torch {torch.__version__} on {report['device']}; {len(poses)} poses in {args.example}", flush=True)
     reference: dict[int, torch.Tensor] = {}
+    devices = devices_for_gpus(args.gpus)
+    if devices:
+        args.device = devices[0]
     for compute in args.compute.split(","):
         try:
-            run_compute(args, compute, example, frames_list, reference, report)
+            one_gpu: dict[int, torch.Tensor] | None = {} if devices else None
+            run_compute(args, compute, example, frames_list, reference, report, one_gpu=one_gpu)
+            if devices:
+                run_compute(args, compute, example, frames_list, reference, report, devices, one_gpu)
         except Exception as exc:  # noqa: BLE001  (a failed load: report it, try the next compute)
             report["computes"].append({"compute": compute, "error": traceback.format_exc()[-3000:]})
             print(f"[{compute}] FAILED: {type(exc).__name__}: {exc}", flush=True)

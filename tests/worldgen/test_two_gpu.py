@@ -192,6 +192,8 @@ def test_load_pipeline_with_two_devices_runs_a_fast_job_on_both(tmp_path):
     two = load_pipeline("tiny", devices=["cpu", "cpu"], model="fast", text_cache_dir=tmp_path)
     try:
         assert two.engine["devices"] == ["cpu", "cpu"]
+        # asked before any job (rank 1 maybe still loading): its "ready" is not taken for the answer
+        assert two.scale_out.peer_stats(reset=True)["sent_bytes"] == 0
         video = two.generate(*job)
         error = rel_l2(video, one)
         print(f"tiny Fast generate: two ranks vs one rel-L2 {error:.2e}")

@@ -251,6 +251,7 @@ class TwoDevices:
         """Rank 1's figures, asked between forwards: `peak_allocated_bytes` (CUDA's since its start or the last
         `reset`; None on the CPU), `peak_rss_gib`, and its own count of the link's bytes (`sent_bytes`,
         `received_bytes`)."""
+        self.wait_ready()  # its "ready" comes first (a load still under way), not to be taken for an answer
         self.leader.send({"op": "stats", "reset": reset})
         deadline = time.monotonic() + timeout_s
         try:
