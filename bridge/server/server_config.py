@@ -133,6 +133,9 @@ def _worker_config(values: Any, where: str) -> WorkerConfig:
         if isinstance(device, list) and len(device) != 2:
             raise ConfigError(f'{where}: device is one device, or a list of two (e.g. ["cpu", "cpu"]: two ranks '
                               f"of one worker on the CPU), not {device!r}")  # fmt: skip
+        if isinstance(device, list) and (values.get("devices") or engine.get("gpus")):
+            raise ConfigError(f"{where}: a device list of two (one worker, two devices per rollout) excludes gpus "
+                              "(the same for two GPUs) and devices (a pool of one-device workers); give one of them")  # fmt: skip
         engine["devices"] = device if isinstance(device, list) else [device]
     if engine.get("gpus"):  # one rollout over two GPUs (worldgen.pipelines.multi_gpu): "0,1" -> cuda:0, cuda:1
         if values.get("devices"):
