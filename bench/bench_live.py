@@ -6,6 +6,8 @@ Usage:
   The lent H100: synthetic full-size Fast (bench/synthetic_checkpoint.py), 480x832, a 24 GiB budget:
     python bench/bench_live.py --ckpt /tmp/fast-synth --build-synthetic --device cuda --vram-budget 24 \\
         --size 480*832 --frame-num 81 --startup-timeout 1800 --json out/bench_live.json
+  Two GPUs, one live view (issue 55): --gpus 0,1 in place of --device (the worker splits each chunk forward
+  over both; the live job asks gpus = 2); --gpus cpu,cpu: the same over two CPU ranks with the tiny model.
 
 A real `lingbot-isaac serve` subprocess ([worker] model fast, warm: one batch job of the live job's
 frames first, so the Fast DiT, umT5 and the VAE are resident and every chunk's kernels and cuDNN graphs
@@ -59,7 +61,11 @@ def ensure_synthetic(ckpt: Path) -> None:
 
 
 def start_server(workdir: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    worker = [f'ckpt = "{args.ckpt}"', 'model = "fast"', f'device = "{args.device}"',
+    if args.gpus == "cpu,cpu":  # two CPU ranks (gloo): the two-GPU path's check on the tiny model
+        where = 'device = ["cpu", "cpu"]'
+    else:  # one worker on two GPUs: each chunk forward split over both (worldgen.pipelines.two_gpu)
+        where = f'gpus = "{args.gpus}"' if args.gpus else f'device = "{args.device}"'
+    worker = [f'ckpt = "{args.ckpt}"', 'model = "fast"', where,
               f"startup_timeout_s = {args.startup_timeout}", "stall_timeout_s = 900.0"]  # fmt: skip
     if args.compute:
         worker.append(f'compute = "{args.compute}"')
@@ -144,6 +150,12 @@ def main() -> int:
     parser.add_argument("--ckpt", default="tiny", help="checkpoint folder (with the Fast DiT), or tiny")
     parser.add_argument("--build-synthetic", action="store_true", help="write a full-size synthetic one at --ckpt")
     parser.add_argument("--device", default="cpu", help="the worker's device: cpu, cuda, cuda:N")
+    parser.add_argument(
+        "--gpus",
+        metavar="I,J",
+        help='the worker on two GPUs ([worker] gpus = "I,J", replacing --device): each chunk forward split '
+        "over both, the live job asks gpus = 2; cpu,cpu: the same over two CPU ranks",
+    )
     parser.add_argument("--vram-budget", type=float, help="GiB, as `serve`'s [worker] vram_budget_gb")
     parser.add_argument("--size", help=f"max area H*W (default: the tiny preset's on the CPU, else {MODEL_SIZE})")
     parser.add_argument(
@@ -175,6 +187,8 @@ def main() -> int:
     poses = extend_path(payload.poses.astype(np.float32), args.frame_num)
     size = args.size or ("48*80" if args.ckpt == "tiny" else MODEL_SIZE)
     settings = {"model": "fast", "size": size, "frame_num": args.frame_num, "seed": 0}
+    if args.gpus:
+        settings["gpus"] = 2
     if args.attention_frames is not None:
         settings["attention_frames"] = args.attention_frames
     with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:

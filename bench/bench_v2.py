@@ -4,7 +4,7 @@ Usage:
   python bench/bench_v2.py --ckpt CKPT_DIR --example EXAMPLE_DIR [--model fast|causal] [--compute exact,fp8]
       [--frames 81,81,361] [--size 480*832] [--attention-frames 18] [--sink-frames 6] [--seed 42]
       [--steps 40] [--vram-budget GIB] [--assets-dir DIR] [--first-use-ahead] [--decode-overlap on|off]
-      [--gpus 0,1] [--json OUT.json]
+      [--gpus 0,1] [--profile DIR] [--json OUT.json]
 
 CKPT_DIR is a 2.0 download (real, or bench/synthetic_checkpoint.py --v2 ...); EXAMPLE_DIR holds image.jpg,
 poses.npy, intrinsics.npy and prompt.txt. One pipeline is loaded per --compute entry (`load_pipeline`, which
@@ -31,11 +31,15 @@ without it, a one-shot `generate`'s.
 final latents from the one-GPU rollout of the same compute and seed (`rel_l2_vs_one_gpu`), rank 1's peak CUDA
 memory (`peer_max_allocated_gib`, asked from its own process) and what the link moved per chunk, both
 directions (`link_mb_per_chunk`: between `on_chunk` calls, so a chunk's cache refresh counts in the next).
+--profile DIR: each compute's second rollout (a warm one) runs under `bench.kernel_profile.profiled`, its summary
+in DIR/profile-<compute>[-2gpu]-<n>.txt (n: the rollout's index); a two-GPU profile is rank 0's process (rank 1's
+kernels run in its own).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import statistics
 import sys
@@ -48,6 +52,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.kernel_profile import profiled  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.model_families import V2_PRETRAIN  # noqa: E402
 from contracts.settings import GenerationSettings, load_settings  # noqa: E402
@@ -209,8 +214,15 @@ def run_compute(
     entry["name"] = pipe.name
     print(f"[{compute}] {pipe.name}: loaded in {entry['load_s']} s ({entry['engine']})", flush=True)
     for i, frames in enumerate(frames_list):
+        region = contextlib.nullcontext()
+        if args.profile and i == 1:  # the second rollout: warm
+            args.profile.mkdir(parents=True, exist_ok=True)
+            tag = f"{compute}{'-2gpu' if devices else ''}"
+            title = f"{compute} rollout {i}, {frames} frames{' on ' + ','.join(devices) if devices else ''}"
+            region = profiled(args.profile / f"profile-{tag}-{i}.txt", title)
         try:
-            r = one_rollout(pipe, args, example, frames)
+            with region:
+                r = one_rollout(pipe, args, example, frames)
         except Exception as exc:  # noqa: BLE001  (report it, go on with the next compute)
             entry["rollouts"].append({"frames_asked": frames, "error": traceback.format_exc()[-3000:]})
             print(f"[{compute}] {frames} frames FAILED: {type(exc).__name__}: {exc}", flush=True)
@@ -269,6 +281,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--gpus", metavar="I,J", default=None, help="each compute on GPU I, then split over I and J")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR", help="profile each compute's 2nd rollout")
     parser.add_argument("--int8-gemm", choices=("int_mm", "triton"), default=None, help="int8.GEMM (issue 56)")
     args = parser.parse_args()
     if args.int8_gemm:  # --compute int8's GEMM: cuBLASLt + the Triton epilogue, or the whole GEMM in Triton

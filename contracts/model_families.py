@@ -83,7 +83,7 @@ V2_FAST = ModelFamily(
     timestep_indices=(0, 250, 500, 750),
     window_keeps_sink=True,
     shared_parts_elsewhere=True,  # the 1.3B download holds its DiT alone
-    unused_settings=("steps", "guide_scale", "boundary", "negative_prompt", "gpus"),  # 4 distilled steps, no guidance
+    unused_settings=("steps", "guide_scale", "boundary", "negative_prompt"),  # 4 distilled steps, no guidance
 )
 V2_PRETRAIN = ModelFamily(
     "v2-causal-pretrain",
@@ -96,7 +96,7 @@ V2_PRETRAIN = ModelFamily(
     guidance_steps=40,
     guide_scale=5.0,
     shared_parts_elsewhere=True,
-    unused_settings=("boundary", "gpus"),  # one DiT: no expert switch, no guidance split over two GPUs
+    unused_settings=("boundary",),  # one DiT: no expert switch
 )
 FAMILIES = (V1_BASE, V1_FAST, V2_FAST, V2_PRETRAIN)
 FAMILY_BY_NAME = {f.name: f for f in FAMILIES}

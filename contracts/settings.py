@@ -127,10 +127,12 @@ FIELDS: tuple[Field, ...] = (
         "gpus",
         "int",
         1,
-        "GPUs for this rollout: 1, or 2 = guidance's conditional and unconditional passes on two GPUs at once "
-        "(exact: the same output as one GPU; model base only). It costs two of the server's GPUs: it waits "
-        "until two of its pool's workers are idle (jobs queued behind it wait too) and holds both while it denoises; "
-        "it pays off when the pool has nothing else to run (target <= 0.55x the one-GPU time, docs/benchmarks.md)",
+        "GPUs for this rollout: 1, or 2. Model base: guidance's conditional and unconditional passes on two GPUs "
+        "at once (exact: the same output as one GPU); it costs two of the server's GPUs: it waits until two of its "
+        "pool's workers are idle (jobs queued behind it wait too) and holds both while it denoises; it pays off when "
+        "the pool has nothing else to run (target <= 0.55x the one-GPU time, docs/benchmarks.md). Models fast and "
+        'causal: each chunk\'s forward split over the two GPUs of a worker started with them ([worker] gpus = "0,1"; '
+        "live jobs too); a server whose workers have one GPU each refuses it",
         low=1,
         high=2,
     ),
@@ -218,9 +220,6 @@ class GenerationSettings:
     def __post_init__(self) -> None:
         for spec in FIELDS:
             object.__setattr__(self, spec.name, _check(spec, getattr(self, spec.name)))
-        if self.gpus == 2 and self.model == "fast":
-            raise SettingsError("gpus 2 splits classifier-free guidance over two GPUs; model fast has no guidance "
-                                "passes to split: use gpus 1 (or model base)")  # fmt: skip
 
     @property
     def height_width(self) -> tuple[int, int]:

@@ -290,11 +290,10 @@ def run(args: argparse.Namespace) -> int:
     devices = devices_for_gpus(getattr(args, "gpus", None))
     if devices and args.device:
         raise InputError("give --device or --gpus, not both")
-    if devices and len(devices) == 2 and settings.gpus == 1 and settings.model != "fast":
+    if devices and len(devices) == 2 and settings.gpus == 1:
         import dataclasses
 
-        # the job's own setting says what ran (its provenance record): one rollout over two GPUs (model fast's
-        # setting means the server's guidance split, which it has none of: its record's engine names both GPUs)
+        # the job's own setting says what ran (its provenance record): one rollout over two GPUs
         settings = dataclasses.replace(settings, gpus=2)
     pipe = load_pipeline(
         args.ckpt_dir,

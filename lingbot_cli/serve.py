@@ -84,8 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument(
         "--gpus",
         metavar="I,J",
-        help="one worker whose every rollout runs on two GPUs, e.g. 0,1: each step's two guidance passes at once "
-        "(exact: the same output as one GPU) (overrides [worker] gpus; replaces --device; not with a --devices pool)",
+        help="one worker whose every rollout runs on two GPUs, e.g. 0,1: model base runs each step's two guidance "
+        "passes at once, models fast and causal (live jobs too) split each chunk forward over both (exact: the same "
+        "output as one GPU) (overrides [worker] gpus; replaces --device; not with a --devices pool)",
     )
     engine.add_argument("--attention", choices=ATTENTIONS, help=ATTENTION_HELP)
     engine.add_argument("--vram-budget", type=float, metavar="GB", help="GPU memory budget per worker (default: none)")

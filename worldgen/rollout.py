@@ -136,7 +136,7 @@ def rollout_record(
             if compute == "fp8"
             else None,
             "text_encoder": identity.get("text_encoder"),
-            "second_device": str(pipe.second_device.device) if getattr(pipe, "second_device", None) else None,
+            "second_device": _second_device(pipe),
             "compute_reason": getattr(pipe, "engine", {}).get("compute_reason"),  # as asked, or what auto chose and why
             # causal models: the chunk decodes on a second CUDA stream beside the next chunk's forwards, or not
             "decode_overlap": getattr(pipe, "decode_overlapped", None),
@@ -156,6 +156,16 @@ def rollout_record(
         memory_plan=pipe.describe_plan(),
         torch_version=torch.__version__,
     )
+
+
+def _second_device(pipe) -> str | None:
+    """The device a rollout's second half ran on: the base model's guidance device, or a causal model's rank 1
+    (`worldgen.pipelines.two_gpu`); None with one device."""
+    if getattr(pipe, "second_device", None) is not None:
+        return str(pipe.second_device.device)
+    if getattr(pipe, "scale_out", None) is not None:
+        return str(pipe.scale_out.devices[1])
+    return None
 
 
 def generate_episode(

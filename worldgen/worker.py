@@ -44,7 +44,7 @@ from contracts.provenance import sidecar_path
 from contracts.settings import GenerationSettings, SettingsError
 from contracts.video import read_mp4
 from worldgen.chunk_files import ChunkReport
-from worldgen.errors import CheckpointError, InputError
+from worldgen.errors import CheckpointError, InputError, PeerLost
 from worldgen.runtime.metering import peak_rss_gib, rss_gib
 
 log = logging.getLogger("worldgen.worker")
@@ -265,6 +265,8 @@ def _unload_all(pipe) -> None:
     for slot in (pipe.text_encoder, pipe.vae, *pipe.experts.values()):
         if slot is not None:
             slot.unload()
+    if getattr(pipe, "scale_out", None) is not None:  # a two-device causal pipeline: its rank 1 and group go
+        pipe.scale_out.close()
 
 
 def memory_info() -> dict[str, Any]:
@@ -454,6 +456,9 @@ class Worker:
             code = "storage" if exc.errno in STORAGE_ERRNOS else "worker_error"
             log.error("job %s: cannot write its files: %s", job, exc)
             self.send({"type": "error", "job": job, "code": code, "message": f"{type(exc).__name__}: {exc}"})
+        except PeerLost as exc:  # its other process (a two-GPU job's rank 1) is gone: this worker goes on
+            log.error("job %s: %s", job, exc)
+            self.send({"type": "error", "job": job, "code": "peer_lost", "message": f"PeerLost: {exc}"})
         except Exception as exc:
             log.error("job %s failed:\n%s", job, traceback.format_exc())
             code = "out_of_memory" if isinstance(exc, out_of_memory_errors()) else "worker_error"

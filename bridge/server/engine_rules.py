@@ -6,8 +6,8 @@ episode's pose minimum for generation (`contracts.episode.GENERATE_MIN_POSES`). 
 live (`live`, then each `poses` batch through `contracts.episode.check_poses`) jobs pass the same
 rules with the same codes: nothing the worker would refuse reaches it.
 
-`gpus = 2` on a server that cannot give a job two workers is the pool's to say
-(`bridge.workers.worker_pool.WorkerPool.refusal`).
+`gpus = 2` on a server that cannot give a job two GPUs (two workers for model base, one worker on two
+GPUs for a causal model) is the pool's to say (`bridge.workers.worker_pool.WorkerPool.refusal`).
 """
 
 from __future__ import annotations

@@ -210,9 +210,6 @@ class LiveJobs:
                          f"LingBot-World-Fast); model {settings.model!r} generates from a complete camera path: "
                          "submit it as a batch job")  # fmt: skip
             return
-        if settings.gpus != 1:
-            self._refuse(peer, rid, "bad_settings", "settings: a live job runs on one GPU (gpus = 1)")
-            return
         if not hasattr(self.supervisor, "tell_job"):
             self._refuse(peer, rid, "unavailable", "this server's worker backend does not run live jobs")
             return

@@ -171,7 +171,7 @@ class RequestHandling:
                 f"settings: size {settings.size} is above the server's cap of {limits.max_area} pixels",
                 "bad_settings",
             )
-        refusal = self.supervisor.refusal(settings.gpus)  # e.g. two GPUs from a one-device server
+        refusal = self.supervisor.refusal(settings.gpus, settings.model)  # e.g. two GPUs from a one-device server
         if refusal:
             raise ProtocolError(f"settings: {refusal}", "bad_settings")
         check_compute(settings, self.supervisor.fp8_unsupported())  # fp8 where the workers said they cannot

@@ -24,7 +24,8 @@ DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 # Keys of [worker] that are engine options (contracts.engine_options.EngineOptions); `device` is the
-# engine's one device (a pool's workers each get one entry of `devices` instead).
+# engine's one device, or a list of two that each rollout spans (`gpus = "0,1"` is its CUDA shorthand);
+# a pool's workers each get one entry of `devices` instead.
 ENGINE_KEYS = (
     "ckpt", "model", "assets_dir", "device", "gpus", "dtype", "compute", "attention", "vram_budget_gb", "t5_on_cpu",
     "warm_up",
@@ -127,8 +128,15 @@ def _worker_config(values: Any, where: str) -> WorkerConfig:
     if not isinstance(values, dict):
         raise ConfigError(f"{where} must be a table")
     engine = {key: values[key] for key in ENGINE_KEYS if key in values}
-    if "device" in engine:
-        engine["devices"] = [engine.pop("device")]
+    if "device" in engine:  # one device; or a list of two: one worker whose rollouts span both (as `gpus`)
+        device = engine.pop("device")
+        if isinstance(device, list) and len(device) != 2:
+            raise ConfigError(f'{where}: device is one device, or a list of two (e.g. ["cpu", "cpu"]: two ranks '
+                              f"of one worker on the CPU), not {device!r}")  # fmt: skip
+        if isinstance(device, list) and (values.get("devices") or engine.get("gpus")):
+            raise ConfigError(f"{where}: a device list of two (one worker, two devices per rollout) excludes gpus "
+                              "(the same for two GPUs) and devices (a pool of one-device workers); give one of them")  # fmt: skip
+        engine["devices"] = device if isinstance(device, list) else [device]
     if engine.get("gpus"):  # one rollout over two GPUs (worldgen.pipelines.multi_gpu): "0,1" -> cuda:0, cuda:1
         if values.get("devices"):
             raise ConfigError(f"{where}: gpus (one worker, two GPUs per rollout) and devices (a pool of workers) "

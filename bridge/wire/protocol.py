@@ -58,6 +58,7 @@ ERROR_CODES = (
     "worker_crashed",  # the worker process died during the job (signal / OOM kill / exit)
     "worker_error",  # the job raised inside the worker
     "out_of_memory",  # the job ran out of GPU/host memory; the worker survived
+    "peer_lost",  # the job's other process (its second GPU's) died or stopped answering; the worker survived
     "stalled",  # the job made no progress for too long; the worker was restarted
     "interrupted",  # the server was restarted while the job ran, too many times
     "unavailable",  # the worker cannot start (bad checkpoint, ...)

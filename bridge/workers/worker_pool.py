@@ -94,10 +94,16 @@ class WorkerPool:
         per_worker = len(self.config.options.get("devices") or ("",))
         return 1 if gpus <= per_worker else 2
 
-    def refusal(self, gpus: int) -> str | None:
-        """Why this pool can never run a job of `gpus` GPUs (None: it can)."""
+    def refusal(self, gpus: int, model: str = "base") -> str | None:
+        """Why this pool can never run a job of `gpus` GPUs of `model` (None: it can). A causal job (model
+        fast or causal) splits each chunk forward over the GPUs of one worker (`worldgen.pipelines.two_gpu`):
+        two workers cannot share it."""
         if self.workers_for(gpus) == 1:
             return None
+        if model != "base":
+            return (f"gpus {gpus} with model {model} splits each chunk over the two GPUs of one worker, and this "
+                    "server's workers have one device each: use gpus 1, or start the server with one worker on "
+                    "two GPUs ([worker] gpus = \"0,1\" or serve --gpus 0,1)")  # fmt: skip
         if self.backend == "ray":
             return (f"gpus {gpus} needs two workers of one machine, and the Ray backend's actors may be on "
                     "different machines: use gpus 1, or a local pool ([worker] backend = \"local\", devices)")  # fmt: skip

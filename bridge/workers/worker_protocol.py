@@ -60,6 +60,7 @@ ERROR_CODES = (
     "bad_input",  # worldgen.errors.InputError: the episode or settings cannot be generated
     "cancelled",  # a `cancel` arrived and the job stopped at its next step
     "out_of_memory",  # CUDA/host out of memory inside the job (the worker keeps running)
+    "peer_lost",  # the job's other process (a two-GPU job's rank 1 or second worker) died or went silent
     "storage",  # the job's files cannot be written (disk full, read-only): the server requeues it
     "worker_error",  # any other exception inside the job
 )

@@ -90,6 +90,21 @@ def test_gpus_key_gives_one_engine_two_gpus(tmp_path):
         load_server_config(None, {"worker.gpus": "0,1", "worker.devices": ["cuda:0", "cuda:1"]})
 
 
+def test_a_device_list_of_two_gives_one_engine_two_devices():
+    """`device = ["cpu", "cpu"]`: one worker whose rollouts span both (`gpus`' split over two CPU ranks, for
+    tests); a list of one or three, a bad entry, or a list beside `gpus` or a pool's `devices` is refused."""
+    config = load_server_config(None, {"worker.device": ["cpu", "cpu"]})
+    assert config.worker.engine.devices == ("cpu", "cpu") and config.worker.pool_devices() == ("cpu",)
+    assert config.worker.options_for("cpu").devices == ("cpu", "cpu")
+    for bad, words in ((["cpu"], "a list of two"), (["cpu"] * 3, "a list of two"), (["cpu", "gpu1"], "'gpu1'"),
+                       ([1, 2], "device")):  # fmt: skip
+        with pytest.raises(ConfigError, match=words):
+            load_server_config(None, {"worker.device": bad})
+    for other in ({"worker.gpus": "0,1"}, {"worker.devices": ["cpu", "cpu"]}):
+        with pytest.raises(ConfigError, match="give one of them"):
+            load_server_config(None, {"worker.device": ["cpu", "cpu"], **other})
+
+
 def test_a_warm_up_is_for_the_servers_own_job_defaults(servers):
     """`warm_up = true`: the worker is sent the server's generation preset ([tiny]) as the job it warms up for."""
     server = servers(worker=TINY, worker_keys={"model": "fast", "warm_up": True}, generation_preset="tiny")

@@ -110,6 +110,13 @@ def test_how_many_workers_a_job_of_two_gpus_takes():
     assert "one worker on one device (0:cuda:0)" in pool([["cuda:0"]]).refusal(2)
     assert "Ray backend" in pool([["cuda:0"], ["cuda:1"]], backend="ray").refusal(2)
     assert pool([["cuda:0"]]).refusal(1) is None
+    # a causal job (model fast or causal) splits each chunk over one worker's two devices: a pool cannot pair it
+    for model in ("fast", "causal"):
+        assert spanning.refusal(2, model) is None and two.refusal(1, model) is None
+        for one_each in (two, pool([["cuda:0"]]), pool([["cuda:0"], ["cuda:1"]], backend="ray")):
+            refusal = one_each.refusal(2, model)
+            assert f"model {model}" in refusal and "one device each" in refusal and 'gpus = "0,1"' in refusal
+    assert two.refusal(2, "base") is None
 
 
 def test_devices_flag_and_config_validation(tmp_path):

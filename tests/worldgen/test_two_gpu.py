@@ -190,6 +190,7 @@ def test_load_pipeline_with_two_devices_runs_a_fast_job_on_both(tmp_path):
     job = (image, "a room", poses, intrinsics, settings)
     one = load_pipeline("tiny", device="cpu", model="fast", text_cache_dir=tmp_path).generate(*job)
     two = load_pipeline("tiny", devices=["cpu", "cpu"], model="fast", text_cache_dir=tmp_path)
+    handle = two.scale_out
     try:
         assert two.engine["devices"] == ["cpu", "cpu"]
         # asked before any job (rank 1 maybe still loading): its "ready" is not taken for the answer
@@ -198,9 +199,28 @@ def test_load_pipeline_with_two_devices_runs_a_fast_job_on_both(tmp_path):
         error = rel_l2(video, one)
         print(f"tiny Fast generate: two ranks vs one rel-L2 {error:.2e}")
         assert error < SPLIT_TOL
-        assert two.scale_out.leader.forwards == 2 * 5 - 1  # 2 chunks: 4 steps each, one refresh between
+        assert handle.leader.forwards == 2 * 5 - 1  # 2 chunks: 4 steps each, one refresh between
+        _check_link_bytes(two, handle)
+        # rank 1 died between jobs: the next job starts a new one and runs, the same video
+        os.kill(handle.peer_pid, signal.SIGKILL)
+        handle.process.join(timeout=10)
+        assert rel_l2(two.generate(*job), one) < SPLIT_TOL and handle.starts == 2
     finally:
-        two.scale_out.close()
+        handle.close()
+    assert handle.peer_stats_at_close["device"] == "cpu" and handle.peer_stats_at_close["peak_allocated_bytes"] is None
+
+
+def _check_link_bytes(pipe, handle) -> None:
+    """What crossed the link, as counted on both ends: per layer the q/k/v all-to-all and the output's (half
+    of each buffer leaves the rank), the head's rows gathered, and rank 0's broadcasts on top of what it sent."""
+    cfg, e = pipe.dit_config, 4  # float32
+    rows = 3 * (64 // 16) * (96 // 16) // 2  # a chunk of 3 latent frames of 4 x 6 tokens, half a rank
+    head = rows * cfg.out_dim * cfg.patch_size[0] * cfg.patch_size[1] * cfg.patch_size[2] * e
+    full = cfg.num_layers * (3 + 1) * rows * cfg.dim * e // 2 + head
+    keys_only = (cfg.num_layers - 1) * (3 + 1) * rows * cfg.dim * e // 2 + 2 * rows * cfg.dim * e // 2
+    leader, peer = handle.leader, handle.peer_stats()
+    assert leader.received_bytes == 8 * full + keys_only == peer["sent_bytes"]
+    assert peer["received_bytes"] == leader.sent_bytes > leader.received_bytes  # the broadcasts are rank 0's
 
 
 def test_a_rank_that_stops_answering_fails_the_other_with_peer_lost_within_the_timeout(v2_case):

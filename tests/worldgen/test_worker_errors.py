@@ -1,4 +1,5 @@
-"""The worker classifies a job's failure by the exception's type, not by its name (issue 13)."""
+"""The worker classifies a job's failure by the exception's type, not by its name (issue 13); a two-device
+job's lost rank 1 (`PeerLost`) is `peer_lost`, its own code (issue 55)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from bridge.workers import worker_protocol as wp
 from contracts.episode import EpisodeError
 from contracts.settings import SettingsError
-from worldgen.errors import InputError
+from worldgen.errors import InputError, PeerLost
 from worldgen.worker import Worker
 
 
@@ -41,6 +42,7 @@ class RaisingEngine:
         (SettingsError("steps must be an integer"), "bad_input"),
         (MemoryError(), "out_of_memory"),
         (torch.cuda.OutOfMemoryError("CUDA out of memory"), "out_of_memory"),
+        (PeerLost("rank 1 (pid 123) is gone: it exited with code -9"), "peer_lost"),  # a RuntimeError, not worker_error
         (RuntimeError("boom"), "worker_error"),
         (SettingsErrorLookalike("not ours"), "worker_error"),
     ],

@@ -16,8 +16,11 @@ Heads must divide by P (1.3B: 12, 14B: 40).
 The DiT calls into this only where `model.sequence_parallel` / `self_attn.sequence_parallel` is set
 (`attach`); with one device nothing here runs. A collective that fails because a peer went away
 raises `PeerLost`; the process group's timeout bounds how long a silent peer is waited for.
-`sent_bytes` and `received_bytes` count what crossed the link from and to this rank (host arithmetic from
-the tensors' sizes, no synchronisation): the bench reads them per chunk.
+
+Per layer the link carries two all-to-alls: q, k and v in one (each copied once into its destination's
+slot of one send buffer: no stack, then permute), and the attention's output back. `sent_bytes` and
+`received_bytes` count what crossed the link from and to this rank (host arithmetic from the tensors'
+sizes, no synchronisation): the bench reads them per chunk.
 """
 
 from __future__ import annotations
@@ -26,11 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from worldgen.errors import PeerLost  # another rank died, or stopped answering within the group's timeout
 from worldgen.kernels.fp8 import QuantizedTensor
-
-
-class PeerLost(RuntimeError):
-    """Another rank of a sequence-parallel job died, or stopped answering within the group's timeout."""
 
 
 class SequenceParallel:
@@ -88,16 +88,21 @@ class SequenceParallel:
         return torch.cat(parts, dim=1)[:, : self.tokens]
 
     # -- heads -------------------------------------------------------------------------------------
-    def to_heads(self, qkv: torch.Tensor) -> torch.Tensor:
-        """[S, B, rows, n, d] (S stacked tensors, this rank's tokens, all heads) -> [S, B, L, n/P, d]
-        (every token, this rank's heads), padding rows dropped: one all-to-all for q, k and v."""
-        s, b, rows, n, d = qkv.shape
-        send = qkv.view(s, b, rows, self.world, n // self.world, d).permute(3, 0, 1, 2, 4, 5).contiguous()
-        recv = torch.empty_like(send)  # [source rank (its tokens), S, B, rows, n/P, d]
+    def to_heads(self, *parts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each of `parts` [B, rows, n, d] (this rank's tokens, all heads: q, k, v) -> [B, L, n/P, d] (every
+        token, this rank's heads), padding rows dropped: one all-to-all for all of them. Each part is copied
+        once, straight into its slot of the send buffer [destination rank, part, B, rows, n/P, d]."""
+        b, rows, n, d = parts[0].shape
+        local = n // self.world
+        send = parts[0].new_empty((self.world, len(parts), b, rows, local, d))
+        for i, part in enumerate(parts):
+            send[:, i].copy_(part.reshape(b, rows, self.world, local, d).permute(2, 0, 1, 3, 4))
+        recv = torch.empty_like(send)  # [source rank (its tokens), part, B, rows, n/P, d]
         self._collective(dist.all_to_all_single, recv, send)
-        self.count(send.nbytes // self.world * (self.world - 1), send.nbytes // self.world * (self.world - 1))
-        whole = recv.permute(1, 2, 0, 3, 4, 5).reshape(s, b, self.world * rows, n // self.world, d)
-        return whole[:, :, : self.tokens]
+        moved = send.nbytes // self.world * (self.world - 1)
+        self.count(moved, moved)
+        whole = recv.permute(1, 2, 0, 3, 4, 5).reshape(len(parts), b, self.world * rows, local, d)
+        return tuple(whole[:, :, : self.tokens].unbind(0))
 
     def to_tokens(self, out: torch.Tensor, num_heads: int) -> torch.Tensor:
         """The attention's output [B, L, n/P * d] (every token, this rank's heads) -> [B, rows, n * d]
@@ -109,7 +114,8 @@ class SequenceParallel:
         send = out.permute(1, 0, 2, 3, 4).contiguous()  # [destination rank (its tokens), B, rows, n/P, d]
         recv = torch.empty_like(send)  # [source rank (its heads), B, rows, n/P, d]
         self._collective(dist.all_to_all_single, recv, send)
-        self.count(send.nbytes // self.world * (self.world - 1), send.nbytes // self.world * (self.world - 1))
+        moved = send.nbytes // self.world * (self.world - 1)
+        self.count(moved, moved)
         return recv.permute(1, 2, 0, 3, 4).reshape(b, rows, num_heads * d)
 
     def attention_output(self, attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv) -> torch.Tensor:
@@ -117,7 +123,7 @@ class SequenceParallel:
         attends with its heads as one device does (`SelfAttention.attention_output`: cuDNN's FP8 attention under fp8,
         INT8 under int8); an FP8 output is dequantized before the inverse all-to-all, since each rank's has its
         own scale and the output projection takes one."""
-        q, k, v = self.to_heads(torch.stack((q, k, v)))
+        q, k, v = self.to_heads(q, k, v)
         attended = attn.attention_output(q, k, v, kv, heads_here=True)
         if isinstance(attended, QuantizedTensor):
             attended = attended.dequantize(q.dtype).flatten(2)
@@ -125,13 +131,14 @@ class SequenceParallel:
 
     def write_keys(self, kv, k: torch.Tensor, v: torch.Tensor) -> None:
         """`SelfAttention.write_keys` over the ranks: this rank's heads of every token into its cache."""
-        k, v = self.to_heads(torch.stack((k, v)))
+        k, v = self.to_heads(k, v)
         kv.write(k, v)
 
     def _collective(self, op, *args) -> None:
         try:
             op(*args)
-        except RuntimeError as exc:  # gloo/NCCL: the peer closed its connection, or the timeout passed
+        except (RuntimeError, ValueError) as exc:  # gloo/NCCL: the peer closed its connection, the timeout
+            # passed, or the group was aborted (its peer gone: `worldgen.pipelines.two_gpu`) and is no more
             raise PeerLost(
                 f"rank {self.rank}: a sequence-parallel peer was lost ({str(exc).splitlines()[0][:200]})"
             ) from exc

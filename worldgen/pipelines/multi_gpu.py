@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from worldgen.errors import InputError
+from worldgen.errors import InputError, PeerLost
 from worldgen.models.camera_cache import CameraCaches
 from worldgen.runtime.residency import ResidencyPolicy
 
@@ -199,10 +199,6 @@ def unconditional(
 PEER_CONNECT_S = 60.0  # how long the job's worker tries to reach its peer (it may still be setting up)
 PEER_ACCEPT_S = 120.0  # how long the peer waits for the job's worker before giving the job up
 _LENGTH = struct.Struct(">Q")
-
-
-class PeerLost(RuntimeError):
-    """The other worker of a two-GPU job went away (died, or ended the job) mid-job."""
 
 
 def _send(conn: socket.socket, message: dict[str, Any]) -> None:

@@ -12,6 +12,19 @@ The process group is gloo on the CPU, NCCL on CUDA, with a timeout (`contracts.e
 A peer that dies closes its connections: the other rank's next collective or send fails with `PeerLost`
 (the rollout's error); the follower also exits when the leader's pipe closes, or its parent is gone.
 One two-device pipeline per process (the group is the process's default one).
+
+NCCL, which the CPU tests cannot run: its collectives are queued on the GPU and return at once, so a dead
+peer shows as a kernel that never ends, not as an error. Rank 0 therefore watches rank 1's process (`_watch`,
+a thread): when it is gone, the group is aborted (its kernels end), the forward being run fails with
+`PeerLost`, and each forward's gathered output is waited for and checked before it is used (one event a
+forward), so a forward that ran into the abort is never taken for a result. A silent peer (alive, stuck)
+is the watchdog's: `TORCH_NCCL_ASYNC_ERROR_HANDLING=2` aborts the group after the timeout without taking the
+worker down, and the next collective fails with `PeerLost`. The environment (`LINK_ENVIRONMENT`) is set
+before the group starts, in this process and so in rank 1's: NVLink multicast (NVLS) off, which the lent
+two-GPU machines forbid. The per-forward wait is a host synchronisation: the GPU idles while the host launches the next
+forward's first kernels.
+`TwoDevices.peer_stats` asks rank 1 for its device's memory figures (its peak: the bench's per-GPU peak) and
+its link counters.
 """
 
 from __future__ import annotations
@@ -23,6 +36,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -40,6 +54,15 @@ from worldgen.models.positions import rope_tables
 from worldgen.models.sequence_parallel import PeerLost, SequenceParallel
 
 WORLD = 2
+# set (unless already set) before a two-device group starts: NVLink multicast off (NCCL's NVLS, PyTorch's
+# symmetric memory, NVSHMEM), and NCCL's watchdog aborts a timed-out group without killing the process
+LINK_ENVIRONMENT = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
+}
+WATCH_S = 0.5  # how often rank 0 looks whether rank 1's process is still there (CUDA)
 DitFactory = Callable[[], torch.nn.Module]  # picklable (a top-level function or a partial of one): runs in rank 1
 
 
@@ -52,6 +75,11 @@ def _group(device: torch.device, timeout: datetime.timedelta) -> dict[str, Any]:
     number would guess: `--gpus 2,3`), gloo on the CPU; the timeout bounds every collective."""
     bound = {"device_id": device} if device.type == "cuda" else {}
     return {"backend": backend_for(device), "world_size": WORLD, "timeout": timeout, **bound}
+
+
+def _link_environment() -> None:
+    for name, value in LINK_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
 
 
 def _meta(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
@@ -103,6 +131,18 @@ class Leader(SequenceParallel):
             self.lost = f"{exc}{f'; rank 1 said: {said}' if said else ''}"
             raise PeerLost(self.lost) from exc.__cause__
 
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """`SequenceParallel.gather`, and on CUDA the forward waited for: a group aborted under it (its peer
+        gone) fails it here, before its output could be taken for a result."""
+        out = super().gather(x)
+        if x.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()
+            if self.lost is not None:
+                raise PeerLost(self.lost)
+        return out
+
     def before_forward(self, model, x, t, context, y, cam, cache, rope, keys_only: bool) -> None:
         if not isinstance(cache, LeaderKVCache):
             raise ValueError("a two-device forward needs the pipeline's KV cache (worldgen.pipelines.two_gpu)")
@@ -126,6 +166,7 @@ class Leader(SequenceParallel):
                 # rank 0's blocks replayed as CUDA graphs between the attentions: rank 1 does the same, or it
                 # launches every kernel from the host while rank 0 waits in the next all-to-all
                 "block_graphs": model.block_graphs is not None and model.block_graphs.allowed,
+                "compute": model.blocks[0].self_attn.compute,  # a pipeline's `set_compute` (bench_fast's)
             }
         )
         for tensor in (x, t, *([y] if send_y else []), *([cam] if send_cam else []), *(text or [])):
@@ -192,6 +233,7 @@ class TwoDevices:
         """Spawn rank 1 and join it in a process group (rank 1 then loads its weights: `wait_ready`)."""
         if dist.is_initialized():
             raise RuntimeError("this process already has a process group: one two-device pipeline per process")
+        _link_environment()  # before the group, and before rank 1 is spawned: it inherits them
         self.ready = False
         self._dir = tempfile.mkdtemp(prefix="lingbot-two-devices-")
         store = f"file://{os.path.join(self._dir, 'store')}"  # a file rendezvous: no port to pick
@@ -210,6 +252,11 @@ class TwoDevices:
             raise PeerLost(f"rank 1 did not join the process group: {exc}") from exc
         self.leader = Leader(self.conn, self.process)
         self.starts = getattr(self, "starts", 0) + 1
+        self.peer_stats_at_close: dict[str, Any] | None = None
+        self._closing = threading.Event()  # this rank 1's: set by `close`
+        if self.devices[0].type == "cuda":  # gloo fails a collective with a closed peer at once; NCCL waits
+            watch = (self.process, self.leader, self._closing)
+            threading.Thread(target=_watch, args=watch, name="lingbot-rank1-watch", daemon=True).start()
         atexit.register(self.close)
 
     @property
@@ -239,8 +286,8 @@ class TwoDevices:
     def new_cache(self, model, spec: CacheSpec, cfg, dtype: torch.dtype, device, start_tokens: int) -> KVCache:
         """A rollout's cache on rank 0 (its half of the heads), the same made on rank 1; `model` split first.
         A rank 1 lost in an earlier job (that job failed with PeerLost) is started afresh first: the next job runs."""
-        if self.process is None or self.leader.lost is not None:
-            self.close()
+        if self.process is None or self.leader.lost is not None or not self.process.is_alive():
+            self.close()  # ... as is one that died between jobs: the job runs on a new one
             self._start()
         self.wait_ready()
         self.leader.attach(model)
@@ -248,9 +295,10 @@ class TwoDevices:
         return LeaderKVCache(self.leader, spec, cfg.num_layers, heads, cfg.head_dim, dtype, device, start_tokens)
 
     def peer_stats(self, reset: bool = False, timeout_s: float = 10.0) -> dict[str, Any]:
-        """Rank 1's figures, asked between forwards: `peak_allocated_bytes` (CUDA's since its start or the last
-        `reset`; None on the CPU), `peak_rss_gib`, and its own count of the link's bytes (`sent_bytes`,
-        `received_bytes`)."""
+        """Rank 1's figures, asked between forwards: its device, `peak_allocated_bytes` (CUDA's
+        `max_memory_allocated` since its start or the last `reset`; None on the CPU), `allocated_bytes`,
+        `peak_rss_gib` (its process's), and what crossed the link from and to it (`sent_bytes`,
+        `received_bytes`: rank 0's `received_bytes` and `sent_bytes` seen from the other end)."""
         self.wait_ready()  # its "ready" comes first (a load still under way), not to be taken for an answer
         self.leader.send({"op": "stats", "reset": reset})
         deadline = time.monotonic() + timeout_s
@@ -270,10 +318,15 @@ class TwoDevices:
         raise PeerLost(f"rank 1 (pid {self.process.pid}) did not say its figures within {timeout_s:g} s")
 
     def close(self) -> None:
-        """Stop rank 1 and leave the process group (idempotent)."""
+        """Stop rank 1 and leave the process group (idempotent); rank 1's last figures (`peer_stats`) are
+        kept in `peer_stats_at_close` (None if it was lost)."""
         if self.process is None:
             return
         atexit.unregister(self.close)
+        self._closing.set()
+        if self.leader.lost is None and self.ready and self.process.is_alive():  # a loading rank 1 is not waited for
+            with contextlib.suppress(PeerLost):
+                self.peer_stats_at_close = self.peer_stats(timeout_s=5.0)
         self.leader.send({"op": "stop"}, quiet=True)
         self.process.join(timeout=10 if self.leader.lost is None else 0)  # a lost peer is not waited for
         if self.process.is_alive():
@@ -284,6 +337,20 @@ class TwoDevices:
         if dist.is_initialized():
             dist.destroy_process_group()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _watch(process, leader: Leader, closing: threading.Event) -> None:
+    """Rank 0's watch over one rank 1's process (CUDA): once it is gone, the group is aborted, so that no NCCL
+    kernel waits for it until the timeout; the leader's next send, collective or gathered output fails."""
+    while not closing.wait(WATCH_S):
+        if process.is_alive():
+            continue
+        if leader.lost is None:
+            leader.lost = f"rank 1 (pid {process.pid}) is gone: it exited with code {process.exitcode}"
+        if not closing.is_set() and dist.is_initialized():
+            with contextlib.suppress(Exception):  # already aborted or destroyed: nothing left to end
+                dist.distributed_c10d._abort_process_group()
+        return
 
 
 def use_two_devices(pipe, dit_factory: DitFactory, devices: list[str], **kwargs: Any) -> TwoDevices:
@@ -301,6 +368,7 @@ def use_two_devices(pipe, dit_factory: DitFactory, devices: list[str], **kwargs:
 def follower_main(conn, store: str, device: str, timeout_s: float, dit_factory: DitFactory, parent: int) -> None:
     """Rank 1's process: join the group, load the DiT, then run the other half of every forward rank 0
     hands over until told to stop, or until rank 0 is gone (its pipe closed, or no parent)."""
+    _link_environment()  # inherited from rank 0 already; set here too for a rank started otherwise
     on = torch.device(device)
     if on.type == "cuda":
         torch.cuda.set_device(on)
@@ -383,6 +451,8 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
             elif not message["block_graphs"] and model.block_graphs is not None:
                 model.block_graphs.close()
                 model.block_graphs = None
+            if message["compute"] != model.blocks[0].self_attn.compute:
+                model.set_compute(message["compute"])
             cache = caches[message["id"]]
             current_start, tokens = message["call"]
             f, h, w = model.grid(x)
@@ -396,11 +466,12 @@ def _stats(split: SequenceParallel, device: torch.device, reset: bool) -> dict[s
     """Rank 1's figures (`TwoDevices.peer_stats`)."""
     from worldgen.runtime.metering import peak_rss_gib
 
-    cuda = device.type == "cuda"
+    cuda, rss = device.type == "cuda", peak_rss_gib()
     figures = {
         "device": str(device),
         "peak_allocated_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
-        "peak_rss_gib": peak_rss_gib(),
+        "allocated_bytes": torch.cuda.memory_allocated(device) if cuda else None,
+        "peak_rss_gib": None if rss is None else round(rss, 3),
         "sent_bytes": split.sent_bytes,
         "received_bytes": split.received_bytes,
     }
