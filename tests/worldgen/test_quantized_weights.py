@@ -83,3 +83,25 @@ def test_a_model_switched_to_fp8_and_back_computes_exactly_as_before(golden):
         after = model.state_dict()
         assert all(torch.equal(before[k], after[k]) for k in before)
         assert torch.equal(model(*inputs), exact)
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_the_held_fp8_weight_gives_the_per_call_numbers():
+    """The FP8 GEMM with the e4m3 weight made once is bit for bit the GEMM that quantized the bf16 weight on
+    every call (what fp8 did before), and the bf16 weight is gone from the device after the first call."""
+    if not torch.cuda.is_available() or fp8.unsupported_reason("cuda") is not None:
+        pytest.skip("needs a GPU with FP8 tensor cores (compute capability 8.9+)")
+    torch.manual_seed(0)
+    lin = Linear(1536, 8960).to("cuda", torch.bfloat16)
+    lin.compute = "fp8"
+    weight = lin.weight.detach().clone()
+    x = torch.randn(2, 600, 1536, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        per_call = fp8.fp8_linear(x, weight, lin.bias)
+        first, again = lin(x), lin(x)
+        few = lin(x[:, :3])  # too few rows for the FP8 GEMM: W8A16 from the e4m3 weight
+    assert torch.equal(first, per_call) and torch.equal(again, per_call)
+    assert quantized_weights.dropped(lin) and lin.weight.numel() == 0
+    deq = quantized_weights.held(lin).dequantize(torch.bfloat16)
+    assert torch.equal(few, F.linear(x[:, :3], deq, lin.bias))
+    assert quantized_weights.restore_exact_weights(torch.nn.Sequential(lin)) == 1 and torch.equal(lin.weight, weight)
