@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from contracts.model_families import V2_FAST
 from contracts.settings import GenerationSettings
 from tests.worldgen.numerics import rel_l2
-from worldgen.kernels import int8
+from worldgen.kernels import int8, quantized_weights
 from worldgen.kernels.compute_choice import auto_compute
 from worldgen.models.dit import Linear
 from worldgen.pipelines.fast import FastPipeline
@@ -52,7 +52,7 @@ def test_the_gemm_is_the_integer_product_of_the_quantized_operands():
     wq, ws = int8.quantize_rows(lin.weight.detach())
     expected = (xq.double() @ wq.double().T) * xs.double() * ws.double().T + lin.bias.double()
     assert rel_l2(int8.int8_linear(x, lin, torch.float32).double(), expected) < 1e-6
-    assert torch.equal(lin._int8_weight.data, wq)  # made once, kept on the Linear
+    assert torch.equal(quantized_weights.held(lin).data, wq)  # made once, kept on the Linear
 
 
 def test_a_linear_and_the_attention_are_close_to_exact():

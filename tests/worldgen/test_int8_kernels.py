@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.worldgen.numerics import rel_l2
-from worldgen.kernels import int8, triton_lang
+from worldgen.kernels import int8, quantized_weights, triton_lang
 from worldgen.models.dit import Linear
 from worldgen.runtime.checkpoint import load_expert
 
@@ -110,15 +110,16 @@ def test_a_linear_drops_its_weight_for_int8_and_gets_it_back_from_a_cpu_copy(mon
     with torch.no_grad():
         exact = F.linear(x, weight, lin.bias)
         many = lin(x)
-    assert lin.weight.numel() == 0 and int8.dropped(lin)  # only the int8 weight is held now
+    assert lin.weight.numel() == 0 and quantized_weights.dropped(lin)  # only the int8 weight is held now
     assert 0 < rel_l2(many, exact) < 1.6e-2
     with torch.no_grad():  # a few rows after the drop: W8A16 from the int8 weight, close to exact
         few = lin(x[:3])
-    deq = lin._int8_weight.dequantize(torch.float32)
+    deq = quantized_weights.held(lin).dequantize(torch.float32)
     assert torch.allclose(few, F.linear(x[:3], deq, lin.bias), atol=1e-6)
     model = torch.nn.Sequential(lin)
-    assert int8.restore_exact_weights(model) == 1
-    assert torch.equal(lin.weight, weight) and lin._int8_weight is None and not int8.dropped(lin)
+    assert quantized_weights.restore_exact_weights(model) == 1
+    held = quantized_weights.held(lin)
+    assert torch.equal(lin.weight, weight) and held is None and not quantized_weights.dropped(lin)
 
 
 def test_a_loaded_model_gets_its_exact_weights_back_from_the_checkpoint(golden, monkeypatch):
@@ -134,12 +135,12 @@ def test_a_loaded_model_gets_its_exact_weights_back_from_the_checkpoint(golden, 
         for block in dit.blocks:
             block.ffn[0](x)
             block.self_attn.q(x)
-    gone = [m for m in linears if int8.dropped(m)]
+    gone = [m for m in linears if quantized_weights.dropped(m)]
     assert len(gone) == 2 * len(dit.blocks) and all(getattr(m, "_exact_on_cpu", None) is None for m in gone)
     dit.set_compute("exact")  # read back from the checkpoint's file: bit for bit
     after = dit.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert not any(int8.dropped(m) or getattr(m, "_int8_weight", None) is not None for m in linears)
+    assert not any(quantized_weights.dropped(m) or quantized_weights.held(m) is not None for m in linears)
 
 
 def test_the_sm80_switch_builds_for_sm80_and_loads_the_ptx(monkeypatch):

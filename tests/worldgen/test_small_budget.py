@@ -1,5 +1,6 @@
 """LingBot-World 2.0's 1.3B under an 8 GiB VRAM budget (beside Isaac Sim on a 24 GB card): the plan holds the
-reference's window, decodes in bf16 with its tiles' caches parked in host memory, and its arithmetic adds up."""
+reference's window, decodes in bf16 with its tiles' caches parked in host memory (fewer of them under fp8 and int8,
+whose 8-bit block weights replace the bf16 ones), and its arithmetic adds up."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 
 from contracts.model_families import V2_FAST
 from contracts.settings import load_settings
-from worldgen.pipelines.fast_plan import FastOptions, StreamVAE, stream_vae_cuts
+from worldgen.models.dit import DiTConfig
+from worldgen.pipelines.fast_plan import FastOptions, StreamVAE, resident_dit_gib, stream_vae_cuts
 from worldgen.runtime.memory import GiB, activation_gib
 
 ONE_3B = {"dim": 1536, "ffn_dim": 8960, "num_heads": 12, "num_layers": 30}  # Wan2.1-1.3B: its config.json
@@ -35,12 +37,35 @@ def _plan_1_3b(budget_gib: float | None, compute: str):
     pipe = FastPipeline(
         dit=empty, dit_config=DiTConfig(**ONE_3B), dtype=torch.bfloat16, tokenizer=None, text_encoder=empty, vae=vae,
         device=torch.device("cuda"), text_len=512, name="1.3B", plan=plan, family=V2_FAST, compute=compute,
-        vae_dtype=torch.bfloat16 if compute == "fp8" else torch.float32,
+        vae_dtype=torch.bfloat16 if compute in ("fp8", "int8") else torch.float32,
     )  # fmt: skip
     return pipe, unloaded
 
 
-@pytest.mark.parametrize("compute", ["exact", "fp8"])
+# the DiT through the chunk loop: exact's bf16 weights; fp8's and int8's blocks in 8 bits (1.56 GiB less)
+LOOP_DIT_GIB = {"exact": ONE_3B_GIB, "fp8": 1.623, "int8": 1.623}
+# the decoder's cut: exact's 8 tiles (2.7 GiB of caches parked); with the room fp8/int8 free, 2 full-height strips
+# (1.9 GiB parked, the fewest tiles, closest to the reference); no cut keeps every tile's caches on the device
+# beside the reference's 18-frame window (`test_a_shorter_window_keeps_every_tiles_caches_on_the_device`)
+TILES = {"exact": (8, 2.68), "fp8": (2, 1.90), "int8": (2, 1.90)}
+
+
+def test_fp8_and_int8_count_the_1_3b_blocks_at_one_byte_a_weight():
+    cfg = DiTConfig(**ONE_3B)
+    block_linears = 30 * (12 * 1536 * 1536 + 2 * 1536 * 8960)  # q k v o twice, 4 camera layers; the feed-forward
+    scales = 30 * (12 * 1536 + 8960 + 1536) * 4  # a float32 scale per output channel
+    saved = (block_linears - scales) / GiB  # 2 bytes a weight down to 1
+    for compute in ("fp8", "int8"):
+        assert resident_dit_gib(ONE_3B_GIB, "bf16", compute, cfg, torch.bfloat16, 6032) == pytest.approx(
+            ONE_3B_GIB - saved
+        )
+        assert resident_dit_gib(ONE_3B_GIB, "nf4", compute, cfg, torch.bfloat16, 6032) == ONE_3B_GIB  # NF4 kept
+        assert resident_dit_gib(ONE_3B_GIB, "bf16", compute, cfg, torch.bfloat16, 200) == ONE_3B_GIB  # no 8-bit GEMM
+    assert resident_dit_gib(ONE_3B_GIB, "bf16", "exact", cfg, torch.bfloat16, 6032) == ONE_3B_GIB
+    assert LOOP_DIT_GIB["fp8"] == pytest.approx(ONE_3B_GIB - saved, abs=1e-3)
+
+
+@pytest.mark.parametrize("compute", ["exact", "fp8", "int8"])
 def test_the_1_3b_at_464x832_fits_8_gib_with_the_reference_window(compute):
     long = load_settings(preset="v2-fast-long")  # the reference's long video: 480*832, 18 latent frames, sink 6
     assert (long.size, long.attention_frames, long.sink_frames) == ("480*832", 18, 6)
@@ -51,7 +76,9 @@ def test_the_1_3b_at_464x832_fits_8_gib_with_the_reference_window(compute):
         # the reference's window, whole: 18 latent frames with its 6-frame sink, in FP8
         assert (spec.capacity_tokens, spec.sink_frames, spec.storage, spec.rolling) == (18 * 1508, 6, "fp8", True)
         cut = pipe.vae_cut
-        assert cut.parked and pipe.vae_dtype == torch.bfloat16 and cut.tiles == 8
+        assert cut.parked and pipe.vae_dtype == torch.bfloat16 and cut.tiles == TILES[compute][0]
+        assert cut.host_gib == pytest.approx(TILES[compute][1], abs=0.01)
+        assert pipe.dit_gib(4 * 1508) == pytest.approx(LOOP_DIT_GIB[compute], abs=1e-3)
         assert pipe.plan.stream_text_encoder and not pipe.plan.keep_text_encoder  # umT5 never resident on the GPU
         assert not pipe.stream_encode and not pipe.graph_room  # every frame encoded first; no overlap (no room)
         # the loop's arithmetic, every part: under the 7.4 usable GiB (the budget less the CUDA context), and so
@@ -60,29 +87,56 @@ def test_the_1_3b_at_464x832_fits_8_gib_with_the_reference_window(compute):
         kv = spec.planned_bytes(cfg.num_layers, cfg.num_heads, cfg.head_dim, torch.bfloat16) / GiB
         cross = 2 * 30 * 512 * 1536 * 2 / GiB
         act = activation_gib(4 * 1508, 1536)
-        loop = ONE_3B_GIB + cross + 0.25 + kv + max(act, cut.decode_cache_gib + cut.decode_push_gib) + 0.5
+        decoder = cut.decode_cache_gib + cut.decode_push_gib
+        loop = LOOP_DIT_GIB[compute] + cross + 0.25 + kv + max(act, decoder) + 0.5
         assert loop <= pipe.plan.usable_gib == pytest.approx(7.4)
-        assert 2.3 < kv < 2.6 and cut.decode_cache_gib + cut.decode_push_gib < 0.8
+        assert 2.3 < kv < 2.6 and decoder < (0.8 if compute == "exact" else 2.2)
+        # chunk 0's first forward still holds the bf16 DiT (its Linears drop their weights one by one) and a
+        # one-chunk cache: that fits too
+        assert ONE_3B_GIB + cross + 0.25 + kv * 4 / 18 + act + 0.5 <= 7.4
         # the encode before the loop: the DiT, the float32 video it encodes, tiles whose float32 peak fits the rest
         video = 3 * ((latent_frames - 1) * 4 + 1) * 464 * 832 * 4 / GiB
         tile = pipe.encode_tile_pixels
         assert tile is not None and ONE_3B_GIB + 0.5 + video + 0.5 + 10 * tile / 386_048 <= 7.4
         plan = pipe.describe_plan()
         assert "18 latent frames" in plan and "6-frame attention sink" in plan
-        assert "8 spatial tiles" in plan and "caches parked in host memory" in plan
+        assert f"{TILES[compute][0]} spatial tiles" in plan and "caches parked in host memory" in plan
+        assert ("1.6 GiB through the chunk loop (3.2 GiB before it)" in plan) == (compute != "exact")
     # a batch job (`generate`: nobody takes the chunks as they come) decodes after the loop, the same tiles parked,
-    # the loop's room (what the decoder leaves) holding some blocks' camera modulation
+    # the loop's room (what the decoder leaves) holding blocks' camera modulation
     spec = pipe.plan_job(88, 58, 104, options, streamed=False)
     assert spec.capacity_tokens == 18 * 1508 and pipe.vae_cut.parked and pipe.decode_after_loop
-    assert 0 < pipe.camera_blocks < 30 and not pipe.camera_until_decode
+    assert not pipe.camera_until_decode  # exact: some blocks; fp8/int8, with their 1.6 GiB more: all 30
+    assert 0 < pipe.camera_blocks < 30 if compute == "exact" else pipe.camera_blocks == 30
     notes = " ".join(pipe.plan.notes)
     assert ("the VAE decodes in bf16 (the reference: float32)" in notes) == (compute == "exact")
     assert unloaded == ([True] if compute == "exact" else [])  # a float32 VAE would reload in bf16: once
+    assert ("fp8 weights in place of bf16 ones" in notes) == (compute == "fp8")
     # with room the float32 VAE of exact comes back (no parked cut): 16 GiB as measured in session 27
     roomy, _ = _plan_1_3b(16.0, compute)
     roomy.plan_job(88, 58, 104, options)
     assert not roomy.vae_cut.parked
     assert roomy.vae_dtype == (torch.float32 if compute == "exact" else torch.bfloat16)
+
+
+@pytest.mark.parametrize("compute", ["exact", "fp8"])
+def test_a_shorter_window_keeps_every_tiles_caches_on_the_device(compute):
+    """A 14-frame window (`--attention-frames 14`) under fp8 leaves room for every tile's caches on the device, in
+    bf16 (18 tiles): nothing parked, nothing in host memory; exact's bf16 DiT still parks them (6 tiles)."""
+    long = dataclasses.replace(load_settings(preset="v2-fast-long"), attention_frames=14)
+    pipe, _ = _plan_1_3b(8.0, compute)
+    spec = pipe.plan_job(88, 58, 104, FastOptions.from_settings(long, 29 * 52, V2_FAST))
+    cut = pipe.vae_cut
+    assert spec.capacity_tokens == 14 * 1508 and cut.bf16 and pipe.vae_dtype == torch.bfloat16
+    assert (cut.parked, cut.tiles) == ((True, 6) if compute == "exact" else (False, 18))
+    plan = pipe.describe_plan()
+    assert ("every tile's caches on the device (2.7 GiB), none parked" in plan) == (compute == "fp8")
+    assert ("parked in host memory" in plan) == (compute == "exact")
+    if compute == "fp8":  # the loop's arithmetic with every tile's caches on the device
+        kv = spec.planned_bytes(30, 12, 128, torch.bfloat16) / GiB
+        cross, act = 2 * 30 * 512 * 1536 * 2 / GiB, activation_gib(4 * 1508, 1536)
+        decoder = cut.decode_cache_gib + cut.decode_push_gib
+        assert cut.host_gib == 0.0 and LOOP_DIT_GIB[compute] + cross + 0.25 + kv + max(act, decoder) + 0.5 <= 7.4
 
 
 def test_a_parked_cut_counts_one_tiles_caches_in_bf16_and_every_tiles_in_host_memory():

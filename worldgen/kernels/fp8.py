@@ -1,13 +1,14 @@
 """The FP8 compute path (`--compute fp8`): each large Linear as one FP8 GEMM on FP8 tensor cores.
 
-Weights stay as they are at rest and in VRAM (NF4, or bf16 for the original release). On each
-call a Linear's weight is quantized to float8 e4m3 with one scale per output channel, from bf16 (the
-original release) or straight from its NF4 bytes (`worldgen.kernels.nf4`: one Triton kernel, the
-numbers of dequantizing to bf16 first); its input is quantized with one scale per token (computed on
-the fly from that token's largest magnitude: "dynamic" scaling, nothing calibrated), and
-`torch._scaled_mm` multiplies the two on the FP8 tensor cores (twice the bf16 rate on Hopper and
-Ada), accumulating in float32 and writing bf16. Both quantizations are one fused Triton kernel
-each (`torch.compile`).
+A Linear's weight is quantized to float8 e4m3 with one scale per output channel: a dense (bf16) Linear's once,
+on its first FP8 call (`Fp8Weight.of`), its bf16 weight then dropped from the device and restored when another
+compute is set (`worldgen.kernels.quantized_weights`, the int8 path's mechanism too: the 1.3B's blocks hold
+1.6 GiB of e4m3 instead of 3.1 GiB of bf16); an NF4 Linear's on each call, straight from its NF4 bytes, which
+stay what VRAM holds (`worldgen.kernels.nf4`: one Triton kernel, the numbers of dequantizing to bf16 first).
+The input is quantized with one scale per token (computed on the fly from that token's largest magnitude:
+"dynamic" scaling, nothing calibrated), and `torch._scaled_mm` multiplies the two on the FP8 tensor cores (twice
+the bf16 rate on Hopper and Ada), accumulating in float32 and writing bf16. Both quantizations are one fused
+Triton kernel each (`torch.compile`).
 
 This is an approximation of the reference, not the reference: e4m3 keeps 3 mantissa bits, so
 each GEMM's output moves by ~2-3% relative (docs/benchmarks.md has the measured distance of a full
@@ -35,6 +36,7 @@ import torch
 from contracts.engine_options import COMPUTES  # noqa: F401  (the one list; used by the pipeline)
 from worldgen.errors import InputError
 from worldgen.kernels import fused
+from worldgen.kernels.quantized_weights import QuantizedWeight
 from worldgen.kernels.triton_lang import Signature, launch, tl, triton  # None without Triton
 
 FP8 = torch.float8_e4m3fn
@@ -178,6 +180,15 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             _failed.add(name)
             warnings.warn(f"the {name} FP8 quantization kernel failed ({exc}); trying the next one", stacklevel=2)
     return _quantize_rows(x)
+
+
+class Fp8Weight(QuantizedWeight):
+    """A dense Linear's weight as e4m3 [N, K] with one float32 scale per output channel [N, 1] (`quantize_rows`:
+    the numbers quantizing it on every call gave), made once and held in place of its bf16 weight
+    (`worldgen.kernels.quantized_weights`)."""
+
+    kind = "fp8"
+    quantize = staticmethod(quantize_rows)
 
 
 def _quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,18 +19,14 @@ Only Linears over many tokens (`MIN_ROWS`, as the FP8 path) take it. The activat
 fused into the LayerNorms before the Linears (the fp8 path does so): on paper it saves one bf16 write and
 read of a 1,536-wide row, ~3 ms a 1.3B chunk, against a second variant of every LayerNorm kernel.
 
-Weights: a dense Linear's bf16 weight is dropped from the device once its int8 one is made (`drop_exact_weight`:
-int8 replaces it rather than sitting beside it; the 1.3B: 2.6 GB of bf16 for 1.3 GB of int8). Another compute
-asked for on the same loaded model (`WanCameraDiT.set_compute`: the server's jobs may each name one, the
-benchmarks compare them in one process) restores it (`restore_exact_weights`): streamed again from the
-checkpoint's files where the model was loaded from them (`exact_weights_from`, set by the loader: nothing is
-held meanwhile, and a switch costs a re-read of the DiT's weights), else from a copy kept on the CPU (a model
-built in memory). An NF4 Linear keeps its NF4 bytes (half the int8's size, and what the exact path computes
-from). A Linear whose weight was dropped and then gets a call of few rows runs it W8A16 (the int8 weight
-dequantized). This is the math of torchao's `Int8DynamicActivationInt8WeightConfig` and of LightX2V's int8
-modes; we keep our own code rather than torchao because its tensor subclasses do not compose with our NF4
-Linears, fused RMSNorm/RoPE kernels and CUDA-graph block replay, and its releases pin torch versions this
-project's CPU CI does not use.
+Weights: the int8 weight is made once and a dense Linear's bf16 weight dropped for it (the 1.3B: 2.6 GB of bf16
+for 1.3 GB of int8), restored when another compute is set: `worldgen.kernels.quantized_weights`, the one
+mechanism of int8 and fp8. An NF4 Linear keeps its NF4 bytes (half the int8's size, and what the exact path
+computes from) beside its int8 weight.
+
+This is the math of torchao's `Int8DynamicActivationInt8WeightConfig` and of LightX2V's int8 modes; we keep our
+own code rather than torchao because its tensor subclasses do not compose with our NF4 Linears, fused RMSNorm/RoPE
+kernels and CUDA-graph block replay, and its releases pin torch versions this project's CPU CI does not use.
 
 Self-attention (`int8_attention`): SageAttention's scheme (Zhang et al., 2024): K smoothed (its mean over
 the tokens subtracted, per head: each query's scores move by one constant, which softmax ignores), Q and
@@ -59,6 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from worldgen.kernels import int8_triton
+from worldgen.kernels.quantized_weights import QuantizedWeight
 from worldgen.kernels.triton_lang import capability
 
 INT8_MAX = 127.0
@@ -153,96 +150,23 @@ def int_matmul(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     return a.int() @ b_t.int().t()
 
 
-@dataclasses.dataclass
-class Int8Weight:
-    """A Linear's weight as int8 [N, K] with one float32 scale per output channel [N, 1]."""
+class Int8Weight(QuantizedWeight):
+    """A Linear's weight as int8 [N, K] with one float32 scale per output channel [N, 1] (absmax / 127), made once
+    and held in place of a dense Linear's bf16 weight (`worldgen.kernels.quantized_weights`)."""
 
-    data: torch.Tensor
-    scale: torch.Tensor
-
-    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        """The weight these int8 values stand for (a dropped Linear's few-row calls: W8A16)."""
-        return (self.data.float() * self.scale).to(dtype)
-
-    @classmethod
-    def of(cls, linear: torch.nn.Module) -> Int8Weight:
-        """The Linear's int8 weight, made on its first int8 call and kept (once per load): from its bf16
-        weight, or its NF4 weight dequantized as the exact path computes with it. A dense Linear's own weight
-        is then dropped from the device (`drop_exact_weight`)."""
-        cached = getattr(linear, "_int8_weight", None)
-        if cached is None:
-            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("an INT8 weight made inside a CUDA graph capture: run the call once eagerly first")
-            weight = linear.dequantized_weight() if hasattr(linear, "dequantized_weight") else linear.weight
-            cached = cls(*quantize_rows(weight.detach()))
-            linear._int8_weight = cached
-            if not hasattr(linear, "dequantized_weight"):
-                drop_exact_weight(linear)
-        return cached
+    kind = "int8"
+    quantize = staticmethod(quantize_rows)
 
 
-def dropped(linear: torch.nn.Module) -> bool:
-    """Whether `linear`'s exact weight was dropped for its int8 one (`drop_exact_weight`)."""
-    return getattr(linear, "_int8_weight", None) is not None and linear.weight.numel() == 0
-
-
-def drop_exact_weight(linear: torch.nn.Module) -> None:
-    """Free a dense Linear's exact (bf16) weight once its int8 one is made. What restores it when another compute
-    is asked for on the same model (`restore_exact_weights`): the checkpoint's files where the model was loaded
-    from them (`exact_weights_from`: nothing held meanwhile), else a copy kept on the CPU."""
-    if not getattr(linear, "exact_from_file", False):
-        linear._exact_on_cpu = linear.weight.detach().to("cpu", copy=True)
-    linear.weight.data = linear.weight.data.new_empty(0)
-
-
-def exact_weights_from(model: torch.nn.Module, source) -> None:
-    """Say where `model`'s dense Linears' exact weights can be read again: `source()` yields (state-dict key,
-    tensor on the model's device, in its dtype) pairs; the loader gives the checkpoint's stream."""
-    model.exact_weights = source
-    for module in model.modules():
-        if isinstance(getattr(module, "weight", None), torch.nn.Parameter) and hasattr(module, "compute"):
-            module.exact_from_file = True
-
-
-def restore_exact_weights(model: torch.nn.Module) -> int:
-    """Undo `Int8Weight.of` on every Linear of `model`: int8 weights freed, dropped exact weights back on their
-    device (from the CPU copy, else streamed from the checkpoint's files); -> the number of Linears restored."""
-    held = {name: m for name, m in model.named_modules() if getattr(m, "_int8_weight", None) is not None}
-    from_file = {}
-    for name, linear in held.items():
-        if dropped(linear):
-            kept = getattr(linear, "_exact_on_cpu", None)
-            if kept is None:
-                from_file[name + ".weight"] = linear
-            else:
-                linear.weight.data = kept.to(linear.weight.device)
-                linear._exact_on_cpu = None
-        linear._int8_weight = None
-    if from_file:
-        source = getattr(model, "exact_weights", None)
-        if source is None:
-            raise RuntimeError(f"{len(from_file)} Linears dropped their weights for int8 and nothing restores them")
-        for key, tensor in source():
-            if key in from_file:
-                from_file.pop(key).weight.data = tensor
-        if from_file:
-            raise RuntimeError(f"the checkpoint lacks {sorted(from_file)[:3]}: the exact weights cannot be restored")
-    return len(held)
-
-
-def wants_int8(x: torch.Tensor | Int8Rows, compute: str, linear: torch.nn.Module | None = None) -> bool:
-    """Whether this call takes the int8 path: int8 asked and enough rows to matter (or already quantized), or a
-    Linear whose exact weight was dropped for its int8 one (`int8_linear` then runs it W8A16)."""
-    if isinstance(x, Int8Rows):
-        return True
-    many = compute == "int8" and x.numel() // x.shape[-1] >= MIN_ROWS
-    return many or (linear is not None and dropped(linear))
+def wants_int8(x: torch.Tensor | Int8Rows, compute: str) -> bool:
+    """Whether this call takes the int8 path: int8 asked and enough rows to matter, or already quantized."""
+    return isinstance(x, Int8Rows) or compute == "int8" and x.numel() // x.shape[-1] >= MIN_ROWS
 
 
 def int8_linear(x: torch.Tensor | Int8Rows, linear: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
     """y = x @ W.T + b with x per token and W per output channel in int8, int32 accumulation, `dtype` out
-    (x may be quantized already: `Int8Rows`). Fewer than `MIN_ROWS` rows (a Linear whose exact weight was
-    dropped): the int8 weight dequantized, times x in `dtype`."""
+    (x may be quantized already: `Int8Rows`). Fewer than `MIN_ROWS` rows: the int8 weight dequantized, times x
+    in `dtype` (W8A16)."""
     weight = Int8Weight.of(linear)
     bias = linear.bias
     if isinstance(x, Int8Rows):

@@ -49,7 +49,8 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = tl = None
 
 __all__ = [
-    "CompileAhead", "LaunchCounts", "Signature", "capability", "compiling_ahead", "counts", "launch", "tl", "triton",
+    "CompileAhead", "LaunchCounts", "Signature", "capability", "compiling_ahead", "counts", "deferring", "launch", "tl",
+    "triton",
 ]  # fmt: skip
 
 TARGET_SWITCH = "LINGBOT_ISAAC_TRITON_TARGET"  # "sm80": every Triton kernel built for sm_80 (`force_target`)
@@ -297,6 +298,12 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
 
 def _current_stream(device: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device)
+
+
+def deferring() -> bool:
+    """Whether this thread's launches compile instead of running (inside `compiling_ahead()`): their outputs
+    are unwritten, so nothing made from them may be kept (`quantized_weights.QuantizedWeight.of`)."""
+    return _ahead is not None and threading.current_thread() is _ahead_owner
 
 
 @contextlib.contextmanager

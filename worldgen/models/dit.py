@@ -30,9 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from worldgen.errors import CheckpointError
-from worldgen.kernels import fused, int8
+from worldgen.kernels import fused, int8, quantized_weights
 from worldgen.kernels.attention import attention, attention_rows, fp8_attention, fp8_attention_runs
 from worldgen.kernels.fp8 import (
+    Fp8Weight,
     QuantizedRows,
     QuantizedTensor,
     fp8_linear,
@@ -95,17 +96,23 @@ class DiTConfig:
 
 class Linear(nn.Linear):
     """nn.Linear that casts its input to the weight dtype, or computes in `dtype` when given; `compute` "fp8" /
-    "int8" (set by `WanCameraDiT.set_compute`) runs large calls as an FP8 / INT8 GEMM."""
+    "int8" (set by `WanCameraDiT.set_compute`) runs large calls as an FP8 / INT8 GEMM, its 8-bit weight made once
+    and held in place of the bf16 one (`worldgen.kernels.quantized_weights`)."""
 
     compute = "exact"
 
     def forward(self, x: torch.Tensor | QuantizedRows, dtype: torch.dtype | None = None) -> torch.Tensor:
         dtype = dtype or self.weight.dtype
         if isinstance(x, QuantizedRows) or wants_fp8(x, self.compute, dtype, self.out_features):
-            return fp8_linear(x, self.weight, self.bias)
-        if wants_int8(x, self.compute, self):  # W8A8 (worldgen.kernels.int8); W8A16 once its weight is dropped
+            weight = Fp8Weight.of(self)
+            return fp8_linear(x, (weight.data, weight.scale), self.bias)
+        if wants_int8(x, self.compute):  # W8A8 (worldgen.kernels.int8)
             return int8_linear(x, self, dtype)
         bias = None if self.bias is None else self.bias.to(dtype)
+        if quantized_weights.dropped(
+            self
+        ):  # few rows once the bf16 weight is dropped: W8A16, the 8-bit one dequantized
+            return F.linear(x.to(dtype), quantized_weights.held(self).dequantize(dtype), bias)
         return F.linear(x.to(dtype), self.weight.to(dtype), bias)
 
 
@@ -438,8 +445,8 @@ class WanCameraDiT(nn.Module):
             raise ValueError(f"compute must be one of {COMPUTES}, got {compute!r}")
         if self.camera_cache is not None and self.blocks and self.blocks[0].self_attn.compute != compute:
             self.camera_cache.clear()  # its modulations were computed the other way
-        if compute != "int8":  # int8 weights freed, the exact weights int8 dropped back (worldgen.kernels.int8)
-            int8.restore_exact_weights(self)
+        # another compute's 8-bit weights freed, the exact weights they replaced back (worldgen.kernels.quantized_weights)
+        quantized_weights.restore_exact_weights(self, keep=compute)
         for module in self.modules():
             if hasattr(module, "compute") and module is not self:
                 module.compute = compute

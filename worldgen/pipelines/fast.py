@@ -51,12 +51,13 @@ from worldgen.pipelines.fast_plan import (
     fast_frames,
     fast_schedule,
     full_cache_spec,
+    resident_dit_gib,
+    spare_without_budget,
     stream_vae_cuts,
     vae_dtype,
 )
 from worldgen.runtime.cuda_memory import free_device_memory
 from worldgen.runtime.memory import (
-    CUDA_CONTEXT_GIB,
     VAE_WEIGHTS_GIB,
     GiB,
     activation_gib,
@@ -151,6 +152,11 @@ class FastPipeline(Pipeline):
         # notes are per job: the load's own notes, then what this job adds (a decode fallback)
         self._load_notes = getattr(self, "_load_notes", self.plan.notes)
         self.plan.notes = self._load_notes
+        if (dit := self.dit_gib(chunk_tokens)) < self.plan.expert_gib:
+            self.plan.notes += (
+                f"the DiT's blocks hold {self.compute} weights in place of bf16 ones from their first {self.compute} "
+                f"GEMM on: {dit:.1f} GiB through the chunk loop ({self.plan.expert_gib:.1f} GiB before it)",
+            )
         self.plan.experts_beside_vae = True  # the VAE decodes each chunk while the DiT is resident
         cfg = self.dit_config
         dims = {"num_layers": cfg.num_layers, "num_heads": self.cache_heads, "head_dim": cfg.head_dim}
@@ -174,7 +180,7 @@ class FastPipeline(Pipeline):
         try:
             if usable is None:  # no budget: whole frames, the reference's cache, conditioning chunk by chunk
                 (spec, why), cut, stream_encode = cache_for(None), StreamVAE.cut(height, width, None), True
-                spare = self._spare_without_budget(spec, cut, chunk_tokens)
+                spare = spare_without_budget(self, spec, cut, chunk_tokens)
             else:
                 spec, why, cut, stream_encode = self._fit_loop(usable, chunk_tokens, height, width, cache_for)
                 if self._wants_block_graphs():  # where they change nothing of the job's cache and cut
@@ -214,9 +220,8 @@ class FastPipeline(Pipeline):
         choice = CameraChoice(camera_blocks(spare, chunk_tokens, cfg.dim, cfg.num_layers, self.dtype))
         if usable is not None and not self._keeps_forward():  # the same KV cache and tiles: the same video
             kv = spec.planned_bytes(cfg.num_layers, self.cache_heads, cfg.head_dim, self.dtype) / GiB
-            room = (
-                usable - self._loop_fixed_gib()[0] - kv - activation_gib(chunk_tokens, self.dit_config.dim) - graphs_gib
-            )
+            fixed = self._loop_fixed_gib(chunk_tokens)[0]
+            room = usable - fixed - kv - activation_gib(chunk_tokens, self.dit_config.dim) - graphs_gib
             shape = (cfg.dim, cfg.num_layers)
             choice = camera_choice(choice.blocks, streamed, room, cut.decode_push_gib, chunk_tokens, shape, self.dtype)
         self.camera_blocks, self.decode_after_loop, self.camera_until_decode = dataclasses.astuple(choice)
@@ -227,14 +232,14 @@ class FastPipeline(Pipeline):
         return spec
 
     def _vae_dtype_for(self, cut: StreamVAE) -> None:
-        """A parked cut runs the VAE in bf16 (counted so); a job with room again gets the pipeline's own back
-        (`vae_dtype`: float32 for exact, the reference's). A VAE loaded in the other dtype is dropped (it
+        """A bf16 cut (parked or not) runs the VAE in bf16 (counted so); a job with room again gets the pipeline's
+        own back (`vae_dtype`: float32 for exact, the reference's). A VAE loaded in the other dtype is dropped (it
         reloads); the record says why."""
         own = self._own_vae_dtype
-        if cut.parked and self.vae_dtype != torch.bfloat16 or not cut.parked and own is not None:
+        if cut.bf16 and self.vae_dtype != torch.bfloat16 or not cut.bf16 and own is not None:
             self.vae.unload()
-            self.vae_dtype, self._own_vae_dtype = (torch.bfloat16, self.vae_dtype) if cut.parked else (own, None)
-        if cut.parked and self._own_vae_dtype is not None:
+            self.vae_dtype, self._own_vae_dtype = (torch.bfloat16, self.vae_dtype) if cut.bf16 else (own, None)
+        if cut.bf16 and self._own_vae_dtype is not None:
             self.plan.notes += (
                 "the VAE decodes in bf16 (the reference: float32): no float32 decode fits this budget beside the "
                 "DiT and its KV cache",
@@ -275,9 +280,12 @@ class FastPipeline(Pipeline):
         """Under a budget: for each way to cut frames, the KV cache that fits beside the DiT, the text
         keys/values, the streamed VAE and one chunk's activations (and, with `block_graphs`, their buffers
         and pool); keep the largest cache, then the cut that also lets conditioning frames stream, then the
-        fewest tiles (faster, closest to the reference)."""
+        fewest tiles (faster, closest to the reference). The cuts counted at float32 first; only where none fits,
+        those counted at bf16, and among them the same KV cache with every tile's caches on the device before one
+        with them parked. Chunk 0 (its encode and first forward) holds the bf16 DiT that fp8/int8 shrink later."""
         cfg = self.dit_config
-        fixed, cross = self._loop_fixed_gib()
+        fixed, cross = self._loop_fixed_gib(chunk_tokens)
+        first_fixed = fixed + self.plan.expert_gib - self.dit_gib(chunk_tokens)
         act = activation_gib(chunk_tokens, self.dit_config.dim)
         kept = GRAPH_POOL_BYTES_PER_TOKEN * chunk_tokens / GiB if self.use_chunk_graphs else act
         keeps_forward = self._keeps_forward()
@@ -290,13 +298,16 @@ class FastPipeline(Pipeline):
             return graphs + (kept + max(pushes) if keeps_forward else max(act, *pushes))
 
         best, refusal = None, None
-        # the decoder's tiles parked in host memory (in bf16) only where no other cut leaves a KV cache room
-        parked = stream_vae_cuts(height, width, parked=True) if self.device.type == "cuda" else []
-        for cut in stream_vae_cuts(height, width) + parked:
-            if cut.parked and best is not None and not best[3].parked:
+        # in bf16 (every tile's caches on the device, or parked in host memory) only where no float32 cut leaves
+        # a KV cache room
+        families = [stream_vae_cuts(height, width)]
+        if self.device.type == "cuda":
+            families += [stream_vae_cuts(height, width, bf16=True) + stream_vae_cuts(height, width, parked=True)]
+        for cut in (cut for cuts in families for cut in cuts):
+            if best is not None and cut.bf16 and not best[3].bf16:
                 break
             room = usable - fixed - cut.decode_cache_gib - beside(cut.decode_push_gib)
-            room += VAE_WEIGHTS_GIB / 2 if cut.parked else 0.0  # a parked cut's VAE is bf16: half its weights
+            room += VAE_WEIGHTS_GIB / 2 if cut.bf16 else 0.0  # a bf16 cut's VAE is bf16: half its weights
             try:
                 spec, why = cache_for(room)
             except ValueError as exc:
@@ -306,39 +317,37 @@ class FastPipeline(Pipeline):
             # decode) in a one-chunk cache, then the rest of the frames encode beside the decoder's caches
             first_kv = spec.bytes(cfg.num_layers, self.cache_heads, cfg.head_dim, self.dtype) / GiB
             first_kv *= min(1.0, chunk_tokens / spec.capacity_tokens)
-            with_encoder = fixed + first_kv + cut.encode_cache_gib + cut.decode_cache_gib
+            if first_fixed + first_kv + act > usable:  # chunk 0's first forward, beside the bf16 DiT
+                refusal = refusal or ValueError("chunk 0's first forward does not fit beside the bf16 DiT")
+                continue
+            with_encoder = first_fixed + first_kv + cut.encode_cache_gib + cut.decode_cache_gib
             stream_encode = with_encoder + beside(cut.decode_push_gib, cut.encode_push_gib) <= usable
-            score = (spec.capacity_tokens, stream_encode, -cut.tiles)
+            score = (spec.capacity_tokens, stream_encode, not cut.parked, -cut.tiles)
             if best is None or score > best[0]:
                 best = (score, spec, why, cut, stream_encode)
         if best is None:
-            smallest = min(cut.decode_cache_gib + beside(cut.decode_push_gib) for cut in stream_vae_cuts(height, width))
-            smallest = min([smallest] + [cut.decode_cache_gib + beside(cut.decode_push_gib) for cut in parked])
+            smallest = min(cut.decode_cache_gib + beside(cut.decode_push_gib) for cuts in families for cut in cuts)
             raise ValueError(
-                f"{refusal}. At {height}x{width} the Fast DiT ({self.plan.expert_gib:.1f} GiB), its text keys/values "
+                f"{refusal}. At {height}x{width} the Fast DiT ({self.dit_gib(chunk_tokens):.1f} GiB), its text keys/values "
                 f"({cross:.1f} GiB), the VAE ({VAE_WEIGHTS_GIB:.1f} GiB) with its smallest streamed cut and one "
                 f"chunk's activations ({smallest:.1f} GiB) and a {LOOP_MARGIN_GIB:g} GiB margin leave no room for "
                 f"a KV cache in {usable:.1f} usable GiB"
             )
         return best[1:]
 
-    def _loop_fixed_gib(self) -> tuple[float, float]:
+    def _loop_fixed_gib(self, chunk_tokens: int) -> tuple[float, float]:
         """-> (what the loop always holds: the DiT, its text keys/values, the VAE, the margin; those keys/values)."""
         cfg = self.dit_config
         elem = torch.empty(0, dtype=self.dtype).element_size()
         cross = 2 * cfg.num_layers * cfg.text_len * cfg.dim * elem / GiB
-        return self.plan.expert_gib + cross + VAE_WEIGHTS_GIB + LOOP_MARGIN_GIB, cross
+        return self.dit_gib(chunk_tokens) + cross + VAE_WEIGHTS_GIB + LOOP_MARGIN_GIB, cross
 
-    def _spare_without_budget(self, spec: CacheSpec, cut: StreamVAE, chunk_tokens: int) -> float | None:
-        """No budget: on a GPU, what its memory leaves beside every resident model (umT5 too), the KV cache,
-        the VAE's whole frames and one chunk's activations; None off CUDA (no plan)."""
-        cfg, card = self.dit_config, self.plan.card_gib
-        if self.device.type != "cuda" or card is None:
-            return None
-        kv = spec.planned_bytes(cfg.num_layers, self.cache_heads, cfg.head_dim, self.dtype) / GiB
-        resident = self.plan.expert_gib + self.plan.text_encoder_gib + VAE_WEIGHTS_GIB + LOOP_MARGIN_GIB
-        vae = cut.decode_cache_gib + max(activation_gib(chunk_tokens, self.dit_config.dim), cut.decode_push_gib)
-        return card - CUDA_CONTEXT_GIB - resident - kv - vae
+    def dit_gib(self, chunk_tokens: int) -> float:
+        """The DiT on the device through the chunk loop, under this pipeline's compute (`resident_dit_gib`)."""
+        plan = self.plan
+        return resident_dit_gib(
+            plan.expert_gib, plan.checkpoint_kind, self.compute, self.dit_config, self.dtype, chunk_tokens
+        )
 
     def _decode_stream(self) -> torch.cuda.Stream | None:
         """A second CUDA stream for the chunk decodes when they may run beside the DiT: on CUDA, asked

@@ -14,12 +14,15 @@ from contracts.generation_request import FAST_CHUNK_FRAMES
 from contracts.model_families import V1_FAST, ModelFamily
 from contracts.settings import FIELD_BY_NAME, GenerationSettings
 from worldgen.errors import InputError
+from worldgen.kernels.fp8 import MIN_ROWS
+from worldgen.kernels.quantized_weights import saved_bytes
 from worldgen.models.camera_cache import block_bytes
+from worldgen.models.dit import Block, DiTConfig, Linear
 from worldgen.models.kv_cache import MODES, CacheSpec
 from worldgen.models.vae_tiling import streamed_tiles
 from worldgen.pipelines.camera import TEMPORAL_STRIDE, frames_for_poses
 from worldgen.pipelines.scheduler import FlowUniPCScheduler
-from worldgen.runtime.memory import GiB, activation_gib
+from worldgen.runtime.memory import CUDA_CONTEXT_GIB, VAE_WEIGHTS_GIB, GiB, activation_gib
 
 TIMESTEP_INDICES = V1_FAST.timestep_indices  # of the 1000-step schedule: 4 steps, as the model was distilled
 NUM_TRAIN_TIMESTEPS = 1000
@@ -56,16 +59,24 @@ class StreamVAE:
     encode_cache_gib: float  # kept while conditioning frames are encoded
     encode_push_gib: float  # transient, while frames encode
     # the decoder's tiles' caches wait in host memory between their turns (`vae_tiling._Streaming.park`), the
-    # VAE in bf16: the cut of a budget where no float32 cut fits beside the DiT and its KV cache
+    # VAE in bf16: the cut of a budget where no other cut fits beside the DiT and its KV cache
     parked: bool = False
     host_gib: float = 0.0  # parked: every tile's caches in pinned host memory (the process's RSS)
+    # counted at bf16's figures, the VAE in bf16 (parked, or every tile's caches on the device): the cut of a
+    # budget where no float32 cut fits (`FastPipeline._fit_loop`: for the same KV cache, unparked before parked;
+    # an unparked bf16 cut beside the DiT is not yet measured on a GPU, where halving float32's figures once ran
+    # out of memory, `cut`)
+    bf16: bool = False
 
     @classmethod
-    def cut(cls, height: int, width: int, tile_pixels: int | None, parked: bool = False) -> StreamVAE:
+    def cut(
+        cls, height: int, width: int, tile_pixels: int | None, parked: bool = False, bf16: bool = False
+    ) -> StreamVAE:
         """The float32 figures whatever the VAE's dtype: a plan that halved them for a bf16 VAE grew the
         24 GiB cache from 10 to 16 frames and chunk 1's cache grow ran out of memory on the H100 (2.6-3.0
         GiB reserved and unusable: fragmentation; docs/benchmarks.md, "Session 9: Fast"). What a bf16
-        VAE saves is left as slack. A `parked` cut is counted at bf16, half the float32 figures per pixel
+        VAE saves is left as slack. A `bf16` cut (where no float32 cut fits) is counted at bf16, half the float32
+        figures per pixel, as a `parked` one is
         (the decoder's caches are 2,365 elements a pixel whatever the dtype, 9,458 bytes in float32 and
         4,729 in bf16 as `StreamingDecoder.cache_bytes` counts them on the CPU; a push's tensors measured
         there 7,823 and 3,990 bytes a pixel: the push is counted at half the H100's float32 figure), for
@@ -73,7 +84,8 @@ class StreamVAE:
         the encoder is not parked)."""
         one, every, count = streamed_tiles(height, width, tile_pixels)
         tile = None if count == 1 else tile_pixels
-        half = 0.5 if parked else 1.0
+        bf16 = bf16 or parked
+        half = 0.5 if bf16 else 1.0
         return cls(
             tile,
             count,
@@ -83,6 +95,7 @@ class StreamVAE:
             ENCODE_PUSH_BYTES_PER_PIXEL * one / GiB,
             parked,
             half * DECODE_CACHE_BYTES_PER_PIXEL * every / GiB if parked else 0.0,
+            bf16,
         )
 
     @property
@@ -90,21 +103,22 @@ class StreamVAE:
         """What a bf16 VAE leaves unused of the float32 figures counted for the loop (half the decoder's
         caches and push; its peak was 3 GiB lower, docs/benchmarks.md, "Session 9: Fast"). Kept out of
         the KV cache, whose growth chunk by chunk fragmented memory when it took this room; a chunk's
-        camera modulation (`camera_blocks`), the same allocation every chunk, may use it. A parked cut
+        camera modulation (`camera_blocks`), the same allocation every chunk, may use it. A bf16 cut
         is counted at bf16 already: nothing left."""
-        return 0.0 if self.parked else (self.decode_cache_gib + self.decode_push_gib) / 2
+        return 0.0 if self.bf16 else (self.decode_cache_gib + self.decode_push_gib) / 2
 
 
-def stream_vae_cuts(height: int, width: int, parked: bool = False) -> list[StreamVAE]:
+def stream_vae_cuts(height: int, width: int, parked: bool = False, bf16: bool = False) -> list[StreamVAE]:
     """Whole frames, full-height strips (2 to 4: the cheapest tiles, measured), then ever smaller
-    tiles (2 to 12 per frame); one entry per distinct cut (`parked`: each with its tiles' caches parked)."""
+    tiles (2 to 12 per frame); one entry per distinct cut (`parked`: each with its tiles' caches parked;
+    `bf16`: counted at bf16, every tile's caches on the device)."""
     h, w, overlap = height // 8, width // 8, 8  # in latent pixels (the streamed VAE's 64-pixel overlap)
     # a tile is full height only when its area allows a square of that height (`worldgen.models.vae_tiling.tile_shape`)
     areas = [None] + [64 * h * max(h, -(-(w + (k - 1) * overlap) // k)) for k in (2, 3, 4)]
     areas += [height * width // parts for parts in range(2, 13)]
     cuts, seen = [], set()
     for area in areas:
-        cut = StreamVAE.cut(height, width, area, parked)
+        cut = StreamVAE.cut(height, width, area, parked, bf16)
         key = (cut.tiles, round(cut.decode_cache_gib, 4), round(cut.decode_push_gib, 4))
         if key not in seen:
             seen.add(key)
@@ -240,6 +254,33 @@ def vae_dtype(model: str, compute: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def resident_dit_gib(
+    disk_gib: float, checkpoint_kind: str, compute: str, cfg: DiTConfig, dtype: torch.dtype, chunk_tokens: int
+) -> float:
+    """What the Fast DiT holds on the device through the chunk loop: its size on disk, less what its blocks' dense
+    Linears free under fp8 or int8 (`worldgen.kernels.quantized_weights`: each holds its 8-bit weight in place of
+    the bf16 one from its first 8-bit GEMM on, a chunk's tokens or the text's 512 rows; the Linears outside the
+    blocks are left counted at bf16). Until chunk 0's first forward the bf16 weights are all there (`disk_gib`:
+    the text, the encode before the loop and that forward count it). An NF4 checkpoint keeps its NF4 bytes."""
+    if compute not in ("fp8", "int8") or checkpoint_kind != "bf16" or chunk_tokens < MIN_ROWS:
+        return disk_gib
+    with torch.device("meta"):
+        block = Block(cfg).to(dtype)
+    return disk_gib - cfg.num_layers * saved_bytes(block, Linear) / GiB
+
+
+def spare_without_budget(pipe, spec: CacheSpec, cut: StreamVAE, chunk_tokens: int) -> float | None:
+    """No budget: on a GPU, what its memory leaves beside every resident model (umT5 too), the KV cache,
+    the VAE's whole frames and one chunk's activations; None off CUDA (no plan)."""
+    cfg, card = pipe.dit_config, pipe.plan.card_gib
+    if pipe.device.type != "cuda" or card is None:
+        return None
+    kv = spec.planned_bytes(cfg.num_layers, pipe.cache_heads, cfg.head_dim, pipe.dtype) / GiB
+    resident = pipe.dit_gib(chunk_tokens) + pipe.plan.text_encoder_gib + VAE_WEIGHTS_GIB + LOOP_MARGIN_GIB
+    vae = cut.decode_cache_gib + max(activation_gib(chunk_tokens, cfg.dim), cut.decode_push_gib)
+    return card - CUDA_CONTEXT_GIB - resident - kv - vae
+
+
 def camera_blocks(spare_gib: float | None, chunk_tokens: int, dim: int, num_layers: int, dtype: torch.dtype) -> int:
     """How many DiT blocks keep a chunk's camera modulation across its forwards (`worldgen.models.camera_cache`:
     the same numbers, a chunk's 4 steps and refresh compute it once): every block without a limit
@@ -313,6 +354,8 @@ def describe_fast_plan(pipe) -> str:
         parked = ""
         if decode and cut is not None and cut.parked:
             parked = f", in bf16, each tile's caches parked in host memory between its turns ({cut.host_gib:.1f} GiB)"
+        elif decode and cut is not None and cut.bf16:
+            parked = f", in bf16, every tile's caches on the device ({cut.decode_cache_gib:.1f} GiB), none parked"
         if pixels is None:
             return "whole frames" + parked
         count = f"{cut.tiles} " if cut is not None and cut.tile_pixels == pixels else ""

@@ -36,8 +36,8 @@ from contracts.checkpoint_layout import (  # the layouts' one home (no torch); r
     find_fast_checkpoint,
 )
 from worldgen.errors import CheckpointError
-from worldgen.kernels.int8 import exact_weights_from
 from worldgen.kernels.nf4 import QUANT_SUFFIXES, NF4Linear
+from worldgen.kernels.quantized_weights import exact_weights_from
 from worldgen.models.dit import DiTConfig, Linear, WanCameraDiT
 from worldgen.runtime.tensor_stream import StagingBuffer, stream_safetensors, stream_torch_file
 
@@ -171,7 +171,7 @@ def load_expert(
     kind = expert_kind(folder)
     if kind == "bf16":
         load_state_streaming(model, stream_bf16_expert(folder, device, dtype, staging), folder)
-        # where `--compute int8` finds the bf16 weights it drops, when another compute is asked for later
+        # where `--compute fp8` / `int8` find the bf16 weights they drop, when another compute is asked for later
         exact_weights_from(model, lambda: stream_bf16_expert(folder, device, dtype, None))
         return model.eval()
 

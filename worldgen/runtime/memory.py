@@ -44,6 +44,7 @@ class MemoryPlan:
     text_encoder_device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
     usable_gib: float | None = None  # the VRAM budget less the CUDA context; None: no budget
     expert_gib: float = 0.0
+    checkpoint_kind: str = ""  # the experts' format on disk: "bf16" (dense) or "nf4"
     width: int = REFERENCE_WIDTH  # the DiT's dim: its activations scale with it (`activation_gib`)
     job: str = ""
     notes: tuple[str, ...] = ()
@@ -184,7 +185,7 @@ def plan_memory(
     device = torch.device(device)
     if device.type != "cuda" or vram_budget_gb is None:
         plan = MemoryPlan.unlimited(device)
-        plan.ram_budget_gb = ram_budget_gb
+        plan.ram_budget_gb, plan.checkpoint_kind = ram_budget_gb, checkpoint_kind
         if device.type == "cuda" and gpu_total_gib is not None:
             plan.card_gib, plan.expert_gib, plan.width = gpu_total_gib, expert_gib, width
             plan.text_encoder_gib = 0.0 if text_encoder_on_cpu else text_encoder_gib
@@ -214,6 +215,7 @@ def plan_memory(
             text_encoder_device=device,
             usable_gib=usable,
             expert_gib=expert_gib,
+            checkpoint_kind=checkpoint_kind,
             width=width,
             notes=notes,
         )
