@@ -165,6 +165,8 @@ def vae_cut(pipe) -> str:
     cut = getattr(pipe, "vae_cut", None)
     tiles = "whole frames" if cut is None or cut.tiles == 1 else f"{cut.tiles} tiles"
     parked = f", caches parked in host memory ({cut.host_gib:.1f} GiB)" if cut is not None and cut.parked else ""
+    if cut is not None and cut.bf16 and not cut.parked:  # the plan's bf16 cut with every tile's caches on the GPU
+        parked = f", caches on the device ({cut.decode_cache_gib:.1f} GiB), none parked"
     return f"{str(pipe.vae_dtype).removeprefix('torch.')}, {tiles}{parked}"
 
 
