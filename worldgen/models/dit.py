@@ -1,15 +1,13 @@
 """The LingBot-World DiT: Wan2.2 I2V transformer plus LingBot's camera layers, in one file.
 
-State-dict names are those of the released checkpoints (`blocks.12.self_attn.q.weight`, ...), so
-both the original bf16 shards and the community NF4 file load into it without renaming.
+State-dict names are those of the released checkpoints (`blocks.12.self_attn.q.weight`, ...): the bf16 shards and the
+community NF4 file load into it without renaming.
 
 Numerics follow the reference (bf16 matmuls; LayerNorms, modulation, residual gating, time embedding and head in
 float32) with three memory changes that give the same numbers:
 - the timestep modulation is one row per sample, not one per token (t is the same for all tokens);
-- RoPE is applied in float32 from a small cos/sin table computed in float64, instead of casting q and k to float64
-  complex tensors;
-- the feed-forward can run in token chunks (`ffn_chunk_tokens`) so its 13824-wide hidden activation never exists for
-  the whole sequence at once.
+- RoPE is applied in float32 from a small cos/sin table computed in float64, not q and k cast to complex128;
+- the feed-forward can run in token chunks (`ffn_chunk_tokens`): its 13824-wide hidden never exists for all tokens.
 Linear layers are `Linear` (below) or `worldgen.kernels.nf4.NF4Linear`; both take the compute dtype from their weights
 and can be told to compute in float32 where the reference does, or to run their GEMM in FP8 or INT8 (`set_compute`,
 approximations: `worldgen.kernels.fp8`, `worldgen.kernels.int8`). The elementwise groups of a block (modulated norms,
@@ -95,9 +93,7 @@ class DiTConfig:
 
 
 class Linear(nn.Linear):
-    """nn.Linear that casts its input to the weight dtype, or computes in `dtype` when given; `compute` "fp8" /
-    "int8" (set by `WanCameraDiT.set_compute`) runs large calls as an FP8 / INT8 GEMM, its 8-bit weight made once
-    and held in place of the bf16 one (`worldgen.kernels.quantized_weights`)."""
+    """nn.Linear in its weight's dtype or `dtype`; under fp8 / int8 (`set_compute`) large calls are 8-bit GEMMs."""
 
     compute = "exact"
 
@@ -109,9 +105,7 @@ class Linear(nn.Linear):
         if wants_int8(x, self.compute):  # W8A8 (worldgen.kernels.int8)
             return int8_linear(x, self, dtype)
         bias = None if self.bias is None else self.bias.to(dtype)
-        if quantized_weights.dropped(
-            self
-        ):  # few rows once the bf16 weight is dropped: W8A16, the 8-bit one dequantized
+        if quantized_weights.dropped(self):  # few rows once the bf16 weight is dropped: W8A16 (the 8-bit one)
             return F.linear(x.to(dtype), quantized_weights.held(self).dequantize(dtype), bias)
         return F.linear(x.to(dtype), self.weight.to(dtype), bias)
 
