@@ -100,14 +100,17 @@ def run_live(client: Client, payload: EpisodePayload, settings: dict, poses: np.
     chunks = LiveChunks()
     live = LiveJob.open(client, payload.image, payload.prompt, payload.intrinsics[:1], settings, on_event=chunks)
     sent_at: list[float] = []
+    ack_s: list[float] = []  # each batch's round trip: a stalled server or client shows here, not in the worker
     started = time.monotonic()
 
     def feed() -> None:
         for i, pose in enumerate(poses):
             if pace > 0:
                 time.sleep(max(0.0, started + i / (POSE_FPS * pace) - time.monotonic()))
+            asked = time.monotonic()
             live.send_poses(pose[None], end=i == len(poses) - 1, timeout=3600)
             sent_at.append(time.monotonic())
+            ack_s.append(sent_at[-1] - asked)
 
     sender = threading.Thread(target=feed, daemon=True)
     sender.start()
@@ -124,7 +127,15 @@ def run_live(client: Client, payload: EpisodePayload, settings: dict, poses: np.
                      "client_lag_s": None if client_lag is None else round(client_lag, 3),
                      "started_s": timing.get("started_s"), "sent_s": timing.get("sent_s"),
                      "behind": timing.get("behind")})  # fmt: skip
-    return {"chunks": rows, "seconds": round(time.monotonic() - started, 3), "provenance": outcome.provenance}
+    slowest = int(np.argmax(ack_s)) if ack_s else None
+    acks = {"median_s": round(float(np.median(ack_s)), 4), "max_s": round(max(ack_s), 3), "max_at_pose": slowest,
+            "max_at_s": round(sent_at[slowest] - started, 3)} if ack_s else None  # fmt: skip
+    return {
+        "chunks": rows,
+        "seconds": round(time.monotonic() - started, 3),
+        "pose_acks": acks,
+        "provenance": outcome.provenance,
+    }
 
 
 def verdict(rows: list[dict], pace: float) -> dict:
@@ -253,12 +264,13 @@ def main() -> int:
         # whether its chunks decoded beside the next chunk's forwards (LINGBOT_ISAAC_DECODE_OVERLAP=0: never)
         overlap = {True: "ran", False: "off", None: "not recorded"}[compute.get("decode_overlap")]
         print(f"{name}: peak VRAM {peak} GiB; decode overlap {overlap}, VAE {compute.get('vae_dtype')}; {denoise}")
+    print(f"pose batches' round trips: {figures['pose_acks']}")
     print(f"chunks/s {summary['chunk_rate_per_s']} (the poses complete {summary['pose_chunk_rate_per_s']}/s): "
           f"keeps up: {summary['keeps_up']}; lag first {summary['lag_first_s']} s, median {summary['lag_median_s']} s, "
           f"last {summary['lag_last_s']} s")  # fmt: skip
     if args.json:
         record = {"args": {k: str(v) for k, v in vars(args).items()}, "settings": settings, "summary": summary,
-                  "chunks": rows, "seconds": figures["seconds"],
+                  "chunks": rows, "seconds": figures["seconds"], "pose_acks": figures["pose_acks"],
                   "what_ran": {k: (figures["provenance"] or {}).get(k) for k in ("output", "compute", "timings")}}  # fmt: skip
         atomic.write_json(args.json, record)
     return 0
