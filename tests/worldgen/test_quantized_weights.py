@@ -11,10 +11,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from contracts.model_families import V2_FAST
+from contracts.settings import GenerationSettings
 from tests.worldgen.numerics import rel_l2
 from worldgen.kernels import fp8, int8, quantized_weights
 from worldgen.kernels.fp8 import Fp8Weight
 from worldgen.models.dit import Linear
+from worldgen.pipelines.fast_plan import FastOptions
 from worldgen.runtime.checkpoint import load_expert
 
 
@@ -105,3 +108,32 @@ def test_on_a_gpu_the_held_fp8_weight_gives_the_per_call_numbers():
     deq = quantized_weights.held(lin).dequantize(torch.bfloat16)
     assert torch.equal(few, F.linear(x[:, :3], deq, lin.bias))
     assert quantized_weights.restore_exact_weights(torch.nn.Sequential(lin)) == 1 and torch.equal(lin.weight, weight)
+
+
+@pytest.mark.parametrize("compute", ["fp8", "int8"])
+def test_a_planned_job_makes_the_block_weights_the_plan_counts_before_its_first_forward(golden, compute):
+    """`FastPipeline.plan_job` makes every 8-bit weight `resident_dit_gib` counts (the blocks' dense Linears) at
+    once, the bf16 ones dropped before the job's tensors exist: the weights the first GEMMs would have made. A job
+    too small for the 8-bit GEMMs (the plan counts bf16) and a model not loaded make none."""
+    from tests.worldgen.test_small_budget import _plan_1_3b
+    from worldgen.pipelines.fast_plan import make_block_weights
+
+    weight_type = {"fp8": Fp8Weight, "int8": int8.Int8Weight}[compute]
+    model = load_expert(golden / "dit" / "bf16_layout", "cpu", torch.bfloat16)
+    linears = [m for block in model.blocks for m in block.modules() if isinstance(m, Linear)]
+    bf16 = [m.weight.detach().clone() for m in linears]
+    pipe, _ = _plan_1_3b(8.0, compute)  # the 1.3B's plan under 8 GiB (the tiny model stands in for its weights)
+    slot = pipe.residency.slot("fast")
+    pipe.plan_job(20, 58, 104, FastOptions.from_settings(GenerationSettings(model="fast"), 1508, V2_FAST))
+    assert not any(quantized_weights.held(m) for m in linears)  # the DiT not loaded yet: nothing to make
+    slot.module = model
+    pipe.plan_job(20, 14, 16, FastOptions.from_settings(GenerationSettings(model="fast"), 56, V2_FAST))
+    assert not any(quantized_weights.held(m) for m in linears)  # 224 tokens a chunk: bf16 GEMMs, weights
+    pipe.plan_job(20, 58, 104, FastOptions.from_settings(GenerationSettings(model="fast"), 1508, V2_FAST))
+    assert linears and all(quantized_weights.dropped(m) for m in linears)
+    for linear, weight in zip(linears, bf16, strict=True):
+        made = quantized_weights.held(linear)
+        data, scale = weight_type.quantize(weight)
+        assert isinstance(made, weight_type) and torch.equal(made.data.view(torch.uint8), data.view(torch.uint8))
+        assert torch.equal(made.scale, scale)
+    assert make_block_weights(model, compute) == 0  # made once

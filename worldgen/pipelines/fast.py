@@ -51,6 +51,7 @@ from worldgen.pipelines.fast_plan import (
     fast_frames,
     fast_schedule,
     full_cache_spec,
+    make_block_weights,
     resident_dit_gib,
     spare_without_budget,
     stream_vae_cuts,
@@ -152,11 +153,11 @@ class FastPipeline(Pipeline):
         # notes are per job: the load's own notes, then what this job adds (a decode fallback)
         self._load_notes = getattr(self, "_load_notes", self.plan.notes)
         self.plan.notes = self._load_notes
-        if (dit := self.dit_gib(chunk_tokens)) < self.plan.expert_gib:
-            self.plan.notes += (
-                f"the DiT's blocks hold {self.compute} weights in place of bf16 ones from their first {self.compute} "
-                f"GEMM on: {dit:.1f} GiB through the chunk loop ({self.plan.expert_gib:.1f} GiB before it)",
-            )
+        dit, slot = self.dit_gib(chunk_tokens), self.residency.slot("fast")
+        if dit < self.plan.expert_gib and slot.loaded and make_block_weights(slot.get(), self.compute):
+            free_device_memory(self.device)  # the dropped bf16 weights' memory back, before the job's tensors
+        if dit < self.plan.expert_gib:
+            self.plan.notes += (f"the DiT's blocks hold {self.compute} weights in place of bf16 ones: {dit:.1f} GiB",)
         self.plan.experts_beside_vae = True  # the VAE decodes each chunk while the DiT is resident
         cfg = self.dit_config
         dims = {"num_layers": cfg.num_layers, "num_heads": self.cache_heads, "head_dim": cfg.head_dim}
@@ -342,12 +343,11 @@ class FastPipeline(Pipeline):
         cross = 2 * cfg.num_layers * cfg.text_len * cfg.dim * elem / GiB
         return self.dit_gib(chunk_tokens) + cross + VAE_WEIGHTS_GIB + LOOP_MARGIN_GIB, cross
 
-    def dit_gib(self, chunk_tokens: int) -> float:
-        """The DiT on the device through the chunk loop, under this pipeline's compute (`resident_dit_gib`)."""
-        plan = self.plan
-        return resident_dit_gib(
-            plan.expert_gib, plan.checkpoint_kind, self.compute, self.dit_config, self.dtype, chunk_tokens
-        )
+    def dit_gib(self, tokens: int) -> float:
+        """The DiT on the device through the chunk loop of `tokens` a chunk, under this pipeline's compute
+        (`resident_dit_gib`)."""
+        p = self.plan
+        return resident_dit_gib(p.expert_gib, p.checkpoint_kind, self.compute, self.dit_config, self.dtype, tokens)
 
     def _decode_stream(self) -> torch.cuda.Stream | None:
         """A second CUDA stream for the chunk decodes when they may run beside the DiT: on CUDA, asked

@@ -14,8 +14,10 @@ from contracts.generation_request import FAST_CHUNK_FRAMES
 from contracts.model_families import V1_FAST, ModelFamily
 from contracts.settings import FIELD_BY_NAME, GenerationSettings
 from worldgen.errors import InputError
-from worldgen.kernels.fp8 import MIN_ROWS
-from worldgen.kernels.quantized_weights import saved_bytes
+from worldgen.kernels.fp8 import MIN_ROWS, Fp8Weight
+from worldgen.kernels.int8 import Int8Weight
+from worldgen.kernels.quantized_weights import held, saved_bytes
+from worldgen.kernels.triton_lang import deferring
 from worldgen.models.camera_cache import block_bytes
 from worldgen.models.dit import Block, DiTConfig, Linear
 from worldgen.models.kv_cache import MODES, CacheSpec
@@ -267,6 +269,23 @@ def resident_dit_gib(
     with torch.device("meta"):
         block = Block(cfg).to(dtype)
     return disk_gib - cfg.num_layers * saved_bytes(block, Linear) / GiB
+
+
+def make_block_weights(model: torch.nn.Module, compute: str) -> int:
+    """Make the 8-bit weights `resident_dit_gib` counts (every dense Linear of the DiT's blocks; their bf16 weights
+    dropped) at once, as a job is planned, rather than one by one inside chunk 0's first forward: there each freed
+    bf16 weight left a hole among the chunk's activations, and under `--vram-budget 8` the 1.3B's fp8 decode of
+    chunk 1 ran out of memory with 1.8 GiB reserved and unused (docs/benchmarks.md, "Session 30"). The same
+    weights, made by the same quantizer; the bf16 ones' memory is handed back to the driver (the caller's
+    `free_device_memory`). -> the number made (none while compiling ahead: a dry call keeps nothing)."""
+    kind = {"fp8": Fp8Weight, "int8": Int8Weight}[compute]
+    todo = [m for m in model.blocks.modules() if isinstance(m, Linear) and not hasattr(m, "dequantized_weight")]
+    todo = [m for m in todo if held(m) is None]
+    if deferring():
+        return 0
+    for linear in todo:
+        kind.of(linear)
+    return len(todo)
 
 
 def spare_without_budget(pipe, spec: CacheSpec, cut: StreamVAE, chunk_tokens: int) -> float | None:
