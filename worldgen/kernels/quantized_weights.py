@@ -3,7 +3,8 @@ one mechanism for both.
 
 The 8-bit weight (one float32 scale per output channel) is made ONCE, on the Linear's first call that takes the
 8-bit GEMM (`QuantizedWeight.of`: a subclass per compute says how it quantizes, `fp8.Fp8Weight`,
-`int8.Int8Weight`), and kept on the Linear. A dense Linear's exact (bf16) weight is then dropped from the device
+`int8.Int8Weight`), or for all the DiT's blocks at once as a Fast job is planned
+(`worldgen.pipelines.fast_plan.make_block_weights`), and kept on the Linear. A dense Linear's exact (bf16) weight is then dropped from the device
 (`drop_exact_weight`): the 8-bit one replaces it rather than sitting beside it (the 1.3B's blocks: 3.1 GiB of
 bf16 for 1.6 GiB of 8-bit). Numbers: the same as quantizing the weight on every call (what fp8 did before), it
 is the same quantizer on the same weight. A call of too few rows for the 8-bit GEMM (`MIN_ROWS`) on a Linear whose

@@ -261,9 +261,10 @@ def resident_dit_gib(
 ) -> float:
     """What the Fast DiT holds on the device through the chunk loop: its size on disk, less what its blocks' dense
     Linears free under fp8 or int8 (`worldgen.kernels.quantized_weights`: each holds its 8-bit weight in place of
-    the bf16 one from its first 8-bit GEMM on, a chunk's tokens or the text's 512 rows; the Linears outside the
-    blocks are left counted at bf16). Until chunk 0's first forward the bf16 weights are all there (`disk_gib`:
-    the text, the encode before the loop and that forward count it). An NF4 checkpoint keeps its NF4 bytes."""
+    the bf16 one, made as the job is planned (`make_block_weights`), or by its first 8-bit GEMM (a chunk's tokens or
+    the text's 512 rows) where the DiT was not loaded then; the Linears outside the blocks are left counted at
+    bf16). The plan still counts the bf16 weights until chunk 0's first forward (`disk_gib`: the text, the encode
+    before the loop and that forward), for that second case. An NF4 checkpoint keeps its NF4 bytes."""
     if compute not in ("fp8", "int8") or checkpoint_kind != "bf16" or chunk_tokens < MIN_ROWS:
         return disk_gib
     with torch.device("meta"):
