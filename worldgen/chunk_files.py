@@ -2,7 +2,8 @@
 
 A client that asks for chunks (`want_chunks`: live views, Isaac Sim's window) gets each one as an mp4 and a
 PNG of its last frame. Encoding them is host work: 0.1-0.3 s a 12-frame 464x832 chunk on a 16-core host,
-1.1-1.3 s on a 2-core one. Done in the chunk loop, the GPU waited for it before the next chunk's forwards
+1.1-1.3 s on a 2-core one, with x264's default preset (its quick settings, `contracts.video.QUICK_X264`, which
+chunks now use: 0.13 s for 16 frames on 2 cores, against 0.41 s). Done in the chunk loop, the GPU waited for it before the next chunk's forwards
 (docs/benchmarks.md, "Session 17: Fast"). Here the loop hands the chunk over and goes on; one thread writes
 and reports the chunks in order. A write that failed is raised in the loop at the next chunk, or when the
 job ends (`close`), so a job never reports a result whose chunk files are missing.
@@ -86,7 +87,7 @@ class ChunkFiles:
 
         pixels = to_uint8_frames(frames)
         path = self.output.with_name(f"{self.output.stem}.chunk{index:03d}.mp4")
-        write_mp4(pixels, path, fps=self.fps)
+        write_mp4(pixels, path, fps=self.fps, quick=True)  # a live view waits for it
         still = atomic.write_bytes(path.with_suffix(".png"), still_png(pixels[-1]), durable=False)
         self.report(index, total, path, len(pixels), still)
 

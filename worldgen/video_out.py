@@ -34,10 +34,12 @@ def frames_shape(video: torch.Tensor | np.ndarray) -> tuple[int, int, int]:
     return tuple(video.shape[:3]) if video.dtype in (np.uint8, torch.uint8) else tuple(video.shape[1:])
 
 
-def write_mp4(video: torch.Tensor | np.ndarray, path: Path | str, fps: int = contracts_video.DEFAULT_FPS) -> Path:
+def write_mp4(
+    video: torch.Tensor | np.ndarray, path: Path | str, fps: int = contracts_video.DEFAULT_FPS, quick: bool = False
+) -> Path:
     """Video tensor [3,F,H,W] in [-1,1] (or uint8 frames [F,H,W,3], an array or a tensor) -> the project's mp4
-    (contracts.video)."""
+    (contracts.video; `quick`: a chunk someone waits for)."""
     if isinstance(video, torch.Tensor) and video.dtype == torch.uint8:
         video = video.numpy()
     frames = video if isinstance(video, np.ndarray) else to_uint8_frames(video)
-    return contracts_video.write_mp4(path, frames, fps=fps)
+    return contracts_video.write_mp4(path, frames, fps=fps, quick=quick)

@@ -110,4 +110,4 @@ class GrowingVideo:
             frames, fps = video.read_mp4(source)
         self.chunks.extend(frames)
         self.frames = len(self.chunks)
-        video.write_mp4(self.path, self.chunks, fps=fps, durable=False)  # a preview: the result replaces it
+        video.write_mp4(self.path, self.chunks, fps=fps, durable=False, quick=True)  # a preview: the result replaces it

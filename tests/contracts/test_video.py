@@ -26,6 +26,19 @@ def test_streamed_frames_round_trip_with_odd_sides_padded(tmp_path):
     assert read_mp4(write_mp4(tmp_path / "b.mp4", frames(1, 16, 16)))[1] == pytest.approx(DEFAULT_FPS)
 
 
+def test_a_quick_video_is_encoded_with_x264s_quick_settings_and_reads_back_the_same(tmp_path):
+    """A chunk someone waits for (`quick`): veryfast, zerolatency (x264 writes its settings into the stream: a
+    quick motion search, no B-frames); the rollouts' videos keep the default preset. Both decode to the same frames."""
+    default = write_mp4(tmp_path / "default.mp4", frames(8, 32, 48))
+    quick = write_mp4(tmp_path / "quick.mp4", frames(8, 32, 48), quick=True)
+    assert b"subme=2 " in quick.read_bytes() and b"bframes=0 " in quick.read_bytes()
+    assert b"subme=7 " in default.read_bytes() and b"bframes=3 " in default.read_bytes()
+    expected = np.stack(list(frames(8, 32, 48))).astype(int)
+    for path in (default, quick):
+        decoded, _ = read_mp4(path)
+        assert decoded.shape == expected.shape and np.abs(decoded.astype(int) - expected).mean() < 6
+
+
 def test_bad_frames_are_refused_and_nothing_is_left(tmp_path):
     mixed = [next(frames(1, 16, 16)), np.zeros((16, 18, 3), np.uint8)]
     with pytest.raises(VideoError, match=r"frame 1 is uint8 \(16, 18, 3\)"):

@@ -40,6 +40,7 @@ def test_chunks_are_written_and_reported_in_order_without_the_loop_waiting(tmp_p
     video = read_mp4(tmp_path / "out.chunk001.mp4")[0]
     assert video.shape == (12, 16, 24, 3) and abs(float(video.mean()) - 191) < 3  # 0.5 in [-1, 1] -> 191
     assert (tmp_path / "out.chunk000.png").stat().st_size > 0
+    assert b"bframes=0 " in (tmp_path / "out.chunk001.mp4").read_bytes()  # x264's quick settings (contracts.video)
 
 
 def test_a_failed_write_is_raised_in_the_loop_at_the_next_chunk_or_at_the_end(tmp_path):
