@@ -6,14 +6,15 @@ Linears (`int8_linear`): the weight quantized ONCE per load (`Int8Weight.of`, ke
 with one scale per output channel (absmax / 127, from the bf16 weight, or the NF4 weight dequantized as
 the exact path does); the input quantized per token on the fly (absmax / 127: dynamic, nothing
 calibrated) by one Triton pass (`int8_triton.quantize_rows`; the feed-forward's GELU in the same pass,
-`gelu_then_quantize`, as the fp8 path does); `torch._int_mm` multiplies them (int8 x int8 -> int32:
-cuBLASLt's INT8 GEMM on CUDA, the same integer product on the CPU, so the CPU runs this path's reference
-math bit for bit); the two scales and the bias are applied in float32 by one Triton pass over the int32
-product (`int8_triton.dequantize`), the result written in the compute dtype. Why cuBLASLt and not our own
-GEMM by default: it is the library that does this job, tuned per card (Ampere's and Hopper's INT8 MMAs), and
-its int32 output costs one extra read and write of the product (~10 bytes an output element against the
-GEMM's K); `int8_triton.gemm` fuses that epilogue into a Triton GEMM (`GEMM = "triton"`) and
-bench/bench_int8.py compares the two on a card: the default follows the measurement. `torch._scaled_mm`
+`gelu_then_quantize`, as the fp8 path does); on CUDA our Triton GEMM multiplies them (`int8_triton.gemm`: int8
+x int8 -> int32 on the tensor cores, the two scales and the bias applied in float32 in the same kernel, the result
+written in the compute dtype). On the CPU (and with `GEMM = "int_mm"`) `torch._int_mm` computes the integer
+product (cuBLASLt's INT8 GEMM on CUDA; on the CPU the reference math, bit for bit) and one Triton pass
+(`int8_triton.dequantize`) the rest. Why our own GEMM by default and not the library: on the H200 cuBLASLt ran
+sm_80 kernels (`cutlass_80_tensorop_i16832gemm_s8`: Ampere's MMAs, not Hopper's) and its int32 output costs an
+extra read and write of the product; ours, with the tiles `int8_triton.gemm_config` chose, took 0.06-0.78 ms
+where it took 0.08-1.27 ms at the 1.3B's and the 14B's shapes (docs/benchmarks.md, "Session 30"); on the sm_80
+code path the two were level (Session 28). bench/bench_int8.py compares them on a card. `torch._scaled_mm`
 (and torch 2.13's `F.scaled_mm`) refuses int8 operands (its row-wise rule: "a and b should be float8").
 Only Linears over many tokens (`MIN_ROWS`, as the FP8 path) take it. The activation quantization is not
 fused into the LayerNorms before the Linears (the fp8 path does so): on paper it saves one bf16 write and
@@ -32,10 +33,11 @@ Self-attention (`int8_attention`): SageAttention's scheme (Zhang et al., 2024): 
 the tokens subtracted, per head: each query's scores move by one constant, which softmax ignores), Q and
 K quantized to int8 per block of `BLOCK` tokens (absmax / 127), S = Q8 K8^T in int32 times the two block
 scales, softmax in float32, P V in the compute dtype (16-bit: PV in 8 bits is what costs accuracy). On
-CUDA the `sageattention` package's Triton kernels run it where installed (`pip install sageattention`;
-sm_80+); elsewhere this module's reference math (the same numbers, slower). On Hopper its Q K^T runs at the
-INT8 rate but its P V at the bf16 one, where cuDNN's FP8 attention (the fp8 path's) runs both at the 8-bit
-rate: bench/bench_int8.py times the two.
+CUDA our Triton kernels run it (`int8_attention_triton`: tiles and accumulation per card; why not the
+`sageattention` package's, measured, in its docstring), the package's where they cannot, elsewhere this
+module's reference math (the same quantization, slower). On Hopper its Q K^T runs at the INT8 rate but its
+P V at the bf16 one, where cuDNN's FP8 attention (the fp8 path's) runs both at the 8-bit rate:
+bench/bench_int8.py times them.
 
 The sm_80 code path on a newer card (`LINGBOT_ISAAC_TRITON_TARGET=sm80`, `triton_lang.force_target`): our
 Triton kernels (and sageattention's) are lowered for sm_80 (mma.sync, no wgmma; the GEMM's Ampere tiles,
@@ -54,7 +56,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from worldgen.kernels import int8_triton
+from worldgen.kernels import int8_attention_triton, int8_triton
 from worldgen.kernels.quantized_weights import QuantizedWeight
 from worldgen.kernels.triton_lang import capability
 
@@ -62,7 +64,7 @@ INT8_MAX = 127.0
 MIN_ROWS = 256  # fewer rows than this: the exact GEMM is as fast (the FP8 path's threshold)
 BLOCK = 128  # tokens per Q/K quantization block (SageAttention's for Q; finer blocks: closer, slower)
 MIN_CAPABILITY = (8, 0)  # INT8 tensor-core GEMMs through torch._int_mm: Ampere and later
-GEMM = "int_mm"  # "int_mm": cuBLASLt's INT8 GEMM + the Triton epilogue; "triton": int8_triton.gemm, all in one
+GEMM = "triton"  # "triton": int8_triton.gemm, all in one; "int_mm": cuBLASLt's INT8 GEMM + the Triton epilogue
 _failed: set[str] = set()  # Triton kernels that failed once in this process: PyTorch from then on (said once)
 
 
@@ -203,10 +205,17 @@ def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     """softmax(Q K^T / sqrt(d)) V for q [B, Lq, n, d], k and v [B, Lk, n, d] with Q and K in int8 (per
     block, K smoothed) and P V in the compute dtype; -> [B, Lq, n * d] in q's dtype."""
     b, lq, n, d = q.shape
-    if q.is_cuda:
-        from worldgen.kernels.attention import attention, installed
+    if int8_triton.on_device(q):  # CUDA (or Triton's interpreter): our kernels, else the package's, else PyTorch
+        from worldgen.kernels.attention import OPTIONAL_MIN_KEYS, attention, installed
 
-        if installed("sage"):
+        if q.is_cuda and k.shape[1] < OPTIONAL_MIN_KEYS:
+            return attention(q, k, v)  # a short window: SDPA, as for every optional kernel
+        cap = capability(q.device) if q.is_cuda else (9, 0)
+        if int8_attention_triton.takes(q, k, v):
+            done = _triton("attention", int8_attention_triton.attention, q, k, v, cap)
+            if done is not None:
+                return done
+        if q.is_cuda and installed("sage"):
             return attention(q, k, v, "sage")
     k = k - k.float().mean(dim=1, keepdim=True).to(k.dtype)  # smoothing: softmax ignores a per-query constant
     out = torch.empty(b, lq, n, d, dtype=q.dtype, device=q.device)

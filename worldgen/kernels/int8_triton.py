@@ -9,9 +9,9 @@ functions are their reference, and the CPU's path).
   the compute dtype) in one pass: it read the int32 product once and wrote bf16 once, where PyTorch's four
   elementwise ops wrote and read float32 four times.
 - `gemm`: the whole W8A8 GEMM in Triton, int8 x int8 -> int32 on the tensor cores (wgmma on Hopper, mma.sync
-  on Ampere and Ada) with that epilogue fused: the int32 product never reaches memory. Chosen by `int8.GEMM`
-  ("triton"); cuBLASLt through `torch._int_mm` is the default until a measurement says otherwise
-  (bench/bench_int8.py compares them).
+  on Ampere and Ada) with that epilogue fused: the int32 product never reaches memory. The default
+  (`int8.GEMM = "triton"`): quicker than cuBLASLt through `torch._int_mm` and the epilogue at every shape measured
+  (bench/bench_int8.py compares them; `gemm_config`).
 
 Numerics: exactly the reference's. The scale is max|x| / 127 (IEEE division: `tl.math.div_rn`, not Triton's
 default approximate one), each value divided by it (IEEE) and rounded to nearest even (the float32 magic-number
@@ -162,10 +162,11 @@ def dequantize(acc, x_scale, w_scale, bias, dtype) -> torch.Tensor | None:
 
 
 def gemm_config(capability: tuple[int, int]) -> dict[str, int]:
-    """The GEMM's tiles for a card: Hopper's 227 KiB of shared memory take 128x256 tiles with 128-deep K steps in
-    three stages (144 KiB); Ampere and Ada (99-163 KiB: an RTX 3090 has 99) 128x128x64 in four (64 KiB)."""
-    if tuple(capability) >= (9, 0):
-        return {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+    """The GEMM's tiles for a card: 128x128 tiles with 64-deep K steps in four stages (64 KiB of shared memory: an
+    RTX 3090 has 99 KiB). On the H200 they were the quickest of ten tile shapes at every shape of the 1.3B and the
+    14B (6,032 rows: 0.06-0.78 ms; the 128x256x128 tiles Hopper had before, 0.08-0.86 ms; cuBLASLt's `_int_mm` with
+    the epilogue, 0.08-1.27 ms: docs/benchmarks.md, "Session 30"), so every card gets them (`capability` stays for
+    the card that will measure otherwise)."""
     return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4}
 
 
@@ -207,5 +208,5 @@ SIGNATURES = {
         Signature("*i32 *fp32 *fp32 *bf16 *bf16 i32 i32", {"HAS_BIAS": True, "BLOCK_M": 32, "BLOCK_N": 128},
                   {"num_warps": 4, "enable_fp_fusion": False}),
     ),
-    "_gemm_kernel": (_gemm_signature((9, 0)), _gemm_signature((8, 6))),
+    "_gemm_kernel": (_gemm_signature((9, 0)),),
 }  # fmt: skip
