@@ -179,3 +179,23 @@ def test_the_sm80_switch_builds_for_sm80_and_loads_the_ptx(monkeypatch):
     monkeypatch.setenv(triton_lang.TARGET_SWITCH, "hopper")
     with pytest.raises(ValueError, match="sm80"):
         triton_lang._forced_target()
+
+
+def test_q_k_and_v_share_one_quantization_of_their_input(monkeypatch):
+    """`int8.shared_input` (the self-attention's normed input, `Block.residual_norm`): quantized once for the three
+    Linears that read it, each giving what it gives from the bf16 input; left as it is where no W8A8 GEMM runs."""
+    monkeypatch.setattr(int8, "MIN_ROWS", 8)
+    torch.manual_seed(0)
+    linears = [Linear(64, 48) for _ in range(3)]
+    for linear in linears:
+        linear.compute = "int8"
+    x = torch.randn(2, 20, 64)
+    rows = int8.shared_input(x, linears[0])
+    assert isinstance(rows, int8.Int8Rows) and rows.shape == x.shape
+    with torch.no_grad():
+        assert all(torch.equal(linear(rows), linear(x)) for linear in linears)
+    assert int8.shared_input(rows, linears[0]) is rows
+    few = torch.randn(1, 3, 64)
+    assert int8.shared_input(few, linears[0]) is few  # too few rows: the exact GEMM's input
+    linears[0].compute = "exact"
+    assert int8.shared_input(x, linears[0]) is x

@@ -124,11 +124,24 @@ def quantize_tokens(x: torch.Tensor, gelu: bool = False) -> tuple[torch.Tensor, 
 
 @dataclasses.dataclass
 class Int8Rows:
-    """An activation already quantized per token (`gelu_then_quantize`), for the Linear it feeds."""
+    """An activation already quantized per token (`gelu_then_quantize`, `shared_input`), for the Linears it feeds."""
 
     data: torch.Tensor  # int8 [M, K]
     scale: torch.Tensor  # float32 [M, 1]
     lead: tuple[int, ...]  # the leading shape of the original [..., K]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*self.lead, self.data.shape[-1])
+
+
+def shared_input(x, linear: torch.nn.Module):
+    """x quantized per token once when `linear` (and the Linears sharing x: q, k and v) take the W8A8 GEMM, else x
+    as it is (also an input quantized already): the same int8 rows each would make, made once."""
+    if not isinstance(x, torch.Tensor) or not wants_int8(x, getattr(linear, "compute", "exact")):
+        return x
+    data, scale = quantize_tokens(x.reshape(-1, x.shape[-1]))
+    return Int8Rows(data, scale, tuple(x.shape[:-1]))
 
 
 def gelu_then_quantize(x: torch.Tensor, linear: torch.nn.Module) -> torch.Tensor | Int8Rows:

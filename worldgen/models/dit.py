@@ -41,7 +41,7 @@ from worldgen.kernels.fp8 import (
     takes_fp8,
     wants_fp8,
 )
-from worldgen.kernels.int8 import int8_attention, int8_linear, wants_int8
+from worldgen.kernels.int8 import int8_attention, int8_linear, shared_input, wants_int8
 from worldgen.models.camera_cache import CameraCache
 from worldgen.models.config_json import read_config
 from worldgen.models.positions import rope_tables, sinusoidal_embedding
@@ -286,7 +286,7 @@ class Block(nn.Module):
         weight, bias = (norm.weight, norm.bias) if norm.elementwise_affine else (None, None)
         fp8 = takes_fp8(x, linear)
         x, h = fused.residual_norm(x, update, gate, cam, shift, scale, weight, bias, norm.eps, self.compute_dtype, fp8)
-        return x, QuantizedRows.of(*h) if isinstance(h, tuple) else quantize_input(h, linear)
+        return x, QuantizedRows.of(*h) if isinstance(h, tuple) else shared_input(quantize_input(h, linear), linear)
 
     def _ffn(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         return self._ffn_of(
