@@ -131,10 +131,11 @@ def attention_rows(tokens: int, heads: int, keys: int, repeats: int) -> list[dic
         runs["flash bf16"] = lambda: attention.attention(q, k, v, "flash")
     if attention.fp8_attention_runs(q):
         runs["cudnn fp8 (the fp8 path)"] = lambda: attention.fp8_attention(q, k, v).dequantize().flatten(2)
+    runs["int8 (the int8 path: int8_attention_triton)"] = lambda: int8.int8_attention(q, k, v)
     if attention.installed("sage"):
         from sageattention import sageattn
 
-        runs["sage int8 (the int8 path)"] = lambda: sageattn(q, k, v, tensor_layout="NHD").flatten(2)
+        runs["sageattention 1.0.6 package"] = lambda: sageattn(q, k, v, tensor_layout="NHD").flatten(2)
     rows = []
     for name, fn in runs.items():
         try:
