@@ -11,7 +11,8 @@ cross-attention's q and o; dim -> ffn; ffn -> dim):
   int8 triton       int8_triton.quantize_rows + int8_triton.gemm, the epilogue fused (int8.GEMM = "triton")
   int8 parts        the quantization alone (Triton / PyTorch), _int_mm alone, the epilogue alone (Triton / PyTorch)
 and the self-attention of one block over the window: SDPA bf16, FlashAttention where installed, cuDNN's FP8 attention
-(the fp8 path's, with its quantizations) where it runs, SageAttention's INT8 kernels (the int8 path's) where installed.
+(the fp8 path's, with its quantizations) where it runs, the int8 path's INT8 kernels (`int8_attention_triton`), and the
+sageattention package's where installed.
 Each row: milliseconds a call (median of CUDA-event timings), TFLOP/s (TOPS), and rel-L2 against float32 math on the
 same inputs; the last column, per model, the DiT's GEMM time a forward (30 / 40 blocks) for each GEMM path.
 
