@@ -66,6 +66,9 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_BLOCK: tl.constexpr,
         F16_ACC: tl.constexpr,
     ):  # fmt: skip
+        # a program's queries are one quantization block (BLOCK_M == QK_BLOCK) and each key tile lies in one (BLOCK_N
+        # divides QK_BLOCK): one scale each, scalars; pointers advance tile by tile (no per-tile index arithmetic)
+        tl.static_assert(BLOCK_M == QK_BLOCK and QK_BLOCK % BLOCK_N == 0)
         pid_m, head, batch = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         bh = batch * heads + head
         rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -74,32 +77,32 @@ if triton is not None:
         q = tl.load(
             q_ptr + bh * q_len * HEAD_DIM + rows[:, None] * HEAD_DIM + cols[None, :], mask=rows[:, None] < q_len
         )
-        q_scale = tl.load(qs_ptr + bh * tl.cdiv(q_len, QK_BLOCK) + rows // QK_BLOCK, mask=rows < q_len, other=0.0)
-        q_scale = q_scale * factor  # 1/sqrt(d) * log2(e): the softmax in base 2
-        k_base = k_ptr + bh * kv_len * HEAD_DIM
-        ks_base = ks_ptr + bh * tl.cdiv(kv_len, QK_BLOCK)
-        v_base = v_ptr + batch * v_batch + head * v_head
+        q_scale = tl.load(qs_ptr + bh * tl.cdiv(q_len, QK_BLOCK) + pid_m) * factor  # 1/sqrt(d) * log2(e): base 2
+        k_at = k_ptr + bh * kv_len * HEAD_DIM + keys[None, :] * HEAD_DIM + cols[:, None]
+        ks_at = ks_ptr + bh * tl.cdiv(kv_len, QK_BLOCK)
+        v_at = v_ptr + batch * v_batch + head * v_head + keys[:, None] * v_token + cols[None, :]
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         for start in range(0, kv_len, BLOCK_N):
-            n = start + keys
-            valid = n < kv_len
-            k = tl.load(k_base + n[None, :].to(tl.int64) * HEAD_DIM + cols[:, None], mask=valid[None, :], other=0)
-            k_scale = tl.load(ks_base + n // QK_BLOCK, mask=valid, other=0.0)
-            s = tl.dot(q, k, out_dtype=tl.int32).to(tl.float32) * (q_scale[:, None] * k_scale[None, :])
-            s = tl.where(valid[None, :], s, float("-inf"))
+            valid = keys < kv_len - start
+            k = tl.load(k_at, mask=valid[None, :], other=0)
+            s = tl.dot(q, k, out_dtype=tl.int32).to(tl.float32) * (q_scale * tl.load(ks_at + start // QK_BLOCK))
+            if start + BLOCK_N > kv_len:  # the window's last, partial tile: its missing keys out of the softmax
+                s = tl.where(valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.math.exp2(s - m_new[:, None])
             alpha = tl.math.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None]
-            v = tl.load(v_base + n[:, None].to(tl.int64) * v_token + cols[None, :], mask=valid[:, None], other=0.0)
+            v = tl.load(v_at, mask=valid[:, None], other=0.0)
             if F16_ACC:  # consumer Ampere and Ada: fp16 accumulation at twice the rate (SageAttention's choice)
                 acc += tl.dot(p.to(tl.float16), v, out_dtype=tl.float16).to(tl.float32)
             else:
                 acc = tl.dot(p.to(v.dtype), v, acc)
             m_i = m_new
+            k_at += BLOCK_N * HEAD_DIM
+            v_at += BLOCK_N * v_token
         out = acc / l_i[:, None]
         at = out_ptr + batch * o_batch + head * o_head + rows[:, None] * o_token + cols[None, :]
         tl.store(at, out.to(out_ptr.dtype.element_ty), mask=rows[:, None] < q_len)
