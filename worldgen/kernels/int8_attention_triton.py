@@ -14,10 +14,11 @@ Why our own kernels and not the `sageattention` package's (1.0.6, Triton): on th
 each block's P V in fp16 (`out_dtype=float16`) and converts V to fp16 on every call, both tuned for Ampere's and
 Ada's consumer cards, where fp16 accumulation runs at twice the rate. Hopper's tensor cores run fp32
 accumulation at the same rate: at the 1.3B's shape (6,032 queries, 27,144 keys, 12 heads of 128) the package's
-path took 3.04 ms a block, its kernel alone 2.69 ms; the same kernel with fp32 accumulation and V read in bf16
-2.03 ms, cuDNN's FP8 attention (the fp8 path's) 2.28 ms; the 14B (40 heads) 8.80, 7.90, 5.77 and 5.10 ms
-(`.bench_inputs`-style sweep, docs/benchmarks.md, "Session 30"). So the tiles and the accumulation are chosen per
-card (`attention_config`): Hopper's measured best; Sage's own below it (an RTX 3090 or 4090: fp16 accumulation).
+path took 2.96-3.04 ms a block (its kernel alone 2.69 ms), these kernels 2.41 ms (the attention kernel 2.22, K's
+mean and quantization 0.20, Q's 0.07), cuDNN's FP8 attention (the fp8 path's) 1.95-2.41 ms; the 14B (40 heads)
+8.80-9.16, 6.09 and 4.52-5.10 ms (docs/benchmarks.md, "Session 30"). So the tiles and the accumulation are chosen
+per card (`attention_config`): Hopper's the best of a sweep of ten; Sage's own below it (an RTX 3090 or 4090:
+fp16 accumulation, not measured here).
 Both blocks of scales are `QK_BLOCK` tokens (the reference's `int8.BLOCK`), whatever the kernel's tiles.
 """
 
