@@ -15,7 +15,8 @@ only) and the decode's, peak VRAM (allocated and reserved) and peak RSS; per chu
 overlap and seconds against 0.75 s (12 frames of real time at 16 fps); which forwards replayed a CUDA
 graph. --compute exact,fp8 runs the list once per compute and prints each chunk's latent distance from
 the first compute's (same seed). Targets (issue 21) at 480x832, 81 frames, 24 GiB: exact DiT loop <= 10 s,
-whole <= 16 s; fp8 <= 1.0 s per chunk over chunks 1..6, whole <= 10 s, first chunk <= 2 s.
+whole <= 16 s; fp8 <= 1.0 s per chunk over chunks 1..6, whole <= 10 s, first chunk <= 2 s. --gpus 0,1: the
+rollouts split over two GPUs (issue 55), each rollout's JSON with the link's MB a chunk and rank 1's peak.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.fast_args import fast_parser  # noqa: E402
 from bench.host_bound import blocks_timed  # noqa: E402
 from bench.kernel_profile import profiled  # noqa: E402
+from bench.two_gpu_link import LinkMeter  # noqa: E402
 from contracts import atomic  # noqa: E402
+from contracts.errors import InputError  # noqa: E402
 from contracts.settings import GenerationSettings  # noqa: E402
 from worldgen.chunk_files import chunk_reporter  # noqa: E402
 from worldgen.kernels.attention import resolve_backend  # noqa: E402
@@ -51,6 +54,7 @@ from worldgen.pipelines.camera import load_action  # noqa: E402
 from worldgen.pipelines.fast import FastPipeline  # noqa: E402
 from worldgen.pipelines.fast_plan import FastOptions  # noqa: E402
 from worldgen.pipelines.loader import load_pipeline  # noqa: E402
+from worldgen.pipelines.multi_gpu import devices_for_gpus  # noqa: E402
 from worldgen.rollout import find_image, read_prompt  # noqa: E402
 from worldgen.runtime.checkpoint import FAST_DIR, FAST_NF4_DIR, load_expert  # noqa: E402
 from worldgen.runtime.cuda_memory import free_device_memory  # noqa: E402
@@ -208,6 +212,7 @@ def rollout(
         retries_before = torch.cuda.memory_stats(pipe.device).get("num_alloc_retries", 0)
     first_records = len(pipe.meter.records)
     chunks = []
+    link = LinkMeter(pipe)  # two GPUs: the link's bytes and rank 1's peak
     start = time.perf_counter()
     trace = []  # (phase, step, seconds, allocated GiB): where the memory goes, at each progress event
 
@@ -229,6 +234,7 @@ def rollout(
 
         def on_chunk(i: int, n: int, f: torch.Tensor) -> None:
             chunks.append((i, n, time.perf_counter() - start, tuple(f.shape)))
+            link.mark()
             if write_chunk is not None:
                 write_chunk(i, n, f)
 
@@ -279,6 +285,7 @@ def rollout(
     result["per_chunk"] = [{k: round(v, 3) for k, v in t.items()} for t in pipe.chunk_timings]
     result["graphs_compiled_in_process"] = compiled_graphs()
     result["compute"] = pipe.compute
+    result.update(link.figures())
     if pipe.device.type == "cuda":
         result["peak_vram_allocated_gib"] = round(torch.cuda.max_memory_allocated(pipe.device) / GiB, 2)
         # allocations that failed at the cap and were retried after freeing the allocator's cached blocks
@@ -351,7 +358,11 @@ def main() -> None:
         from worldgen.kernels import attention
 
         attention.SDPA_FIRST = args.sdpa_first
-    device = torch.device(args.device)
+    try:  # two GPUs: rank 0 on the first (the figures' device), rank 1 beside it
+        devices = devices_for_gpus(args.gpus)
+    except InputError as exc:
+        parser.error(str(exc))
+    device = torch.device(devices[0] if devices else args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     results: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     results["fused_kernels"] = args.fused_kernels
@@ -397,7 +408,8 @@ def main() -> None:
     # no prompt cache: every rollout pays for umT5, as a new prompt would
     pipe = load_pipeline(
         args.ckpt,
-        device=device,
+        device=None if devices else device,
+        devices=devices,
         vram_budget_gb=args.vram_budget,
         model="fast",
         use_text_cache=False,

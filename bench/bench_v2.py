@@ -53,6 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.kernel_profile import profiled  # noqa: E402
+from bench.two_gpu_link import LinkMeter  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.model_families import V2_PRETRAIN  # noqa: E402
 from contracts.settings import GenerationSettings, load_settings  # noqa: E402
@@ -102,16 +103,12 @@ def one_rollout(pipe, args, example, frames: int) -> dict:
         torch.cuda.synchronize(pipe.device)
         torch.cuda.reset_peak_memory_stats(pipe.device)
     resident = torch.cuda.memory_allocated(pipe.device) / GiB if cuda else 0.0
-    split = pipe.scale_out  # a two-GPU pipeline's rank 1 and link
-    if split is not None:
-        split.peer_stats(reset=True)
-    linked = lambda: split.leader.sent_bytes + split.leader.received_bytes if split is not None else 0  # noqa: E731
+    link = LinkMeter(pipe)  # a two-GPU pipeline's rank 1 and link
     stamps: list[float] = []
-    moved = [linked()]
 
     def on_chunk(*_) -> None:
         stamps.append(time.perf_counter())
-        moved.append(linked())
+        link.mark()
 
     start = time.perf_counter()
     video = pipe.generate(image, prompt, poses, intrinsics, settings, on_chunk=on_chunk, **mp4_only(pipe))
@@ -142,21 +139,8 @@ def one_rollout(pipe, args, example, frames: int) -> dict:
         "vae": vae_cut(pipe),
         "kv_cache": spec.describe() if spec is not None else None,
         "cache_reason": pipe.cache_reason,
-        **(two_gpu_figures(split, moved) if split is not None else {}),
+        **link.figures(),
         "_latents": torch.cat(pipe.last_latents, dim=1),
-    }
-
-
-def two_gpu_figures(split, moved: list[int]) -> dict:
-    """A two-GPU rollout's: its devices, rank 1's peak CUDA memory, the link's megabytes per chunk."""
-    peer = split.peer_stats()
-    per_chunk = [round((b - a) / 2**20, 1) for a, b in zip(moved, moved[1:], strict=False)]
-    peak = peer["peak_allocated_bytes"]
-    return {
-        "devices": [str(d) for d in split.devices],
-        "peer_max_allocated_gib": None if peak is None else round(peak / GiB, 2),
-        "link_mb_per_chunk": per_chunk,
-        "steady_link_mb": statistics.median(per_chunk[1:]) if len(per_chunk) > 1 else None,
     }
 
 

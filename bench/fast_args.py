@@ -39,6 +39,11 @@ def fast_parser(description: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--golden", type=Path, help="golden/fast folder: parity in bf16 on this device first")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--gpus",
+        metavar="I,J",
+        help="the rollouts split over GPUs I and J (issue 55: each chunk forward sequence-parallel), replacing --device",
+    )
     parser.add_argument("--attention", choices=ATTENTIONS, default="auto", help="attention kernel (default: auto)")
     parser.add_argument(
         "--compute",

@@ -26,9 +26,9 @@ from torch.profiler import ProfilerActivity, profile
 # kernel name -> family, first match wins (names as cuBLAS, cuDNN, PyTorch, Triton and bitsandbytes print them;
 # the examples in tests/test_bench_tools.py are names from an H100 profile)
 FAMILIES = (
-    ("attention", r"fmha|flash|attention|sdpa|^_attn_fwd$"),  # _attn_fwd: SageAttention's Triton kernel
+    ("attention", r"fmha|flash|attention|sdpa|^_attn_fwd$"),  # _attn_fwd: SageAttention's; ours _attention_kernel
     ("nf4 weights", r"nf4|kDequantize"),
-    ("gemm int8", r"i16832gemm_s8|imma"),  # cuBLAS's torch._int_mm (our Triton W8A8 GEMM lands in "gemm")
+    ("gemm int8", r"i16832gemm_s8|imma|^_gemm_kernel$"),  # cuBLAS's torch._int_mm; our Triton W8A8 GEMM
     ("gemm fp8", r"e4m3|f8f6f4|fp8.*gemm|gemm.*fp8|nvjet_\w*?_qq"),  # cuBLASLt's nvjet kernels: qq = e4m3 inputs
     ("conv (VAE)", r"conv|fprop_implicit_gemm|nhwckrsc|nchwToNhwc|nhwcToNchw|cudnn::|upsample"),
     ("gemm", r"gemm|sm90_xmma|nvjet|cutlass|ampere_bf16|wgmma"),

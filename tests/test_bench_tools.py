@@ -11,6 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.host_bound import blocks_timed
 from bench.kernel_profile import GAP_US, call_site, family_of, idle_gaps, launch_site, profiled
+from bench.two_gpu_link import LinkMeter
 from worldgen.models.dit import Block, LayerNorm, WanCameraDiT
 from worldgen.runtime.checkpoint import load_expert
 
@@ -32,6 +33,9 @@ PROFILED = {
     "_attn_fwd": "attention",
     "_dequantize_kernel": "triton hand-written",
     "void cutlass::Kernel2<cutlass_80_tensorop_i16832gemm_s8_128x64_128x3_tn_align16>": "gemm int8",
+    "_gemm_kernel": "gemm int8",  # worldgen.kernels.int8_triton's W8A8 GEMM
+    "_attention_kernel": "attention",  # worldgen.kernels.int8_attention_triton's
+    "_quantize_blocks_kernel": "triton hand-written",
 }
 
 
@@ -113,3 +117,24 @@ def test_a_profiled_region_is_written_whole_with_its_named_ranges_not_counted_as
         assert "aten::layer_norm [2x8]" in text.split("top call sites")[1]
         put_down = re.search(r"kernels put down to the host event that launched them: (\d+) of (\d+)", text)
         assert put_down and put_down[1] == put_down[2] != "0"
+
+
+def test_a_one_device_pipeline_has_no_link_figures_and_bench_fast_refuses_gpus_it_lacks():
+    """`bench.two_gpu_link.LinkMeter` over a pipeline without a second rank: nothing to report; `bench_fast.py
+    --gpus 0,1` on a machine without those GPUs: a usage error naming the fix, before anything loads."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    from worldgen.pipelines.loader import load_pipeline
+
+    meter = LinkMeter(load_pipeline("tiny", device="cpu", model="fast"))  # the built-in tiny model, one device
+    meter.mark()
+    assert meter.figures() == {} and meter.moved == [0, 0]
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has two GPUs: bench_fast.py --gpus 0,1 would run")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "bench/bench_fast.py", "--gpus", "0,1", "--frames", "17", "--action-path", "data/sample_room"],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--gpus 0,1: this machine has" in done.stderr and "leave --gpus out" in done.stderr

@@ -1,0 +1,39 @@
+"""A two-GPU rollout's figures for the benchmarks (issue 55): what its link moved per chunk and rank 1's peak CUDA
+memory (`worldgen.pipelines.two_gpu.TwoDevices.peer_stats`); bench_v2.py and bench_fast.py take them the same way."""
+
+from __future__ import annotations
+
+import statistics
+
+from worldgen.runtime.memory import GiB
+
+
+class LinkMeter:
+    """Over one rollout of `pipe`: `mark()` at each chunk, then `figures()`; nothing on a one-device pipeline."""
+
+    def __init__(self, pipe) -> None:
+        self.split = pipe.scale_out  # a two-GPU pipeline's rank 1 and link, else None
+        if self.split is not None:
+            self.split.peer_stats(reset=True)
+        self.moved = [self._bytes()]
+
+    def _bytes(self) -> int:
+        leader = None if self.split is None else self.split.leader
+        return 0 if leader is None else leader.sent_bytes + leader.received_bytes
+
+    def mark(self) -> None:
+        self.moved.append(self._bytes())
+
+    def figures(self) -> dict:
+        """Its devices, rank 1's peak allocated GiB, the link's MB each chunk and at the steady chunk's median."""
+        if self.split is None:
+            return {}
+        peer = self.split.peer_stats()
+        per_chunk = [round((b - a) / 2**20, 1) for a, b in zip(self.moved, self.moved[1:], strict=False)]
+        peak = peer["peak_allocated_bytes"]
+        return {
+            "devices": [str(d) for d in self.split.devices],
+            "peer_max_allocated_gib": None if peak is None else round(peak / GiB, 2),
+            "link_mb_per_chunk": per_chunk,
+            "steady_link_mb": statistics.median(per_chunk[1:]) if len(per_chunk) > 1 else None,
+        }
