@@ -125,6 +125,7 @@ def test_a_one_device_pipeline_has_no_link_figures_and_bench_fast_refuses_gpus_i
     import subprocess
     import sys
     from pathlib import Path
+
     from worldgen.pipelines.loader import load_pipeline
 
     meter = LinkMeter(load_pipeline("tiny", device="cpu", model="fast"))  # the built-in tiny model, one device
