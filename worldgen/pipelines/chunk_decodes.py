@@ -84,11 +84,7 @@ class ChunkDecodes:
         self.before["decode"] = self.before.get("decode", 0.0) + spent
 
     def _decoder(self) -> StreamingDecoder:
-        """The job's streamed decoder: its plan's tiles, each tile's caches parked in host memory between its
-        turns where the plan's cut says so (`vae_tiling._Streaming.park`: one tile's on the device at a time)."""
-        pipe = self.pipe
-        park = getattr(getattr(pipe, "vae_cut", None), "parked", False)
-        return StreamingDecoder(pipe.residency.use("vae"), pipe.plan.vae_tile_pixels, park=park)
+        return job_decoder(self.pipe, self.pipe.plan.vae_tile_pixels)
 
     def emit(self, piece: torch.Tensor) -> None:
         pieces = self.pieces
@@ -169,3 +165,12 @@ class ChunkDecodes:
 
     def video(self) -> torch.Tensor:
         return self.pieces.video()
+
+
+def job_decoder(pipe, tile_pixels: int | None) -> StreamingDecoder:
+    """A job's streamed decoder: the plan's tiles (`tile_pixels`), each tile's caches parked in host memory between
+    its turns where the plan's cut says so (`vae_tiling._Streaming.park`: one tile's on the device at a time). One
+    home for the job's decodes and the run ahead of them (`fast_warm_up.first_use_ahead`), which so pins the parked
+    caches' host memory the job then reuses."""
+    park = getattr(getattr(pipe, "vae_cut", None), "parked", False)
+    return StreamingDecoder(pipe.residency.use("vae"), tile_pixels, park=park)

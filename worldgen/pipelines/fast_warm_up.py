@@ -15,8 +15,9 @@ kernels and cuDNN's attention graphs of each length are made):
   capture), with nothing deferred: it also fills the torch.compile cache.
 - `first_use_ahead` (a worker's start, `worldgen.worker`): what a process pays the first time only around
   the DiT, at a job's shapes: umT5 on a placeholder prompt (the tokenizer, its GEMMs' kernels, the pinned
-  staging), the VAE's streamed encode of chunk 0's frames and the decode of two chunks (cuDNN's plans and
-  kernels for these shapes). A second process's first chunk paid ~0.8 s more than a warm one for these
+  staging), the VAE's streamed encode of chunk 0's frames and the decode of two chunks as the job decodes them
+  (cuDNN's plans and kernels for these shapes; where the plan parks the tiles' caches, their pinned host memory,
+  which the job's decoder then reuses from PyTorch's host allocator). A second process's first chunk paid ~0.8 s more than a warm one for these
   (docs/benchmarks.md, "Session 11: Fast"). Not at every load: a one-shot `generate` would pay them
   anyway, once, and the placeholder's work on top.
 No job's numbers change: the cache, the camera modulations and the outputs made here are thrown away.
@@ -102,7 +103,8 @@ def first_use_ahead(
     taken. The text-embedding cache is neither read nor written; umT5 on the CPU beside a GPU pipeline is
     left alone. Worth it on CUDA only (`load_pipeline` calls it there): the CPU has no kernels or plans
     to prepare."""
-    from worldgen.models.vae_tiling import StreamingDecoder, StreamingEncoder
+    from worldgen.models.vae_tiling import StreamingEncoder
+    from worldgen.pipelines.chunk_decodes import job_decoder
 
     start = time.perf_counter()
     try:
@@ -117,11 +119,10 @@ def first_use_ahead(
         encoder.push(torch.zeros(1, 3, min(4 * (n - 1) + 1, frames.frames), lat_h * 8, lat_w * 8, device=device))
         del encoder, vae
         pipe.residency.phase_done("encode")
-        vae = pipe.residency.use("vae")  # as a job asks for it again (the plan may have let it go)
-        decoder = StreamingDecoder(vae, pipe.decode_tile_pixels)
+        decoder = job_decoder(pipe, pipe.decode_tile_pixels)  # its tiles and parking (the plan may let the VAE go)
         for _ in range(2):  # chunk 0 decodes its first frame alone, the chunks after it do not
-            decoder.push(torch.zeros(1, 16, n, lat_h, lat_w, device=next(vae.parameters()).device))
-        del decoder, vae
+            decoder.push(torch.zeros(1, 16, n, lat_h, lat_w, device=next(decoder.vae.parameters()).device))
+        del decoder
         pipe.residency.phase_done("decode")
         if pipe.device.type == "cuda":
             torch.cuda.synchronize(pipe.device)
