@@ -57,6 +57,24 @@ def episode(tmp_path: Path) -> Path:
     return make_episode(tmp_path / "episode")
 
 
+def top_speed_first_episode(folder: Path, n: int) -> Path:
+    """`make_episode` with the camera at its top speed from the first step: a live job, which fixes its camera scale
+    on the first moving chunk, and a batch job of the same poses then scale it alike."""
+    make_episode(folder, n=n)
+    poses = np.load(folder / "poses.npy")
+    poses[:, 2, 3] = np.sqrt(np.linspace(0, 1, n)).astype(np.float32)
+    np.save(folder / "poses.npy", poses)
+    return folder
+
+
+def video_frames(video: bytes, path: Path) -> np.ndarray:
+    """An mp4's bytes (a result's or a chunk's) -> its uint8 frames [F, H, W, 3], through a file at `path`."""
+    from contracts.video import read_mp4
+
+    path.write_bytes(video)
+    return read_mp4(path)[0]
+
+
 def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -19,8 +19,7 @@ from bridge.client.client_errors import RequestFailed
 from bridge.client.episode_payload import EpisodePayload
 from bridge.client.job_events import JobError, Progress, Result
 from bridge.client.live_client import LiveChunks, LiveJob
-from contracts.video import read_mp4
-from tests.bridge.conftest import TINY, ServerPool, make_episode, wait_for
+from tests.bridge.conftest import TINY, ServerPool, top_speed_first_episode, video_frames, wait_for
 
 # 33 poses, frame_num 33: 3 chunks of the tiny Fast model
 FAST = {"model": "fast", "size": "48*80", "frame_num": 33, "seed": 7}
@@ -41,16 +40,7 @@ def servers(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def payload(tmp_path_factory) -> EpisodePayload:
-    folder = make_episode(tmp_path_factory.mktemp("episode") / "ep", n=33)
-    poses = np.load(folder / "poses.npy")
-    poses[:, 2, 3] = np.sqrt(np.linspace(0, 1, 33)).astype(np.float32)  # its top speed first (one camera scale)
-    np.save(folder / "poses.npy", poses)
-    return EpisodePayload.from_dir(folder)
-
-
-def _frames(video: bytes, path: Path) -> np.ndarray:
-    path.write_bytes(video)
-    return read_mp4(path)[0]
+    return EpisodePayload.from_dir(top_speed_first_episode(tmp_path_factory.mktemp("episode") / "ep", n=33))
 
 
 def _assert_same_video(split: np.ndarray, one: np.ndarray) -> None:
@@ -113,9 +103,9 @@ def test_a_two_device_worker_splits_batch_and_live_causal_jobs_and_gives_the_one
     assert all(isinstance(r, Result) for r in (reference, batch, streamed)), (reference, batch, streamed)
     assert batch.provenance["settings"]["gpus"] == 2 and batch.provenance["compute"]["second_device"] == "cpu"
     assert reference.provenance["compute"]["second_device"] is None
-    split = _frames(batch.video, tmp_path / "two.mp4")
-    _assert_same_video(split, _frames(reference.video, tmp_path / "one.mp4"))
-    assert np.array_equal(_frames(streamed.video, tmp_path / "live.mp4"), split)  # live and batch: one split
+    split = video_frames(batch.video, tmp_path / "two.mp4")
+    _assert_same_video(split, video_frames(reference.video, tmp_path / "one.mp4"))
+    assert np.array_equal(video_frames(streamed.video, tmp_path / "live.mp4"), split)  # live and batch: one split
 
 
 def test_a_rank_1_lost_mid_job_fails_it_with_peer_lost_and_the_worker_runs_the_next(servers, payload, tmp_path):
@@ -145,4 +135,4 @@ def test_a_rank_1_lost_mid_job_fails_it_with_peer_lost_and_the_worker_runs_the_n
     assert _rank1_pid(worker["pid"]) != rank1
     with Client(servers[0].endpoint, timeout=20) as client:
         reference = client.submit(payload, FAST).wait(JOB_S)
-    _assert_same_video(_frames(after.video, tmp_path / "a.mp4"), _frames(reference.video, tmp_path / "r.mp4"))
+    _assert_same_video(video_frames(after.video, tmp_path / "a.mp4"), video_frames(reference.video, tmp_path / "r.mp4"))

@@ -13,8 +13,7 @@ from bridge.client.client import Client
 from bridge.client.episode_payload import EpisodePayload
 from bridge.client.job_events import Chunk, Result
 from bridge.client.live_client import LiveChunks, LiveJob
-from contracts.video import read_mp4
-from tests.bridge.conftest import TINY, ServerPool, make_episode
+from tests.bridge.conftest import TINY, ServerPool, top_speed_first_episode, video_frames
 
 pytestmark = pytest.mark.slow
 
@@ -35,16 +34,7 @@ def v2_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def payload(tmp_path_factory) -> EpisodePayload:
-    folder = make_episode(tmp_path_factory.mktemp("episode") / "ep", n=33)
-    poses = np.load(folder / "poses.npy")
-    poses[:, 2, 3] = np.sqrt(np.linspace(0, 1, 33)).astype(np.float32)  # its top speed first (one camera scale)
-    np.save(folder / "poses.npy", poses)
-    return EpisodePayload.from_dir(folder)
-
-
-def _frames(video: bytes, path) -> np.ndarray:
-    path.write_bytes(video)
-    return read_mp4(path)[0]
+    return EpisodePayload.from_dir(top_speed_first_episode(tmp_path_factory.mktemp("episode") / "ep", n=33))
 
 
 def test_batch_jobs_of_both_engines_name_their_family(v2_server, payload, tmp_path):
@@ -55,7 +45,11 @@ def test_batch_jobs_of_both_engines_name_their_family(v2_server, payload, tmp_pa
     assert isinstance(fast, Result) and isinstance(causal, Result), (fast, causal)
     assert fast.provenance["model"]["family"] == "v2-causal-fast"
     assert causal.provenance["model"]["family"] == "v2-causal-pretrain"
-    assert _frames(fast.video, tmp_path / "f.mp4").shape[0] == 29 == _frames(causal.video, tmp_path / "c.mp4").shape[0]
+    assert (
+        video_frames(fast.video, tmp_path / "f.mp4").shape[0]
+        == 29
+        == video_frames(causal.video, tmp_path / "c.mp4").shape[0]
+    )
     assert [c.frames for c in chunks if isinstance(c, Chunk)] == [13, 16]  # chunks of 4 latent frames
 
 
@@ -70,5 +64,8 @@ def test_a_live_job_streams_16_frame_chunks_and_is_the_batch_video(v2_server, pa
     assert isinstance(outcome, Result) and isinstance(batch, Result), (outcome, batch)
     record = outcome.provenance
     assert record["model"]["family"] == "v2-causal-fast" and len(record["live"]["poses_needed"]) == 2
-    live_frames, batch_frames = _frames(outcome.video, tmp_path / "l.mp4"), _frames(batch.video, tmp_path / "b.mp4")
+    live_frames, batch_frames = (
+        video_frames(outcome.video, tmp_path / "l.mp4"),
+        video_frames(batch.video, tmp_path / "b.mp4"),
+    )
     assert live_frames.shape[0] == 29 and np.array_equal(live_frames, batch_frames), json.dumps(record["live"])
