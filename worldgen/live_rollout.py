@@ -55,6 +55,11 @@ class LivePoseFeed:
             self.held += len(batch)
         self.ended = (self.live_dir / self.end_file).exists()
 
+    def count(self) -> int:
+        """How many poses are there now (the folder read again; never waits)."""
+        self._read()
+        return self.held
+
     def poses(self) -> np.ndarray:
         return np.concatenate(self.batches) if self.batches else np.zeros((0, 4, 4), np.float32)
 
@@ -107,7 +112,7 @@ def generate_live_episode(
 
     camera = LiveCamera(
         feed.wait, intrinsics, frames, height, width, chunk_frames=n, on_start=started,
-        translation_scale=settings.translation_scale,
+        translation_scale=settings.translation_scale, held=feed.count,
     )  # fmt: skip
     first_phase, t0 = len(pipe.meter.records), time.perf_counter()
     extra = {} if on_chunk is None else {"on_chunk": on_chunk}

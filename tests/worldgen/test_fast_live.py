@@ -98,3 +98,48 @@ def test_a_chunk_without_its_poses_is_refused():
     frames = live_frames(33)
     with pytest.raises(InputError, match="chunk 1 needs 21 poses"):
         live_chunk_camera(path(20, np.sqrt), K, frames, 1, H, W)
+
+
+@pytest.mark.parametrize("ready_after", [0, 2, None])
+def test_a_live_jobs_conditioning_stops_encoding_ahead_once_chunk_0s_poses_are_there(ready_after):
+    """`ChunkConditioning(whole_first=True, ready=LiveCamera.ready)`: chunk 0 encodes its own frames, then more of
+    them, a chunk's at a time, only until `ready(0)` says chunk 0's poses are all there; chunk 1 encodes the rest.
+    Every chunk's y is the whole-at-chunk-0 one's, bit for bit (the same pushes in the same order). The tiny
+    LingBot-World 2.0 model on the CPU, 49 frames: 13 for chunk 0, then 3 pushes of 16."""
+    from worldgen.pipelines.fast_conditioning import ChunkConditioning
+    from worldgen.pipelines.loader import load_pipeline
+    from worldgen.runtime.metering import LapClock
+
+    pipe = load_pipeline("tiny-v2", device="cpu", model="fast")
+    image = torch.rand(3, 1, 32, 48, generator=torch.Generator().manual_seed(0)) * 2 - 1  # prepare_image's [3, 1, H, W]
+    clock, quiet = LapClock(pipe.device), lambda *a: None
+
+    def conditioning(**live) -> ChunkConditioning:
+        return ChunkConditioning(pipe, image, 49, 4, clock, quiet, whole_first=True, **live)
+
+    whole = conditioning()
+    want = [whole(c) for c in range(4)]
+    assert whole.encoder is None and whole.encoded == 49  # every frame at chunk 0
+    asked: list[int] = []
+
+    def ready(chunk: int) -> bool:
+        asked.append(chunk)
+        return ready_after is not None and len(asked) > ready_after
+
+    live = conditioning(ready=ready)
+    assert torch.equal(live(0), want[0])
+    if ready_after is None:  # the poses never came while it encoded: every frame, as without `ready`
+        assert live.encoder is None and live.encoded == 49 and asked == [0, 0, 0]
+    else:  # chunk 0's own 13 frames, then one push of 16 for each time the poses were not there yet
+        assert live.encoder is not None and live.encoded == 13 + 16 * ready_after and set(asked) == {0}
+    assert torch.equal(live(1), want[1]) and live.encoder is None and live.encoded == 49
+    assert all(torch.equal(live(c), want[c]) for c in (2, 3))
+
+
+def test_a_live_camera_says_whether_a_chunks_poses_are_there_without_waiting():
+    frames = live_frames(33)
+    need = poses_needed(frames, 0)
+    for held, ready in ((need, True), (need - 1, False)):
+        camera = LiveCamera(lambda count: pytest.fail("ready() waited"), K, frames, H, W, held=lambda h=held: h)
+        assert camera.ready(0) is ready and not camera.ready(1)
+    assert not LiveCamera(lambda count: None, K, frames, H, W).ready(0)  # nothing says how many: not ready

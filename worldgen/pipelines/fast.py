@@ -557,15 +557,8 @@ class FastPipeline(Pipeline):
             plucker = FastCamera(poses, intrinsics, frames, h, w, options.chunk_frames, settings.translation_scale)
 
         if self.stream_encode:  # chunk 0's frames inside the loop, the rest after chunk 0's preview
-            y = ChunkConditioning(
-                self,
-                image_resized,
-                frames.frames,
-                options.chunk_frames,
-                clock,
-                progress,
-                whole_first=camera is not None,
-            )
+            live = {"whole_first": camera is not None, "ready": getattr(camera, "ready", None)}  # a live job's
+            y = ChunkConditioning(self, image_resized, frames.frames, options.chunk_frames, clock, progress, **live)
         else:
             with self.meter.phase("encode"):
                 progress("encode", 0, 1)

@@ -4,6 +4,8 @@ encoder's bookkeeping and the camera's rays are concerns apart from the loop."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -19,10 +21,13 @@ class ChunkConditioning:
     the same latents as encoding the whole video at once): chunk 0 encodes its own 4(n-1)+1 frames,
     chunk 1 encodes every remaining frame and frees the encoder's caches, so the first preview waits
     for 9 frames' encoding instead of the whole video's and the loop does not carry the caches.
-    `whole_first` (a live job) encodes every frame at chunk 0, the same pushes in the same order: the
-    loop asks before it waits for chunk 0's poses, which take longer to come (9 poses at 16/s) than the
-    encode takes, and no later chunk carries the rest (at 320x576, 152 frames took 0.5 s of chunk 1,
-    lag a live view never made up; docs/benchmarks.md, "Session 25: Fast")."""
+    `whole_first` (a live job) goes on encoding at chunk 0, the same pushes in the same order, while chunk 0's
+    poses are on their way: the loop asks before it waits for them, and a later chunk that carries the rest
+    delays that chunk (at 320x576, 152 frames took 0.5 s of chunk 1, lag a live view never made up;
+    docs/benchmarks.md, "Session 25: Fast"). It stops at the first push after `ready()` says they are all
+    there (a live camera's `LiveCamera.ready`): LingBot-World 2.0's whole conditioning at 480x832 took 1.17 s in
+    the float32 VAE, longer than its chunk 0's 14 poses take to come at 16 a second, and chunk 0 started late
+    ("Session 30"); chunk 1 then encodes what is left. Without `ready`, every frame at chunk 0."""
 
     def __init__(
         self,
@@ -33,13 +38,16 @@ class ChunkConditioning:
         clock,
         progress: Progress,
         whole_first: bool = False,
+        ready: Callable[[int], bool] | None = None,
     ):
         self.pipe, self.clock, self.progress = pipe, clock, progress
         self.image, self.frames, self.n, self.whole_first = image, frames, chunk_frames, whole_first
+        self.ready = ready  # ready(0): chunk 0's poses are all there (a live job)
         _, _, h, w = image.shape
         self.mask = condition_mask(frames, h // 8, w // 8)
         self.latents: list[torch.Tensor] = []
         self.encoder: StreamingEncoder | None = None
+        self.encoded = 0  # frames of the conditioning video pushed so far
 
     def _encode(self, first: int, count: int) -> None:
         """Push frames [first, first + count) of the conditioning video (the image, then black)."""
@@ -48,6 +56,15 @@ class ChunkConditioning:
         if first == 0:
             video[0, :, :1] = self.image.to(device)
         self.latents.append(self.encoder.push(video)[0].float().cpu())
+        self.encoded = first + count
+
+    def _encode_rest(self, stop: Callable[[], bool] | None) -> None:
+        """Push the frames not pushed yet, a chunk's at a time, until `stop()`; the encoder's caches go once all are."""
+        while self.encoded < self.frames and not (stop is not None and stop()):
+            self._encode(self.encoded, min(4 * self.n, self.frames - self.encoded))
+        if self.encoded >= self.frames:
+            self.encoder = None  # its caches go now, before the KV cache grows
+            free_device_memory(self.pipe.device)
 
     def __call__(self, c: int) -> torch.Tensor:
         n = self.n
@@ -59,13 +76,11 @@ class ChunkConditioning:
                 vae = self.pipe.residency.use("vae")
                 self.encoder = StreamingEncoder(vae, self.pipe.encode_tile_pixels)
                 self._encode(0, 4 * (n - 1) + 1)
-            if c == 1 or self.whole_first:
-                step = 4 * n
-                for first in range(4 * (n - 1) + 1, self.frames, step):
-                    self._encode(first, min(step, self.frames - first))
-                self.encoder = None  # its caches go now, before the KV cache grows
-                free_device_memory(self.pipe.device)
-            self.progress("encode", 2 if self.whole_first else c + 1, 2)
+                if self.whole_first:
+                    self._encode_rest(None if self.ready is None else lambda: self.ready(0))
+            else:
+                self._encode_rest(None)
+            self.progress("encode", 2 if self.encoder is None else c + 1, 2)
             self.clock.lap("encode")
         latent = torch.cat(self.latents, dim=1)
         frames = slice(c * n, (c + 1) * n)

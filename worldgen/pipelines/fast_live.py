@@ -121,8 +121,10 @@ class LiveCamera:
         chunk_frames: int = 3,
         on_start: Callable[[int, int], None] | None = None,
         translation_scale: float | None = None,
+        held: Callable[[], int] | None = None,
     ) -> None:
         self.wait_poses, self.frames = wait_poses, frames
+        self.held = held  # how many poses are there now, without waiting (`ready`)
         self.height, self.width, self.chunk_frames = height, width, chunk_frames
         self.on_start = on_start  # (chunk, poses it was made from): it starts now
         # the job's one translation scale: given, or the first moving chunk's largest step once it comes
@@ -132,6 +134,10 @@ class LiveCamera:
             np.tile(np.eye(4, dtype=np.float32), (5, 1, 1)), np.asarray(intrinsics)[:1], source="live job"
         )
         self.lock = threading.Lock()
+
+    def ready(self, chunk: int) -> bool:
+        """Whether chunk `chunk`'s poses are all there now (False when nothing says how many are: `held`)."""
+        return self.held is not None and self.held() >= poses_needed(self.frames, chunk, self.chunk_frames)
 
     def __call__(self, chunk: int) -> torch.Tensor | None:
         need = poses_needed(self.frames, chunk, self.chunk_frames)
