@@ -3,8 +3,9 @@ PyTorch math is its reference and the CPU's path) in our own Triton kernels, tun
 
 - `_quantize_blocks_kernel`: one head's block of `QK_BLOCK` tokens to int8 with one float32 scale (absmax / 127,
   rounded to nearest even: `int8.quantize_rows(x, block)`'s numbers), K's smoothing (the window's mean over the
-  tokens, per head, subtracted in K's dtype as the reference does) in the same pass: K is read once, where the
-  package's path read it three times (mean, the subtraction written out, its quantizer).
+  tokens, per head, subtracted in K's dtype as the reference does) in the same pass: K is read twice (its mean in
+  PyTorch, then this pass), where the package's path read it three times and wrote it once (the mean, the
+  subtraction written out, its quantizer).
 - `_attention_kernel`: one block of queries of one head against the whole window, flash style: S = Q8 K8^T in
   int32 times the two block scales, an online softmax in float32 (exp2, the 1/sqrt(d) and log2(e) folded into one
   factor), P V in 16 bits. Keys past the window's end are masked out of the softmax (the package's kernel counts
