@@ -22,7 +22,7 @@ PROFILED = {
     "sm80_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize256x32x32_stage4_warpsize4x1x1_g1_"
     "tensor16x8x16_execute_kernel__5x_cudnn": "conv (VAE)",
     "void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16, __nv_bfloat16, float, false, true>": "conv (VAE)",
-    "_nf4_fp8_rows_kernel": "nf4 weights",
+    "_nf4_rows_kernel": "nf4 weights",
     "_layer_norm_kernel": "triton hand-written",
     "_rms_norm_silu_kernel": "triton hand-written",
     "triton_poi_fused_add_mul_0": "triton fused",

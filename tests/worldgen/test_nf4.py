@@ -8,12 +8,17 @@ so the layers here include ones that are not, and the rule is written out elemen
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from worldgen.kernels import int8, quantized_weights
 from worldgen.kernels import nf4 as nf4_module
 from worldgen.kernels.fp8 import quantize_rows
 from worldgen.kernels.nf4 import NF4Linear, fp8_rows_from_nf4, quantize_weight
@@ -130,6 +135,66 @@ def test_fp8_rows_from_the_triton_kernel_match_the_two_step_path(shape):
     assert differ.float().mean().item() < 1e-3
     steps = (q.view(torch.uint8).int() - q_ref.view(torch.uint8).int()).abs()  # e4m3 bytes are ordered by magnitude
     assert steps.max().item() <= 1
+
+
+def test_an_nf4_linear_under_int8_makes_its_int8_weight_per_call_and_holds_none(monkeypatch):
+    """The int8 weight is `int8.quantize_rows` of the bf16 weight, made from the NF4 bytes on every call and never
+    kept on the Linear: held, the 14B's int8 weights (13 GiB) beside its NF4 bytes ran a job planned for the NF4
+    bytes out of a 24 GiB budget."""
+    monkeypatch.setattr(int8, "MIN_ROWS", 4)
+    layer = nf4_layer(48, 128)
+    layer.compute = "int8"
+    x = torch.randn(2, 5, 128)
+    with torch.no_grad():
+        y = layer(x)
+    q, scale = int8.quantize_rows(layer.dequantized_weight(torch.bfloat16))
+    xq, x_scale = int8.quantize_rows(x.reshape(-1, 128))
+    want = ((xq.int() @ q.int().T).float() * x_scale * scale.view(1, -1)).view(2, 5, 48)
+    assert torch.equal(y, want)
+    assert quantized_weights.held(layer) is None and layer.weight.numel() > 0  # no int8 weight kept, NF4 bytes kept
+    made = layer.int8_weight()
+    assert torch.equal(made.data, q) and torch.equal(made.scale, scale)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", FP8_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_int8_rows_from_the_triton_kernel_are_the_two_step_paths_bytes(shape):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    layer = nf4_layer(*shape).to("cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the kernel's failure is a warning and a fallback: here, a failure
+        made = layer.int8_weight()
+    assert "nf4->int8" not in nf4_module._failed
+    q, scale = int8.quantize_rows(layer.dequantized_weight(torch.bfloat16))
+    assert made.data.dtype == torch.int8 and torch.equal(made.scale, scale) and torch.equal(made.data, q)
+
+
+_INTERPRETED_ROWS = """
+import torch
+from tests.worldgen.test_nf4 import nf4_layer
+from worldgen.kernels import int8, nf4
+for shape in [(64, 512), (48, 1024)]:
+    layer = nf4_layer(*shape)
+    state = (layer.weight, layer.absmax, layer.nested_quant_map, layer.nested_absmax, layer.nested_offset, layer.quant_map)
+    q, scale = nf4._triton_rows(*state, shape, layer.blocksize, layer.nested_blocksize, int8=True)
+    want_q, want_scale = int8.quantize_rows(layer.dequantized_weight(torch.bfloat16))
+    assert q.dtype == torch.int8 and q.abs().amax(dim=1).eq(127).all()
+    assert torch.allclose(scale, want_scale, rtol=2 ** -7, atol=0) and (q.int() - want_q.int()).abs().max() <= 1
+    assert (q != want_q).float().mean() < 0.2, (q != want_q).float().mean()
+print("interpreted nf4 -> int8 rows: ok")
+"""
+
+
+@pytest.mark.slow
+def test_int8_rows_from_the_triton_kernel_under_the_interpreter():
+    """The NF4 -> int8 kernel on CPU tensors (Triton's interpreter): every row's largest weight at 127, each value
+    within one step of the two-step path's (the interpreter rounds to bf16 by truncation, a GPU to nearest: the
+    bytes are compared on the GPU, above); a wrong block, nibble order or row would be off by many steps."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-c", _INTERPRETED_ROWS], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
 
 
 def test_the_quant_state_reads_as_bitsandbytes_reads_it():

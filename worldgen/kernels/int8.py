@@ -22,8 +22,9 @@ read of a 1,536-wide row, ~3 ms a 1.3B chunk, against a second variant of every 
 
 Weights: the int8 weight is made once and a dense Linear's bf16 weight dropped for it (the 1.3B: 2.6 GB of bf16
 for 1.3 GB of int8), restored when another compute is set: `worldgen.kernels.quantized_weights`, the one
-mechanism of int8 and fp8. An NF4 Linear keeps its NF4 bytes (half the int8's size, and what the exact path
-computes from) beside its int8 weight.
+mechanism of int8 and fp8. An NF4 Linear keeps only its NF4 bytes (half the int8's size, and what the exact path
+computes from) and makes its int8 weight from them on every call, as the fp8 path does (`NF4Linear.int8_weight`:
+one Triton pass, the kernel of fp8's: 0.28 ms a 14B block on the H100): held beside the NF4 bytes, the 14B's int8 weights ran out of a 24 GiB budget.
 
 This is the math of torchao's `Int8DynamicActivationInt8WeightConfig` and of LightX2V's int8 modes; we keep our
 own code rather than torchao because its tensor subclasses do not compose with our NF4 Linears, fused RMSNorm/RoPE
@@ -178,11 +179,14 @@ def wants_int8(x: torch.Tensor | Int8Rows, compute: str) -> bool:
     return isinstance(x, Int8Rows) or compute == "int8" and x.numel() // x.shape[-1] >= MIN_ROWS
 
 
-def int8_linear(x: torch.Tensor | Int8Rows, linear: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
+def int8_linear(
+    x: torch.Tensor | Int8Rows, linear: torch.nn.Module, dtype: torch.dtype, weight: Int8Weight | None = None
+) -> torch.Tensor:
     """y = x @ W.T + b with x per token and W per output channel in int8, int32 accumulation, `dtype` out
-    (x may be quantized already: `Int8Rows`). Fewer than `MIN_ROWS` rows: the int8 weight dequantized, times x
-    in `dtype` (W8A16)."""
-    weight = Int8Weight.of(linear)
+    (x may be quantized already: `Int8Rows`). `weight`: the Linear's int8 weight made for this call (an NF4
+    Linear's, `NF4Linear.int8_weight`); None: the one it holds (`Int8Weight.of`). Fewer than `MIN_ROWS` rows:
+    the int8 weight dequantized, times x in `dtype` (W8A16)."""
+    weight = Int8Weight.of(linear) if weight is None else weight
     bias = linear.bias
     if isinstance(x, Int8Rows):
         lead, (xq, x_scale) = x.lead, (x.data, x.scale)

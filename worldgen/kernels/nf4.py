@@ -37,7 +37,8 @@ from torch import nn
 
 from worldgen.errors import CheckpointError
 from worldgen.kernels.fp8 import FP8, FP8_MAX, QuantizedRows, fp8_linear, quantize_rows, wants_fp8
-from worldgen.kernels.int8 import int8_linear, wants_int8
+from worldgen.kernels.int8 import INT8_MAX, Int8Weight, int8_linear, wants_int8
+from worldgen.kernels.int8 import quantize_rows as int8_rows
 from worldgen.kernels.triton_lang import Signature, launch, tl, triton
 from worldgen.quiet import hide_known_harmless
 
@@ -194,27 +195,42 @@ class NF4Linear(nn.Module):
         On CUDA straight from the NF4 bytes in one Triton kernel (`fp8_rows_from_nf4`); elsewhere (or a
         checkpoint without double quantization, or if that fails) dequantized to bf16 first and quantized
         row by row: the same numbers, more memory traffic."""
+        return self._rows("fp8") or quantize_rows(self.dequantized_weight(torch.bfloat16))
+
+    def int8_weight(self) -> Int8Weight:
+        """The weight as the INT8 GEMM takes it, made per call from the NF4 bytes as `fp8_weight` is (one Triton
+        pass on CUDA, else dequantized to bf16 and quantized row by row: `int8.quantize_rows`' numbers either
+        way), never held: the 14B's int8 weights held beside its NF4 ones (13 GiB more) ran a job planned for
+        the NF4 bytes out of memory under `--vram-budget 24` (docs/benchmarks.md, "Session 31")."""
+        rows = self._rows("int8")
+        return Int8Weight(*(rows or int8_rows(self.dequantized_weight(torch.bfloat16))))
+
+    def _rows(self, kind: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`kind`'s ("fp8", "int8") weight and per-row scales from the NF4 bytes by `_triton_rows`; None where
+        that kernel does not apply (not CUDA, no double quantization, rows straddling blocks) or failed once."""
         fused_ok = self.weight.is_cuda and self.nested_absmax.numel() > 0 and self.in_features % self.blocksize == 0
-        fused_ok = fused_ok and triton is not None
-        if fused_ok and "nf4->fp8" not in _failed:
-            try:
-                return _triton_fp8_rows(
-                    self.weight, self.absmax, self.nested_quant_map, self.nested_absmax, self.nested_offset,
-                    self.quant_map, (self.out_features, self.in_features), self.blocksize, self.nested_blocksize,
-                )  # fmt: skip
-            except torch.OutOfMemoryError:
-                raise
-            except Exception as exc:  # noqa: BLE001  (no Triton / compiler: the two-step path, said once)
-                _failed.add("nf4->fp8")
-                warnings.warn(f"the fused NF4 -> FP8 weight kernel failed ({exc}); dequantizing first", stacklevel=2)
-        return quantize_rows(self.dequantized_weight(torch.bfloat16))
+        name = f"nf4->{kind}"
+        if not fused_ok or triton is None or name in _failed:
+            return None
+        try:
+            return _triton_rows(
+                self.weight, self.absmax, self.nested_quant_map, self.nested_absmax, self.nested_offset,
+                self.quant_map, (self.out_features, self.in_features), self.blocksize, self.nested_blocksize,
+                int8=kind == "int8",
+            )  # fmt: skip
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (no Triton / compiler: the two-step path, said once)
+            _failed.add(name)
+            warnings.warn(f"the fused NF4 -> {kind} weight kernel failed ({exc}); dequantizing first", stacklevel=3)
+            return None
 
     def forward(self, x: torch.Tensor | QuantizedRows, dtype: torch.dtype | None = None) -> torch.Tensor:
         dtype = dtype or self.compute_dtype
         if isinstance(x, QuantizedRows) or wants_fp8(x, self.compute, dtype, self.out_features):  # FP8 GEMM
             return fp8_linear(x, self.fp8_weight(), self.bias)
-        if wants_int8(x, self.compute):  # int8 per output channel, made once from the dequantized weight
-            return int8_linear(x, self, dtype)
+        if wants_int8(x, self.compute):  # int8 per output channel, made per call from the NF4 bytes
+            return int8_linear(x, self, dtype, self.int8_weight())
         bias = None if self.bias is None else self.bias.to(dtype)
         return F.linear(x.to(dtype), self.dequantized_weight(dtype), bias)
 
@@ -255,7 +271,7 @@ def fp8_rows_from_nf4(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A double-quantized NF4 weight -> (e4m3 [N, K], float32 [N, 1] scales): the numbers of
     `quantize_rows` on the bf16 weight `dequantize_nf4` gives (each value rounded to bf16 first, as
-    there); on CUDA one Triton kernel (`_triton_fp8_rows`) reads the 4-bit bytes and writes the e4m3 ones. The
+    there); on CUDA one Triton kernel (`_triton_rows`) reads the 4-bit bytes and writes the e4m3 ones. The
     two-step path wrote the bf16 weight (2 bytes a parameter) and read it back twice, for every Linear
     of every forward. Needs K to be a multiple of the blocksize (blocks then never straddle rows)."""
     out_features, in_features = shape
@@ -297,18 +313,20 @@ if triton is not None:  # (worldgen.kernels.triton_lang: CPU-only installs have 
         tl.store(out_ptr + oc, out, mask=oc < n)
 
     @triton.jit
-    def _nf4_fp8_rows_kernel(
+    def _nf4_rows_kernel(
         packed_ptr, absmax_ptr, nested_code_ptr, nested_absmax_ptr, offset_ptr, code_ptr, q_ptr, scale_ptr,
-        in_features, row_bytes, blocks_per_row, fp8_max,
+        in_features, row_bytes, blocks_per_row, q_max,
         BLOCK_BYTES: tl.constexpr, NESTED_BLOCKSIZE: tl.constexpr, ROW_BLOCKS: tl.constexpr, TILE_BLOCKS: tl.constexpr,
-        ROW_TILES: tl.constexpr,
+        ROW_TILES: tl.constexpr, INT8: tl.constexpr,
     ):  # fmt: skip
         # one program per output row: its block scales first (de-nested as bitsandbytes does: a product,
         # then the offset, two roundings: the launch turns FMA contraction off), the row's scale from
         # them (a block's largest weight is its absmax times NF4's code 1.0, so the row's largest bf16
         # weight is its largest bf16 absmax), then the row TILE_BLOCKS quantization blocks at a time,
         # each block's bytes beside its one absmax: both nibbles (high first) -> code x absmax -> bf16 ->
-        # / scale -> e4m3, interleaved back into weight order
+        # / scale -> e4m3, interleaved back into weight order. INT8: the scale and the quotients IEEE-divided
+        # (`div_rn`, as `int8.quantize_rows` divides), each rounded half to even (the float32 magic number, as
+        # `int8_triton` rounds) -> int8
         row = tl.program_id(0).to(tl.int64)
         offset = tl.load(offset_ptr)
         b = tl.arange(0, ROW_BLOCKS)
@@ -317,7 +335,8 @@ if triton is not None:  # (worldgen.kernels.triton_lang: CPU-only installs have 
         a = tl.load(absmax_ptr + flat, mask=bmask, other=0).to(tl.int32)
         am = tl.load(nested_code_ptr + a) * tl.load(nested_absmax_ptr + flat // NESTED_BLOCKSIZE, mask=bmask, other=0)
         am = tl.where(bmask, am + offset, 0.0)
-        scale = tl.maximum(tl.max(tl.abs(am.to(tl.bfloat16).to(tl.float32)), axis=0), 1e-12) / fp8_max
+        largest = tl.maximum(tl.max(tl.abs(am.to(tl.bfloat16).to(tl.float32)), axis=0), 1e-12)
+        scale = tl.math.div_rn(largest, q_max) if INT8 else largest / q_max
         tl.store(scale_ptr + row, scale)
         for t in range(ROW_TILES):
             # (names not used before the loop: Triton refuses a loop variable that changes shape)
@@ -333,8 +352,14 @@ if triton is not None:  # (worldgen.kernels.triton_lang: CPU-only installs have 
             byte = tl.load(packed_ptr + row * row_bytes + c, mask=live[:, None], other=0).to(tl.int32)
             hi = (tl.load(code_ptr + (byte >> 4)) * block_absmax).to(tl.bfloat16).to(tl.float32)
             lo = (tl.load(code_ptr + (byte & 15)) * block_absmax).to(tl.bfloat16).to(tl.float32)
-            hi = tl.minimum(tl.maximum(hi / scale, -fp8_max), fp8_max)
-            lo = tl.minimum(tl.maximum(lo / scale, -fp8_max), fp8_max)
+            if INT8:
+                hi = (tl.math.div_rn(hi, scale) + 12582912.0) - 12582912.0
+                lo = (tl.math.div_rn(lo, scale) + 12582912.0) - 12582912.0
+            else:
+                hi = hi / scale
+                lo = lo / scale
+            hi = tl.minimum(tl.maximum(hi, -q_max), q_max)
+            lo = tl.minimum(tl.maximum(lo, -q_max), q_max)
             out = tl.interleave(hi, lo).to(q_ptr.dtype.element_ty)
             oc = blk[:, None] * (2 * BLOCK_BYTES) + tl.arange(0, 2 * BLOCK_BYTES)[None, :]
             tl.store(q_ptr + row * in_features + oc, out, mask=live[:, None])
@@ -358,7 +383,7 @@ def _triton_dequantize(packed: torch.Tensor, state: NF4State) -> torch.Tensor:
     return out
 
 
-def _triton_fp8_rows(
+def _triton_rows(
     packed: torch.Tensor,
     absmax: torch.Tensor,
     nested_code: torch.Tensor,
@@ -368,41 +393,46 @@ def _triton_fp8_rows(
     shape: tuple[int, int],
     blocksize: int,
     nested_blocksize: int,
+    int8: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`fp8_rows_from_nf4` as one hand-written Triton kernel: 0.5 byte read and 1 written a weight.
-    (Inductor's compile of that function ran 8x slower on the H100: 0.14 ms a Linear, 2.3 s a rollout.)
-    32 blocks a step and one warp a row: 25 / 66 / 66 us at 5,120 x 5,120 / 13,824 x 5,120 / 5,120 x
-    13,824 against 28-32 / 74-84 / 65-74 for 1,024-byte steps of four warps (docs/benchmarks.md, "Session 14:
-    Fast"; the same bytes)."""
+    """`fp8_rows_from_nf4` (or, `int8`, `int8.quantize_rows` of the bf16 weight) as one hand-written Triton
+    kernel: 0.5 byte read and 1 written a weight. (Inductor's compile of that function ran 8x slower on the H100:
+    0.14 ms a Linear, 2.3 s a rollout.) 32 blocks a step and one warp a row: 25 / 66 / 66 us at 5,120 x 5,120 /
+    13,824 x 5,120 / 5,120 x 13,824 against 28-32 / 74-84 / 65-74 for 1,024-byte steps of four warps
+    (docs/benchmarks.md, "Session 14: Fast"; the same bytes)."""
     out_features, in_features = shape
-    q = torch.empty(shape, device=packed.device, dtype=FP8)
+    q = torch.empty(shape, device=packed.device, dtype=torch.int8 if int8 else FP8)
     scale = torch.empty((out_features, 1), device=packed.device, dtype=torch.float32)
     blocks = in_features // blocksize
     tile = 32  # quantization blocks a step: 2,048 weights at the blocksize of 64
     launch(
-        _nf4_fp8_rows_kernel, (out_features,), packed, absmax, nested_code, nested_absmax, offset.reshape(1).float(), code, q, scale,
-        in_features, in_features // 2, blocks, FP8_MAX,
+        _nf4_rows_kernel, (out_features,), packed, absmax, nested_code, nested_absmax, offset.reshape(1).float(), code, q, scale,
+        in_features, in_features // 2, blocks, INT8_MAX if int8 else FP8_MAX,
         BLOCK_BYTES=blocksize // 2, NESTED_BLOCKSIZE=nested_blocksize, ROW_BLOCKS=triton.next_power_of_2(blocks),
-        TILE_BLOCKS=tile, ROW_TILES=triton.cdiv(blocks, tile), num_warps=1, enable_fp_fusion=False,
+        TILE_BLOCKS=tile, ROW_TILES=triton.cdiv(blocks, tile), INT8=int8, num_warps=1, enable_fp_fusion=False,
     )  # fmt: skip
     return q, scale
 
 
 # The launches' variants (`triton_lang.Signature`): bitsandbytes' double-quantized state (uint8 absmax indices,
 # float32 codes and scales) at its blocksizes (64, nested 256); dequantized to bf16 or float32; as e4m3 rows
-# of a 5,120- and a 13,824-wide weight (the FP8 path: compute capability 8.9+)
+# of a 5,120- and a 13,824-wide weight (the FP8 path: compute capability 8.9+), and as int8 rows (the INT8 path)
 _NF4 = "*u8 *u8 *fp32 *fp32 *fp32 *fp32"
 _NF4_CONST = {"BLOCK_BYTES": 32, "NESTED_BLOCKSIZE": 256}
 _NF4_OPTIONS = {"num_warps": 4, "enable_fp_fusion": False}
-_FP8_ROWS_OPTIONS = {"num_warps": 1, "enable_fp_fusion": False}
+_ROWS_OPTIONS = {"num_warps": 1, "enable_fp_fusion": False}
+_WIDE_5120 = {"ROW_BLOCKS": 128, "TILE_BLOCKS": 32, "ROW_TILES": 3}  # rows of 5,120 weights: 80 blocks of 64
+_WIDE_13824 = {"ROW_BLOCKS": 256, "TILE_BLOCKS": 32, "ROW_TILES": 7}  # 13,824: 216 blocks
 SIGNATURES = {
     "_nf4_dequantize_kernel": (
         Signature(f"{_NF4} *bf16 i32 i32", {**_NF4_CONST, "TILE": 1024}, _NF4_OPTIONS),
         Signature(f"{_NF4} *fp32 i32 i32", {**_NF4_CONST, "TILE": 1024}, _NF4_OPTIONS),
     ),
-    "_nf4_fp8_rows_kernel": (
-        Signature(f"{_NF4} *fp8e4nv *fp32 i32 i32 i32 fp32", {**_NF4_CONST, "ROW_BLOCKS": 128, "TILE_BLOCKS": 32, "ROW_TILES": 3}, _FP8_ROWS_OPTIONS),
-        Signature(f"{_NF4} *fp8e4nv *fp32 i32 i32 i32 fp32", {**_NF4_CONST, "ROW_BLOCKS": 256, "TILE_BLOCKS": 32, "ROW_TILES": 7}, _FP8_ROWS_OPTIONS),
+    "_nf4_rows_kernel": (
+        Signature(f"{_NF4} *fp8e4nv *fp32 i32 i32 i32 fp32", {**_NF4_CONST, **_WIDE_5120, "INT8": False}, _ROWS_OPTIONS),
+        Signature(f"{_NF4} *fp8e4nv *fp32 i32 i32 i32 fp32", {**_NF4_CONST, **_WIDE_13824, "INT8": False}, _ROWS_OPTIONS),
+        Signature(f"{_NF4} *i8 *fp32 i32 i32 i32 fp32", {**_NF4_CONST, **_WIDE_5120, "INT8": True}, _ROWS_OPTIONS),
+        Signature(f"{_NF4} *i8 *fp32 i32 i32 i32 fp32", {**_NF4_CONST, **_WIDE_13824, "INT8": True}, _ROWS_OPTIONS),
     ),
 }  # fmt: skip
 

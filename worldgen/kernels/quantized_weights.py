@@ -8,8 +8,9 @@ The 8-bit weight (one float32 scale per output channel) is made ONCE, on the Lin
 (`drop_exact_weight`): the 8-bit one replaces it rather than sitting beside it (the 1.3B's blocks: 3.1 GiB of
 bf16 for 1.6 GiB of 8-bit). Numbers: the same as quantizing the weight on every call (what fp8 did before), it
 is the same quantizer on the same weight. A call of too few rows for the 8-bit GEMM (`MIN_ROWS`) on a Linear whose
-weight was dropped runs W8A16 (`QuantizedWeight.dequantize`). An NF4 Linear keeps its NF4 bytes (half the 8-bit
-size; int8 makes its weight from them once, fp8 per call from the NF4 bytes: `NF4Linear.fp8_weight`).
+weight was dropped runs W8A16 (`QuantizedWeight.dequantize`). An NF4 Linear keeps only its NF4 bytes (half the
+8-bit size) and holds no 8-bit weight: fp8 and int8 make theirs per call from them (`NF4Linear.fp8_weight`,
+`NF4Linear.int8_weight`), what the plan counts.
 
 Another compute asked for on the same loaded model (`WanCameraDiT.set_compute`: the server's jobs may each name
 one, the benchmarks compare them in one process) frees the 8-bit weights and restores the exact ones
