@@ -193,7 +193,9 @@ def test_int8_rows_from_the_triton_kernel_under_the_interpreter():
     bytes are compared on the GPU, above); a wrong block, nibble order or row would be off by many steps."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    done = subprocess.run([sys.executable, "-c", _INTERPRETED_ROWS], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERPRETED_ROWS], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
 
 
