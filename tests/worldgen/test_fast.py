@@ -403,19 +403,19 @@ def test_the_camera_modulation_is_kept_in_as_many_blocks_as_the_plan_has_room_fo
         camera_blocks(0.05, 4524, 5120, 40, torch.bfloat16) == 0 == camera_blocks(-2.0, 4524, 5120, 40, torch.bfloat16)
     )
     # 24 GiB at 480p: beside a bf16 VAE (fp8), the half of its float32 figures it leaves unused, kept through
-    # the decodes; beside a float32 one (exact) none, but 7 from each chunk's first step to its decode
+    # the decodes; beside a float32 one (exact) none, but 8 from each chunk's first step to its decode
     exact = _full_size_plan(24)
     exact.plan_job(21, 58, 104, FastOptions())
     fp8 = _full_size_plan(24)
     fp8.vae_dtype = torch.bfloat16
     assert fp8.plan_job(21, 58, 104, FastOptions()) == exact.cache_spec  # the same KV cache either way
     saving = fp8.vae_cut.bf16_saving_gib
-    assert saving == pytest.approx(3.09, abs=0.01)  # two strips' decoder caches and push, halved
+    assert saving == pytest.approx(3.12, abs=0.01)  # two strips' decoder caches and push, halved
     assert fp8.camera_blocks == camera_blocks(saving, 4524, 5120, 40, torch.bfloat16) == 32
-    assert (exact.camera_blocks, exact.camera_until_decode, fp8.camera_until_decode) == (7, True, False)
+    assert (exact.camera_blocks, exact.camera_until_decode, fp8.camera_until_decode) == (8, True, False)
     assert "camera modulation kept a chunk in 32 of 40 blocks" in fp8.describe_plan()
     assert "until its decode" not in fp8.describe_plan()
-    assert "in 7 of 40 blocks until its decode (one slab)" in exact.describe_plan()
+    assert "in 8 of 40 blocks until its decode (one slab)" in exact.describe_plan()
     # no budget: what the card leaves beside everything resident; every block on an 80 GB card
     unlimited = _full_size_plan(None)
     unlimited.plan_job(21, 58, 104, FastOptions())
@@ -425,7 +425,8 @@ def test_the_camera_modulation_is_kept_in_as_many_blocks_as_the_plan_has_room_fo
 
 
 def test_a_batch_job_at_24_gib_decodes_after_the_loop_and_keeps_every_blocks_camera():
-    for vae_dtype, streamed_blocks in ((torch.float32, 7), (torch.bfloat16, 32)):
+    # float32: 8 since the time taps' larger push (the slab is freed for it; 8 and 16 ran, "Session 21")
+    for vae_dtype, streamed_blocks in ((torch.float32, 8), (torch.bfloat16, 32)):
         streamed, batch = _full_size_plan(24), _full_size_plan(24)
         streamed.vae_dtype = batch.vae_dtype = vae_dtype
         streamed.plan_job(21, 58, 104, FastOptions())
@@ -433,7 +434,7 @@ def test_a_batch_job_at_24_gib_decodes_after_the_loop_and_keeps_every_blocks_cam
         # the same KV cache and tiles (so the same video); the decoder's room goes to the camera
         assert spec == streamed.cache_spec and batch.decode_tile_pixels == streamed.decode_tile_pixels
         assert (streamed.camera_blocks, streamed.decode_after_loop) == (streamed_blocks, False)
-        # a streamed exact job (no block kept through the decodes) keeps 7 blocks from each chunk's first step
+        # a streamed exact job (no block kept through the decodes) keeps 8 blocks from each chunk's first step
         # to its decode, in one slab freed whole for the decoder's push (measured: 8 and 16 ran, "Session 21")
         assert streamed.camera_until_decode == (vae_dtype == torch.float32)
         assert (batch.camera_blocks, batch.decode_after_loop) == (40, True)

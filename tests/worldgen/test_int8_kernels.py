@@ -199,3 +199,17 @@ def test_q_k_and_v_share_one_quantization_of_their_input(monkeypatch):
     assert int8.shared_input(few, linears[0]) is few  # too few rows: the exact GEMM's input
     linears[0].compute = "exact"
     assert int8.shared_input(x, linears[0]) is x
+
+
+@pytest.mark.cuda
+def test_the_reference_quantization_gives_the_cpus_bits_on_cuda():
+    """On CUDA PyTorch divides by a Python number as a product with its reciprocal (an ulp off for some rows): the
+    reference divides by a tensor, so a weight quantized on the GPU is the one the CPU and our kernels make."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(4096, 512, generator=g) * torch.logspace(-3, 2, 4096)[:, None]
+    for block in (None, 128):
+        q, scale = int8.quantize_rows(x, block)
+        q_cuda, scale_cuda = int8.quantize_rows(x.cuda(), block)
+        assert torch.equal(scale_cuda.cpu(), scale) and torch.equal(q_cuda.cpu(), q)

@@ -173,3 +173,35 @@ def test_residual_blocks_leave_their_convolution_biases_to_the_next_kernel_for_t
     assert torch.equal(runs[True][0], runs[False][0]) and torch.equal(runs[True][1], runs[False][1])
     # near the reference (cuDNN's float32 convolutions run in TF32 by default: 2.7e-4 on the H100)
     assert rel_l2(runs[True][1][0].cpu(), io["decoded"]) < (3e-2 if dtype == torch.bfloat16 else 1e-3)
+
+
+def test_three_time_taps_are_the_causal_convolution():
+    """`_time_taps`, the float32 VAE's causal convolutions on CUDA, is conv3d over [past, x] written as three conv2d
+    over its frames: the same sums in another order, here on the CPU where conv3d is the reference."""
+    g = torch.Generator().manual_seed(5)
+    for kernel, padding in ((3, 1), ((3, 1, 1), (1, 0, 0))):  # a residual block's conv, a temporal upsampler's
+        conv = vae_module.CausalConv3d(6, 10, kernel, padding=padding)
+        joined = torch.randn(1, 6, 2 + 5, 9, 11, generator=g).contiguous(memory_format=torch.channels_last_3d)
+        want = F.conv3d(joined, conv.weight, conv.bias, padding=conv.padding)
+        with torch.no_grad():
+            got = vae_module._time_taps(joined, conv.weight, conv.bias, conv.padding[1:])
+        assert got.shape == want.shape == (1, 10, 5, 9, 11)
+        assert got.is_contiguous(memory_format=torch.channels_last_3d)  # the layout the next layer reads
+        assert torch.allclose(got, want, rtol=0, atol=1e-5) and not torch.equal(got, torch.zeros_like(got))
+
+
+@pytest.mark.cuda
+def test_the_float32_decoder_on_cuda_takes_the_time_taps_and_stays_at_the_reference(golden_vae, monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (the time taps run on CUDA only)")
+    vae, io = golden_vae
+    with torch.device("meta"):
+        on_gpu = WanVAE(vae.config)
+    on_gpu.load_state_dict({k: v.to("cuda") for k, v in vae.state_dict().items()}, assign=True)
+    calls = []
+    real = vae_module._time_taps
+    monkeypatch.setattr(vae_module, "_time_taps", lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        decoded = on_gpu.decode(io["latent"][None].cuda())
+    assert calls, "no causal convolution took the time taps"
+    assert rel_l2(decoded[0].cpu(), io["decoded"]) < 1e-3  # TF32, as cuDNN's 3-D convolutions

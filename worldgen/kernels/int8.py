@@ -88,12 +88,15 @@ def quantize_rows(x: torch.Tensor, block: int | None = None) -> tuple[torch.Tens
     nearest even; the reference math (the weights', the attention's and the CPU's). `block`: one scale per
     `block` rows instead ([ceil(M / block), 1])."""
     x = x.float()
+    # the scale divided by a tensor, not the number 127: on CUDA PyTorch divides by a Python number as a product with
+    # its float32 reciprocal, one ulp off the IEEE quotient (on the CPU, and in our kernels) for some rows
+    int8_max = x.new_full((), INT8_MAX)
     if block is None:
-        scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / INT8_MAX
+        scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / int8_max
         return torch.round(x / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale
     rows = x.shape[0]
     padded = F.pad(x, (0, 0, 0, -rows % block)).view(-1, block, x.shape[-1])
-    scale = padded.abs().amax(dim=(1, 2), keepdim=True).clamp(min=1e-12) / INT8_MAX
+    scale = padded.abs().amax(dim=(1, 2), keepdim=True).clamp(min=1e-12) / int8_max
     data = torch.round(padded / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
     return data.view(-1, x.shape[-1])[:rows], scale.view(-1, 1)
 

@@ -55,6 +55,10 @@ CACHE_FRAMES = 2
 # over the activation each, the same bits: `worldgen.kernels.conv_bias`); False adds it as PyTorch does
 FOLD_CONV_BIAS = True
 
+# on CUDA a causal convolution 3 frames deep, channels-last, runs in these dtypes as three 2-D convolutions over the
+# frames, summed (`_time_taps`): in float32 (TF32) cuDNN's 2-D kernels beat its 3-D ones at the decoder's shapes
+TIME_TAPS_DTYPES = {torch.float32}
+
 # State carried between chunks of one stream (one video, or later one spatial tile of it):
 # module -> its cached input frames (None marks "first chunk seen" for temporal upsamplers).
 FrameCache = dict
@@ -114,7 +118,33 @@ class CausalConv3d(nn.Conv3d):
             if cache is not None:
                 _keep_last_frames(cache, self, past, x, joined)
             x = joined
-        return self._conv_forward(x, self.weight, self.bias if bias else None)
+        bias_or_none = self.bias if bias else None
+        if self._takes_time_taps(x):
+            return _time_taps(x, self.weight, bias_or_none, self.padding[1:])
+        return self._conv_forward(x, self.weight, bias_or_none)
+
+    def _takes_time_taps(self, x: torch.Tensor) -> bool:
+        single = x.shape[0] == 1 and self.stride == (1, 1, 1) and self.dilation == (1, 1, 1) and self.groups == 1
+        shape_ok = single and self.kernel_size[0] == 3 and x.dim() == 5 and layout_of(x) == torch.channels_last_3d
+        return x.is_cuda and x.dtype in TIME_TAPS_DTYPES and shape_ok
+
+
+def _time_taps(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int]
+) -> torch.Tensor:
+    """conv3d of x [1, C, T + 2, H, W] (channels-last, its past frames joined) with a kernel 3 frames deep, as the sum
+    of three conv2d over its frames (tap k reads frames k .. k + T - 1): the same sums in another order. cuDNN's
+    TF32 2-D kernels ran the float32 decoder's convolutions 1.1-1.6x faster than its 3-D ones on the H200 (96
+    channels at 464x832: 3.9 against 5.8 ms for 4 frames; docs/benchmarks.md, "Session 31"); in bf16 the 3-D
+    kernels are level or faster, and three roundings of the partial sums would add error. Each tap's weight is
+    copied channels-last per call (kept, the copies would hold the decoder's weights twice on the device)."""
+    frames = x[0].transpose(0, 1)  # [T + 2, C, H, W], channels-last: a view
+    taps = [w.contiguous(memory_format=torch.channels_last) for w in weight.unbind(2)]
+    t = frames.shape[0] - 2
+    y = F.conv2d(frames[:t], taps[0], bias, padding=padding)
+    y += F.conv2d(frames[1 : t + 1], taps[1], None, padding=padding)
+    y += F.conv2d(frames[2:], taps[2], None, padding=padding)
+    return y.unsqueeze(0).transpose(1, 2)  # [1, out, T, H, W], channels-last
 
 
 def layout_of(x: torch.Tensor) -> torch.memory_format:

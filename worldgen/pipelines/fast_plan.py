@@ -35,10 +35,12 @@ LOOP_MARGIN_GIB = 0.5  # allocator fragmentation and small buffers during the lo
 # chunks, per pixel of all tiles together (tiles overlap), and the transient peak of one push above
 # them, per pixel of one tile. (The first plan guessed 2 GiB, then 6.3 GiB with small tiles: both ran
 # out of memory, small tiles hold 2.3x the caches of whole frames and decode 2x slower.)
+# The pushes' figures are scaled by what the float32 VAE's convolutions as three 2-D time taps (`vae._time_taps`:
+# one more output tensor at a time) added to a push's peak on the H200: 2.6% decoding, 14% encoding ("Session 31").
 DECODE_CACHE_BYTES_PER_PIXEL = 9_460  # whole frames: 3.40 GiB; two strips 3.92 GiB
-DECODE_PUSH_BYTES_PER_PIXEL = 11_900  # whole frames: 4.19 GiB; two strips 2.47 GiB
+DECODE_PUSH_BYTES_PER_PIXEL = 12_210  # whole frames: 4.19 GiB; two strips 2.47 GiB (before the taps' 2.6%)
 ENCODE_CACHE_BYTES_PER_PIXEL = 5_620  # whole frames: 2.02 GiB; two strips 2.33 GiB
-ENCODE_PUSH_BYTES_PER_PIXEL = 13_400  # whole frames: 4.75 GiB; two strips 2.77 GiB
+ENCODE_PUSH_BYTES_PER_PIXEL = 15_250  # whole frames: 4.75 GiB; two strips 2.77 GiB (before the taps' 14%)
 # A chunk forward captured as a CUDA graph keeps its own memory pool while the rollout lives: 1.23-1.24
 # GiB at 4,524 tokens on the H100 (docs/benchmarks.md, "Session 7: Fast"), above the activation estimate
 GRAPH_POOL_BYTES_PER_TOKEN = 1.24 * GiB / 4524
