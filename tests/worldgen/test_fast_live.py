@@ -119,7 +119,7 @@ def test_a_live_jobs_conditioning_stops_encoding_ahead_once_chunk_0s_poses_are_t
 
     whole = conditioning()
     want = [whole(c) for c in range(4)]
-    assert whole.encoder is None and whole.encoded == 49  # every frame at chunk 0
+    assert whole.video.encoder is None and whole.encoded == 49  # every frame at chunk 0
     asked: list[int] = []
 
     def ready(chunk: int) -> bool:
@@ -129,10 +129,10 @@ def test_a_live_jobs_conditioning_stops_encoding_ahead_once_chunk_0s_poses_are_t
     live = conditioning(ready=ready)
     assert torch.equal(live(0), want[0])
     if ready_after is None:  # the poses never came while it encoded: every frame, as without `ready`
-        assert live.encoder is None and live.encoded == 49 and asked == [0, 0, 0]
+        assert live.video.encoder is None and live.encoded == 49 and asked == [0, 0, 0]
     else:  # chunk 0's own 13 frames, then one push of 16 for each time the poses were not there yet
-        assert live.encoder is not None and live.encoded == 13 + 16 * ready_after and set(asked) == {0}
-    assert torch.equal(live(1), want[1]) and live.encoder is None and live.encoded == 49
+        assert live.video.encoder is not None and live.encoded == 13 + 16 * ready_after and set(asked) == {0}
+    assert torch.equal(live(1), want[1]) and live.video.encoder is None and live.encoded == 49
     assert all(torch.equal(live(c), want[c]) for c in (2, 3))
 
 

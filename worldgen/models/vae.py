@@ -62,6 +62,9 @@ TIME_TAPS_DTYPES = {torch.float32}
 # State carried between chunks of one stream (one video, or later one spatial tile of it):
 # module -> its cached input frames (None marks "first chunk seen" for temporal upsamplers).
 FrameCache = dict
+# A FrameCache entry while a push is watched (`watch_stillness`): a device bool, True while every cache write of
+# the push wrote what the cache held already
+STILL = "still"
 
 WAN21_MEAN = [
     -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
@@ -190,9 +193,38 @@ def _keep_last_frames(
     the push's transients, fragmented the memory they shared with the Fast DiT's KV cache at a 24 GiB
     card's cap (docs/benchmarks.md, "Session 20: Fast"). The same frames either way."""
     if past is not None and past.shape[2] == CACHE_FRAMES:
-        past.copy_(joined[:, :, -CACHE_FRAMES:])
+        _rewrite(cache, past, joined[:, :, -CACHE_FRAMES:])
     else:
+        _note_change(cache)
         cache[layer] = _last_frames(past, x)
+
+
+def watch_stillness(cache: FrameCache, device: torch.device) -> None:
+    """Watch the next push on `cache`: `still_after` then says whether it left every cached frame as it was."""
+    cache[STILL] = torch.ones((), dtype=torch.bool, device=device)
+
+
+def still_after(cache: FrameCache) -> bool:
+    """Whether the watched push left the caches as they were (one sync), the watch ended. Such a state is a fixed
+    point: the stream's next push of the same frames computes the same numbers from the same caches, so gives the
+    same output and leaves them as they are again (a conditioning video's black frames: `StreamingEncoder.still`)."""
+    flag = cache.pop(STILL, None)
+    return flag is not None and bool(flag)
+
+
+def _rewrite(cache: FrameCache, held: torch.Tensor, frames: torch.Tensor) -> None:
+    """held <- frames (a cache's own tensor), noting for a watched push whether that changed anything."""
+    flag = cache.get(STILL)
+    if flag is not None:
+        flag.logical_and_(torch.eq(held, frames).all())  # no sync: read once, by `still_after`
+    held.copy_(frames)
+
+
+def _note_change(cache: FrameCache) -> None:
+    """A watched push made a cache entry (or grew one): not still."""
+    flag = cache.get(STILL)
+    if flag is not None:
+        flag.fill_(False)
 
 
 class RMSNorm(nn.Module):
@@ -247,15 +279,17 @@ class Resample(nn.Module):
         if self.mode == "downsample3d":
             past = cache.get(self)
             if past is None:  # the first chunk (frame 0) passes through un-convolved
+                _note_change(cache)
                 cache[self] = x[:, :, -1:].clone()
             else:  # the last frame kept in the cache's own tensor once the cat has read it (as above)
                 joined = torch.cat([past, x], dim=2)
-                past.copy_(x[:, :, -1:])
+                _rewrite(cache, past, x[:, :, -1:])
                 x = self.time_conv(joined)
         return x
 
     def _double_frames(self, x: torch.Tensor, cache: FrameCache) -> torch.Tensor:
         if self not in cache:  # first chunk: latent frame 0 stays a single frame
+            _note_change(cache)
             cache[self] = None
             return x
         return interleave_frame_pairs(self.time_conv(x, cache))  # [B, 2C, T, H, W] -> [B, C, 2T, H, W]

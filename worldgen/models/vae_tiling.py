@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from worldgen.errors import InputError
-from worldgen.models.vae import FrameCache, WanVAE
+from worldgen.models.vae import FrameCache, WanVAE, still_after, watch_stillness
 
 
 def tile_starts(size: int, tile: int, overlap: int) -> list[int]:
@@ -175,20 +175,30 @@ class StreamingDecoder(_Streaming):
 class StreamingEncoder(_Streaming):
     """`encode_tiled` a few frames at a time (see `_Streaming`): the first push holds 4k+1 frames
     (frame 0 is encoded alone, as `WanVAE.encode` does), every later one 4k frames; the latents,
-    concatenated, equal `encode_tiled` of the whole video."""
+    concatenated, equal `encode_tiled` of the whole video.
+
+    `still`: the last push left every tile's causal caches as they were (`vae.still_after`). Then a next push of
+    the same frames gives the same latents, bit for bit, and so does every one after it: a conditioning video's
+    black tail, once the image has left every layer's cached frames (at the Wan2.1 VAE's depth by frame 117,
+    whatever the weights), needs no more encoding (`worldgen.pipelines.conditioning_video.ImageThenBlack`)."""
 
     def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int = 64):
         super().__init__(vae, max_tile_pixels, overlap)
         self.frames_seen = 0
+        self.still = False
+        self._tiles_still: list[bool] = []
 
     def _run(self, key: tuple[int, int], video: torch.Tensor) -> torch.Tensor:
         cache = self.caches.setdefault(key, {})
         first = self.frames_seen == 0
         starts = [0, *range(1, video.shape[2], 4)] if first else list(range(0, video.shape[2], 4))
         sizes = [1 if first and s == 0 else 4 for s in starts]
-        return torch.cat(
+        watch_stillness(cache, video.device)
+        latent = torch.cat(
             [self.vae.encode_chunk(video[:, :, s : s + n], cache) for s, n in zip(starts, sizes, strict=True)], dim=2
         )
+        self._tiles_still.append(still_after(cache))
+        return latent
 
     @torch.no_grad()
     def push(self, video: torch.Tensor) -> torch.Tensor:
@@ -199,6 +209,7 @@ class StreamingEncoder(_Streaming):
                 f"streamed VAE encode takes 4k+1 frames first, then 4k frames, H and W multiples of 8; got "
                 f"{frames} frames (after {self.frames_seen}) of {height}x{width}"
             )
+        self._tiles_still = []
         with torch.profiler.record_function("vae encode push"):  # named on a profile (bench/kernel_profile.py)
             if self.max_tile_pixels is None or height * width <= self.max_tile_pixels:
                 latent = self._run((0, 0), video)
@@ -208,6 +219,7 @@ class StreamingEncoder(_Streaming):
                 positions = iter(_tile_positions(height, width, tile, overlap, unit=8))
                 latent = _tiled(lambda piece: self._run(next(positions), piece), video, 1 / 8, tile, overlap, unit=8)
         self.frames_seen += frames
+        self.still = all(self._tiles_still)
         return latent
 
 

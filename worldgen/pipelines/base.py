@@ -160,16 +160,21 @@ class Pipeline:
     # -- encode -----------------------------------------------------------------------------------
     @torch.no_grad()
     def condition(self, image_resized: torch.Tensor, frames: int) -> torch.Tensor:
-        """[3, 1, h, w] image -> y [20, lat_f, lat_h, lat_w]: mask (4) + VAE latent of image + black frames."""
+        """[3, 1, h, w] image -> y [20, lat_f, lat_h, lat_w]: mask (4) + VAE latent of image + black frames, pushed
+        through the VAE 16 frames at a time, the black tail past the encoder's settling not at all (`ImageThenBlack`:
+        the numbers of encoding the whole video at once)."""
         _, _, h, w = image_resized.shape
-        from worldgen.models.vae_tiling import encode_tiled
+        from worldgen.pipelines.conditioning_video import ImageThenBlack
 
         vae = self.residency.use("vae")
         device = next(vae.parameters()).device
-        video = torch.zeros(1, 3, frames, h, w, device=device)
-        video[0, :, :1] = image_resized.to(device)
-        latent = self._vae_with_fallback(lambda tile, v=video: encode_tiled(vae, v, tile))[0].float().cpu()
-        del video
+
+        def encode(tile: int | None) -> torch.Tensor:
+            video = ImageThenBlack(vae, image_resized, tile, device)
+            pushes = [1] + [min(16, frames - start) for start in range(1, frames, 16)]
+            return torch.cat([video.push(count) for count in pushes], dim=2)
+
+        latent = self._vae_with_fallback(encode)[0]
         self.residency.phase_done("encode")
         mask = condition_mask(frames, h // VAE_STRIDE[1], w // VAE_STRIDE[2])
         return torch.cat([mask, latent])

@@ -9,9 +9,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from worldgen.models.vae_tiling import StreamingEncoder
 from worldgen.pipelines.base import Pipeline, Progress, condition_mask
 from worldgen.pipelines.camera import plucker_embedding, relative_poses, resample_poses, scale_intrinsics
+from worldgen.pipelines.conditioning_video import ImageThenBlack
 from worldgen.pipelines.fast_plan import FastFrames
 from worldgen.runtime.cuda_memory import free_device_memory
 
@@ -27,7 +27,8 @@ class ChunkConditioning:
     docs/benchmarks.md, "Session 25: Fast"). It stops at the first push after `ready()` says they are all
     there (a live camera's `LiveCamera.ready`): LingBot-World 2.0's whole conditioning at 480x832 took 1.17 s in
     the float32 VAE, longer than its chunk 0's 14 poses take to come at 16 a second, and chunk 0 started late
-    ("Session 30"); chunk 1 then encodes what is left. Without `ready`, every frame at chunk 0."""
+    ("Session 30"); chunk 1 then encodes what is left. Without `ready`, every frame at chunk 0. The black tail
+    past the encoder's settling needs no VAE (`conditioning_video.ImageThenBlack`)."""
 
     def __init__(
         self,
@@ -46,41 +47,41 @@ class ChunkConditioning:
         _, _, h, w = image.shape
         self.mask = condition_mask(frames, h // 8, w // 8)
         self.latents: list[torch.Tensor] = []
-        self.encoder: StreamingEncoder | None = None
+        self.video: ImageThenBlack | None = None
         self.encoded = 0  # frames of the conditioning video pushed so far
 
-    def _encode(self, first: int, count: int) -> None:
-        """Push frames [first, first + count) of the conditioning video (the image, then black)."""
-        device = self.pipe.device
-        video = torch.zeros(1, 3, count, *self.image.shape[-2:], device=device)
-        if first == 0:
-            video[0, :, :1] = self.image.to(device)
-        self.latents.append(self.encoder.push(video)[0].float().cpu())
-        self.encoded = first + count
+    def _encode(self, count: int) -> None:
+        """Push the conditioning video's next `count` frames (the image, then black)."""
+        settled = self.video.settled
+        self.latents.append(self.video.push(count)[0])
+        self.encoded += count
+        if self.video.settled and not settled:  # the encoder's caches went: hand their memory back
+            free_device_memory(self.pipe.device)
 
     def _encode_rest(self, stop: Callable[[], bool] | None) -> None:
-        """Push the frames not pushed yet, a chunk's at a time, until `stop()`; the encoder's caches go once all are."""
-        while self.encoded < self.frames and not (stop is not None and stop()):
-            self._encode(self.encoded, min(4 * self.n, self.frames - self.encoded))
-        if self.encoded >= self.frames:
-            self.encoder = None  # its caches go now, before the KV cache grows
+        """Push the frames not pushed yet, a chunk's at a time, until `stop()` (not once the rest needs no VAE);
+        the encoder's caches go once all are."""
+        while self.encoded < self.frames and not (stop is not None and not self.video.settled and stop()):
+            self._encode(min(4 * self.n, self.frames - self.encoded))
+        if self.encoded >= self.frames and self.video.encoder is not None:
+            self.video.close()  # its caches go now, before the KV cache grows
             free_device_memory(self.pipe.device)
 
     def __call__(self, c: int) -> torch.Tensor:
         n = self.n
-        if c == 0 or (c == 1 and self.encoder is not None):
+        if c == 0 or (c == 1 and self.encoded < self.frames):
             self.clock.lap("dit")
             # no meter phase here: it would reset the CUDA peak of the loop it runs inside
             self.progress("encode", c, 2)
             if c == 0:
                 vae = self.pipe.residency.use("vae")
-                self.encoder = StreamingEncoder(vae, self.pipe.encode_tile_pixels)
-                self._encode(0, 4 * (n - 1) + 1)
+                self.video = ImageThenBlack(vae, self.image, self.pipe.encode_tile_pixels, self.pipe.device)
+                self._encode(4 * (n - 1) + 1)
                 if self.whole_first:
                     self._encode_rest(None if self.ready is None else lambda: self.ready(0))
             else:
                 self._encode_rest(None)
-            self.progress("encode", 2 if self.encoder is None else c + 1, 2)
+            self.progress("encode", 2 if self.encoded >= self.frames else c + 1, 2)
             self.clock.lap("encode")
         latent = torch.cat(self.latents, dim=1)
         frames = slice(c * n, (c + 1) * n)
