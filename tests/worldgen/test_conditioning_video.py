@@ -10,7 +10,7 @@ import torch
 
 from worldgen.models.vae import WAN21_VAE, WanVAE
 from worldgen.models.vae_tiling import StreamingEncoder, encode_tiled
-from worldgen.pipelines.conditioning_video import ImageThenBlack
+from worldgen.pipelines.conditioning_video import ImageThenBlack, encode_conditioning
 
 FRAMES = 161
 
@@ -60,3 +60,15 @@ def test_a_push_that_changes_the_caches_is_not_still():
         assert not encoder.still  # the image still in the cached frames
         encoder.push(torch.rand(1, 3, 4, 16, 16))
         assert not encoder.still
+
+
+def test_the_whole_conditioning_one_tile_after_the_other_is_encode_tileds():
+    """`Pipeline.condition`'s encode: each tile's conditioning pushed through its own stream, one tile at a time,
+    the black tail past its settling filled in; the numbers of `encode_tiled` of the whole video."""
+    vae = narrow_vae(3)
+    image = torch.rand(3, 1, 16, 40, generator=torch.Generator().manual_seed(4)) * 2 - 1
+    for tile in (None, 16 * 24):
+        with torch.no_grad():
+            want = encode_tiled(vae, conditioning(image, FRAMES), tile)
+            got = encode_conditioning(vae, image, FRAMES, tile, torch.device("cpu"))
+        assert got.shape == want.shape == (1, 16, 41, 2, 5) and torch.equal(got, want)

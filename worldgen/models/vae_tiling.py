@@ -8,6 +8,8 @@ tiled output differs slightly from the reference; whole frames are used whenever
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from worldgen.errors import InputError
@@ -79,11 +81,19 @@ def _tiled(
 @torch.no_grad()
 def encode_tiled(vae: WanVAE, video: torch.Tensor, max_tile_pixels: int | None, overlap: int = 64) -> torch.Tensor:
     """`vae.encode` over spatial tiles of at most `max_tile_pixels` (None or a big enough value: whole frames)."""
-    height, width = video.shape[-2:]
+    return encode_per_tile(vae.encode, video, max_tile_pixels, overlap)
+
+
+def encode_per_tile(
+    run: Callable[[torch.Tensor], torch.Tensor], pixels: torch.Tensor, max_tile_pixels: int | None, overlap: int = 64
+) -> torch.Tensor:
+    """`run` (pixels [B, C, t, th, tw] -> latents [B, z, T, th/8, tw/8]) over the encoder's spatial tiles of `pixels`,
+    one tile after the other, blended: the tiling rule of `encode_tiled` for any encoding of a tile."""
+    height, width = pixels.shape[-2:]
     if max_tile_pixels is None or height * width <= max_tile_pixels:
-        return vae.encode(video)
+        return run(pixels)
     tile = tile_shape(height, width, max_tile_pixels, unit=8)
-    return _tiled(vae.encode, video, 1 / 8, tile, min(overlap, min(tile) // 4), unit=8)
+    return _tiled(run, pixels, 1 / 8, tile, min(overlap, min(tile) // 4), unit=8)
 
 
 @torch.no_grad()

@@ -161,20 +161,14 @@ class Pipeline:
     @torch.no_grad()
     def condition(self, image_resized: torch.Tensor, frames: int) -> torch.Tensor:
         """[3, 1, h, w] image -> y [20, lat_f, lat_h, lat_w]: mask (4) + VAE latent of image + black frames, pushed
-        through the VAE 16 frames at a time, the black tail past the encoder's settling not at all (`ImageThenBlack`:
-        the numbers of encoding the whole video at once)."""
+        through the VAE a tile and 16 frames at a time, the black tail past the encoder's settling not at all
+        (`conditioning_video.encode_conditioning`: the numbers of `encode_tiled` of the whole video)."""
         _, _, h, w = image_resized.shape
-        from worldgen.pipelines.conditioning_video import ImageThenBlack
+        from worldgen.pipelines.conditioning_video import encode_conditioning
 
         vae = self.residency.use("vae")
         device = next(vae.parameters()).device
-
-        def encode(tile: int | None) -> torch.Tensor:
-            video = ImageThenBlack(vae, image_resized, tile, device)
-            pushes = [1] + [min(16, frames - start) for start in range(1, frames, 16)]
-            return torch.cat([video.push(count) for count in pushes], dim=2)
-
-        latent = self._vae_with_fallback(encode)[0]
+        latent = self._vae_with_fallback(lambda tile: encode_conditioning(vae, image_resized, frames, tile, device))[0]
         self.residency.phase_done("encode")
         mask = condition_mask(frames, h // VAE_STRIDE[1], w // VAE_STRIDE[2])
         return torch.cat([mask, latent])

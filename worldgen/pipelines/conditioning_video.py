@@ -16,7 +16,9 @@ from __future__ import annotations
 import torch
 
 from worldgen.models.vae import WanVAE
-from worldgen.models.vae_tiling import StreamingEncoder
+from worldgen.models.vae_tiling import StreamingEncoder, encode_per_tile
+
+PUSH_FRAMES = 16  # frames a push of `encode_conditioning` (after the image): a v2 chunk's, the encode's transients
 
 
 class ImageThenBlack:
@@ -52,3 +54,19 @@ class ImageThenBlack:
     def close(self) -> None:
         """Free the encoder's caches (no frame left to push)."""
         self.encoder = None
+
+
+def encode_conditioning(
+    vae: WanVAE, image: torch.Tensor, frames: int, tile_pixels: int | None, device: torch.device
+) -> torch.Tensor:
+    """The latents [1, 16, lat_f, h/8, w/8] (float32, CPU) of the whole conditioning video, `image` [3, 1, H, W] then
+    `frames - 1` black frames, over the encoder's spatial tiles one after the other (one tile's caches on the device
+    at a time, as `encode_tiled` runs; never the whole video): `encode_tiled`'s numbers, the black tail past each
+    tile's settling without the VAE."""
+
+    def one_tile(pixels: torch.Tensor) -> torch.Tensor:  # the image's tile [1, 3, 1, th, tw]
+        video = ImageThenBlack(vae, pixels[0], None, device)
+        pushes = [1] + [min(PUSH_FRAMES, frames - start) for start in range(1, frames, PUSH_FRAMES)]
+        return torch.cat([video.push(count) for count in pushes], dim=2)
+
+    return encode_per_tile(one_tile, image[None], tile_pixels)
