@@ -117,16 +117,22 @@ def test_fp8_rows_straight_from_nf4_are_the_two_step_paths_bytes(shape):
     assert q.float().abs().amax(dim=1).eq(448.0).all()  # each row's largest weight takes e4m3's maximum
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("shape", FP8_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_fp8_rows_from_the_triton_kernel_match_the_two_step_path(shape):
+def _rows_on_cuda(shape: tuple[int, int], kind: str):
+    """(an NF4 layer on the GPU, its `kind` weight made by the Triton kernel, whose failure fails the test)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     layer = nf4_layer(*shape).to("cuda")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the kernel's failure is a warning and a fallback: here, a failure
-        q, scale = layer.fp8_weight()
-    assert "nf4->fp8" not in nf4_module._failed
+        made = layer.fp8_weight() if kind == "fp8" else layer.int8_weight()
+    assert f"nf4->{kind}" not in nf4_module._failed
+    return layer, made
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", FP8_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_fp8_rows_from_the_triton_kernel_match_the_two_step_path(shape):
+    layer, (q, scale) = _rows_on_cuda(shape, "fp8")
     q_ref, scale_ref = quantize_rows(layer.dequantized_weight(torch.bfloat16))
     assert torch.equal(scale, scale_ref)
     # Triton's float32 division may differ from the reference kernel's in the last bit, moving a rare
@@ -159,13 +165,7 @@ def test_an_nf4_linear_under_int8_makes_its_int8_weight_per_call_and_holds_none(
 @pytest.mark.cuda
 @pytest.mark.parametrize("shape", FP8_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_int8_rows_from_the_triton_kernel_are_the_two_step_paths_bytes(shape):
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    layer = nf4_layer(*shape).to("cuda")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the kernel's failure is a warning and a fallback: here, a failure
-        made = layer.int8_weight()
-    assert "nf4->int8" not in nf4_module._failed
+    layer, made = _rows_on_cuda(shape, "int8")
     q, scale = int8.quantize_rows(layer.dequantized_weight(torch.bfloat16))
     assert made.data.dtype == torch.int8 and torch.equal(made.scale, scale) and torch.equal(made.data, q)
 
