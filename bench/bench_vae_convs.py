@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.timing import seconds_per_call  # noqa: E402
 from contracts import atomic  # noqa: E402
 from worldgen.models import vae as vae_module  # noqa: E402
 
@@ -39,16 +39,6 @@ SHAPES = [
 ]
 
 
-def milliseconds(run, reps: int) -> float:
-    run()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(reps):
-        run()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / reps * 1e3
-
-
 def one_shape(shape: tuple[int, ...], dtype: torch.dtype, reps: int) -> dict:
     cin, cout, frames, height, width = shape
     layout = torch.channels_last_3d
@@ -59,8 +49,8 @@ def one_shape(shape: tuple[int, ...], dtype: torch.dtype, reps: int) -> dict:
         want = F.conv3d(x, weight, bias, padding=(0, 1, 1)).float()
         got = vae_module._time_taps(x, weight, bias, (1, 1)).float()
         timings = [
-            milliseconds(lambda: F.conv3d(x, weight, bias, padding=(0, 1, 1)), reps),
-            milliseconds(lambda: vae_module._time_taps(x, weight, bias, (1, 1)), reps),
+            1e3 * seconds_per_call(lambda: F.conv3d(x, weight, bias, padding=(0, 1, 1)), reps),
+            1e3 * seconds_per_call(lambda: vae_module._time_taps(x, weight, bias, (1, 1)), reps),
         ]
     flops = 2 * frames * height * width * cin * cout * 27
     return {
