@@ -8,6 +8,7 @@ import functools
 import json
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -176,6 +177,28 @@ def test_a_rank_that_dies_mid_rollout_fails_the_other_with_peer_lost(v2_case):
         began = time.monotonic()
         handle.close()
         assert time.monotonic() - began < 15
+
+
+def test_a_rank_killed_while_the_other_waits_in_a_collective_is_named_with_its_pid(v2_case):
+    """Rank 1 frozen, then killed a second into rank 0's chunk (rank 0 waits on it inside a collective, whose
+    connection reset fails first, before any watch sees the process gone): the PeerLost names rank 1's pid."""
+    checkpoint, io, options, _ = v2_case
+    pipe = _pipeline(load_expert(checkpoint, "cpu", torch.float32), V2_FAST)
+    handle = use_two_devices(pipe, functools.partial(load_expert, checkpoint, "cpu", torch.float32), ["cpu", "cpu"],
+                             timeout_s=TIMEOUT_S, load_timeout_s=60)  # fmt: skip
+    try:
+        chunks = pipe.rollout_chunks(io["noise"], io["y"], io["context"], io["plucker"], options,
+                                     renoise_draws=io["renoise"])  # fmt: skip
+        next(chunks)
+        pid = handle.peer_pid
+        os.kill(pid, signal.SIGSTOP)
+        killer = threading.Timer(1.0, os.kill, (pid, signal.SIGKILL))
+        killer.start()
+        with pytest.raises(PeerLost, match=rf"rank 1 \(pid {pid}\) is gone"):
+            next(chunks)
+        killer.join()
+    finally:
+        handle.close()
 
 
 def test_load_pipeline_with_two_devices_runs_a_fast_job_on_both(tmp_path):

@@ -126,9 +126,10 @@ class Leader(SequenceParallel):
             raise PeerLost(self.lost)
         try:
             super()._collective(op, *args)
-        except PeerLost as exc:
-            said = self._peer_error()
-            self.lost = f"{exc}{f'; rank 1 said: {said}' if said else ''}"
+        except PeerLost as exc:  # the collective may fail before the watch (`_watch`) sees the process gone
+            if self.lost is None:
+                said = self._peer_error()
+                self.lost = f"rank 1 (pid {self.process.pid}) is gone: {exc}{f'; rank 1 said: {said}' if said else ''}"
             raise PeerLost(self.lost) from exc.__cause__
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
