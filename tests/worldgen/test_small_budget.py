@@ -187,3 +187,5 @@ def test_a_parked_decoder_gives_the_same_frames(device):
     if device == "cuda":
         cached = [t for cache in parked.caches.values() for t in cache.values() if t is not None]
         assert cached and all(t.device.type == "cpu" and t.is_pinned() for t in cached)
+        blocks = {block.data_ptr() for slab in parked.host.values() for block in slab.blocks}
+        assert {t.untyped_storage().data_ptr() for t in cached} <= blocks  # views of the tiles' packed blocks

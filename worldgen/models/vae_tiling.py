@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from worldgen.errors import InputError
+from worldgen.host_slab import HostSlab
 from worldgen.models.vae import FrameCache, WanVAE, still_after, watch_stillness
 
 
@@ -123,7 +124,7 @@ class _Streaming:
         self.overlap = overlap
         self.park = park
         self.caches: dict[tuple[int, int], FrameCache] = {}
-        self.host: dict[tuple[int, int], FrameCache] = {}  # parked: each tile's host buffers, reused per call
+        self.host: dict[tuple[int, int], HostSlab | None] = {}  # parked: each tile's host blocks, reused per call
 
     def cache_bytes(self) -> int:
         """Bytes held by every tile's causal caches (what a streamed VAE keeps between calls)."""
@@ -139,18 +140,24 @@ class _Streaming:
         return cache
 
     def _park(self, key: tuple[int, int]) -> None:
-        """Tile `key`'s caches to host memory until its next turn (kept in their layout: channels-last stays)."""
+        """Tile `key`'s caches to host memory until its next turn (kept in their layout: channels-last stays), in
+        pinned blocks the allocator does not round up (`HostSlab`), made at the tile's first turn and reused."""
         if not self.park:
             return
-        cache, host = self.caches[key], self.host.setdefault(key, {})
-        for module, t in cache.items():
-            if t is None or t.device.type == "cpu":
-                continue
-            buffer = host.get(module)
-            if buffer is None or (buffer.shape, buffer.stride(), buffer.dtype) != (t.shape, t.stride(), t.dtype):
-                buffer = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu", pin_memory=True)
-                host[module] = buffer
-            cache[module] = buffer.copy_(t, non_blocking=True)  # the next H2D is queued after it: in order
+        cache = self.caches[key]
+        moving = {module: t for module, t in cache.items() if t is not None and t.device.type != "cpu"}
+        if not moving:
+            return
+        slab = self.host.get(key)
+        if slab is None or not slab.holds(moving):
+            self.host[key] = None  # the old blocks go back to PyTorch's host cache before the new ones are taken
+            slab = self.host[key] = HostSlab.like(moving, pin=True)
+        for module, t in moving.items():
+            cache[module] = slab[module].copy_(t, non_blocking=True)  # the next H2D is queued after it: in order
+
+    def host_bytes(self) -> int:
+        """Host memory the parked tiles' blocks take."""
+        return sum(slab.nbytes() for slab in self.host.values() if slab is not None)
 
 
 class StreamingDecoder(_Streaming):
