@@ -5,18 +5,14 @@ keeps as asked, no two views overlapping, each view in its tensor's layout; the 
 from __future__ import annotations
 
 import itertools
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.parked_host_memory import decoder_cache_sizes, one_block_a_tensor
 from worldgen.host_slab import ALIGN, SMALLEST_BLOCK, HostSlab, layout, pack, span_bytes
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.parked_host_memory import decoder_cache_sizes, one_block_a_tensor  # noqa: E402
 
 
 def _assert_packed(sizes: list[int], blocks: list[int], places: list[tuple[int, int]]) -> None:
