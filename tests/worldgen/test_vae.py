@@ -200,7 +200,7 @@ def test_the_float32_decoder_on_cuda_takes_the_time_taps_and_stays_at_the_refere
     on_gpu.load_state_dict({k: v.to("cuda") for k, v in vae.state_dict().items()}, assign=True)
     calls = []
     real = vae_module._time_taps
-    monkeypatch.setattr(vae_module, "_time_taps", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(vae_module, "_time_taps", lambda *a, **k: calls.append(1) or real(*a, **k))
     with torch.no_grad():
         decoded = on_gpu.decode(io["latent"][None].cuda())
     assert calls, "no causal convolution took the time taps"

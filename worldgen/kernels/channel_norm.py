@@ -14,12 +14,18 @@ a tile of positions x all channels either way, through the layout's strides.
 Numerics: the eager ops' roundings (the norm, the quotient and each product rounded to the activation's
 dtype, as PyTorch rounds each op), float32 in between, the division IEEE-rounded; the channel sum runs in
 another order and Triton's exponential is not CUDA's `expf`, so a rare bf16 element differs by one step.
+
+Two ways round a pass over the activation, both for the float32 VAE's time taps (`worldgen.models.vae._time_taps`):
+the input may come as the parts of a sum (a convolution's three taps), added here in their order as PyTorch's
+`+=` would, so they are never summed in memory first; and the output may go to a view (`out`: the frames slot
+of the next convolution's [past | new frames] input), so the convolution needs no `torch.cat` to join them.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -32,30 +38,70 @@ POSITIONS = 16  # positions (t, y, x) a program: with all channels, 16 x 512 val
 _failed: set[str] = set()
 
 
+Summands = torch.Tensor | Sequence[torch.Tensor]  # a tensor, or the parts of one (summed in their order)
+MAX_PARTS = 3  # a causal convolution's three time taps
+
+
 def rms_norm_silu(
-    x: torch.Tensor, gamma: torch.Tensor, scale: float, eps: float = 1e-12, bias: torch.Tensor | None = None
+    x: Summands,
+    gamma: torch.Tensor,
+    scale: float,
+    eps: float = 1e-12,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """silu(F.normalize(x', dim=1) * scale * gamma) for x [B, C, ...] and gamma [C, 1, ...], where x' is x, or
-    x + bias [C] rounded to x's dtype: a convolution's output whose bias was left out (`worldgen.kernels.conv_bias`)."""
-    on_device = x.is_cuda or _INTERPRETED
-    fits = x.dim() >= 3 and _layout(x) is not None and x.dtype in _FLOATS and x.shape[1] <= 512
-    if on_device and fits and gamma.numel() == x.shape[1] and triton is not None and not _failed:
+    x + bias [C] rounded to x's dtype: a convolution's output whose bias was left out (`worldgen.kernels.conv_bias`).
+    `x` may be a sequence of parts of one shape, summed first in their order (`((a + b) + c)`, each sum rounded to
+    their dtype); `out`, a tensor of x's shape and layout to write (a view is fine), else a new one is returned."""
+    parts = _parts(x)
+    first = parts[0]
+    on_device = first.is_cuda or _INTERPRETED
+    fits = _fits(parts, out) and gamma.numel() == first.shape[1]
+    if on_device and fits and triton is not None and not _failed:
         try:
-            return _triton_rms_norm_silu(x, gamma, scale, eps, bias)
+            return _triton_rms_norm_silu(parts, gamma, scale, eps, bias, out)
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:  # noqa: BLE001  (no Triton / compiler: the eager ops, said once)
             _failed.add("rms_norm_silu")
             warnings.warn(f"the VAE's fused norm + SiLU kernel failed ({exc}); using PyTorch ops", stacklevel=2)
+    x = sum_parts(parts)
     if bias is not None:
         x = x + bias.view(-1, *(1,) * (x.dim() - 2))
-    return F.silu(F.normalize(x, dim=1, eps=eps) * scale * gamma)
+    y = F.silu(F.normalize(x, dim=1, eps=eps) * scale * gamma)
+    return y if out is None else out.copy_(y)
+
+
+def sum_parts(parts: Summands) -> torch.Tensor:
+    """The parts summed in their order, as `y = a; y += b; y += c` sums them (a tensor: itself)."""
+    parts = _parts(parts)
+    if len(parts) == 1:
+        return parts[0]
+    total = parts[0] + parts[1]
+    for part in parts[2:]:
+        total += part
+    return total
+
+
+def _parts(x: Summands) -> tuple[torch.Tensor, ...]:
+    return (x,) if isinstance(x, torch.Tensor) else tuple(x)
+
+
+def _fits(parts: tuple[torch.Tensor, ...], out: torch.Tensor | None) -> bool:
+    """Whether the kernels take these parts (and write `out`): one shape, dtype and layout the kernel reads, at most
+    MAX_PARTS of them and 512 channels."""
+    first = parts[0]
+    layout = _layout(first)
+    fits = first.dim() >= 3 and layout is not None and first.dtype in _FLOATS and first.shape[1] <= 512
+    same = all(p.shape == first.shape and p.stride() == first.stride() and p.dtype == first.dtype for p in parts)
+    writes = out is None or (out.shape == first.shape and out.dtype == first.dtype and _layout(out) == layout)
+    return fits and same and writes and len(parts) <= MAX_PARTS
 
 
 def runs_fused(x: torch.Tensor) -> bool:
     """Whether `rms_norm_silu` of `x` runs as the kernel on CUDA (a convolution before it may leave its bias to it)."""
-    fits = x.dim() >= 3 and _layout(x) is not None and x.dtype in _FLOATS and x.shape[1] <= 512
-    return x.is_cuda and fits and triton is not None and not _failed
+    return x.is_cuda and _fits((x,), None) and triton is not None and not _failed
 
 
 def _layout(x: torch.Tensor) -> torch.memory_format | None:
@@ -71,8 +117,8 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["positions"])
     def _rms_norm_silu_kernel(
-        x_ptr, g_ptr, b_ptr, out_ptr, channels, positions, scale, eps, channel_stride, position_stride,
-        BIAS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
+        x_ptr, x1_ptr, x2_ptr, g_ptr, b_ptr, out_ptr, channels, positions, scale, eps, channel_stride, position_stride,
+        PARTS: tl.constexpr, BIAS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
     ):  # fmt: skip
         # a tile of all channels x BLOCK_P positions of one sample: channel rows of BLOCK_P contiguous
         # values (contiguous layout: channel_stride = positions, position_stride = 1), or positions of
@@ -87,6 +133,10 @@ if triton is not None:
         )
         x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
         dtype = out_ptr.dtype.element_ty
+        if PARTS > 1:  # the parts of a sum (a convolution's time taps), added in order as PyTorch's += adds them
+            x = (x + tl.load(x1_ptr + at, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+        if PARTS > 2:
+            x = (x + tl.load(x2_ptr + at, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
         if BIAS:  # the convolution's bias, rounded as PyTorch's own add rounds it
             x = (x + tl.load(b_ptr + c, mask=c < channels, other=0.0).to(tl.float32)[:, None]).to(dtype).to(tl.float32)
             x = tl.where(mask, x, 0.0)
@@ -98,27 +148,34 @@ if triton is not None:
         tl.store(out_ptr + at, y.to(dtype), mask=mask)
 
 
-def _triton_rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, scale: float, eps: float, bias) -> torch.Tensor:
+def _triton_rms_norm_silu(
+    parts: tuple[torch.Tensor, ...], gamma: torch.Tensor, scale: float, eps: float, bias, out: torch.Tensor | None
+) -> torch.Tensor:
+    x = parts[0]
     batch, channels = x.shape[:2]
     positions = x[0, 0].numel()
     layout = _layout(x)
-    out = torch.empty_like(x, memory_format=layout)
+    out = torch.empty_like(x, memory_format=layout) if out is None else out
     strides = (positions, 1) if layout == torch.contiguous_format else (1, channels)
+    x1, x2 = (parts[min(i, len(parts) - 1)] for i in (1, 2))  # unread where there are fewer parts
     launch(
-        _rms_norm_silu_kernel, (triton.cdiv(positions, POSITIONS), batch), x, gamma.reshape(-1),
-        x if bias is None else bias, out, channels, positions, float(scale), eps, *strides, BIAS=bias is not None,
-        BLOCK_C=triton.next_power_of_2(channels), BLOCK_P=POSITIONS, num_warps=8,
+        _rms_norm_silu_kernel, (triton.cdiv(positions, POSITIONS), batch), x, x1, x2, gamma.reshape(-1),
+        x if bias is None else bias, out, channels, positions, float(scale), eps, *strides, PARTS=len(parts),
+        BIAS=bias is not None, BLOCK_C=triton.next_power_of_2(channels), BLOCK_P=POSITIONS, num_warps=8,
     )  # fmt: skip
     return out
 
 
 # The launch's variants (`triton_lang.Signature`): the float32 VAE (the reference's) and the bf16 one, contiguous
-# (a position stride of 1) and channels-last (a channel stride of 1), with a convolution's bias and without
+# (a position stride of 1) and channels-last (a channel stride of 1), with a convolution's bias and without, and
+# the float32 VAE's time taps summed here (three parts)
 _NORM = {"BLOCK_P": POSITIONS}
+_F32, _BF16 = "*fp32 " * 6 + "i32 i32 fp32 fp32 i32", "*bf16 " * 6 + "i32 i32 fp32 fp32 i32"
 SIGNATURES = {
     "_rms_norm_silu_kernel": (
-        Signature("*fp32 *fp32 *fp32 *fp32 i32 i32 fp32 fp32 i32", {**_NORM, "position_stride": 1, "BIAS": False, "BLOCK_C": 512}, {"num_warps": 8}),
-        Signature("*fp32 *fp32 *fp32 *fp32 i32 i32 fp32 fp32 i32", {**_NORM, "channel_stride": 1, "BIAS": True, "BLOCK_C": 128}, {"num_warps": 8}),
-        Signature("*bf16 *bf16 *bf16 *bf16 i32 i32 fp32 fp32 i32", {**_NORM, "channel_stride": 1, "BIAS": True, "BLOCK_C": 512}, {"num_warps": 8}),
+        Signature(_F32, {**_NORM, "position_stride": 1, "PARTS": 1, "BIAS": False, "BLOCK_C": 512}, {"num_warps": 8}),
+        Signature(_F32, {**_NORM, "channel_stride": 1, "PARTS": 1, "BIAS": True, "BLOCK_C": 128}, {"num_warps": 8}),
+        Signature(_F32, {**_NORM, "channel_stride": 1, "PARTS": 3, "BIAS": True, "BLOCK_C": 128}, {"num_warps": 8}),
+        Signature(_BF16, {**_NORM, "channel_stride": 1, "PARTS": 1, "BIAS": True, "BLOCK_C": 512}, {"num_warps": 8}),
     ),
 }  # fmt: skip

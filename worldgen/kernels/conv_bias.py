@@ -7,7 +7,8 @@ next by the channel norm (`channel_norm.rms_norm_silu` takes the bias) and by th
 here: the bias and the shortcut in one pass), so `worldgen.models.vae` runs them without their bias there.
 
 Numerics: PyTorch's, to the bit: the convolution's output plus its bias rounded to the activation's dtype,
-then plus the shortcut rounded again (each sum in float32).
+then plus the shortcut rounded again (each sum in float32). The output may come as the parts of a sum (the float32
+VAE's three time taps, `worldgen.models.vae._time_taps`), added first in their order as PyTorch's `+=` adds them.
 """
 
 from __future__ import annotations
@@ -32,39 +33,51 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["numel", "positions"])
     def _residual_add_kernel(
-        r_ptr, b_ptr, h_ptr, out_ptr, numel, channels, positions, CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr
-    ):
+        r_ptr, r1_ptr, r2_ptr, b_ptr, h_ptr, out_ptr, numel, channels, positions,
+        PARTS: tl.constexpr, CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
         at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = at < numel
         channel = at % channels if CHANNELS_LAST else (at // positions) % channels
         dtype = out_ptr.dtype.element_ty
         r = tl.load(r_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        if PARTS > 1:  # the convolution's time taps, added in order as PyTorch's += adds them
+            r = (r + tl.load(r1_ptr + at, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+        if PARTS > 2:
+            r = (r + tl.load(r2_ptr + at, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
         r = (r + tl.load(b_ptr + channel, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
         out = r + tl.load(h_ptr + at, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + at, out.to(dtype), mask=mask)
 
 
-def residual_add(r: torch.Tensor, bias: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+def residual_add(r: channel_norm.Summands, bias: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """(r + bias [C]) + h for r, h [B, C, T, H, W] of one dtype and layout: a block's last convolution's output
-    without its bias, and the block's shortcut."""
-    layout = channel_norm._layout(r)
-    same = r.shape == h.shape and r.stride() == h.stride() and r.dtype == h.dtype == bias.dtype
-    if (r.is_cuda or _INTERPRETED) and triton is not None and layout is not None and same and r.dim() == 5:
-        out = torch.empty_like(r)
+    without its bias (or the parts of it, `channel_norm.sum_parts`), and the block's shortcut."""
+    parts = channel_norm._parts(r)
+    first = parts[0]
+    same = first.shape == h.shape and first.stride() == h.stride() and first.dtype == h.dtype == bias.dtype
+    on_device = (first.is_cuda or _INTERPRETED) and triton is not None
+    if on_device and channel_norm._fits(parts, None) and same and first.dim() == 5:
+        out = torch.empty_like(first)
+        r1, r2 = (parts[min(i, len(parts) - 1)] for i in (1, 2))  # unread where there are fewer parts
+        layout = channel_norm._layout(first)
         launch(
-            _residual_add_kernel, (triton.cdiv(r.numel(), BLOCK),), r, bias, h, out, r.numel(), r.shape[1],
-            r[0, 0].numel(), CHANNELS_LAST=layout == torch.channels_last_3d, BLOCK=BLOCK, num_warps=8,
+            _residual_add_kernel, (triton.cdiv(first.numel(), BLOCK),), first, r1, r2, bias, h, out, first.numel(),
+            first.shape[1], first[0, 0].numel(), PARTS=len(parts), CHANNELS_LAST=layout == torch.channels_last_3d,
+            BLOCK=BLOCK, num_warps=8,
         )  # fmt: skip
         return out
-    return (r + bias.view(-1, 1, 1, 1)) + h
+    return (channel_norm.sum_parts(parts) + bias.view(-1, 1, 1, 1)) + h
 
 
 # The launch's variants (`triton_lang.Signature`): the float32 and bf16 VAEs, both layouts, a tensor of more
-# than 2**31 elements (its count an i64)
+# than 2**31 elements (its count an i64), the float32 VAE's time taps summed here (three parts)
+_F32, _BF16 = "*fp32 " * 6, "*bf16 " * 6
 SIGNATURES = {
     "_residual_add_kernel": (
-        Signature("*fp32 *fp32 *fp32 *fp32 i32 i32 i32", {"CHANNELS_LAST": False, "BLOCK": BLOCK}, {"num_warps": 8}),
-        Signature("*bf16 *bf16 *bf16 *bf16 i32 i32 i32", {"CHANNELS_LAST": True, "BLOCK": BLOCK}, {"num_warps": 8}),
-        Signature("*bf16 *bf16 *bf16 *bf16 i64 i32 i32", {"CHANNELS_LAST": False, "BLOCK": BLOCK}, {"num_warps": 8}),
+        Signature(_F32 + "i32 i32 i32", {"PARTS": 1, "CHANNELS_LAST": False, "BLOCK": BLOCK}, {"num_warps": 8}),
+        Signature(_F32 + "i32 i32 i32", {"PARTS": 3, "CHANNELS_LAST": True, "BLOCK": BLOCK}, {"num_warps": 8}),
+        Signature(_BF16 + "i32 i32 i32", {"PARTS": 1, "CHANNELS_LAST": True, "BLOCK": BLOCK}, {"num_warps": 8}),
+        Signature(_BF16 + "i64 i32 i32", {"PARTS": 1, "CHANNELS_LAST": False, "BLOCK": BLOCK}, {"num_warps": 8}),
     ),
 }  # fmt: skip

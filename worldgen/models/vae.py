@@ -14,14 +14,12 @@ reference that are not plain causal convolution over the whole stream, reproduce
 Spatial convs of resamplers run as Conv3d with a (1, 3, 3) view of the Conv2d weight: the same
 sums without reshaping the video into a batch of images.
 
-A server's bf16 VAE on CUDA (the Fast model's fp8 path, `timed_conv`, set by the loader for a pipeline
-that runs its models once ahead: a long-lived one) lets cuDNN time its convolution algorithms once per
-shape (`cudnn.benchmark`, `_conv_algorithms`): encode 1.29 -> 1.08-1.14 s and decode 2.15 -> 1.88-1.99 s
-an 81-frame rollout on the H100. The timing adds ~2.3 s to the process's start (in the run-ahead), more
-than one rollout wins back, so a one-job process (`generate`) keeps cuDNN's heuristics (docs/benchmarks.md,
-"Session 16: Fast"). The algorithm chosen can differ between processes, and with it the last bit of a
-bf16 sum. A float32 VAE (the reference's numerics) always keeps the heuristics: timed, its decode ran
-slower under a 24 GiB cap (5.0-6.3 against 3.1 s) and its start 5.8 s longer.
+A server's bf16 VAE on CUDA (the Fast model's fp8 path, `timed_conv`, set by the loader for a long-lived
+pipeline) lets cuDNN time its convolution algorithms once per shape (`cudnn.benchmark`, `_conv_algorithms`):
+encode 1.29 -> 1.08-1.14 s and decode 2.15 -> 1.88-1.99 s an 81-frame rollout on the H100, for ~2.3 s more at
+the process's start, so a one-job process (`generate`) keeps cuDNN's heuristics (docs/benchmarks.md, "Session
+16: Fast"); the algorithm, and with it the last bit of a bf16 sum, can differ between processes. A float32 VAE
+(the reference's numerics) always keeps the heuristics: timed, its decode ran slower under a 24 GiB cap.
 
 On CUDA the VAE runs channels-last (`torch.channels_last_3d`: [B, C, T, H, W] stored as B, T, H, W, C;
 `WanVAE.channels_last`, None: on CUDA only): cuDNN's convolutions run in that layout, and with contiguous
@@ -58,6 +56,13 @@ FOLD_CONV_BIAS = True
 # on CUDA a causal convolution 3 frames deep, channels-last, runs in these dtypes as three 2-D convolutions over the
 # frames, summed (`_time_taps`): in float32 (TF32) cuDNN's 2-D kernels beat its 3-D ones at the decoder's shapes
 TIME_TAPS_DTYPES = {torch.float32}
+TIME_TAPS_DEVICES = {"cuda"}
+# a residual block's convolutions hand their three taps to the kernel reading them (the channel norm, the residual
+# add), which sums them as it reads (`worldgen.kernels.channel_norm`): two passes of `+=` over the output less
+SUM_TAPS_IN_READER = True
+# a norm before a causal convolution writes into that convolution's [past | new frames] input (channels-last), which
+# then needs no `torch.cat` of the past and the new frames: one read and write of all its frames less
+JOIN_IN_PLACE = True
 
 # State carried between chunks of one stream (one video, or later one spatial tile of it):
 # module -> its cached input frames (None marks "first chunk seen" for temporal upsamplers).
@@ -108,45 +113,82 @@ class CausalConv3d(nn.Conv3d):
         super().__init__(in_dim, out_dim, kernel, stride=stride, padding=(0, padding[1], padding[2]))
         self.time_pad = 2 * padding[0]
 
-    def forward(self, x: torch.Tensor, cache: FrameCache | None = None, bias: bool = True) -> torch.Tensor:
-        """bias=False: without the bias, which the kernel reading the output adds (`worldgen.kernels.conv_bias`)."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: FrameCache | None = None,
+        bias: bool = True,
+        parts: bool = False,
+        joined: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """bias=False: without the bias, which the kernel reading the output adds (`worldgen.kernels.conv_bias`).
+        parts=True: where the time taps run, their three outputs unsummed, for a reader that sums them
+        (`channel_norm.sum_parts`'s order); else the output. joined: x is the new-frames slot of this tensor,
+        made by `join_buffer` (the past frames in front of it already)."""
         if self.time_pad:
             past = cache.get(self) if cache is not None else None
-            front = [] if past is None else [past]
-            missing = self.time_pad - (0 if past is None else past.shape[2])
-            if missing:
-                zeros = torch.zeros(*x.shape[:2], missing, *x.shape[3:], dtype=x.dtype, device=x.device)
-                front.insert(0, zeros.contiguous(memory_format=layout_of(x)))
-            joined = torch.cat([*front, x], dim=2)
+            if joined is None:
+                front = [] if past is None else [past]
+                missing = self.time_pad - (0 if past is None else past.shape[2])
+                if missing:
+                    zeros = torch.zeros(*x.shape[:2], missing, *x.shape[3:], dtype=x.dtype, device=x.device)
+                    front.insert(0, zeros.contiguous(memory_format=layout_of(x)))
+                joined = torch.cat([*front, x], dim=2)
             if cache is not None:
                 _keep_last_frames(cache, self, past, x, joined)
             x = joined
         bias_or_none = self.bias if bias else None
         if self._takes_time_taps(x):
-            return _time_taps(x, self.weight, bias_or_none, self.padding[1:])
+            return _time_taps(x, self.weight, bias_or_none, self.padding[1:], parts=parts)
         return self._conv_forward(x, self.weight, bias_or_none)
+
+    def join_buffer(self, x: torch.Tensor, cache: FrameCache | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(joined, slot): this layer's next input [past | new frames] in x's shape, dtype and layout, its past
+        frames written (the cache's, zeros before them, as `forward` joins them), and the view of it the new frames
+        go to, for whoever makes them to write there (`_normed_input`). Channels-last, a frame is one block of
+        memory, so the slot is dense in that layout too."""
+        past = cache.get(self) if cache is not None else None
+        held = 0 if past is None else past.shape[2]
+        b, c, t, h, w = x.shape
+        joined = torch.empty(b, c, self.time_pad + t, h, w, dtype=x.dtype, device=x.device, memory_format=layout_of(x))
+        missing = self.time_pad - held
+        if missing:
+            joined[:, :, :missing].zero_()
+        if held:
+            joined[:, :, missing : self.time_pad].copy_(past)
+        return joined, joined[:, :, self.time_pad :]
 
     def _takes_time_taps(self, x: torch.Tensor) -> bool:
         single = x.shape[0] == 1 and self.stride == (1, 1, 1) and self.dilation == (1, 1, 1) and self.groups == 1
         shape_ok = single and self.kernel_size[0] == 3 and x.dim() == 5 and layout_of(x) == torch.channels_last_3d
-        return x.is_cuda and x.dtype in TIME_TAPS_DTYPES and shape_ok
+        return x.device.type in TIME_TAPS_DEVICES and x.dtype in TIME_TAPS_DTYPES and shape_ok
 
 
 def _time_taps(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int]
-) -> torch.Tensor:
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int], parts: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """conv3d of x [1, C, T + 2, H, W] (channels-last, its past frames joined) with a kernel 3 frames deep, as the sum
     of three conv2d over its frames (tap k reads frames k .. k + T - 1): the same sums in another order. cuDNN's
     TF32 2-D kernels ran the float32 decoder's convolutions 1.1-1.6x faster than its 3-D ones on the H200 (96
     channels at 464x832: 3.9 against 5.8 ms for 4 frames; docs/benchmarks.md, "Session 31"); in bf16 the 3-D
     kernels are level or faster, and three roundings of the partial sums would add error. Each tap's weight is
-    copied channels-last per call (kept, the copies would hold the decoder's weights twice on the device)."""
+    copied channels-last per call (kept, the copies would hold the decoder's weights twice on the device). The bias
+    is added last, as the kernels reading a convolution without its bias add it (`worldgen.kernels.conv_bias`): the
+    same bits either way. parts=True (no bias): the three taps' outputs, unsummed, for a reader that sums them."""
     frames = x[0].transpose(0, 1)  # [T + 2, C, H, W], channels-last: a view
     taps = [w.contiguous(memory_format=torch.channels_last) for w in weight.unbind(2)]
     t = frames.shape[0] - 2
-    y = F.conv2d(frames[:t], taps[0], bias, padding=padding)
-    y += F.conv2d(frames[1 : t + 1], taps[1], None, padding=padding)
-    y += F.conv2d(frames[2:], taps[2], None, padding=padding)
+
+    def tap(k: int) -> torch.Tensor:
+        return F.conv2d(frames[k : k + t], taps[k], padding=padding)
+
+    if parts and bias is None:
+        return tuple(tap(k).unsqueeze(0).transpose(1, 2) for k in range(3))  # each [1, out, T, H, W], channels-last
+    y = tap(0)
+    y += tap(1)
+    y += tap(2)
+    if bias is not None:
+        y += bias.view(-1, 1, 1)
     return y.unsqueeze(0).transpose(1, 2)  # [1, out, T, H, W], channels-last
 
 
@@ -238,9 +280,12 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.normalize(x, dim=1) * self.scale * self.gamma
 
-    def then_silu(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """silu(self(x + bias)): one kernel on CUDA (`worldgen.kernels.channel_norm`), these ops elsewhere."""
-        return channel_norm.rms_norm_silu(x, self.gamma, self.scale, bias=bias)
+    def then_silu(
+        self, x: channel_norm.Summands, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """silu(self(x + bias)): one kernel on CUDA (`worldgen.kernels.channel_norm`), these ops elsewhere; x may be
+        the parts of a sum (a convolution's time taps), `out` where to write it."""
+        return channel_norm.rms_norm_silu(x, self.gamma, self.scale, bias=bias, out=out)
 
 
 def _conv2d_per_frame(x: torch.Tensor, conv: nn.Conv2d, stride: int = 1, padding: int = 0) -> torch.Tensor:
@@ -309,9 +354,16 @@ class ResidualBlock(nn.Module):
         h = self.shortcut(x)
         if not (FOLD_CONV_BIAS and conv_bias.folds(x)):
             return _run(self.residual, x, cache) + h
-        last = self.residual[-1]
-        r = last(_run(self.residual, x, cache, stop=len(self.residual) - 1), cache, bias=False)
-        return conv_bias.residual_add(r, last.bias, h)
+        # on CUDA: each convolution's bias (and its time taps' sum) left to the kernel reading it next; each input
+        # dropped once read, so the taps of one convolution and the next are never held together
+        norm1, _, conv1, norm2, _, _, conv2 = self.residual  # the dropout (index 5) is an identity
+        a, joined = _normed_input(norm1, x, conv1, cache)
+        y = conv1(a, cache, bias=False, parts=SUM_TAPS_IN_READER, joined=joined)
+        a, joined = _normed_input(norm2, y, conv2, cache, norm_bias=conv1.bias)
+        del y
+        r = conv2(a, cache, bias=False, parts=SUM_TAPS_IN_READER, joined=joined)
+        del a, joined
+        return conv_bias.residual_add(r, conv2.bias, h)
 
 
 class AttentionBlock(nn.Module):
@@ -337,21 +389,45 @@ _CACHED = (CausalConv3d, Resample, ResidualBlock, AttentionBlock)  # layers that
 
 
 def _run(layers: nn.Sequential, x: torch.Tensor, cache: FrameCache, stop: int | None = None) -> torch.Tensor:
-    """The layers in order (up to `stop`); an RMSNorm followed by SiLU as one step (`RMSNorm.then_silu`), and
-    on CUDA with the bias of a convolution before them (`worldgen.kernels.conv_bias`)."""
+    """The layers in order (up to `stop`); an RMSNorm followed by SiLU as one step (`RMSNorm.then_silu`), written
+    into the input of a causal convolution after them where it can be (`_joins`: a head's, a residual block's first)."""
     i, stop = 0, len(layers) if stop is None else stop
     while i < stop:
         layer = layers[i]
         if isinstance(layer, RMSNorm) and i + 1 < stop and isinstance(layers[i + 1], nn.SiLU):
+            conv = layers[i + 2] if i + 2 < stop else None
+            if isinstance(conv, CausalConv3d) and _joins(x, conv, cache):
+                x, joined = _normed_input(layer, x, conv, cache)
+                x, i = conv(x, cache, joined=joined), i + 3
+                continue
             x, i = layer.then_silu(x), i + 2
-            continue
-        norm_next = i + 2 < stop and isinstance(layers[i + 1], RMSNorm) and isinstance(layers[i + 2], nn.SiLU)
-        if isinstance(layer, CausalConv3d) and norm_next and FOLD_CONV_BIAS and conv_bias.folds(x):
-            x, i = layers[i + 1].then_silu(layer(x, cache, bias=False), bias=layer.bias), i + 3
             continue
         x = layer(x, cache) if isinstance(layer, _CACHED) else layer(x)
         i += 1
     return x
+
+
+def _joins(x: channel_norm.Summands, conv: CausalConv3d, cache: FrameCache | None) -> bool:
+    """Whether the norm before `conv` writes into its [past | new frames] input (`JOIN_IN_PLACE`): a convolution with
+    a past, on a stream (a cache), channels-last (where the new frames' slot is dense)."""
+    first = x if isinstance(x, torch.Tensor) else x[0]
+    return JOIN_IN_PLACE and bool(conv.time_pad) and cache is not None and layout_of(first) == torch.channels_last_3d
+
+
+def _normed_input(
+    norm: RMSNorm,
+    x: channel_norm.Summands,
+    conv: CausalConv3d,
+    cache: FrameCache,
+    norm_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(input, joined): silu(norm(x + norm_bias)) as `conv`'s next input, written into its [past | new frames] buffer
+    where it `_joins` (`joined`, the buffer, for `conv(input, cache, joined=joined)`), else a tensor of its own."""
+    if _joins(x, conv, cache):
+        joined, slot = conv.join_buffer(x if isinstance(x, torch.Tensor) else x[0], cache)
+        norm.then_silu(x, bias=norm_bias, out=slot)
+        return slot, joined
+    return norm.then_silu(x, bias=norm_bias), None
 
 
 def _head(in_dim: int, out_dim: int) -> nn.Sequential:
