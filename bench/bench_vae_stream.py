@@ -2,7 +2,7 @@
 
 Usage:
   python bench/bench_vae_stream.py [--size 464x832] [--chunks 7] [--tiles none,222720,148480,58496]
-      [--dtype float32|bfloat16] [--time-taps on,off] [--json OUT]
+      [--dtype float32|bfloat16] [--time-taps on,off] [--fewer-passes on,off] [--json OUT]
 
 A full-size Wan2.1 VAE (random weights, float32, as the pipeline runs it) decodes `--chunks` chunks of
 3 latent frames with `StreamingDecoder` and encodes the matching conditioning frames (9, then 12 at a
@@ -13,7 +13,10 @@ is what the Fast memory plan (`worldgen.pipelines.fast_plan.stream_vae_cuts`) mu
 the KV cache. `--time-taps on,off` runs each setting with the causal convolutions as three 2-D time taps
 (`worldgen.models.vae._time_taps`, what a float32 VAE on CUDA runs) and as cuDNN's 3-D convolutions: whether the
 taps win on a card, and what they add to a push's peak (Session 31, H200: float32 decode 0.39 -> 0.32 s a 16-frame
-chunk at 464x832, peak +2.6%; encode 0.059 -> 0.048 s a 4-frame push, peak +14%).
+chunk at 464x832, peak +2.6%; encode 0.059 -> 0.048 s a 4-frame push, peak +14%). `--fewer-passes on,off` runs
+them with and without the norm written into the next convolution's input and the taps summed by their reader
+(`vae.JOIN_IN_PLACE`, `vae.SUM_TAPS_IN_READER`; Session 32, by arithmetic: 145 GB less a float32 decode of 16
+frames, 93 GB less their encode, `bench/vae_pass_bytes.py`).
 """
 
 from __future__ import annotations
@@ -67,10 +70,16 @@ def main() -> None:
     parser.add_argument(
         "--time-taps", default="on", help="on, off or on,off: causal convolutions as three 2-D time taps or 3-D ones"
     )
+    parser.add_argument(
+        "--fewer-passes",
+        default="on",
+        help="on, off or on,off: the norm into the next input, the taps' sum in the reader",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
-    if set(args.time_taps.split(",")) - {"on", "off"}:
-        parser.error(f"--time-taps takes on, off or on,off; got {args.time_taps!r}")
+    for flag, value in (("--time-taps", args.time_taps), ("--fewer-passes", args.fewer_passes)):
+        if set(value.split(",")) - {"on", "off"}:
+            parser.error(f"{flag} takes on, off or on,off; got {value!r}")
     device = torch.device("cuda")
     height, width = (int(v) for v in args.size.split("x"))
     dtype = getattr(torch, args.dtype)
@@ -85,8 +94,10 @@ def main() -> None:
         "dtype": args.dtype,
         "vae_weights_gib": round(weights, 3),
     }
-    for taps in args.time_taps.split(","):
+    runs = [(taps, fewer) for taps in args.time_taps.split(",") for fewer in args.fewer_passes.split(",")]
+    for taps, fewer in runs:
         vae_module.TIME_TAPS_DTYPES = {dtype} if taps == "on" else set()
+        vae_module.JOIN_IN_PLACE = vae_module.SUM_TAPS_IN_READER = fewer == "on"
         for tiles in args.tiles.split(","):
             tile = None if tiles == "none" else int(tiles)
             for name, cls, pieces in (("decode", StreamingDecoder, latents), ("encode", StreamingEncoder, frames)):
@@ -95,8 +106,9 @@ def main() -> None:
                     result = measure(cls(vae, tile), pieces, device)
                 except torch.OutOfMemoryError as exc:
                     result = {"error": str(exc)[:300]}
-                results[f"{name} tiles={tiles} time-taps={taps}"] = result
-                print(f"{name:6} tiles={tiles:>7} time-taps={taps:3}: {result}", flush=True)
+                key = f"{name} tiles={tiles} time-taps={taps} fewer-passes={fewer}"
+                results[key] = result
+                print(f"{key}: {result}", flush=True)
                 torch.cuda.empty_cache()
     if args.json:
         atomic.write_json(args.json, results, indent=1)
