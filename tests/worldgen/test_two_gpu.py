@@ -4,12 +4,14 @@ rolling KV cache included; a rank that dies makes the other fail with PeerLost, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -153,10 +155,11 @@ def test_two_ranks_give_the_one_process_rollout_of_fast_and_split_an_odd_chunk(g
         handle.close()
 
 
-def test_a_rank_that_dies_mid_rollout_fails_the_other_with_peer_lost(v2_case):
-    """Rank 1 killed after the first chunk: rank 0's next forward raises PeerLost at once (its collective's
-    connection is closed), well within the group's timeout; the pipeline's next job starts rank 1 again."""
-    checkpoint, io, options, expected = v2_case
+@contextlib.contextmanager
+def _split_rollout(v2_case) -> Iterator[tuple]:
+    """(pipe, handle, chunks): the v2 case's pipeline split over two CPU ranks, its rollout's first chunk made; closed
+    within 15 s after, whatever became of rank 1."""
+    checkpoint, io, options, _ = v2_case
     pipe = _pipeline(load_expert(checkpoint, "cpu", torch.float32), V2_FAST)
     handle = use_two_devices(pipe, functools.partial(load_expert, checkpoint, "cpu", torch.float32), ["cpu", "cpu"],
                              timeout_s=TIMEOUT_S, load_timeout_s=60)  # fmt: skip
@@ -164,6 +167,18 @@ def test_a_rank_that_dies_mid_rollout_fails_the_other_with_peer_lost(v2_case):
         chunks = pipe.rollout_chunks(io["noise"], io["y"], io["context"], io["plucker"], options,
                                      renoise_draws=io["renoise"])  # fmt: skip
         next(chunks)
+        yield pipe, handle, chunks
+    finally:
+        began = time.monotonic()
+        handle.close()
+        assert time.monotonic() - began < 15
+
+
+def test_a_rank_that_dies_mid_rollout_fails_the_other_with_peer_lost(v2_case):
+    """Rank 1 killed after the first chunk: rank 0's next forward raises PeerLost at once (its collective's
+    connection is closed), well within the group's timeout; the pipeline's next job starts rank 1 again."""
+    _, io, options, expected = v2_case
+    with _split_rollout(v2_case) as (pipe, handle, chunks):
         os.kill(handle.peer_pid, signal.SIGKILL)
         handle.process.join(timeout=10)
         began = time.monotonic()
@@ -173,23 +188,12 @@ def test_a_rank_that_dies_mid_rollout_fails_the_other_with_peer_lost(v2_case):
         # the pipeline goes on: its next job starts a new rank 1 and runs (the reference's rollout)
         latent = _rollout(pipe, io, options, renoise_draws=io["renoise"])
         assert handle.starts == 2 and rel_l2(latent, expected) < LOOP_TOL
-    finally:
-        began = time.monotonic()
-        handle.close()
-        assert time.monotonic() - began < 15
 
 
 def test_a_rank_killed_while_the_other_waits_in_a_collective_is_named_with_its_pid(v2_case):
     """Rank 1 frozen, then killed a second into rank 0's chunk (rank 0 waits on it inside a collective, whose
     connection reset fails first, before any watch sees the process gone): the PeerLost names rank 1's pid."""
-    checkpoint, io, options, _ = v2_case
-    pipe = _pipeline(load_expert(checkpoint, "cpu", torch.float32), V2_FAST)
-    handle = use_two_devices(pipe, functools.partial(load_expert, checkpoint, "cpu", torch.float32), ["cpu", "cpu"],
-                             timeout_s=TIMEOUT_S, load_timeout_s=60)  # fmt: skip
-    try:
-        chunks = pipe.rollout_chunks(io["noise"], io["y"], io["context"], io["plucker"], options,
-                                     renoise_draws=io["renoise"])  # fmt: skip
-        next(chunks)
+    with _split_rollout(v2_case) as (_, handle, chunks):
         pid = handle.peer_pid
         os.kill(pid, signal.SIGSTOP)
         killer = threading.Timer(1.0, os.kill, (pid, signal.SIGKILL))
@@ -197,8 +201,6 @@ def test_a_rank_killed_while_the_other_waits_in_a_collective_is_named_with_its_p
         with pytest.raises(PeerLost, match=rf"rank 1 \(pid {pid}\) is gone"):
             next(chunks)
         killer.join()
-    finally:
-        handle.close()
 
 
 def test_load_pipeline_with_two_devices_runs_a_fast_job_on_both(tmp_path):
