@@ -1,13 +1,14 @@
 """The host memory a parked decoder cut takes (`worldgen.models.vae_tiling._Streaming.park`): its caches' bytes, the
-pinned memory they took one block a tensor (PyTorch's host allocator rounds each block up to a power of two), and
-what `worldgen.host_slab.HostSlab` packs them into now. Arithmetic on shapes, no GPU: the full-size Wan2.1 decoder
-runs on the meta device over a few latent frames of each tile, so every cache holds its steady 2 frames.
+pinned memory every tile's took one block a tensor (Session 31's code: PyTorch's host allocator rounds each block up
+to a power of two), and what it takes now: every tile's but the one on the device, packed by
+`worldgen.host_slab.HostSlab`. Arithmetic on shapes, no GPU: the full-size Wan2.1 decoder runs on the meta device
+over a few latent frames of each tile, so every cache holds its steady 2 frames.
 
 Usage:
   python bench/parked_host_memory.py [--size 464*832] [--dtype bfloat16] [--json OUT]
 
 Prints one row per parked cut the plan can choose (`fast_plan.stream_vae_cuts(..., parked=True)`): tiles, tile
-shape, caches (GiB), one pinned block a tensor (GiB), packed (GiB). The 1.3B under `--vram-budget 8` parks two
+shape, caches (GiB), every tile's one pinned block a tensor (GiB), all tiles' but one packed (GiB). The 1.3B under `--vram-budget 8` parks two
 464x464 strips (fp8, int8) or eight tiles (exact): docs/benchmarks.md, "Session 32".
 """
 
@@ -68,13 +69,14 @@ def main() -> None:
             "tile_latent": list(tile),
             "caches_gib": tiles * sum(sizes) / GiB,
             "one_block_a_tensor_gib": tiles * one_block_a_tensor(sizes) / GiB,
-            "packed_gib": tiles * sum(blocks) / GiB,
+            "packed_gib": tiles * sum(blocks) / GiB,  # every tile's, packed
+            "parked_now_gib": (tiles - 1) * sum(blocks) / GiB,  # every tile's but the one on the device
             "blocks_mib": [b >> 20 for b in blocks],
         }
         rows.append(row)
         print(f"{tiles:3d} tiles of {tile[0]}x{tile[1]} latent pixels: caches {row['caches_gib']:.2f} GiB, "
-              f"one pinned block a tensor {row['one_block_a_tensor_gib']:.2f} GiB, packed {row['packed_gib']:.2f} GiB "
-              f"(blocks a tile, MiB: {row['blocks_mib']})")  # fmt: skip
+              f"one pinned block a tensor {row['one_block_a_tensor_gib']:.2f} GiB, now {row['parked_now_gib']:.2f} "
+              f"GiB (all tiles but one, packed: blocks a tile, MiB: {row['blocks_mib']})")  # fmt: skip
     if args.json:
         atomic.write_text(args.json, json.dumps({"size": args.size, "dtype": args.dtype, "cuts": rows}, indent=1))
 

@@ -112,11 +112,13 @@ class _Streaming:
     carried from one call to the next, so the pieces, concatenated, equal the whole-video tiled result
     (same tiles, same per-frame arithmetic).
 
-    `park`: each tile's caches wait in host memory (pinned on CUDA) while the other tiles run and between
-    calls, and come back to the device for their tile's turn: the device holds one tile's caches at a
-    time, not every tile's (a tight VRAM budget: `worldgen.pipelines.fast_plan.StreamVAE.parked`). The
-    same numbers, copied there and back exactly; the copies are queued on the current stream, in order
-    with the tile's work."""
+    `park`: the device holds one tile's caches at a time, not every tile's (a tight VRAM budget:
+    `worldgen.pipelines.fast_plan.StreamVAE.parked`). At a tile's turn its caches come from host memory (pinned on
+    CUDA) and the tile before it takes their place there, one tensor after the other: the device holds one tile's
+    caches and one tensor more, and the host the other tiles' only (the last tile of a call keeps its caches on the
+    device until the next call's first turn; for two strips, half of what every tile's parked took). The same
+    numbers, copied there and back exactly; the copies are queued on the current stream, in order with the
+    tiles' work (each host block read for the incoming tile before the outgoing one's write into it)."""
 
     def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int, park: bool = False):
         self.vae = vae
@@ -124,40 +126,45 @@ class _Streaming:
         self.overlap = overlap
         self.park = park
         self.caches: dict[tuple[int, int], FrameCache] = {}
-        self.host: dict[tuple[int, int], HostSlab | None] = {}  # parked: each tile's host blocks, reused per call
+        self.host: dict[tuple[int, int], HostSlab] = {}  # parked: the host blocks a tile's caches are in
+        self.resident: tuple[int, int] | None = None  # parked: the tile whose caches are on the device
 
     def cache_bytes(self) -> int:
         """Bytes held by every tile's causal caches (what a streamed VAE keeps between calls)."""
         return sum(t.numel() * t.element_size() for c in self.caches.values() for t in c.values() if t is not None)
 
-    def _cache(self, key: tuple[int, int], device: torch.device) -> FrameCache:
-        """Tile `key`'s caches, on `device` (brought back from the host where parked)."""
-        cache = self.caches.setdefault(key, {})
-        if self.park:
-            for module, t in cache.items():
-                if t is not None and t.device != device:
-                    cache[module] = t.to(device, non_blocking=True)
-        return cache
-
-    def _park(self, key: tuple[int, int]) -> None:
-        """Tile `key`'s caches to host memory until its next turn (kept in their layout: channels-last stays), in
-        pinned blocks the allocator does not round up (`HostSlab`), made at the tile's first turn and reused."""
-        if not self.park:
-            return
-        cache = self.caches[key]
-        moving = {module: t for module, t in cache.items() if t is not None and t.device.type != "cpu"}
-        if not moving:
-            return
-        slab = self.host.get(key)
-        if slab is None or not slab.holds(moving):
-            self.host[key] = None  # the old blocks go back to PyTorch's host cache before the new ones are taken
-            slab = self.host[key] = HostSlab.like(moving, pin=True)
-        for module, t in moving.items():
-            cache[module] = slab[module].copy_(t, non_blocking=True)  # the next H2D is queued after it: in order
-
     def host_bytes(self) -> int:
         """Host memory the parked tiles' blocks take."""
-        return sum(slab.nbytes() for slab in self.host.values() if slab is not None)
+        return sum(slab.nbytes() for slab in self.host.values())
+
+    def _cache(self, key: tuple[int, int], device: torch.device) -> FrameCache:
+        """Tile `key`'s caches, on `device` (parked: swapped there with the resident tile's)."""
+        cache = self.caches.setdefault(key, {})
+        if self.park and self.resident != key:
+            self._swap(key, device)
+        return cache
+
+    def _swap(self, key: tuple[int, int], device: torch.device) -> None:
+        """Tile `key`'s caches to `device`, the resident tile's to host memory: into the blocks `key`'s leave where
+        their layouts match (tiles of one shape), else into new ones (`HostSlab`: pinned blocks the allocator does
+        not round up). Module by module, so each outgoing tensor is freed as its incoming one arrives."""
+        incoming, slab = self.caches[key], self.host.pop(key, None)
+        out_key, self.resident = self.resident, key
+        out_cache = {} if out_key is None else self.caches[out_key]
+        outgoing = {module: t for module, t in out_cache.items() if isinstance(t, torch.Tensor)}
+        if outgoing and (slab is None or not slab.holds(outgoing)):
+            slab = None  # its blocks back to PyTorch's host cache (once read) before the new ones are taken
+            target = HostSlab.like(outgoing, pin=device.type == "cuda")
+        else:
+            target = slab
+        for module in {**incoming, **outgoing}:
+            held = incoming.get(module)
+            if isinstance(held, torch.Tensor):  # a copy even on the CPU: its host block is about to be rewritten
+                incoming[module] = held.to(device, non_blocking=True, copy=True)
+            if module in outgoing:
+                out_cache[module] = target[module].copy_(outgoing.pop(module), non_blocking=True)
+        if out_key is not None and target is not None:
+            self.host[out_key] = target
 
 
 class StreamingDecoder(_Streaming):
@@ -170,7 +177,6 @@ class StreamingDecoder(_Streaming):
     def _run(self, key: tuple[int, int], latent: torch.Tensor) -> torch.Tensor:
         cache = self._cache(key, latent.device)
         frames = [self.vae.decode_chunk(latent[:, :, t : t + 1], cache) for t in range(latent.shape[2])]
-        self._park(key)
         return torch.cat(frames, dim=2)
 
     @torch.no_grad()

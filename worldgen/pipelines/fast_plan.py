@@ -65,7 +65,9 @@ class StreamVAE:
     # the decoder's tiles' caches wait in host memory between their turns (`vae_tiling._Streaming.park`), the
     # VAE in bf16: the cut of a budget where no other cut fits beside the DiT and its KV cache
     parked: bool = False
-    host_gib: float = 0.0  # parked: every tile's caches in pinned host memory (the process's RSS)
+    # parked: the caches of every tile but the one on the device, in pinned host memory (the process's RSS; the
+    # device's one tile is `decode_cache_gib`, counted beside the forwards' activations as beside a push)
+    host_gib: float = 0.0
     # counted at bf16's figures, the VAE in bf16 (parked, or every tile's caches on the device): the cut of a
     # budget where no float32 cut fits (`FastPipeline._fit_loop`: for the same KV cache, unparked before parked;
     # an unparked bf16 cut beside the DiT is not yet measured on a GPU, where halving float32's figures once ran
@@ -98,7 +100,7 @@ class StreamVAE:
             ENCODE_CACHE_BYTES_PER_PIXEL * every / GiB,
             ENCODE_PUSH_BYTES_PER_PIXEL * one / GiB,
             parked,
-            half * DECODE_CACHE_BYTES_PER_PIXEL * every / GiB if parked else 0.0,
+            half * DECODE_CACHE_BYTES_PER_PIXEL * (every - one) / GiB if parked else 0.0,
             bf16,
         )
 
@@ -375,7 +377,7 @@ def describe_fast_plan(pipe) -> str:
     def tiles(pixels: int | None, decode: bool = False) -> str:
         parked = ""
         if decode and cut is not None and cut.parked:
-            parked = f", in bf16, each tile's caches parked in host memory between its turns ({cut.host_gib:.1f} GiB)"
+            parked = f", in bf16, each tile's caches parked in host memory between its turns ({cut.host_gib:.2f} GiB)"
         elif decode and cut is not None and cut.bf16:
             parked = f", in bf16, every tile's caches on the device ({cut.decode_cache_gib:.1f} GiB), none parked"
         if pixels is None:
