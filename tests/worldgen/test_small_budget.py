@@ -12,7 +12,7 @@ import torch
 from contracts.model_families import V2_FAST
 from contracts.settings import load_settings
 from worldgen.models.dit import DiTConfig
-from worldgen.pipelines.fast_plan import FastOptions, StreamVAE, resident_dit_gib, stream_vae_cuts
+from worldgen.pipelines.fast_plan import FastOptions, StreamVAE, resident_dit_gib, stream_vae_cuts, strip_pixels
 from worldgen.runtime.memory import GiB, activation_gib
 
 ONE_3B = {"dim": 1536, "ffn_dim": 8960, "num_heads": 12, "num_layers": 30}  # Wan2.1-1.3B: its config.json
@@ -95,10 +95,12 @@ def test_the_1_3b_at_464x832_fits_8_gib_with_the_reference_window(compute):
         # chunk 0's first forward beside the bf16 DiT (one not loaded when the job was planned makes its 8-bit
         # weights there, one Linear at a time) and a one-chunk cache: that fits too
         assert ONE_3B_GIB + cross + 0.25 + kv * 4 / 18 + act + 0.5 <= 7.4
-        # the encode before the loop: the DiT, the float32 video it encodes, tiles whose float32 peak fits the rest
-        video = 3 * ((latent_frames - 1) * 4 + 1) * 464 * 832 * 4 / GiB
-        tile = pipe.encode_tile_pixels
-        assert tile is not None and ONE_3B_GIB + 0.5 + video + 0.5 + 10 * tile / 386_048 <= 7.4
+        # the encode before the loop (a tile and 16 frames at a time): the DiT (bf16 here: not loaded when planned),
+        # tiles whose peak in the VAE's dtype (bf16: half the float32 figures) fits the rest, whatever the video's
+        # length: two strips, not the five 92k-pixel tiles of the float32 figures and the whole video counted
+        # (Session 31's, 1.5-1.7 s of the first chunk)
+        tile = pipe.encode_tile_pixels  # two 464x464 strips: as many as the largest tile that fits, less overlap
+        assert tile == strip_pixels(464, 832, 2) == 215_296 and ONE_3B_GIB + 0.25 + 0.5 + 5 * tile / 386_048 <= 7.4
         plan = pipe.describe_plan()
         assert "18 latent frames" in plan and "6-frame attention sink" in plan
         assert f"{TILES[compute][0]} spatial tiles" in plan and "caches parked in host memory" in plan
@@ -198,3 +200,30 @@ def test_a_parked_decoder_gives_the_same_frames(device):
         assert {t.untyped_storage().data_ptr() for t in cached} <= blocks  # views of the tile's packed blocks
         assert all(t.device.type == "cpu" and t.is_pinned() == (device == "cuda") for t in cached)
     assert parked.host_bytes() > 0 and not plain.host
+
+
+def test_a_bf16_vae_is_counted_at_half_the_float32_peak_for_its_tiles():
+    from worldgen.runtime.memory import MIN_TILE_PIXELS, vae_peak_gib, vae_tile_pixels
+
+    pixels = 464 * 832
+    assert vae_peak_gib(pixels, 2) == pytest.approx(vae_peak_gib(pixels) / 2) == pytest.approx(5.25)
+    for room in (2.0, 3.4, 5.0):
+        assert vae_tile_pixels(room, 2) > 2 * vae_tile_pixels(room)  # more than twice the pixels (half the weights)
+        for element in (2, 4):  # the tile's peak: the room's share the margin leaves
+            assert vae_peak_gib(vae_tile_pixels(room, element), element) == pytest.approx(room * 0.85, rel=1e-4)
+    assert vae_tile_pixels(0.1, 2) == MIN_TILE_PIXELS
+
+
+def test_the_encode_takes_the_fewest_strips_its_largest_tile_allows():
+    from worldgen.models.vae_tiling import encode_per_tile
+    from worldgen.pipelines.fast_plan import fewest_strips_pixels
+
+    assert fewest_strips_pixels(464, 832, 386_048) is None  # whole frames
+    two = strip_pixels(464, 832, 2)
+    assert fewest_strips_pixels(464, 832, 300_000) == fewest_strips_pixels(464, 832, two) == two
+    assert strip_pixels(464, 832, 3) == two  # a strip is no narrower than it is high (464x464)
+    assert fewest_strips_pixels(464, 832, two - 1) == two - 1  # no strip fits: tiles of that area
+    assert fewest_strips_pixels(464, 1664, 400_000) == strip_pixels(464, 1664, 3) < 400_000  # 3 strips at most
+    tiles = []
+    encode_per_tile(lambda t: tiles.append(t.shape[-2:]) or t[..., ::8, ::8], torch.zeros(1, 3, 1, 464, 832), two)
+    assert tiles == [(464, 464), (464, 464)]  # the encoder's own cut: two full-height strips

@@ -48,6 +48,7 @@ from worldgen.pipelines.fast_plan import (
     camera_blocks,
     camera_choice,
     describe_fast_plan,
+    encode_tile_pixels,
     fast_frames,
     fast_schedule,
     full_cache_spec,
@@ -62,8 +63,6 @@ from worldgen.runtime.memory import (
     VAE_WEIGHTS_GIB,
     GiB,
     activation_gib,
-    vae_peak_gib,
-    vae_tile_pixels,
 )
 from worldgen.runtime.metering import LapClock
 from worldgen.runtime.residency import ModelSlot
@@ -205,11 +204,11 @@ class FastPipeline(Pipeline):
         self.decode_tile_pixels = cut.tile_pixels
         if stream_encode or usable is None:
             self.encode_tile_pixels = cut.tile_pixels
-        else:  # all frames before the loop, beside the DiT and the float32 video they come from (`condition`)
-            video_gib = 3 * ((latent_frames - 1) * 4 + 1) * height * width * 4 / GiB
-            room = usable - self.plan.expert_gib - LOOP_MARGIN_GIB - video_gib
-            pixels = height * width
-            self.encode_tile_pixels = None if vae_peak_gib(pixels) <= room else vae_tile_pixels(room)
+        else:  # all frames before the loop, beside the DiT as it is then: its blocks' 8-bit weights (fp8, int8) are
+            # made above where it is loaded. Counted as the bf16 DiT, the float32 VAE and the whole float32 video, the
+            # 1.3B's encode under 8 GiB took 1.5-1.7 s of its first chunk in 92k-pixel tiles ("Session 31")
+            room = usable - (dit if slot.loaded else self.plan.expert_gib) - LOOP_MARGIN_GIB
+            self.encode_tile_pixels = encode_tile_pixels(height, width, room, self.vae_dtype)
         self.plan.vae_tile_pixels = self.decode_tile_pixels
         if self.ranks > 1:  # the figures above are one rank's
             why += f" (each of {self.ranks} GPUs holds {self.cache_heads} of the {cfg.num_heads} heads)"

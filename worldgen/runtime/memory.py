@@ -150,14 +150,18 @@ def activation_gib(tokens: int, width: int = REFERENCE_WIDTH) -> float:
     return ACTIVATION_GIB * tokens / REFERENCE_TOKENS * width / REFERENCE_WIDTH
 
 
-def vae_peak_gib(pixels: int) -> float:
-    return VAE_WEIGHTS_GIB + (VAE_PEAK_GIB - VAE_WEIGHTS_GIB) * pixels / REFERENCE_PIXELS
+def vae_peak_gib(pixels: int, element_size: int = 4) -> float:
+    """The VAE's peak for frames of `pixels`, weights included: the float32 figures, scaled for a VAE whose elements
+    take `element_size` bytes (a bf16 VAE's weights and activations are half a float32 one's)."""
+    scale = element_size / 4
+    return scale * (VAE_WEIGHTS_GIB + (VAE_PEAK_GIB - VAE_WEIGHTS_GIB) * pixels / REFERENCE_PIXELS)
 
 
-def vae_tile_pixels(room_gib: float) -> int:
-    """The largest tile area whose VAE peak fits `room_gib`, with margin."""
-    per_pixel = (VAE_PEAK_GIB - VAE_WEIGHTS_GIB) / REFERENCE_PIXELS
-    return max(MIN_TILE_PIXELS, int((room_gib * VAE_MARGIN - VAE_WEIGHTS_GIB) / per_pixel))
+def vae_tile_pixels(room_gib: float, element_size: int = 4) -> int:
+    """The largest tile area whose VAE peak (`vae_peak_gib`) fits `room_gib`, with margin."""
+    scale = element_size / 4
+    per_pixel = scale * (VAE_PEAK_GIB - VAE_WEIGHTS_GIB) / REFERENCE_PIXELS
+    return max(MIN_TILE_PIXELS, int((room_gib * VAE_MARGIN - scale * VAE_WEIGHTS_GIB) / per_pixel))
 
 
 def plan_memory(
