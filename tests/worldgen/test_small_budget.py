@@ -184,9 +184,15 @@ def test_a_parked_decoder_gives_the_same_frames(device):
     vae = WanVAE(dataclasses.replace(WAN21_VAE, dim=8, num_res_blocks=1)).eval().to(device)
     latent = torch.randn(1, 16, 9, 6, 10, device=device)
     plain, parked = StreamingDecoder(vae, 24 * 24, overlap=16), StreamingDecoder(vae, 24 * 24, overlap=16, park=True)
+    swaps = []
+    swap = parked._swap
+    parked._swap = lambda *args: swaps.append(args[0]) or swap(*args)
     for a, b in ((0, 1), (1, 5), (5, 9)):
         assert torch.equal(plain.push(latent[:, :, a:b]), parked.push(latent[:, :, a:b]))
-    assert len(parked.caches) > 1  # tiles
+    tiles = len(parked.caches)
+    assert tiles > 1  # tiles
+    # a swap at every turn of the first push; after it the resident tile runs first, without one
+    assert len(swaps) == tiles + 2 * (tiles - 1)
     # between calls one tile's caches stay on the device (the last to run), every other tile's are views of its
     # host blocks (pinned on CUDA): one block set a parked tile, none for the resident one
     assert parked.resident in parked.caches and set(parked.host) == set(parked.caches) - {parked.resident}
