@@ -139,3 +139,17 @@ def test_a_one_device_pipeline_has_no_link_figures_and_bench_fast_refuses_gpus_i
         cwd=root, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2 and "--gpus 0,1: this machine has" in done.stderr and "leave --gpus out" in done.stderr
+
+
+def test_the_vae_pass_bytes_scale_with_the_frame_and_the_element():
+    """bench/vae_pass_bytes.py's arithmetic (the full-size VAE on the meta device): the bytes the join and the taps'
+    sum in their reader save grow with a frame's pixels and with the element's size, and the taps' outweigh the
+    join's (4T frames of the output against 2T of the input)."""
+    from bench.vae_pass_bytes import pass_bytes
+
+    small, large, half = pass_bytes(128, 192, 4), pass_bytes(256, 384, 4), pass_bytes(128, 192, 2)
+    for push in ("decode", "encode"):
+        assert all(b > 0 for b in small[push])
+        assert large[push] == pytest.approx(tuple(4 * b for b in small[push]), rel=1e-9)
+        assert half[push] == pytest.approx(tuple(b / 2 for b in small[push]), rel=1e-9)
+        assert small[push][1] > small[push][0]
