@@ -193,12 +193,18 @@ class StreamingDecoder(_Streaming):
         overlap = min(self.overlap // 8, min(tile) // 4)
         positions = _tile_positions(h, w, tile, overlap, unit=1)
         # parked: the tile whose caches are on the device runs first (no swap for it: one swap a push fewer, half of
-        # two strips' copies), the others after; the pieces blend in `_tiled`'s order whatever order they ran in
-        first = [self.resident] if self.park and self.resident in positions else []
-        order = first + [p for p in positions if p not in first]
-        pieces = {p: self._run(p, latent[..., p[0] : p[0] + tile[0], p[1] : p[1] + tile[1]]) for p in order}
+        # two strips' copies), its piece held until `_tiled` blends it in its own place; the others in that order
+        early: dict[tuple[int, int], torch.Tensor] = {}
+        if self.park and self.resident in positions:
+            top, left = self.resident
+            early[self.resident] = self._run(self.resident, latent[..., top : top + tile[0], left : left + tile[1]])
         made = iter(positions)
-        return _tiled(lambda _: pieces.pop(next(made)), latent, 8, tile, overlap, unit=1)
+
+        def piece(tile_latent: torch.Tensor) -> torch.Tensor:
+            key = next(made)
+            return early.pop(key) if key in early else self._run(key, tile_latent)
+
+        return _tiled(piece, latent, 8, tile, overlap, unit=1)
 
 
 class StreamingEncoder(_Streaming):
