@@ -5,7 +5,7 @@ to a power of two), and what it takes now: every tile's but the one on the devic
 over a few latent frames of each tile, so every cache holds its steady 2 frames.
 
 Usage:
-  python bench/parked_host_memory.py [--size 464*832] [--dtype bfloat16] [--json OUT]
+  python bench/parked_host_memory.py [--size 480*832] [--dtype bfloat16] [--json OUT]
 
 Prints one row per parked cut the plan can choose (`fast_plan.stream_vae_cuts(..., parked=True)`): tiles, tile
 shape, caches (GiB), every tile's one pinned block a tensor (GiB), all tiles' but one packed (GiB). The 1.3B under `--vram-budget 8` parks two
@@ -24,6 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contracts import atomic  # noqa: E402
+from contracts.generation_request import latent_size  # noqa: E402
+from contracts.model_frame import MODEL_FRAME, MODEL_SIZE  # noqa: E402
+from contracts.settings import GenerationSettings  # noqa: E402
 from worldgen.host_slab import pack  # noqa: E402
 from worldgen.models.vae import WanVAE  # noqa: E402
 from worldgen.models.vae_tiling import streamed_tiles, tile_shape  # noqa: E402
@@ -51,11 +54,14 @@ def one_block_a_tensor(sizes: list[int]) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", default="464*832", help="frame height*width in pixels (default 464*832)")
+    parser.add_argument(
+        "--size", default=MODEL_SIZE, help=f"the job's size, H*W (default {MODEL_SIZE}: 464x832 frames)"
+    )
     parser.add_argument("--dtype", default="bfloat16", help="the VAE's dtype (a parked cut runs in bfloat16)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
-    height, width = (int(v) for v in args.size.split("*"))
+    lat_h, lat_w = latent_size(MODEL_FRAME, GenerationSettings(size=args.size).max_area)  # a model-frame image's
+    height, width = 8 * lat_h, 8 * lat_w
     dtype = getattr(torch, args.dtype)
     rows = []
     for cut in stream_vae_cuts(height, width, parked=True):

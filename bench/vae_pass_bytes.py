@@ -5,7 +5,7 @@ two `+=` passes summing a residual block's three time taps (gone where the reade
 latent frame and an encode push of 4 frames.
 
 Usage:
-  python bench/vae_pass_bytes.py [--size 464*832] [--bytes 4]
+  python bench/vae_pass_bytes.py [--size 480*832] [--bytes 4]
 
 A join saves 2T frames of its input's channels (the cat read and wrote T + 2, the join copies the 2 past ones);
 the taps' sum in the reader saves 4T frames of the output's (two `+=` read 2T and wrote T each; the reader reads
@@ -23,9 +23,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from contracts.generation_request import latent_size  # noqa: E402
+from contracts.model_frame import MODEL_FRAME, MODEL_SIZE  # noqa: E402
+from contracts.settings import GenerationSettings  # noqa: E402
 from worldgen.models import vae as vae_module  # noqa: E402
 
 RATE = 4e12  # bytes a second
+FLOAT32_BYTES = torch.float32.itemsize
 
 
 def pass_bytes(height: int, width: int, element: int) -> dict[str, tuple[float, float]]:
@@ -71,12 +75,19 @@ def pass_bytes(height: int, width: int, element: int) -> dict[str, tuple[float, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", default="464*832", help="frame height*width in pixels (default 464*832)")
-    parser.add_argument("--bytes", type=int, default=4, help="bytes an element: 4 float32 (default), 2 bf16")
+    parser.add_argument(
+        "--size", default=MODEL_SIZE, help=f"the job's size, H*W (default {MODEL_SIZE}: 464x832 frames)"
+    )
+    parser.add_argument(
+        "--bytes", type=int, choices=(4, 2), default=FLOAT32_BYTES, help="bytes an element: 4 float32, 2 bf16"
+    )
     args = parser.parse_args()
-    height, width = (int(v) for v in args.size.split("*"))
+    lat_h, lat_w = latent_size(MODEL_FRAME, GenerationSettings(size=args.size).max_area)  # a model-frame image's
+    height, width = 8 * lat_h, 8 * lat_w
     for half, (join, taps) in pass_bytes(height, width, args.bytes).items():
-        taps = taps if args.bytes == 4 else 0.0  # the time taps run in float32 only (`vae.TIME_TAPS_DTYPES`)
+        taps = (
+            taps if args.bytes == FLOAT32_BYTES else 0.0
+        )  # the time taps run in float32 only (`vae.TIME_TAPS_DTYPES`)
         chunk = 4 * (join + taps)  # a 16-frame chunk: 4 latent frames decoded, 4 pushes of 4 frames encoded
         print(f"{half}: a push saves {join / 1e9:.1f} GB (join) + {taps / 1e9:.1f} GB (taps in the reader); "
               f"a 16-frame chunk {chunk / 1e9:.0f} GB, {1e3 * chunk / RATE:.0f} ms at {RATE / 1e12:g} TB/s")  # fmt: skip
