@@ -148,7 +148,7 @@ def vae_cut(pipe) -> str:
     """The VAE's dtype and cut for the rollout just made (what the plan chose)."""
     cut = getattr(pipe, "vae_cut", None)
     tiles = "whole frames" if cut is None or cut.tiles == 1 else f"{cut.tiles} tiles"
-    parked = f", caches parked in host memory ({cut.host_gib:.1f} GiB)" if cut is not None and cut.parked else ""
+    parked = f", caches parked in host memory ({cut.host_gib:.2f} GiB)" if cut is not None and cut.parked else ""
     if cut is not None and cut.bf16 and not cut.parked:  # the plan's bf16 cut with every tile's caches on the GPU
         parked = f", caches on the device ({cut.decode_cache_gib:.1f} GiB), none parked"
     return f"{str(pipe.vae_dtype).removeprefix('torch.')}, {tiles}{parked}"
@@ -158,7 +158,7 @@ def summary(r: dict) -> str:
     chunks = " ".join(f"{g:.2f}" for g in r["chunk_s"])
     return (
         f"  {r['frames']} frames ({r['chunks']} chunks): first chunk {r['first_chunk_s']:.2f} s (text "
-        f"{r['text_s']:.2f}), steady chunk {r['steady_chunk_s']} s (DiT {r['steady_dit_s']}), whole "
+        f"{r['text_s']:.2f}, encode {r['timings'].get('encode', 0.0):.2f}), steady chunk {r['steady_chunk_s']} s (DiT {r['steady_dit_s']}), whole "
         f"{r['whole_s']:.2f} s; allocated {r['max_allocated_gib']} GiB (resident at start {r['resident_gib']}), "
         f"reserved {r['max_reserved_gib']} GiB, peak RSS {r['peak_rss_gib']} GiB"
         + (f"; vs the first compute: rel-L2 {r['rel_l2_vs_first']:.4f}" if "rel_l2_vs_first" in r else "")
