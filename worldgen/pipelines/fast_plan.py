@@ -410,7 +410,7 @@ def describe_fast_plan(pipe) -> str:
     def tiles(pixels: int | None, decode: bool = False) -> str:
         parked = ""
         if decode and cut is not None and cut.parked:
-            parked = f", in bf16, the caches of every tile but the one running parked in host memory ({cut.host_gib:.2f} GiB)"
+            parked = f", in bf16, caches parked in host memory but the running tile's ({cut.host_gib:.2f} GiB)"
         elif decode and cut is not None and cut.bf16:
             parked = f", in bf16, every tile's caches on the device ({cut.decode_cache_gib:.1f} GiB), none parked"
         if pixels is None:
