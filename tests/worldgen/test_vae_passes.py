@@ -12,10 +12,13 @@ import os
 import subprocess
 import sys
 import textwrap
+import weakref
 from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten
 
 from tests.worldgen.numerics import rel_l2
 from worldgen.kernels import channel_norm, conv_bias
@@ -107,6 +110,84 @@ def test_a_join_buffer_holds_the_cached_past_then_zeros_for_what_it_lacks():
     assert torch.equal(joined[:, :, 2:], x)
     assert conv.join_buffer(x, {})[0][:, :, :2].eq(0).all()
 
+
+class _LiveBytes(TorchDispatchMode):
+    """The peak of the bytes held by the tensors made while it is on: each storage counted once, from the op that
+    made it until its last tensor is gone. `kernel` wraps an eager stand-in for a fused GPU kernel so that only its
+    output counts (on a GPU the Triton kernel makes no temporaries)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, list[int]] = {}
+        self.now = self.peak = 0
+
+    def _gone(self, key: int) -> None:
+        entry = self.live[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.now -= entry[0]
+            del self.live[key]
+
+    def hold(self, out):
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                key = storage.data_ptr()
+                if key not in self.live:
+                    self.live[key] = [storage.nbytes(), 0]
+                    self.now += storage.nbytes()
+                    self.peak = max(self.peak, self.now)
+                self.live[key][1] += 1
+                weakref.finalize(t, self._gone, key)
+        return out
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.hold(func(*args, **(kwargs or {})))
+
+    def kernel(self, fn):
+        def run(*args, **kwargs):
+            with _disable_current_modes():
+                out = fn(*args, **kwargs)
+            return self.hold(out)
+
+        return run
+
+
+def test_the_fewer_passes_hold_no_more_at_a_push_peak(monkeypatch):
+    """A push's peak, counted by the tensors alive at once (the fused kernels as kernels: their outputs only), is no
+    higher with the norm written into the joined input and the taps summed by their reader. On the H200 a first
+    version held the first convolution's joined input beside the three taps and the next joined input: +14.5% an
+    encode push, +8.5% a decode push (docs/benchmarks.md, "Session 33"); this counts the encoder's +12%."""
+    monkeypatch.setattr(vae_module, "TIME_TAPS_DEVICES", {"cpu", "cuda"})
+    monkeypatch.setattr(conv_bias, "folds", lambda x: True)
+    torch.manual_seed(0)
+    vae = WanVAE(dataclasses.replace(WAN21_VAE, dim=8)).eval()  # the real depth, 8 channels
+    vae.channels_last = True
+    g = torch.Generator().manual_seed(3)
+    latent, video = torch.randn(1, 16, 3, 8, 12, generator=g), torch.rand(1, 3, 9, 64, 96, generator=g) * 2 - 1
+    peaks: dict[tuple[str, bool], int] = {}
+    for new in (True, False):
+        monkeypatch.setattr(vae_module, "JOIN_IN_PLACE", new)
+        monkeypatch.setattr(vae_module, "SUM_TAPS_IN_READER", new)
+        for what, push, first in (
+            ("decode", vae.decode_chunk, (latent[:, :, :1], latent[:, :, 1:2], latent[:, :, 2:3])),
+            ("encode", vae.encode_chunk, (video[:, :, :1], video[:, :, 1:5], video[:, :, 5:9])),
+        ):
+            cache: dict = {}
+            with torch.no_grad():
+                push(first[0], cache)
+                push(first[1], cache)  # every cache full: the steady push
+                counter = _LiveBytes()
+                monkeypatch.setattr(channel_norm, "rms_norm_silu", counter.kernel(_RMS_NORM_SILU))
+                monkeypatch.setattr(conv_bias, "residual_add", counter.kernel(_RESIDUAL_ADD))
+                with counter:
+                    push(first[2], cache)  # the output dropped at once
+                peaks[what, new] = counter.peak
+    assert peaks["decode", True] <= peaks["decode", False] and peaks["encode", True] <= peaks["encode", False]
+    assert peaks["encode", False] > 0
+
+
+_RMS_NORM_SILU, _RESIDUAL_ADD = channel_norm.rms_norm_silu, conv_bias.residual_add
 
 _INTERPRETED_CHECKS = """
 import torch

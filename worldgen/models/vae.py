@@ -359,6 +359,7 @@ class ResidualBlock(nn.Module):
         norm1, _, conv1, norm2, _, _, conv2 = self.residual  # the dropout (index 5) is an identity
         a, joined = _normed_input(norm1, x, conv1, cache)
         y = conv1(a, cache, bias=False, parts=SUM_TAPS_IN_READER, joined=joined)
+        del a, joined  # read: not held beside y's taps and the next joined input (1.5 outputs at the peak)
         a, joined = _normed_input(norm2, y, conv2, cache, norm_bias=conv1.bias)
         del y
         r = conv2(a, cache, bias=False, parts=SUM_TAPS_IN_READER, joined=joined)
@@ -399,6 +400,7 @@ def _run(layers: nn.Sequential, x: torch.Tensor, cache: FrameCache, stop: int | 
             if isinstance(conv, CausalConv3d) and _joins(x, conv, cache):
                 x, joined = _normed_input(layer, x, conv, cache)
                 x, i = conv(x, cache, joined=joined), i + 3
+                del joined  # read: not held through the layers after it
                 continue
             x, i = layer.then_silu(x), i + 2
             continue
