@@ -43,10 +43,20 @@ def test_the_decode_overlap_gives_the_same_frames_and_the_record_says_whether_it
     pipe = load_pipeline("tiny", device=device, model="fast")
     example = lingbot_examples / "00"
     settings = GenerationSettings(size="32*48", frame_num=33, seed=3)  # 3 chunks: two decode beside a forward
-    seen = []
+    seen, priorities = [], []
+
+    def on_chunk(i: int, _n: int, _frames: torch.Tensor) -> None:
+        seen.append(i)
+        if device == "cuda":  # the stream the loop runs on while the decodes run beside it
+            priorities.append(torch.cuda.current_stream().priority)
+
     pipe.overlap_decode = True
-    overlapped = _generate(pipe, example, settings, on_chunk=lambda i, n, frames: seen.append(i))
+    overlapped = _generate(pipe, example, settings, on_chunk=on_chunk)
     assert pipe.decode_overlapped is (device == "cuda") and seen == [0, 1, 2]
+    if device == "cuda":  # the loop's kernels go first (`loop_first`); the caller's stream is given back after it
+        side_priority = torch.cuda.Stream().priority
+        assert len(priorities) == 3 and all(p < side_priority for p in priorities)
+        assert torch.cuda.current_stream() == torch.cuda.default_stream()
     record = rollout_record(
         pipe, settings, resolve_request(settings, (480, 832), 33), producer="generate", phases=[],
         video_shape=tuple(overlapped.shape[1:]),
@@ -55,8 +65,10 @@ def test_the_decode_overlap_gives_the_same_frames_and_the_record_says_whether_it
     if device == "cuda":
         assert sum(t["overlap"] for t in pipe.chunk_timings) > 0  # GPU seconds of decodes that ran beside forwards
     pipe.overlap_decode = False
-    serial = _generate(pipe, example, settings, on_chunk=lambda *_: None)
+    priorities.clear()
+    serial = _generate(pipe, example, settings, on_chunk=on_chunk)
     assert not pipe.decode_overlapped
+    assert all(p == torch.cuda.Stream().priority for p in priorities)  # no decode beside it: the caller's stream
     assert torch.equal(overlapped, serial)
     # a live job hands each chunk out before it waits for the next chunk's poses: every chunk, in order
     pipe.overlap_decode = True

@@ -576,9 +576,10 @@ class FastPipeline(Pipeline):
 
         with self.meter.phase("loop"):  # the DiT chunk loop, each chunk decoded as the plan says (`ChunkDecodes`)
             decodes.start()
-            for latent in self.rollout_chunks(noise, y, context, plucker, options, generator, progress=progress):
-                decodes.take(latent)
-            decodes.finish()
+            with decode_overlap.loop_first(self.device, decodes.side):  # the DiT's kernels before the decode's
+                for latent in self.rollout_chunks(noise, y, context, plucker, options, generator, progress=progress):
+                    decodes.take(latent)
+                decodes.finish()
             self.residency.phase_done("decode")
         clock.mark("total")
         self.timings = clock.seconds
