@@ -16,7 +16,8 @@ taps win on a card, and what they add to a push's peak (Session 31, H200: float3
 chunk at 464x832, peak +2.6%; encode 0.059 -> 0.048 s a 4-frame push, peak +14%). `--fewer-passes on,off` runs
 them with and without the norm written into the next convolution's input and the taps summed by their reader
 (`vae.JOIN_IN_PLACE`, `vae.SUM_TAPS_IN_READER`; Session 32, by arithmetic: 145 GB less a float32 decode of 16
-frames, 93 GB less their encode, `bench/vae_pass_bytes.py`).
+frames, 93 GB less their encode, `bench/vae_pass_bytes.py`; Session 33, H200: float32 decode 0.24 -> 0.21 s a
+chunk, encode 0.165 -> 0.148 s, the peaks at or below the old path's).
 """
 
 from __future__ import annotations
