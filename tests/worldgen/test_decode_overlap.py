@@ -30,7 +30,9 @@ def _generate(pipe, example, settings, **kwargs):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-def test_the_decode_overlap_gives_the_same_frames_and_the_record_says_whether_it_ran(lingbot_examples, device):
+def test_the_decode_overlap_gives_the_same_frames_and_the_record_says_whether_it_ran(
+    lingbot_examples, device, monkeypatch
+):
     """On CUDA chunks 1.. decode on a second stream: the same decoder, pushes and order, so the same frames bit
     for bit as decoding after each chunk's forwards; on the CPU there is no second stream (and the record says so)."""
     if device == "cuda" and not torch.cuda.is_available():
@@ -53,7 +55,7 @@ def test_the_decode_overlap_gives_the_same_frames_and_the_record_says_whether_it
     pipe.overlap_decode = True
     overlapped = _generate(pipe, example, settings, on_chunk=on_chunk)
     assert pipe.decode_overlapped is (device == "cuda") and seen == [0, 1, 2]
-    if device == "cuda":  # the loop's kernels go first (`loop_first`); the caller's stream is given back after it
+    if device == "cuda":  # a batch job's loop kernels go first (`loop_first`); the caller's stream is given back after
         side_priority = torch.cuda.Stream().priority
         assert len(priorities) == 3 and all(p < side_priority for p in priorities)
         assert torch.cuda.current_stream() == torch.cuda.default_stream()
@@ -84,11 +86,22 @@ def test_the_decode_overlap_gives_the_same_frames_and_the_record_says_whether_it
         handed.append(("camera", c))
         return plucker[:, :, c * n : (c + 1) * n]
 
+    decode_streams = []
+    if device == "cuda":  # which stream each decode beside the loop ran on (the same decode, observed)
+        launch = decode_overlap.PendingDecode.__init__
+
+        def observed(self, decoder, latent, stream):
+            decode_streams.append((stream.priority, torch.cuda.current_stream().priority))
+            launch(self, decoder, latent, stream)
+
+        monkeypatch.setattr(decode_overlap.PendingDecode, "__init__", observed)
     live = pipe.generate(
         example / "image.jpg", "a room", None, None, settings, camera=camera,
         on_chunk=lambda i, _n, _frames: handed.append(("chunk", i)),
     )  # fmt: skip
     assert torch.equal(live, serial)
+    if device == "cuda":  # a live job's decodes are served first: its pixels are what the user waits for
+        assert len(decode_streams) == 3 and all(side < loop for side, loop in decode_streams)
     # chunk c's frames are out before chunk c + 1's camera is asked for
     assert handed.index(("chunk", 0)) < handed.index(("camera", 1))
     assert handed.index(("chunk", 1)) < handed.index(("camera", 2))

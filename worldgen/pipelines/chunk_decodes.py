@@ -9,11 +9,13 @@ video at the end; what runs where and when is this concern.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
 
 from worldgen.models.vae_tiling import StreamingDecoder
+from worldgen.pipelines import decode_overlap
 from worldgen.pipelines.base import Progress
 from worldgen.pipelines.decode_overlap import PendingDecode
 from worldgen.pipelines.decoded_video import DecodedVideo, Keep
@@ -53,8 +55,13 @@ class ChunkDecodes:
         self.before = dict(self.clock.seconds)
         # chunks 1.. decode on a second CUDA stream beside the next chunk's forwards where the plan
         # leaves room for both at once (`graph_room`); chunk 0 decodes at once (its preview first)
-        self.side = pipe._decode_stream()
+        self.side = pipe._decode_stream(live=self.live)
         pipe.decode_overlapped = self.side is not None and self.streaming
+
+    def loop_first(self) -> contextlib.AbstractContextManager[None]:
+        """Where the chunk loop runs: a batch job's on a stream served before the decodes' (`decode_overlap`); a live
+        job's where it is (its decodes' stream is served first)."""
+        return decode_overlap.loop_first(self.pipe.device, None if self.live else self.side)
 
     def before_poses(self, camera: Callable[[int], torch.Tensor | None]) -> Callable[[int], torch.Tensor | None]:
         """A live camera that first hands out the chunk whose decode is still running on the second stream:

@@ -22,11 +22,14 @@ from worldgen.models.vae_tiling import StreamingDecoder
 from worldgen.runtime.cuda_memory import to_host
 
 ENV_SWITCH = "LINGBOT_ISAAC_DECODE_OVERLAP"  # "0" (or false/no/off): no second stream; unset: on where it fits
-# The chunk loop's stream priority while a decode runs beside it (PyTorch maps it to the device's highest; the decode's
-# stream keeps the default, the lowest): the GPU's scheduler then starts the DiT's kernels first and fills what they
-# leave with the decode's. Measured on the H200 with the 1.3B at 161 frames, one machine: fp8 steady chunk 0.633 ->
-# 0.566 s, exact 0.757 -> 0.745 s (decoding after the forwards: 0.584 / 0.779 s; docs/benchmarks.md, "Session 33").
-LOOP_PRIORITY = -5
+# Which of the two streams the GPU's scheduler serves first (PyTorch maps this to the device's highest priority; the
+# other stream keeps the default, the lowest; it fills what the first leaves). A batch job's chunk loop goes first
+# (`loop_first`): measured on the H200 with the 1.3B at 161 frames, one machine, fp8 steady chunk 0.633 -> 0.566 s,
+# exact 0.757 -> 0.745 s (decoding after the forwards: 0.584 / 0.779 s; docs/benchmarks.md, "Session 33"). A live
+# job's decodes go first (`side_stream`): its decode never runs beside the next chunk's denoising (the chunk is handed
+# out before the next chunk's poses are asked for: `ChunkDecodes.before_poses`), only beside the cache refresh, which
+# nobody waits for while the poses come, so the pixels go out a refresh sooner (not yet measured).
+FIRST_PRIORITY = -5
 
 
 def enabled_by_environment() -> bool:
@@ -34,16 +37,21 @@ def enabled_by_environment() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def side_stream(device: torch.device, live: bool) -> torch.cuda.Stream:
+    """The decodes' second stream: a live job's first (`FIRST_PRIORITY`), a batch job's last (its loop goes first)."""
+    return torch.cuda.Stream(device, priority=FIRST_PRIORITY if live else 0)
+
+
 @contextlib.contextmanager
 def loop_first(device: torch.device, side: torch.cuda.Stream | None) -> Iterator[None]:
-    """The chunk loop on a stream of higher priority than the decodes' `side` stream (`LOOP_PRIORITY`), where a
-    decode runs beside it; else as it is. The loop's stream waits for the work queued before it, and the stream
+    """The chunk loop on a stream of higher priority than the decodes' `side` stream (`FIRST_PRIORITY`), where a
+    decode runs beside it (a batch job's: see `side_stream`); else as it is. The loop's stream waits for the work queued before it, and the stream
     the caller goes on with waits for the loop's (so what the loop made, and what it freed, is ordered for it)."""
     if side is None:
         yield
         return
     outer = torch.cuda.current_stream(device)
-    loop = torch.cuda.Stream(device, priority=LOOP_PRIORITY)
+    loop = torch.cuda.Stream(device, priority=FIRST_PRIORITY)
     loop.wait_stream(outer)
     try:
         with torch.cuda.stream(loop):

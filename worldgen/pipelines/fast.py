@@ -348,12 +348,13 @@ class FastPipeline(Pipeline):
         p = self.plan
         return resident_dit_gib(p.expert_gib, p.checkpoint_kind, self.compute, self.dit_config, self.dtype, tokens)
 
-    def _decode_stream(self) -> torch.cuda.Stream | None:
+    def _decode_stream(self, live: bool = False) -> torch.cuda.Stream | None:
         """A second CUDA stream for the chunk decodes when they may run beside the DiT: on CUDA, asked
-        for (`overlap_decode`), and with room in the plan for a decode beside a forward's activations."""
+        for (`overlap_decode`), and with room in the plan for a decode beside a forward's activations; a live
+        job's served first (`decode_overlap.side_stream`)."""
         if self.device.type != "cuda" or not (self.overlap_decode and self.graph_room):
             return None
-        return torch.cuda.Stream(self.device)
+        return decode_overlap.side_stream(self.device, live)
 
     def describe_plan(self) -> str:
         """The base plan's lines with the denoise line for the chunk loop and the KV cache added."""
@@ -576,7 +577,7 @@ class FastPipeline(Pipeline):
 
         with self.meter.phase("loop"):  # the DiT chunk loop, each chunk decoded as the plan says (`ChunkDecodes`)
             decodes.start()
-            with decode_overlap.loop_first(self.device, decodes.side):  # the DiT's kernels before the decode's
+            with decodes.loop_first():  # a batch job's DiT kernels before the decode's
                 for latent in self.rollout_chunks(noise, y, context, plucker, options, generator, progress=progress):
                     decodes.take(latent)
                 decodes.finish()
