@@ -75,15 +75,18 @@ class PendingDecode:
             self.start.record()
             self.piece = decoder.push(latent[None])[0]
             self.done.record()
+        self.stream = stream
         self.launched = time.perf_counter()
         self.waited = 0.0
 
     def frames(self) -> torch.Tensor:
-        """Wait for the decode; its frames on the CPU."""
+        """Wait for the decode; its frames on the CPU, copied on the decode's stream (on the loop's, the copy would
+        wait for whatever the loop queued since: a live job's cache refresh)."""
         begin = time.perf_counter()
         self.done.synchronize()
         self.waited = time.perf_counter() - begin
-        return to_host(self.piece)
+        with torch.cuda.stream(self.stream):
+            return to_host(self.piece)
 
     def hidden_seconds(self) -> float:
         """The decode's GPU seconds that ran while the loop went on (not waited for)."""
