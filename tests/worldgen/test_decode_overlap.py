@@ -91,7 +91,7 @@ def test_the_decode_overlap_gives_the_same_frames_and_the_record_says_whether_it
         launch = decode_overlap.PendingDecode.__init__
 
         def observed(self, decoder, latent, stream):
-            decode_streams.append((stream.priority, torch.cuda.current_stream().priority))
+            decode_streams.append((stream.priority, torch.cuda.current_stream().priority, stream))
             launch(self, decoder, latent, stream)
 
         monkeypatch.setattr(decode_overlap.PendingDecode, "__init__", observed)
@@ -101,7 +101,9 @@ def test_the_decode_overlap_gives_the_same_frames_and_the_record_says_whether_it
     )  # fmt: skip
     assert torch.equal(live, serial)
     if device == "cuda":  # a live job's decodes are served first: its pixels are what the user waits for
-        assert len(decode_streams) == 3 and all(side < loop for side, loop in decode_streams)
+        assert len(decode_streams) == 3 and all(side < loop for side, loop, _ in decode_streams)
+        # one stream per role for the process (freed blocks stay with their stream): the next live job's the same
+        assert decode_streams[0][2] == decode_overlap.side_stream(torch.device("cuda"), live=True)
     # chunk c's frames are out before chunk c + 1's camera is asked for
     assert handed.index(("chunk", 0)) < handed.index(("camera", 1))
     assert handed.index(("chunk", 1)) < handed.index(("camera", 2))
