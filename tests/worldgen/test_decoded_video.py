@@ -3,7 +3,10 @@ frames: the same frames the float32 video gives, a quarter of its memory (a 349-
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
+import pytest
 import torch
 
 from worldgen.pipelines.decoded_video import DecodedVideo
@@ -41,3 +44,33 @@ def test_a_tiny_fast_rollout_kept_as_mp4_frames_writes_the_same_frames(lingbot_e
     video = pipe.generate(example / "image.jpg", *args)
     assert np.array_equal(kept.numpy(), to_uint8_frames(video))
     assert torch.equal(torch.cat(chunks, dim=1), video)  # the chunks handed out stay the float32 frames
+
+
+def test_writes_on_a_thread_of_their_own_give_the_same_video_and_raise_in_the_callers_thread():
+    """A GPU job's `keep` and copies run beside the chunk loop (`background`): the same frames in the same places, a
+    chunk put again in its place; `video` waits for them; a write that fails is raised in the caller's thread."""
+    torch.manual_seed(1)
+    pieces = [torch.rand(3, f, 8, 12) * 2 - 1 for f in (9, 12, 12)]
+    for keep in (None, mp4_frames):
+        here, beside = DecodedVideo(33, keep=keep), DecodedVideo(33, keep=keep, background=True)
+        for i, piece in enumerate(pieces):
+            here.put(i, piece)
+            beside.put(i, piece)
+        assert len(beside) == 3  # counted as put, written or not
+        beside.put(1, pieces[1] * 0)  # put again: its place, after the first write of it
+        here.put(1, pieces[1] * 0)
+        assert torch.equal(beside.video(), here.video())
+    threads = []
+
+    def failing(piece: torch.Tensor) -> torch.Tensor:
+        threads.append(threading.current_thread())
+        raise ValueError("no room for chunk")
+
+    broken = DecodedVideo(33, keep=failing, background=True)
+    broken.put(0, pieces[0])
+    with pytest.raises(ValueError, match="no room"):
+        broken.flush()
+    assert threads and threads[0] is not threading.current_thread()
+    broken.put(1, pieces[1])  # the next put raises it too, if it failed by then
+    with pytest.raises(ValueError, match="no room"):
+        broken.video()
