@@ -66,11 +66,12 @@ class ChunkFiles:
     def __init__(self, output: Path, fps: int, report: ChunkReport):
         self.output, self.fps, self.report = output, fps, report
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chunk-files")
+        self._stills = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chunk-stills")
         self._pending: list[Future] = []
 
     def submit(self, index: int, total: int, frames: torch.Tensor) -> None:
-        """Queue chunk `index`'s frames [3, f, H, W] (a tensor nobody changes afterwards); raises a
-        failure of an earlier chunk's write."""
+        """Queue chunk `index`'s frames ([f, H, W, 3] uint8, or [3, f, H, W] in [-1, 1]; a tensor nobody changes
+        afterwards); raises a failure of an earlier chunk's write."""
         self._raise_failures(wait=False)
         self._pending.append(self._pool.submit(self._write, index, total, frames))
 
@@ -78,6 +79,7 @@ class ChunkFiles:
         """Wait for the chunks submitted (`cancel`: drop those not started: the job failed) and stop the
         thread; raises the first failure unless cancelling."""
         self._pool.shutdown(wait=True, cancel_futures=cancel)
+        self._stills.shutdown(wait=True)
         if not cancel:
             self._raise_failures(wait=True)
 
@@ -85,10 +87,11 @@ class ChunkFiles:
         from contracts.video import still_png
         from worldgen.video_out import to_uint8_frames, write_mp4
 
-        pixels = to_uint8_frames(frames)
+        pixels = to_uint8_frames(frames)  # the mp4's uint8 frames as they come (`worldgen.rollout.mp4_only`)
         path = self.output.with_name(f"{self.output.stem}.chunk{index:03d}.mp4")
-        write_mp4(pixels, path, fps=self.fps, quick=True)  # a live view waits for it
-        still = atomic.write_bytes(path.with_suffix(".png"), still_png(pixels[-1]), durable=False)
+        png = self._stills.submit(still_png, pixels[-1])  # beside x264 (both leave the GIL): a live view waits
+        write_mp4(pixels, path, fps=self.fps, quick=True)
+        still = atomic.write_bytes(path.with_suffix(".png"), png.result(), durable=False)
         self.report(index, total, path, len(pixels), still)
 
     def _raise_failures(self, wait: bool) -> None:

@@ -182,7 +182,8 @@ def generate_episode(
     """Generate the rollout of an action/episode folder; write the mp4 and its provenance record
     beside it (each atomically: the record first, so a video never exists without one).
 
-    `on_chunk(i, n, frames [3, f, H, W])` sees each finished chunk (Fast pipelines only): as each is made,
+    `on_chunk(i, n, frames)` sees each finished chunk (Fast pipelines only: the mp4's uint8 frames [f, H, W, 3],
+    `mp4_only`): as each is made,
     or, with `stream=False` (nobody watches them come), maybe all after the loop (`FastPipeline.generate`)."""
     folder = Path(episode_dir)
     if not folder.is_dir():

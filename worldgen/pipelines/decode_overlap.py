@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import torch
 
 from worldgen.models.vae_tiling import StreamingDecoder
+from worldgen.pipelines.decoded_video import Keep
 from worldgen.runtime.cuda_memory import to_host
 
 ENV_SWITCH = "LINGBOT_ISAAC_DECODE_OVERLAP"  # "0" (or false/no/off): no second stream; unset: on where it fits
@@ -94,14 +95,14 @@ class PendingDecode:
         self.launched = time.perf_counter()
         self.waited = 0.0
 
-    def frames(self) -> torch.Tensor:
-        """Wait for the decode; its frames on the CPU, copied on the decode's stream (on the loop's, the copy would
-        wait for whatever the loop queued since: a live job's cache refresh)."""
+    def frames(self, keep: Keep | None = None) -> torch.Tensor:
+        """Wait for the decode; its frames on the CPU (as `keep` makes them, on the GPU), made and copied on the
+        decode's stream (on the loop's, they would wait for whatever the loop queued since: a live job's refresh)."""
         begin = time.perf_counter()
         self.done.synchronize()
         self.waited = time.perf_counter() - begin
         with torch.cuda.stream(self.stream):
-            return to_host(self.piece)
+            return to_host(self.piece if keep is None else keep(self.piece))
 
     def hidden_seconds(self) -> float:
         """The decode's GPU seconds that ran while the loop went on (not waited for)."""

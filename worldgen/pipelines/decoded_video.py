@@ -10,28 +10,30 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-# how a caller keeps each decoded chunk [3, f, H, W] float32: as a tensor with its f frames first (the mp4's
-# uint8 frames [f, H, W, 3]: `worldgen.video_out.mp4_frames`, a quarter of the float32 video's memory)
+# how a caller keeps each decoded chunk [3, f, H, W]: as a tensor with its f frames first (the mp4's uint8 frames
+# [f, H, W, 3]: `worldgen.video_out.mp4_frames`, a quarter of the float32 video's memory). It runs where the chunk
+# was decoded (`worldgen.pipelines.chunk_decodes`: on the GPU, before the copy to the host), so it is torch
+# operations that keep the device.
 Keep = Callable[[torch.Tensor], torch.Tensor]
 
 
 class DecodedVideo:
     """The video [3, F, H, W] on the CPU, written chunk by chunk as the chunks decode: one copy of the
     frames, where a list of pieces joined at the end held two (0.7 GiB more at 161 frames, 464x832).
-    With `keep`, each chunk is kept as `keep` returns it, frames first ([F, ...]): a 349-frame video at
-    464x832 is 1.67 GB in float32, 0.40 GB as the mp4's uint8 frames.
+    `frames_first`: the chunks come as a `Keep` made them, frames first ([f, ...]; a 349-frame video at 464x832
+    is 1.67 GB in float32, 0.40 GB as the mp4's uint8 frames).
 
-    `background`: `keep` and the copy run on a thread of their own, in order (a GPU job's: the chunk loop then
-    queues the next chunk's work instead of leaving the GPU idle meanwhile; a 16-frame 464x832 chunk's `keep` took
-    82 ms on 2 CPU cores, its copy into fresh pages 20 ms); `flush` (and `video`) wait for them, and a write's
-    failure is raised in the caller's thread, at the next `put` or there."""
+    `background`: the copies run on a thread of their own, in order (a GPU job's: the chunk loop then queues the next
+    chunk's work instead of leaving the GPU idle meanwhile; a 16-frame 464x832 float32 chunk's copy into fresh pages
+    took 20 ms on 2 CPU cores); `flush` (and `video`) wait for them, and a write's failure is raised in the caller's
+    thread, at the next `put` or there."""
 
-    def __init__(self, frames: int, keep: Keep | None = None, background: bool = False):
+    def __init__(self, frames: int, frames_first: bool = False, background: bool = False):
         self.frames = frames
-        self.keep = keep
-        self.axis = 0 if keep is not None else 1  # where the frames are in what is kept
+        self.frames_first = frames_first
+        self.axis = 0 if frames_first else 1  # where the frames are in a chunk
         self.buffer: torch.Tensor | None = None
-        self.spans: list[tuple[int, int]] = []  # chunk i's frames: buffer[:, start:end] (with `keep`: [start:end])
+        self.spans: list[tuple[int, int]] = []  # chunk i's frames: buffer[:, start:end] ([start:end] frames first)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="decoded-video") if background else None
         self._writes: list[Future] = []
 
@@ -39,11 +41,11 @@ class DecodedVideo:
         return len(self.spans)
 
     def put(self, index: int, piece: torch.Tensor) -> None:
-        """Chunk `index`'s frames [3, f, H, W] (a tensor nobody changes afterwards): the next chunk, or one already
-        put again (same length)."""
+        """Chunk `index`'s frames [3, f, H, W] ([f, ...] with `frames_first`; a tensor nobody changes afterwards): the
+        next chunk, or one already put again (same length)."""
         if index == len(self.spans):
             start = self.spans[-1][1] if self.spans else 0
-            self.spans.append((start, start + piece.shape[1]))
+            self.spans.append((start, start + piece.shape[self.axis]))
         if self._writer is None:
             self._write(self.spans[index], piece)
             return
@@ -51,8 +53,6 @@ class DecodedVideo:
         self._writes.append(self._writer.submit(self._write, self.spans[index], piece))
 
     def _write(self, span: tuple[int, int], piece: torch.Tensor) -> None:
-        if self.keep is not None:
-            piece = self.keep(piece)
         if self.buffer is None:
             shape = list(piece.shape)
             shape[self.axis] = self.frames
@@ -74,6 +74,6 @@ class DecodedVideo:
         """The frames put so far (all of them unless a live camera ended the video early)."""
         self.flush()
         if self.buffer is None:
-            return torch.empty(3, 0, 0, 0) if self.keep is None else torch.empty(0, 0, 0, 3, dtype=torch.uint8)
+            return torch.empty(0, 0, 0, 3, dtype=torch.uint8) if self.frames_first else torch.empty(3, 0, 0, 0)
         end = self.spans[-1][1]
         return self.buffer if end == self.frames else self.buffer.narrow(self.axis, 0, end).clone()

@@ -514,11 +514,12 @@ class FastPipeline(Pipeline):
         keep: Keep | None = None,
     ) -> torch.Tensor:
         """-> video [3, F, H, W] float32 in [-1, 1] on the CPU (see `Pipeline.generate`); with `keep`, each chunk as
-        `keep` returns it, frames first (the mp4's uint8 frames: `worldgen.video_out.mp4_frames`).
+        `keep` returns it (made on the device, before the copy to the host), frames first (the mp4's uint8 frames:
+        `worldgen.video_out.mp4_frames`); `on_chunk` then gets each chunk so kept.
 
         `settings` gives size, frame_num, seed, shift and the Fast knobs (steps, guidance, boundary and
         the negative prompt do not apply); `options`, when given, replaces those knobs. `on_chunk(i, n, frames)` gets every chunk's decoded
-        frames [3, f, H, W] as soon as they exist (the first chunk has 9 frames, the others 12).
+        frames [3, f, H, W] (as `keep` makes them) as soon as they exist (the first chunk has 9 frames, the others 12).
         `camera(c)`, instead of `poses`/`intrinsics`: chunk c's camera as it becomes known (a live job,
         `worldgen.pipelines.fast_live.LiveCamera`); `settings.frame_num` is then the planned length and
         the video ends early when `camera` returns None. `stream=False` (a batch job: nobody takes the
