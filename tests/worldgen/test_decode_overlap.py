@@ -86,12 +86,12 @@ def test_the_decode_overlap_gives_the_same_frames_and_the_record_says_whether_it
         handed.append(("camera", c))
         return plucker[:, :, c * n : (c + 1) * n]
 
-    decode_streams = []
-    if device == "cuda":  # which stream each decode beside the loop ran on (the same decode, observed)
+    beside = []
+    if device == "cuda":  # decodes launched beside the loop (the same decode, observed)
         launch = decode_overlap.PendingDecode.__init__
 
         def observed(self, decoder, latent, stream):
-            decode_streams.append((stream.priority, torch.cuda.current_stream().priority, stream))
+            beside.append(stream)
             launch(self, decoder, latent, stream)
 
         monkeypatch.setattr(decode_overlap.PendingDecode, "__init__", observed)
@@ -100,10 +100,9 @@ def test_the_decode_overlap_gives_the_same_frames_and_the_record_says_whether_it
         on_chunk=lambda i, _n, _frames: handed.append(("chunk", i)),
     )  # fmt: skip
     assert torch.equal(live, serial)
-    if device == "cuda":  # a live job's decodes are served first: its pixels are what the user waits for
-        assert len(decode_streams) == 3 and all(side < loop for side, loop, _ in decode_streams)
-        # one stream per role for the process (freed blocks stay with their stream): the next live job's the same
-        assert decode_streams[0][2] == decode_overlap.side_stream(torch.device("cuda"), live=True)
+    # a live job decodes each chunk at once, alone on the GPU, even where the overlap is on: its pixels are what the
+    # user waits for (beside the cache refresh they went out 0.08 s later: docs/benchmarks.md, "Session 34")
+    assert beside == [] and not pipe.decode_overlapped
     # chunk c's frames are out before chunk c + 1's camera is asked for
     assert handed.index(("chunk", 0)) < handed.index(("camera", 1))
     assert handed.index(("chunk", 1)) < handed.index(("camera", 2))

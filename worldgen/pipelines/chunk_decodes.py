@@ -40,7 +40,7 @@ class ChunkDecodes:
     ):
         self.pipe, self.clock, self.num_chunks = pipe, clock, num_chunks
         self.on_chunk, self.progress, self.live = on_chunk, progress, live
-        # `keep` runs where the chunk was decoded, before the copy to the host (the mp4's uint8 frames: a quarter of
+        # `keep` runs where the chunk was decoded, as it is copied to the host (the mp4's uint8 frames: a quarter of
         # the bytes, and none of the host's time: 82 ms a 16-frame 464x832 chunk on 2 CPU cores, on a live chunk's way
         # out); on a GPU the copy into the video runs beside the loop, which meanwhile queues the next chunk's forwards
         self.keep = keep
@@ -63,36 +63,9 @@ class ChunkDecodes:
         pipe.decode_overlapped = self.side is not None and self.streaming
 
     def loop_first(self) -> contextlib.AbstractContextManager[None]:
-        """Where the chunk loop runs: a batch job's on a stream served before the decodes' (`decode_overlap`); a live
-        job's where it is (its decodes' stream is served first)."""
-        return decode_overlap.loop_first(self.pipe.device, None if self.live else self.side)
-
-    def before_poses(self, camera: Callable[[int], torch.Tensor | None]) -> Callable[[int], torch.Tensor | None]:
-        """A live camera that first hands out the chunk whose decode is still running on the second stream:
-        its frames go out as soon as they exist, before the loop waits for the next chunk's poses (not
-        after the next chunk's forwards)."""
-
-        def call(chunk: int) -> torch.Tensor | None:
-            self.flush()
-            return camera(chunk)
-
-        return call
-
-    def flush(self) -> None:
-        """Wait for the pending decode (if any) and hand its frames out; its seconds are its chunk's."""
-        if self.pending is None:
-            return
-        clock, timings = self.clock, self.pipe.chunk_timings[-1]
-        clock.lap("dit")  # the refresh launched after the chunk's decode
-        seconds = clock.seconds.get("decode", 0.0)
-        timings["overlap"] = self.pending.hidden_seconds()
-        self.emit(self.pending.frames(self.keep))
-        self.pending = None
-        clock.lap("decode")
-        spent = clock.seconds["decode"] - seconds
-        timings["decode"] += spent
-        timings["wall"] += spent
-        self.before["decode"] = self.before.get("decode", 0.0) + spent
+        """Where the chunk loop runs: on a stream served before the decodes' where they run beside it
+        (`decode_overlap`), else where it is."""
+        return decode_overlap.loop_first(self.pipe.device, self.side)
 
     def _decoder(self) -> StreamingDecoder:
         return job_decoder(self.pipe, self.pipe.plan.vae_tile_pixels)

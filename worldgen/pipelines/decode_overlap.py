@@ -27,9 +27,9 @@ ENV_SWITCH = "LINGBOT_ISAAC_DECODE_OVERLAP"  # "0" (or false/no/off): no second 
 # other stream keeps the default, the lowest; it fills what the first leaves). A batch job's chunk loop goes first
 # (`loop_first`): measured on the H200 with the 1.3B at 161 frames, one machine, fp8 steady chunk 0.633 -> 0.566 s,
 # exact 0.757 -> 0.745 s (decoding after the forwards: 0.584 / 0.779 s; docs/benchmarks.md, "Session 33"). A live
-# job's decodes go first (`side_stream`): its decode never runs beside the next chunk's denoising (the chunk is handed
-# out before the next chunk's poses are asked for: `ChunkDecodes.before_poses`), only beside the cache refresh, which
-# nobody waits for while the poses come, so the pixels go out a refresh sooner (not yet measured).
+# job has no second stream (`FastPipeline._decode_stream`): its pixels are what the user waits for, and a decode
+# beside the cache refresh, even served first, sent them later (the 1.3B exact at 161 frames, one machine:
+# pose-to-pixels 0.90-0.92 s at the median, against 0.82 s decoding each chunk at once, alone; "Session 34").
 FIRST_PRIORITY = -5
 
 
@@ -52,15 +52,15 @@ def _stream(role: str, device: torch.device, priority: int) -> torch.cuda.Stream
     return _STREAMS[key]
 
 
-def side_stream(device: torch.device, live: bool) -> torch.cuda.Stream:
-    """The decodes' second stream: a live job's first (`FIRST_PRIORITY`), a batch job's last (its loop goes first)."""
-    return _stream("decode", device, FIRST_PRIORITY if live else 0)
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The decodes' second stream, served after the loop's (`loop_first`)."""
+    return _stream("decode", device, 0)
 
 
 @contextlib.contextmanager
 def loop_first(device: torch.device, side: torch.cuda.Stream | None) -> Iterator[None]:
     """The chunk loop on a stream of higher priority than the decodes' `side` stream (`FIRST_PRIORITY`), where a
-    decode runs beside it (a batch job's: see `side_stream`); else as it is. The loop's stream waits for the work
+    decode runs beside it; else as it is. The loop's stream waits for the work
     queued before it, and the stream the caller goes on with waits for the loop's (so what the loop made, and what
     it freed, is ordered for it)."""
     if side is None:
@@ -97,7 +97,7 @@ class PendingDecode:
 
     def frames(self, keep: Keep | None = None) -> torch.Tensor:
         """Wait for the decode; its frames on the CPU (as `keep` makes them, on the GPU), made and copied on the
-        decode's stream (on the loop's, they would wait for whatever the loop queued since: a live job's refresh)."""
+        decode's stream (on the loop's, they would wait for whatever the loop queued since)."""
         begin = time.perf_counter()
         self.done.synchronize()
         self.waited = time.perf_counter() - begin

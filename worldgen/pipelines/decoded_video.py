@@ -12,8 +12,8 @@ import torch
 
 # how a caller keeps each decoded chunk [3, f, H, W]: as a tensor with its f frames first (the mp4's uint8 frames
 # [f, H, W, 3]: `worldgen.video_out.mp4_frames`, a quarter of the float32 video's memory). It runs where the chunk
-# was decoded (`worldgen.pipelines.chunk_decodes`: on the GPU, before the copy to the host), so it is torch
-# operations that keep the device.
+# was decoded (`worldgen.pipelines.chunk_decodes`: on the GPU, in place of the copy to the host), in torch operations
+# on that device, and may return the kept frames already on the CPU (`mp4_frames` does).
 Keep = Callable[[torch.Tensor], torch.Tensor]
 
 

@@ -350,11 +350,11 @@ class FastPipeline(Pipeline):
 
     def _decode_stream(self, live: bool = False) -> torch.cuda.Stream | None:
         """A second CUDA stream for the chunk decodes when they may run beside the DiT: on CUDA, asked
-        for (`overlap_decode`), and with room in the plan for a decode beside a forward's activations; a live
-        job's served first (`decode_overlap.side_stream`)."""
-        if self.device.type != "cuda" or not (self.overlap_decode and self.graph_room):
+        for (`overlap_decode`), and with room in the plan for a decode beside a forward's activations; never for a
+        live job (each chunk decodes at once, alone: see `decode_overlap`)."""
+        if live or self.device.type != "cuda" or not (self.overlap_decode and self.graph_room):
             return None
-        return decode_overlap.side_stream(self.device, live)
+        return decode_overlap.side_stream(self.device)
 
     def describe_plan(self) -> str:
         """The base plan's lines with the denoise line for the chunk loop and the KV cache added."""
@@ -552,8 +552,8 @@ class FastPipeline(Pipeline):
         self.plan_job(frames.latent_frames, lat_h, lat_w, options, streamed=streamed)
         num_chunks = frames.latent_frames // options.chunk_frames
         decodes = ChunkDecodes(self, clock, frames.frames, num_chunks, on_chunk, progress, camera is not None, keep)
-        # a live job's waits for poses are not DiT time, and the chunk decoding beside them goes out first
-        plucker = None if camera is None else clock.around(decodes.before_poses(camera), "poses", before="dit")
+        # a live job's waits for poses are not DiT time
+        plucker = None if camera is None else clock.around(camera, "poses", before="dit")
         if camera is None and poses is not None:  # chunk c's camera made when the loop starts chunk c
             plucker = FastCamera(poses, intrinsics, frames, h, w, options.chunk_frames, settings.translation_scale)
 
