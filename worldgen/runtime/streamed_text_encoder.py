@@ -25,10 +25,6 @@ def _move_block(block: nn.Module, device: torch.device, dtype: torch.dtype | Non
     def staged(t: torch.Tensor) -> torch.Tensor:
         host = staging.view(t.numel() * t.element_size()).view(t.dtype).view(t.shape)
         host.copy_(t)  # from the mapped pages (the CPU), while the GPU copies out of the other buffer
-        # its mapped pages back to the page cache now, not after the block: the process then holds one tensor's
-        # pages at a time, not a block's (0.47 GB of umT5-XXL's beside the staging, at the 1.3B's 8 GiB plan's peak
-        # RSS: the job's prompt encoded while the parked decoder caches are held; docs/benchmarks.md, "Session 34")
-        release_host_pages(t)
         out = host.to(device, non_blocking=True)
         staging.copies_issued()
         return out.to(dtype) if dtype is not None and out.is_floating_point() else out
@@ -73,7 +69,7 @@ def encode_prompts_streamed(
             _move_block(block, device, dtype, staging)
         else:
             block.to(device, dtype)
-        if device.type != "cpu" and staging is None:  # keep RSS flat: the mapped pages go back to the page cache
+        if device.type != "cpu":  # keep RSS flat: the mapped pages go back to the page cache
             for tensor in host_tensors:
                 release_host_pages(tensor)
         x = block(x, ids_mask, shared)
