@@ -16,8 +16,9 @@ def uint8_frames(video: torch.Tensor) -> torch.Tensor:
     """[3, F, H, W] in [-1, 1] -> [F, H, W, 3] uint8 on the CPU. On the CPU a few frames at a time (at 161 frames of
     464x832 each float temporary of the whole video is 0.7 GiB, and a whole-video expression held three at once); from
     a GPU one frame at a time, each copied into page-locked memory as it is made: the device holds no more than one
-    frame's temporaries (a chunk's 74 MB of float32 temporaries split the blocks a 1.3B under an 8 GiB budget needed
-    next, and its cache refresh ran out of memory). The same bytes either way: a clamp, an add and a multiply in
+    frame's temporaries (a 16-frame 464x832 chunk's are 74 MB of float32, beside a tight budget's KV cache and DiT),
+    and the copy moves a quarter of the float32 bytes (9.7 ms a chunk on the H200, against 18-24 ms converting on its
+    host's 16 cores after a float32 copy; docs/benchmarks.md, "Session 34"). The same bytes either way: a clamp, an add and a multiply in
     float32 (each exact to IEEE rounding, one kernel each), round half to even. Frames already so ([F, H, W, 3] uint8)
     are returned as they are."""
     if video.dtype == torch.uint8:
