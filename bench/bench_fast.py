@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.fast_args import fast_parser  # noqa: E402
 from bench.host_bound import blocks_timed  # noqa: E402
-from bench.kernel_profile import profiled  # noqa: E402
+from bench.kernel_profile import profiled_ranks  # noqa: E402
 from bench.two_gpu_link import LinkMeter  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.errors import InputError  # noqa: E402
@@ -485,8 +485,8 @@ def main() -> None:
         if profiling and args.profile_dir:
             args.profile_dir.mkdir(parents=True, exist_ok=True)
             n = len(results["rollouts"])
-            region = profiled(
-                args.profile_dir / f"profile-{compute}-{n}.txt", f"{compute} rollout {n}, {frames} frames"
+            region = profiled_ranks(
+                pipe, args.profile_dir / f"profile-{compute}-{n}.txt", f"{compute} rollout {n}, {frames} frames"
             )
         timed = blocks_timed(HOST_FORWARD) if entry.host else contextlib.nullcontext()
         try:

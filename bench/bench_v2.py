@@ -32,8 +32,8 @@ final latents from the one-GPU rollout of the same compute and seed (`rel_l2_vs_
 memory (`peer_max_allocated_gib`, asked from its own process) and what the link moved per chunk, both
 directions (`link_mb_per_chunk`: between `on_chunk` calls, so a chunk's cache refresh counts in the next).
 --profile DIR: each compute's second rollout (a warm one) runs under `bench.kernel_profile.profiled`, its summary
-in DIR/profile-<compute>[-2gpu]-<n>.txt (n: the rollout's index); a two-GPU profile is rank 0's process (rank 1's
-kernels run in its own).
+in DIR/profile-<compute>[-2gpu]-<n>.txt (n: the rollout's index); a two-GPU rollout's rank 1 writes its own beside it,
+profile-<compute>-2gpu-<n>-rank1.txt (`kernel_profile.profiled_ranks`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.kernel_profile import profiled  # noqa: E402
+from bench.kernel_profile import profiled_ranks  # noqa: E402
 from bench.two_gpu_link import LinkMeter  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.model_families import V2_PRETRAIN  # noqa: E402
@@ -205,7 +205,7 @@ def run_compute(
             args.profile.mkdir(parents=True, exist_ok=True)
             tag = f"{compute}{'-2gpu' if devices else ''}"
             title = f"{compute} rollout {i}, {frames} frames{' on ' + ','.join(devices) if devices else ''}"
-            region = profiled(args.profile / f"profile-{tag}-{i}.txt", title)
+            region = profiled_ranks(pipe, args.profile / f"profile-{tag}-{i}.txt", title)
         try:
             with region:
                 r = one_rollout(pipe, args, example, frames)

@@ -121,7 +121,8 @@ def fast_parser(description: str) -> argparse.ArgumentParser:
         "--profile-dir",
         type=Path,
         help="a --frames entry with a trailing p (81p) runs under torch.profiler: kernel families, GPU idle time "
-        "and the costliest kernels written here as profile-<compute>-<n>.txt (bench/kernel_profile.py)",
+        "and the costliest kernels written here as profile-<compute>-<n>.txt (bench/kernel_profile.py; with --gpus, "
+        "rank 1's as profile-<compute>-<n>-rank1.txt)",
     )
     parser.add_argument(
         "--chunk-files",

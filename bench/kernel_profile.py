@@ -9,11 +9,14 @@ our code called and its input shapes, so a copy or an elementwise kernel says wh
 work and synchronisations cost: the part of a chunk that CUDA graphs or fewer launches can win back. The
 longest idle stretches are listed by the op that launched the kernel after them and the one before (inside the
 innermost `torch.profiler.record_function` range, where the pipeline names its parts): what the GPU waited for.
+`profiled_ranks(pipe, path)`: the same for a two-GPU pipeline's both ranks, rank 1's in `<path stem>-rank1.txt`
+(written by its own process: `worldgen.pipelines.two_gpu.TwoDevices.peer_region`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import time
 from collections import defaultdict
@@ -203,3 +206,18 @@ def profiled(path: Path, label: str = "") -> Iterator[None]:
     lines += idle_gaps(launched)
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines[: 2 + len(by_family)]), flush=True)
+
+
+@contextlib.contextmanager
+def profiled_ranks(pipe, path: Path, label: str = "") -> Iterator[None]:
+    """`profiled` in this process, and for a two-GPU pipeline (`pipe.scale_out`) in rank 1's around its half of the
+    same forwards, its summary in `<path stem>-rank1.txt`, written before this returns."""
+    split = getattr(pipe, "scale_out", None)
+    if split is not None:
+        split.peer_region(functools.partial(profiled, path.with_name(f"{path.stem}-rank1.txt"), f"{label}, rank 1"))
+    try:
+        with profiled(path, label):
+            yield
+    finally:
+        if split is not None:
+            split.peer_region(None)

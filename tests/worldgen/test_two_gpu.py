@@ -12,7 +12,9 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -294,3 +296,50 @@ def test_two_gpus_replay_the_blocks_as_graphs_and_give_the_one_gpu_video(tmp_pat
         assert error < 1e-2  # bf16: the split changes only the GEMMs' row counts
     finally:
         two.scale_out.close()
+
+
+@contextlib.contextmanager
+def _noted_region(path: Path) -> Iterator[None]:
+    """A region for rank 1 (`TwoDevices.peer_region`): what ran inside it, profiled, noted with the process's pid."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        yield
+    names = sorted({event.name for event in prof.events()})
+    path.write_text(json.dumps({"pid": os.getpid(), "ops": names}))
+
+
+@contextlib.contextmanager
+def _failing_region() -> Iterator[None]:
+    raise OSError("no room for the profile")
+    yield
+
+
+def test_rank_1_runs_a_region_around_its_half_of_the_forwards(tmp_path):
+    """`peer_region`: what rank 0 runs around a rollout (the bench's profile), rank 1 runs around its half, in its own
+    process, until asked to leave it (the region's work done before the call returns); one that fails is said, and the
+    split goes on."""
+    from worldgen.pipelines.loader import load_pipeline
+
+    settings = GenerationSettings(model="fast", size="64*96", frame_num=21, seed=3)
+    image = torch.linspace(0, 1, 3 * 64 * 96).view(64, 96, 3).mul(255).to(torch.uint8).numpy()
+    job = (image, "a room", torch.eye(4).repeat(21, 1, 1).numpy(), np.tile([[400.0, 400.0, 32.0, 48.0]], (21, 1)))
+    pipe = load_pipeline("tiny", devices=["cpu", "cpu"], model="fast", text_cache_dir=tmp_path)
+    handle, noted = pipe.scale_out, tmp_path / "rank1.json"
+    try:
+        handle.peer_region(functools.partial(_noted_region, noted))
+        video = pipe.generate(*job, settings)
+        assert not noted.exists()  # still inside
+        handle.peer_region(None)
+        seen = json.loads(noted.read_text())
+        assert seen["pid"] == handle.peer_pid and seen["pid"] != os.getpid()
+        assert any("alltoall" in op or "all_to_all" in op for op in seen["ops"])  # its half of the forwards
+        with pytest.raises(RuntimeError, match="rank 1's region: OSError: no room for the profile"):
+            handle.peer_region(_failing_region)
+        assert torch.equal(pipe.generate(*job, settings), video)  # rank 1 went on
+        from bench.kernel_profile import profiled_ranks  # the benchmarks' profile of both ranks (--profile)
+
+        with profiled_ranks(pipe, tmp_path / "profile.txt", "split"):
+            pipe.generate(*job, settings)
+        assert (tmp_path / "profile.txt").read_text().startswith("split: wall")
+        assert (tmp_path / "profile-rank1.txt").read_text().startswith("split, rank 1: wall")
+    finally:
+        handle.close()

@@ -300,23 +300,38 @@ class TwoDevices:
         `max_memory_allocated` since its start or the last `reset`; None on the CPU), `allocated_bytes`,
         `peak_rss_gib` (its process's), and what crossed the link from and to it (`sent_bytes`,
         `received_bytes`: rank 0's `received_bytes` and `sent_bytes` seen from the other end)."""
+        return self._ask({"op": "stats", "reset": reset}, timeout_s)["stats"]
+
+    def peer_region(
+        self, factory: Callable[[], contextlib.AbstractContextManager] | None, timeout_s: float = 120.0
+    ) -> None:
+        """Rank 1 enters `factory()` (picklable: it is made in rank 1's process) before the next forward it is handed,
+        and leaves it at `peer_region(None)`, which waits until it has (bounded): what rank 0's process runs around
+        a rollout, rank 1's runs around its half (the bench's profile: `bench.kernel_profile.profiled`). A region
+        that fails to enter or leave raises RuntimeError here with rank 1's error; rank 1 goes on."""
+        error = self._ask({"op": "region", "factory": factory}, timeout_s).get("error")
+        if error:
+            raise RuntimeError(f"rank 1's region: {error}")
+
+    def _ask(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send `message` to rank 1 (between forwards) and wait (bounded) for its answer, of the same op."""
         self.wait_ready()  # its "ready" comes first (a load still under way), not to be taken for an answer
-        self.leader.send({"op": "stats", "reset": reset})
+        self.leader.send(message)
         deadline = time.monotonic() + timeout_s
         try:
             while time.monotonic() < deadline:
                 if self.conn.poll(0.2):
-                    message = self.conn.recv()
-                    if message.get("op") == "stats":
-                        return message["stats"]
-                    if message.get("op") == "error":
-                        raise EOFError(message["error"])
+                    answer = self.conn.recv()
+                    if answer.get("op") == message["op"]:
+                        return answer
+                    if answer.get("op") == "error":
+                        raise EOFError(answer["error"])
                 elif not self.process.is_alive():
                     raise EOFError(f"it exited with code {self.process.exitcode}")
         except (OSError, EOFError) as exc:
             self.leader.lost = f"rank 1 (pid {self.process.pid}) is gone: {exc}"
             raise PeerLost(self.leader.lost) from exc
-        raise PeerLost(f"rank 1 (pid {self.process.pid}) did not say its figures within {timeout_s:g} s")
+        raise PeerLost(f"rank 1 (pid {self.process.pid}) did not answer {message['op']!r} within {timeout_s:g} s")
 
     def close(self) -> None:
         """Stop rank 1 and leave the process group (idempotent); rank 1's last figures (`peer_stats`) are
@@ -402,6 +417,7 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
     # the 14B's time projection is a large dequantized weight for one row (`WanCameraDiT.time_cache`)
     steps: dict[tuple, torch.Tensor] = {}
     model.time_cache = {}
+    region = contextlib.ExitStack()  # `TwoDevices.peer_region`'s (left when rank 1 is told to stop)
 
     def receive(meta) -> torch.Tensor:
         tensor = torch.empty(meta[0], dtype=meta[1], device=device)
@@ -417,9 +433,12 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
         message = conn.recv()
         op = message["op"]
         if op == "stop":
+            region.close()
             return
         if op == "stats":
             conn.send({"op": "stats", "stats": _stats(split, device, message["reset"])})
+        elif op == "region":
+            conn.send({"op": "region", "error": _region(region, message["factory"])})
         elif op == "cache":
             shape = (message["layers"], message["heads"], message["head_dim"], message["dtype"])
             caches[message["id"]] = KVCache(message["spec"], *shape, device, start_tokens=message["start"])
@@ -461,6 +480,17 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
             rope = rope_tables(model.cfg.head_dim, (f, h, w), device, current_start // (h * w))
             model.forward_tokens(x, t, text, held["y"], cam, cache, rope, message["keys_only"])
             cache.commit()
+
+
+def _region(region: contextlib.ExitStack, factory) -> str | None:
+    """Leave the region rank 1 is in (if any), then enter `factory()` (if given); -> the failure, said to rank 0."""
+    try:
+        region.close()
+        if factory is not None:
+            region.enter_context(factory())
+    except Exception as exc:  # noqa: BLE001  (a region is the bench's: its failure is said, the rank goes on)
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _stats(split: SequenceParallel, device: torch.device, reset: bool) -> dict[str, Any]:
