@@ -205,10 +205,12 @@ def test_81_frames_of_a_slow_camera_all_register():
 @pytest.mark.slow
 def test_a_yaw_ramp_sums_to_its_drift_at_full_size():
     """Issue 54: the default recipe (global mapper, SfM at 416 px wide) on 81 frames at 480x832 whose heading
-    drifts 0 to 10 degrees: RotErr sums to 405 degrees within 1% (one trial, no sim frames: the quick part)."""
+    drifts 0 to 10 degrees: RotErr sums to 405 degrees within 1% (one trial, no sim frames: the quick part). On one
+    thread: COLMAP's threads make one trial vary run to run (404.7-405.3 degrees, once 412.1, on a 2-core host), which
+    the report's several trials show as their spread; one thread gives the seed's one number (404.79, twice)."""
     commanded = camera_path(81)
     rollout = render_frames(yaw_ramp(commanded, 10.0), 480, 832)
-    config = ReconstructionConfig(trials=1)
+    config = ReconstructionConfig(trials=1, threads=1)
     result = evaluate_reconstruction(None, rollout, commanded.astype(np.float32),
                                      np.tile(INTRINSICS_480x832, (81, 1)), config)  # fmt: skip
     summary = result["rollout"]["summary"]
