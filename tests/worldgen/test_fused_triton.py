@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worldgen.kernels import fp8, fused, fused_triton
+from worldgen.kernels import fp8, fused, fused_triton, int8
 
 E4M3 = torch.float8_e4m3fn
 
@@ -98,7 +98,7 @@ def test_a_residual_then_a_norm_in_one_kernel_matches_the_steps_one_by_one(input
         "norm2": (i["xb"], None, None, i["shift"], i["scale"], None, None),
     }
     for name, case in cases.items():
-        for quantize in (False, True):
+        for quantize in ("", "fp8"):
             x, h = fused_triton.residual_norm(i["x"], *case, 1e-6, torch.bfloat16, quantize)
             x_want, h_want = _step_by_step(i["x"], *case, quantize)
             torch.testing.assert_close(x, x_want, rtol=1e-6, atol=1e-5, msg=name)
@@ -112,15 +112,32 @@ def test_a_residual_then_a_norm_in_one_kernel_matches_the_steps_one_by_one(input
             else:
                 _close(h, h_want, BF16_STEP)
     # the dispatcher takes it on CUDA; off, the same steps through the other kernels
-    got = fused.residual_norm(i["x"], *cases["norm3"], 1e-6, torch.bfloat16, True)
+    got = fused.residual_norm(i["x"], *cases["norm3"], 1e-6, torch.bfloat16, "fp8")
     assert isinstance(got[1], tuple) and not fused._hand_failed
     fused.enable(False)
     try:
-        x, h = fused.residual_norm(i["x"], *cases["norm3"], 1e-6, torch.bfloat16, True)
+        x, h = fused.residual_norm(i["x"], *cases["norm3"], 1e-6, torch.bfloat16, "fp8")
     finally:
         fused.enable(True)
     assert h.dtype == torch.bfloat16  # never quantized there: the caller quantizes
     torch.testing.assert_close(x, got[0], rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.cuda
+def test_the_int8_rows_of_a_residual_norm_are_its_bf16_rows_quantized(inputs):
+    """The INT8 path's input made in the norm's kernel: bit for bit `int8.quantize_rows` of the bf16 rows the same
+    kernel gives unquantized (the pass of its own it replaces)."""
+    i = inputs
+    cam = (i["cam_scale"], i["cam_shift"])
+    for case in (
+        (None, None, None, i["shift"], i["scale"], None, None),
+        (i["xb"], i["scale"], cam, None, None, i["w"], i["bias"]),
+    ):
+        x, (q, scale) = fused_triton.residual_norm(i["x"], *case, 1e-6, torch.bfloat16, "int8")
+        x_bf16, h = fused_triton.residual_norm(i["x"], *case, 1e-6, torch.bfloat16, "")
+        q_want, scale_want = int8.quantize_rows(h.reshape(-1, h.shape[-1]))
+        assert q.dtype == torch.int8 and torch.equal(x, x_bf16)
+        assert torch.equal(q.view(-1, q.shape[-1]), q_want) and torch.equal(scale.view(-1, 1), scale_want)
 
 
 @pytest.mark.cuda
@@ -179,8 +196,8 @@ def test_on_the_cpu_no_kernel_takes_a_call():
     x = torch.randn(1, 4, 8)
     assert fused_triton.modulated_layer_norm(x, None, None, None, None, 1e-6, torch.float32) is None
     assert fused_triton.gated_residual(x, x, None) is None
-    assert fused_triton.residual_norm(x, x, None, None, None, None, None, None, 1e-6, torch.bfloat16, True) is None
-    got, h = fused.residual_norm(x, x, None, None, None, None, None, None, 1e-6, torch.float32, True)
+    assert fused_triton.residual_norm(x, x, None, None, None, None, None, None, 1e-6, torch.bfloat16, "fp8") is None
+    got, h = fused.residual_norm(x, x, None, None, None, None, None, None, 1e-6, torch.float32, "fp8")
     assert torch.equal(got, x + x) and h.dtype == torch.float32  # the steps, unquantized
     assert fused_triton.quantize_tensor(x) is None
     assert torch.equal(fused.gated_residual(x, x, None), x + x)  # the eager function

@@ -77,17 +77,26 @@ acc = a.int() @ w.int().T
 want = (acc.float() * xs) * ws.view(1, -1) + b
 assert torch.equal(K.dequantize(acc, xs, ws, b, torch.float32), want)
 assert torch.equal(K.dequantize(acc, xs, ws, None, torch.float32), (acc.float() * xs) * ws.view(1, -1))
-small = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
-K.gemm_config = lambda capability: dict(small)  # the interpreter runs every tile in numpy: small ones
-assert torch.equal(K.gemm(a, w, xs, ws, b, torch.float32, (9, 0)), want)
+for tma in (False, True):  # pointer loads (every card) and TMA descriptors (Hopper), rows past the end included
+    small = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2, "TMA": tma}
+    K.gemm_config = lambda capability, small=small: dict(small)  # the interpreter runs every tile in numpy: small ones
+    assert torch.equal(K.gemm(a, w, xs, ws, b, torch.float32, (9, 0)), want), tma
+from worldgen.kernels import fused_triton
+x = torch.randn(2, 5, 300, generator=g) * 2  # the residual stream, float32; the norm's int8 rows bit for bit
+shift, scale = torch.randn(2, 1, 300, generator=g) * 0.1, torch.randn(2, 1, 300, generator=g) * 0.1
+norm = (None, None, None, shift, scale, None, None, 1e-6, torch.bfloat16)
+_, (q, s) = fused_triton.residual_norm(x, *norm, "int8")
+_, h = fused_triton.residual_norm(x, *norm, "")
+rq, rs = int8.quantize_rows(h.reshape(-1, 300))
+assert q.dtype == torch.int8 and torch.equal(q.view(-1, 300), rq) and torch.equal(s.view(-1, 1), rs)
 print("interpreted kernels: ok")
 """
 
 
 @pytest.mark.slow
 def test_the_triton_kernels_give_the_reference_numbers_under_the_interpreter():
-    """Triton's interpreter (numpy) runs the kernels on CPU tensors: the quantization bit for bit, the epilogue and
-    the whole GEMM bit for bit in float32 (the interpreter rounds to bf16 by truncation, a GPU to nearest: bf16
+    """Triton's interpreter (numpy) runs the kernels on CPU tensors: the quantization bit for bit (alone and in
+    the residual norm's kernel), the epilogue and the whole GEMM bit for bit in float32 (the interpreter rounds to bf16 by truncation, a GPU to nearest: bf16
     outputs are compared on the GPU, bench/bench_int8.py)."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
@@ -213,3 +222,32 @@ def test_the_reference_quantization_gives_the_cpus_bits_on_cuda():
         q, scale = int8.quantize_rows(x, block)
         q_cuda, scale_cuda = int8.quantize_rows(x.cuda(), block)
         assert torch.equal(scale_cuda.cpu(), scale) and torch.equal(q_cuda.cpu(), q)
+
+
+@pytest.mark.cuda
+def test_the_whole_gemm_gives_the_int_mm_and_epilogue_bits_on_cuda(monkeypatch):
+    """Our one-kernel GEMM (the card's tiles, TMA on Hopper, and every card's pointer loads) against cuBLASLt's
+    int32 product and the one-pass epilogue: the same bf16 bits, rows past the last full tile included, and from
+    the third call on through the direct launcher (a TMA descriptor is part of the call's variant key)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from worldgen.kernels import int8_triton
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(3)
+    card = torch.cuda.get_device_capability()
+    configs = {str(c): c for c in (int8_triton.gemm_config((8, 0)), int8_triton.gemm_config(card))}
+    for rows, n, k in ((6032, 1536, 1536), (6032, 8960, 1536), (300, 72, 96)):
+        a = torch.randint(-127, 128, (rows, k), generator=g, device=dev, dtype=torch.int8)
+        w = torch.randint(-127, 128, (n, k), generator=g, device=dev, dtype=torch.int8)
+        xs = torch.rand(rows, 1, generator=g, device=dev) / 100
+        ws = torch.rand(n, 1, generator=g, device=dev) / 100
+        b = torch.randn(n, generator=g, device=dev).to(torch.bfloat16)
+        want = int8_triton.dequantize(torch._int_mm(a, w.t()), xs, ws, b, torch.bfloat16)
+        for config in configs.values():
+            monkeypatch.setattr(int8_triton, "gemm_config", lambda capability, config=config: dict(config))
+            direct = triton_lang.counts.direct
+            for _ in range(3):
+                got = int8_triton.gemm(a, w, xs, ws, b, torch.bfloat16, card)
+                assert torch.equal(got, want), (rows, n, k, config)
+            assert triton_lang.counts.direct > direct, config

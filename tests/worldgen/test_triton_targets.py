@@ -134,7 +134,7 @@ def test_below_8_9_the_fused_functions_launch_no_e4m3_kernel(monkeypatch):
         "requantize_per_tensor": lambda: fused_triton.requantize_per_tensor(data, scale),
         "quantize_tensor": lambda: fused_triton.quantize_tensor(kv),
         "residual_norm, quantized": lambda: fused_triton.residual_norm(
-            x, None, None, None, None, None, None, None, 1e-6, torch.bfloat16, True
+            x, None, None, None, None, None, None, None, 1e-6, torch.bfloat16, "fp8"
         ),
     }
     for capability, takes in (((8, 6), False), ((8, 0), False), ((9, 0), True)):
@@ -143,9 +143,10 @@ def test_below_8_9_the_fused_functions_launch_no_e4m3_kernel(monkeypatch):
             launched.clear()
             out = call()
             assert (out is not None, len(launched)) == (takes, int(takes)), (name, capability)
-    launched.clear()  # an exact call launches below 8.9 too
-    assert fused_triton.residual_norm(x, None, None, None, None, None, None, None, 1e-6, torch.bfloat16, False)
-    assert launched == [fused_triton._layer_norm_kernel]
+    for rows in ("", "int8"):  # an exact call, and the INT8 path's quantized one, launch below 8.9 too
+        launched.clear()
+        assert fused_triton.residual_norm(x, None, None, None, None, None, None, None, 1e-6, torch.bfloat16, rows)
+        assert launched == [fused_triton._layer_norm_kernel]
 
 
 def test_a_wrong_signature_fails():

@@ -280,14 +280,15 @@ def residual_norm(
     bias: torch.Tensor | None,
     eps: float,
     out_dtype: torch.dtype,
-    quantize: bool = False,
+    quantize: str = "",
 ) -> tuple[torch.Tensor, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
     """x [+ y * gate] [then the camera's (1 + scale) x + shift, `cam` = (scale, shift)] -> (that x, its
     `modulated_layer_norm`). Between two sublayers of a block the residual stream is updated and the
     next one's input made from it: on CUDA one hand-written kernel reads x once (it was two to four
     kernels, each reading and writing the float32 stream), and with `quantize` (bf16 only) it also
-    gives the input as e4m3 rows with one float32 scale each, `fp8.quantize_rows`' rule, instead of
-    bf16. Elsewhere (or where that kernel does not take the call) the steps one by one, never
+    gives the input as 8-bit rows with one float32 scale each instead of bf16: "fp8", e4m3 by
+    `fp8.quantize_rows`' rule; "int8", int8 by `int8.quantize_rows`' (bit for bit: the same bf16 rows,
+    quantized in the same kernel instead of in a pass of their own). Elsewhere (or where that kernel does not take the call) the steps one by one, never
     quantized: the caller quantizes what comes back as a tensor."""
     if _enabled and x.is_cuda and KERNELS == "triton":
         args = (x, y, gate, cam, shift, scale, weight, bias, eps, out_dtype, quantize)

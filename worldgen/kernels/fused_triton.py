@@ -88,11 +88,12 @@ if triton is not None:
         shift_ptr, scale_ptr, w_ptr, b_ptr, n_cols, tokens,
         g_b, g_l, ca_b, ca_l, cb_b, cb_l, sh_b, sh_l, sc_b, sc_l, eps,
         RESIDUAL: tl.constexpr, GATE: tl.constexpr, CAMERA: tl.constexpr, MODULATE: tl.constexpr,
-        AFFINE: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr,
+        AFFINE: tl.constexpr, QUANT: tl.constexpr, INT8: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
         # one row in registers: [x + y * gate] [camera: (1 + a) x + b, 1 + a in a's dtype] (the residual
         # stream's update, stored), then its LayerNorm [affine] [* (1 + scale) + shift], rounded to the
-        # output dtype, or to bf16 and then to e4m3 with one float32 scale a row (fp8.quantize_rows' rule)
+        # output dtype, or to bf16 and then to e4m3 with one float32 scale a row (fp8.quantize_rows' rule), or
+        # with INT8 to int8 (int8.quantize_rows' rule: IEEE divisions, round half to even, +-127)
         row = tl.program_id(0).to(tl.int64)
         batch, token = row // tokens, row % tokens
         cols = tl.arange(0, BLOCK)
@@ -124,8 +125,13 @@ if triton is not None:
             h = h * (1.0 + scale) + shift
         if QUANT:
             h = tl.where(mask, h.to(tl.bfloat16).to(tl.float32), 0.0)
-            row_scale = tl.maximum(tl.max(tl.abs(h), axis=0), 1e-12) / 448.0
-            h = tl.minimum(tl.maximum(h / row_scale, -448.0), 448.0)
+            if INT8:  # 1.5 * 2^23 added and taken away: round half to even, as int8_triton's quantizer does
+                row_scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(h), axis=0), 1e-12), 127.0)
+                h = (tl.math.div_rn(h, row_scale) + 12582912.0) - 12582912.0
+                h = tl.minimum(tl.maximum(h, -127.0), 127.0)
+            else:
+                row_scale = tl.maximum(tl.max(tl.abs(h), axis=0), 1e-12) / 448.0
+                h = tl.minimum(tl.maximum(h / row_scale, -448.0), 448.0)
             tl.store(row_scale_ptr + row, row_scale)
         tl.store(out_ptr + row * n_cols + cols, h.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -226,12 +232,13 @@ def _row_warps(block: int) -> int:
 
 
 def residual_norm(x, y, gate, cam, shift, scale, weight, bias, eps, out_dtype, quantize) -> tuple | None:
-    """`fused.residual_norm` in one kernel: -> (x updated, h), h in out_dtype or (e4m3, float32 row scales)."""
+    """`fused.residual_norm` in one kernel: -> (x updated, h), h in out_dtype or, `quantize` "fp8" or "int8",
+    (e4m3 or int8, float32 row scales)."""
     if not (_rows_of(x) and x.dim() == 3 and x.dtype == torch.float32 and out_dtype in _FLOATS):
         return None
     if (shift is None) != (scale is None) or (weight is None) != (bias is None):
         return None
-    if quantize and (out_dtype != torch.bfloat16 or not _takes_e4m3(x)):
+    if quantize and (out_dtype != torch.bfloat16 or quantize == "fp8" and not _takes_e4m3(x)):
         return None
     cam_a, cam_b = (None, None) if cam is None else cam
     named = {"gate": gate, "cam_a": cam_a, "cam_b": cam_b, "shift": shift, "scale": scale}
@@ -248,7 +255,7 @@ def residual_norm(x, y, gate, cam, shift, scale, weight, bias, eps, out_dtype, q
         return None
     b, tokens, cols = x.shape
     x_out = x if y is None and cam is None else torch.empty_like(x)
-    out = torch.empty(x.shape, dtype=FP8 if quantize else out_dtype, device=x.device)
+    out = torch.empty(x.shape, dtype={"fp8": FP8, "int8": torch.int8}.get(quantize, out_dtype), device=x.device)
     row_scale = torch.empty((b, tokens, 1), dtype=torch.float32, device=x.device) if quantize else x
     block = triton.next_power_of_2(cols)
     launch(
@@ -258,13 +265,14 @@ def residual_norm(x, y, gate, cam, shift, scale, weight, bias, eps, out_dtype, q
         x if bias is None else bias, cols, tokens, *strides["gate"], *strides["cam_a"], *strides["cam_b"],
         *strides["shift"], *strides["scale"], eps,
         RESIDUAL=y is not None, GATE=gate is not None, CAMERA=cam is not None, MODULATE=scale is not None,
-        AFFINE=weight is not None, QUANT=quantize, BLOCK=block, num_warps=_row_warps(block),
+        AFFINE=weight is not None, QUANT=bool(quantize), INT8=quantize == "int8", BLOCK=block,
+        num_warps=_row_warps(block),
     )  # fmt: skip
     return x_out, ((out, row_scale) if quantize else out)
 
 
 def modulated_layer_norm(x, shift, scale, weight, bias, eps, out_dtype) -> torch.Tensor | None:
-    done = residual_norm(x, None, None, None, shift, scale, weight, bias, eps, out_dtype, False)
+    done = residual_norm(x, None, None, None, shift, scale, weight, bias, eps, out_dtype, "")
     return None if done is None else done[1]
 
 
@@ -399,7 +407,7 @@ def quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None
 # LayerNorm, 4,096 pairs for the RMSNorm; heads of 128 for the KV cache): the calls of a block (worldgen.models.dit)
 # in bf16, float16 and float32, and the e4m3 ones (the FP8 path's, the FP8 KV cache's: 8.9+, `e4m3_kernels`)
 _LN = "*fp32 {y} *fp32 {cam} {cam} *fp32 {out} *fp32 *fp32 *fp32 {w} {w} i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 fp32"
-_LN_FLAGS = ("RESIDUAL", "GATE", "CAMERA", "MODULATE", "AFFINE", "QUANT")
+_LN_FLAGS = ("RESIDUAL", "GATE", "CAMERA", "MODULATE", "AFFINE", "QUANT", "INT8")
 _LN_OPTIONS = {"num_warps": 8}
 
 
@@ -416,6 +424,7 @@ SIGNATURES = {
         _ln("MODULATE"),  # a block's self-attention input
         _ln("RESIDUAL GATE CAMERA AFFINE", y="*bf16", cam="*bf16", w="*bf16"),  # the residual, the camera, norm3
         _ln("RESIDUAL MODULATE QUANT", y="*bf16", out="*fp8e4nv"),  # the feed-forward's e4m3 input
+        _ln("RESIDUAL MODULATE QUANT INT8", y="*bf16", out="*i8"),  # its int8 input
         _ln("RESIDUAL GATE AFFINE", out="*fp32"),  # float32 compute
         _ln("RESIDUAL MODULATE", y="*fp16", out="*fp16"),  # float16 compute
     ),

@@ -138,6 +138,12 @@ class Int8Rows:
     def shape(self) -> tuple[int, ...]:
         return (*self.lead, self.data.shape[-1])
 
+    @classmethod
+    def of(cls, data: torch.Tensor, scale: torch.Tensor) -> Int8Rows:
+        """int8 [..., K] with float32 scales [..., 1] (`fused.residual_norm`'s quantized output) as rows."""
+        k = data.shape[-1]
+        return cls(data.view(-1, k), scale.view(-1, 1), tuple(data.shape[:-1]))
+
 
 def shared_input(x, linear: torch.nn.Module):
     """x quantized per token once when `linear` (and the Linears sharing x: q, k and v) take the W8A8 GEMM, else x

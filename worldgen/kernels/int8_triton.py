@@ -8,10 +8,10 @@ functions are their reference, and the CPU's path).
 - `dequantize`: the epilogue of `torch._int_mm` (int32 [M, N] -> x_scale[m] * w_scale[n] * acc + bias[n], in
   the compute dtype) in one pass: it read the int32 product once and wrote bf16 once, where PyTorch's four
   elementwise ops wrote and read float32 four times.
-- `gemm`: the whole W8A8 GEMM in Triton, int8 x int8 -> int32 on the tensor cores (wgmma on Hopper, mma.sync
-  on Ampere and Ada) with that epilogue fused: the int32 product never reaches memory. The default
-  (`int8.GEMM = "triton"`): quicker than cuBLASLt through `torch._int_mm` and the epilogue at every shape measured
-  (bench/bench_int8.py compares them; `gemm_config`).
+- `gemm`: the whole W8A8 GEMM in Triton, int8 x int8 -> int32 on the tensor cores (wgmma on Hopper, its tiles
+  read by TMA; mma.sync on Ampere and Ada, pointer loads) with that epilogue fused: the int32 product never
+  reaches memory. The default (`int8.GEMM = "triton"`): quicker than cuBLASLt through `torch._int_mm` and the
+  epilogue at every shape measured (bench/bench_int8.py compares them; `gemm_config`).
 
 Numerics: exactly the reference's. The scale is max|x| / 127 (IEEE division: `tl.math.div_rn`, not Triton's
 default approximate one), each value divided by it (IEEE) and rounded to nearest even (the float32 magic-number
@@ -27,6 +27,11 @@ import os
 import torch
 
 from worldgen.kernels.triton_lang import Signature, launch, tl, triton
+
+try:  # Hopper's TMA descriptors made on the host (Triton 3.4+)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - no Triton, or an older one: the pointer loads everywhere
+    TensorDescriptor = None
 
 INT8_MAX = 127.0
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
@@ -83,12 +88,13 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["rows"])
     def _gemm_kernel(
-        a_ptr, w_ptr, xs_ptr, ws_ptr, b_ptr, out_ptr, rows, n_cols, k_cols,
+        a_in, w_in, xs_ptr, ws_ptr, b_ptr, out_ptr, rows, n_cols, k_cols,
         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr,
+        GROUP_M: tl.constexpr, TMA: tl.constexpr,
     ):  # fmt: skip
         # a [M, K] int8 row-major, w [N, K] int8 row-major (K-major for both: what 8-bit MMAs take), out [M, N];
-        # programs in groups of GROUP_M row tiles, so the weight tiles a group reads stay in L2
+        # TMA: a_in and w_in are tensor descriptors of them (Hopper's bulk copies, rows past the end read as 0),
+        # else pointers to them. Programs in groups of GROUP_M row tiles, so the weight tiles a group reads stay in L2
         pid = tl.program_id(0)
         tiles_m, tiles_n = tl.cdiv(rows, BLOCK_M), tl.cdiv(n_cols, BLOCK_N)
         group = pid // (GROUP_M * tiles_n)
@@ -98,16 +104,22 @@ if triton is not None:
         pid_n = (pid % (GROUP_M * tiles_n)) // size_m
         r = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        k = tl.arange(0, BLOCK_K)
-        a_at = a_ptr + r[:, None] * k_cols + k[None, :]
-        w_at = w_ptr + c[None, :].to(tl.int64) * k_cols + k[:, None]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-        for start in range(0, k_cols, BLOCK_K):
-            a = tl.load(a_at, mask=(r[:, None] < rows) & (k[None, :] < k_cols - start), other=0)
-            w = tl.load(w_at, mask=(c[None, :] < n_cols) & (k[:, None] < k_cols - start), other=0)
-            acc = tl.dot(a, w, acc, out_dtype=tl.int32)
-            a_at += BLOCK_K
-            w_at += BLOCK_K
+        if TMA:
+            for start in range(0, k_cols, BLOCK_K):
+                a = a_in.load([pid_m * BLOCK_M, start])
+                w = w_in.load([pid_n * BLOCK_N, start])
+                acc = tl.dot(a, w.T, acc, out_dtype=tl.int32)
+        else:
+            k = tl.arange(0, BLOCK_K)
+            a_at = a_in + r[:, None] * k_cols + k[None, :]
+            w_at = w_in + c[None, :].to(tl.int64) * k_cols + k[:, None]
+            for start in range(0, k_cols, BLOCK_K):
+                a = tl.load(a_at, mask=(r[:, None] < rows) & (k[None, :] < k_cols - start), other=0)
+                w = tl.load(w_at, mask=(c[None, :] < n_cols) & (k[:, None] < k_cols - start), other=0)
+                acc = tl.dot(a, w, acc, out_dtype=tl.int32)
+                a_at += BLOCK_K
+                w_at += BLOCK_K
         xs = tl.load(xs_ptr + r, mask=r < rows, other=0.0)
         ws = tl.load(ws_ptr + c, mask=c < n_cols, other=0.0)
         out = acc.to(tl.float32) * xs[:, None] * ws[None, :]
@@ -161,13 +173,29 @@ def dequantize(acc, x_scale, w_scale, bias, dtype) -> torch.Tensor | None:
     return out
 
 
-def gemm_config(capability: tuple[int, int]) -> dict[str, int]:
-    """The GEMM's tiles for a card: 128x128 tiles with 64-deep K steps in four stages (64 KiB of shared memory: an
-    RTX 3090 has 99 KiB). On the H200 they were the quickest of ten tile shapes at every shape of the 1.3B and the
-    14B (6,032 rows: 0.06-0.78 ms; the 128x256x128 tiles Hopper had before, 0.08-0.86 ms; cuBLASLt's `_int_mm` with
-    the epilogue, 0.08-1.27 ms: docs/benchmarks.md, "Session 30"), so every card gets them (`capability` stays for
-    the card that will measure otherwise)."""
-    return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4}
+def gemm_config(capability: tuple[int, int]) -> dict[str, int | bool]:
+    """The GEMM's tiles for a card. Hopper (sm_90+): 128x128 tiles with 128-deep K steps in three stages, read by
+    TMA (`TMA`: tensor descriptors); on the H200 at 6,032 rows that was the quickest of six tile shapes and two
+    ways of loading at every shape of the 1.3B and the 14B, 0.032-0.72 ms against 0.039-0.79 ms for the pointer
+    loads with 64-deep steps, and level with cuBLASLt's FP8 GEMM (0.032-0.71 ms) at most shapes (docs/benchmarks.md,
+    "Session 35"). Below it: 128x128 tiles with 64-deep K steps in four stages, pointer loads (64 KiB of shared
+    memory: an RTX 3090 has 99 KiB, and no TMA), the quickest of ten tile shapes in Session 30's sweep."""
+    if capability >= (9, 0) and TensorDescriptor is not None:
+        return {
+            "BLOCK_M": 128,
+            "BLOCK_N": 128,
+            "BLOCK_K": 128,
+            "GROUP_M": 8,
+            "num_warps": 4,
+            "num_stages": 3,
+            "TMA": True,
+        }
+    return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "TMA": False}
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """Whether TMA can read t [R, K] int8 row-major: 16-byte aligned start and rows (Hopper's descriptor rules)."""
+    return t.data_ptr() % 16 == 0 and t.shape[1] % 16 == 0
 
 
 def gemm(a, w, x_scale, w_scale, bias, dtype, capability: tuple[int, int]) -> torch.Tensor | None:
@@ -180,23 +208,33 @@ def gemm(a, w, x_scale, w_scale, bias, dtype, capability: tuple[int, int]) -> to
     (rows, k_cols), n_cols = a.shape, w.shape[0]
     out = torch.empty((rows, n_cols), dtype=dtype, device=a.device)
     config = gemm_config(capability)
+    config["TMA"] = config.get("TMA", False) and _tma_ok(a) and _tma_ok(w)
+    a_in, w_in = a, w
+    if config["TMA"]:
+        a_in = TensorDescriptor.from_tensor(a, [config["BLOCK_M"], config["BLOCK_K"]])
+        w_in = TensorDescriptor.from_tensor(w, [config["BLOCK_N"], config["BLOCK_K"]])
     grid = (triton.cdiv(rows, config["BLOCK_M"]) * triton.cdiv(n_cols, config["BLOCK_N"]),)
     launch(
-        _gemm_kernel, grid, a, w, x_scale, w_scale, a if bias is None else bias, out, rows, n_cols, k_cols,
+        _gemm_kernel, grid, a_in, w_in, x_scale, w_scale, a if bias is None else bias, out, rows, n_cols, k_cols,
         HAS_BIAS=bias is not None, **config, enable_fp_fusion=False,
     )  # fmt: skip
     return out
 
 
 # The launches' variants (`triton_lang.Signature`): the 14B's widths (a 5,120-wide input; the feed-forward's
-# 13,824-wide hidden with its GELU), bf16 in and out, a bf16 bias; the GEMM with each card's tiles
+# 13,824-wide hidden with its GELU), bf16 in and out, a bf16 bias; the GEMM with pointer loads (every card's tiles)
+# and with Hopper's TMA descriptors (its tiles; below sm_90 Triton builds them as plain loads, never reached there)
 _GEMM = "*i8 *i8 *fp32 *fp32 *bf16 *bf16 i32 i32 i32"
 
 
 def _gemm_signature(capability: tuple[int, int]) -> Signature:
     config = gemm_config(capability)
     options = {"num_warps": config.pop("num_warps"), "num_stages": config.pop("num_stages"), "enable_fp_fusion": False}
-    return Signature(_GEMM, {"HAS_BIAS": True, **config}, options)
+    types = _GEMM
+    if config["TMA"]:  # the descriptors' element type and block, as Triton specialises a TensorDescriptor
+        m, n, k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+        types = f"tensordesc<i8[{m},{k}]> tensordesc<i8[{n},{k}]>" + _GEMM.removeprefix("*i8 *i8")
+    return Signature(types, {"HAS_BIAS": True, **config}, options)
 
 
 SIGNATURES = {
@@ -208,5 +246,5 @@ SIGNATURES = {
         Signature("*i32 *fp32 *fp32 *bf16 *bf16 i32 i32", {"HAS_BIAS": True, "BLOCK_M": 32, "BLOCK_N": 128},
                   {"num_warps": 4, "enable_fp_fusion": False}),
     ),
-    "_gemm_kernel": (_gemm_signature((9, 0)),),
+    "_gemm_kernel": (_gemm_signature((8, 0)), _gemm_signature((9, 0))),
 }  # fmt: skip

@@ -195,6 +195,7 @@ class _Direct:
 
 _direct: dict[tuple, _Direct | None] = {}  # call variant -> its launcher, or None: always through Triton
 _I32, _U64 = 2**31, 2**63
+_DESCRIPTOR_OPTIONS = ("padding", "round_f32_to_tf32")  # a TensorDescriptor's options (the second: Triton 3.7+)
 
 
 def _arg_key(arg) -> object:
@@ -207,6 +208,8 @@ def _arg_key(arg) -> object:
         return (int, arg == 1, arg % 16 == 0, -_I32 <= arg < _I32, arg >= _U64)
     if kind is float:
         return float  # Triton passes every float as fp32 and specialises on none
+    if kind.__name__ == "TensorDescriptor":  # a host TMA descriptor: Triton specialises on its dtype and block
+        return (kind, arg.base.dtype, tuple(arg.block_shape), *(getattr(arg, f, None) for f in _DESCRIPTOR_OPTIONS))
     return (kind, arg)  # bools, None, strings, constexpr values: the value (unhashable: TypeError)
 
 

@@ -41,7 +41,7 @@ from worldgen.kernels.fp8 import (
     takes_fp8,
     wants_fp8,
 )
-from worldgen.kernels.int8 import int8_attention, int8_linear, shared_input, wants_int8
+from worldgen.kernels.int8 import Int8Rows, int8_attention, int8_linear, shared_input, wants_int8
 from worldgen.models.camera_cache import CameraCache
 from worldgen.models.config_json import read_config
 from worldgen.models.positions import rope_tables, sinusoidal_embedding
@@ -281,12 +281,14 @@ class Block(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | QuantizedRows]:
         """x + update * gate (no update: x), the camera's modulation, then `norm` of the result [* (1 +
         scale) + shift, `modulation` = (shift, scale)] as `linear`'s input: e4m3 rows where it takes the
-        FP8 path. -> (the new x, that input). One kernel on CUDA (`fused.residual_norm`)."""
+        FP8 path (int8 rows on the INT8 path). -> (the new x, that input). One kernel on CUDA (`fused.residual_norm`)."""
         shift, scale = modulation or (None, None)
         weight, bias = (norm.weight, norm.bias) if norm.elementwise_affine else (None, None)
-        fp8 = takes_fp8(x, linear)
-        x, h = fused.residual_norm(x, update, gate, cam, shift, scale, weight, bias, norm.eps, self.compute_dtype, fp8)
-        return x, QuantizedRows.of(*h) if isinstance(h, tuple) else shared_input(quantize_input(h, linear), linear)
+        rows = "fp8" if takes_fp8(x, linear) else "int8" if wants_int8(x, getattr(linear, "compute", "exact")) else ""
+        x, h = fused.residual_norm(x, update, gate, cam, shift, scale, weight, bias, norm.eps, self.compute_dtype, rows)
+        if isinstance(h, tuple):
+            return x, (QuantizedRows if rows == "fp8" else Int8Rows).of(*h)
+        return x, shared_input(quantize_input(h, linear), linear)
 
     def _ffn(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         return self._ffn_of(
