@@ -13,12 +13,15 @@ product (cuBLASLt's INT8 GEMM on CUDA; on the CPU the reference math, bit for bi
 (`int8_triton.dequantize`) the rest. Why our own GEMM by default and not the library: on the H200 cuBLASLt ran
 sm_80 kernels (`cutlass_80_tensorop_i16832gemm_s8`: Ampere's MMAs, not Hopper's) and its int32 output costs an
 extra read and write of the product; ours, with the tiles `int8_triton.gemm_config` chose, took 0.06-0.78 ms
-where it took 0.08-1.27 ms at the 1.3B's and the 14B's shapes (docs/benchmarks.md, "Session 30"); on the sm_80
-code path the two were level (Session 28). bench/bench_int8.py compares them on a card. `torch._scaled_mm`
+where it took 0.08-1.27 ms at the 1.3B's and the 14B's shapes (docs/benchmarks.md, "Session 30"), and with its
+tiles read by TMA on Hopper 1.01-1.11x cuBLASLt's FP8 GEMM (Session 35); on the sm_80 code path the two were
+level (Session 28). bench/bench_int8.py compares them on a card. `torch._scaled_mm`
 (and torch 2.13's `F.scaled_mm`) refuses int8 operands (its row-wise rule: "a and b should be float8").
-Only Linears over many tokens (`MIN_ROWS`, as the FP8 path) take it. The activation quantization is not
-fused into the LayerNorms before the Linears (the fp8 path does so): on paper it saves one bf16 write and
-read of a 1,536-wide row, ~3 ms a 1.3B chunk, against a second variant of every LayerNorm kernel.
+Only Linears over many tokens (`MIN_ROWS`, as the FP8 path) take it. After a residual norm (the self-attention's,
+the cross-attention's and the feed-forward's inputs) the norm's kernel gives the int8 rows itself, as it gives
+e4m3 ones on the fp8 path (`fused.residual_norm` with "int8": the same bf16 rows, quantized by this module's rule
+in the same kernel, bit for bit): on the 1.3B that took ~2,150 of ~5,000 quantizing passes out of a 5-chunk
+rollout (docs/benchmarks.md, "Session 35").
 
 Weights: the int8 weight is made once and a dense Linear's bf16 weight dropped for it (the 1.3B: 2.6 GB of bf16
 for 1.3 GB of int8), restored when another compute is set: `worldgen.kernels.quantized_weights`, the one
