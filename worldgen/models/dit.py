@@ -278,17 +278,15 @@ class Block(nn.Module):
         norm: LayerNorm,
         modulation: tuple[torch.Tensor, torch.Tensor] | None,
         linear: nn.Module,
-    ) -> tuple[torch.Tensor, torch.Tensor | QuantizedRows]:
-        """x + update * gate (no update: x), the camera's modulation, then `norm` of the result [* (1 +
-        scale) + shift, `modulation` = (shift, scale)] as `linear`'s input: e4m3 rows where it takes the
-        FP8 path (int8 rows on the INT8 path). -> (the new x, that input). One kernel on CUDA (`fused.residual_norm`)."""
+    ) -> tuple[torch.Tensor, torch.Tensor | QuantizedRows | Int8Rows]:
+        """x + update * gate (no update: x), the camera's modulation, then `norm` of it [* (1 + scale) + shift,
+        `modulation` = (shift, scale)] -> (the new x, `linear`'s input: 8-bit rows on the FP8 or INT8 path)."""
         shift, scale = modulation or (None, None)
         weight, bias = (norm.weight, norm.bias) if norm.elementwise_affine else (None, None)
         rows = "fp8" if takes_fp8(x, linear) else "int8" if wants_int8(x, getattr(linear, "compute", "exact")) else ""
         x, h = fused.residual_norm(x, update, gate, cam, shift, scale, weight, bias, norm.eps, self.compute_dtype, rows)
-        if isinstance(h, tuple):
-            return x, (QuantizedRows if rows == "fp8" else Int8Rows).of(*h)
-        return x, shared_input(quantize_input(h, linear), linear)
+        rows_of = {"fp8": QuantizedRows.of, "int8": Int8Rows.of}.get(rows)  # rows the norm's kernel quantized (CUDA)
+        return x, rows_of(*h) if isinstance(h, tuple) else shared_input(quantize_input(h, linear), linear)
 
     def _ffn(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         return self._ffn_of(
