@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from worldgen.errors import InputError
 from worldgen.pipelines.base import tokens_for
-from worldgen.runtime.cuda_memory import apply_memory_cap
+from worldgen.runtime.cuda_memory import apply_memory_cap, use_expandable_segments
 from worldgen.runtime.memory import (
     CUDA_CONTEXT_GIB,
     REFERENCE_PIXELS,
@@ -120,3 +125,46 @@ def test_the_allocator_cap_is_the_budget_less_the_cuda_context():
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         torch.cuda.empty_cache()
+
+
+def test_a_users_own_allocator_settings_win(monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:256")
+    assert use_expandable_segments() is False
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:False")
+    assert use_expandable_segments() is False
+
+
+def test_expandable_segments_are_set_through_torch_and_leave_the_environment_to_the_user(monkeypatch):
+    """The setting goes through PyTorch's runtime setter: the environment variable, read once when the allocator
+    first parses its settings, did nothing when set after CUDA was touched (docs/benchmarks.md, "Session 36"), and
+    writing it ourselves would read back as the user's own choice (so the setter was skipped)."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    assert use_expandable_segments() is True
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and "PYTORCH_ALLOC_CONF" not in os.environ
+
+
+@pytest.mark.cuda
+def test_expandable_segments_hold_when_cuda_was_touched_first():
+    """In a fresh process that asks the GPU's name first (as bench_fast does before it loads): its segments are
+    expandable (the environment variable set at that point left them fixed: a 24 GiB Fast fp8 job then ran out of
+    memory with 2.67 GiB reserved but unallocated)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (the segments are the CUDA allocator's)")
+    script = (
+        "import torch\n"
+        "torch.cuda.get_device_name(0)\n"
+        "from worldgen.runtime.cuda_memory import use_expandable_segments\n"
+        "assert use_expandable_segments()\n"
+        "x = torch.empty(1 << 26, device='cuda')\n"
+        "print(all(s['is_expandable'] for s in torch.cuda.memory_snapshot()))\n"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=repo, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "True"

@@ -8,7 +8,6 @@ Its own module so that neither pipeline imports the other's loader (the base pip
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 from typing import Any
 
@@ -112,12 +111,11 @@ def load_pipeline(
         load_expert,
         load_t5,
     )
-    from worldgen.runtime.cuda_memory import apply_memory_cap, gpu_total_gib
+    from worldgen.runtime.cuda_memory import apply_memory_cap, gpu_total_gib, use_expandable_segments
     from worldgen.runtime.memory import plan_memory
     from worldgen.runtime.tensor_stream import prefetch_into_page_cache
 
-    # fewer fragmentation OOMs near the budget; must be set before CUDA's allocator starts
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    use_expandable_segments()  # fewer fragmentation OOMs near the budget, wherever CUDA was first touched
     if devices:
         from worldgen.pipelines.multi_gpu import check_devices
 

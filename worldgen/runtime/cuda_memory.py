@@ -31,7 +31,7 @@ def apply_memory_cap(plan: MemoryPlan) -> None:
     than a card of that size has (reserved 23.3-23.99 GiB under --vram-budget 24 on an H100)."""
     if plan.vram_budget_gb is None or plan.device.type != "cuda":
         return
-    if use_expandable_segments():
+    if use_expandable_segments():  # set by the loader already; said in the plan here
         plan.notes += ("CUDA allocator: expandable segments (less fragmentation under the budget)",)
     total = gpu_total_gib(plan.device)
     # the allocator wants an index: plain "cuda" means the current device
@@ -46,8 +46,13 @@ def use_expandable_segments() -> bool:
     """Let the CUDA caching allocator grow one mapping instead of adding fixed segments, so memory the
     DiT frees between forwards is reusable by the VAE and back. Without it a Fast rollout under
     --vram-budget 24 lost ~1.1 GiB to fragmentation (23.8 GiB reserved for 22.7 GiB allocated) and
-    the chunk decode beside the KV cache ran out of memory. A user's own PYTORCH_CUDA_ALLOC_CONF
-    (or PYTORCH_ALLOC_CONF) wins; returns whether the setting was applied."""
+    the chunk decode beside the KV cache ran out of memory.
+
+    Through PyTorch's runtime setter, not the environment: the variable is read once, when the allocator's
+    settings are first parsed, so setting it from Python after anything touched CUDA (a bench asking the
+    GPU's name before it loads) did nothing. A 24 GiB Fast fp8 job then ran out of memory with 2.67 GiB reserved
+    but unallocated (docs/benchmarks.md, "Session 36"). A user's own PYTORCH_CUDA_ALLOC_CONF (or
+    PYTORCH_ALLOC_CONF) wins; returns whether the setting was applied."""
     if os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF"):
         return False
     setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
