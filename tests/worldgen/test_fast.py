@@ -390,6 +390,17 @@ def test_a_plan_split_over_two_gpus_counts_each_ranks_half_of_the_heads():
     assert two.cache_heads == 20 and spec.capacity_tokens > 10 * 1508
     print(f"two ranks at 24 GiB each: {spec.describe()} -- {two.cache_reason}")
     assert "each of 2 GPUs holds 20 of the 40 heads" in two.cache_reason
+    # fp8 (a bf16 VAE): each rank's forward works on half the chunk's rows and its blocks' graphs may take what the
+    # bf16 VAE leaves of float32's figures, so they run beside the same cache and tiles (eager, the forwards waited on
+    # the link: docs/benchmarks.md, "Session 36"); one GPU keeps that room for the camera and its blocks eager
+    planned = []
+    for ranks in (1, 2):
+        fp8 = _full_size_plan(24)
+        fp8.ranks, fp8.vae_dtype = ranks, torch.bfloat16
+        spec = fp8.plan_job(21, 58, 104, FastOptions())
+        planned.append((spec.capacity_tokens, fp8.vae_cut.tiles, fp8.block_graph_room, fp8.camera_blocks))
+    assert planned == [(10 * 1508, 2, False, 32), (21 * 1508, 2, True, 25)]
+    assert "blocks replayed as CUDA graphs" in fp8.describe_plan()
 
 
 def test_the_camera_modulation_is_kept_in_as_many_blocks_as_the_plan_has_room_for():

@@ -189,10 +189,8 @@ class FastPipeline(Pipeline):
                     except ValueError:  # no room for them at all
                         fitted = None
                     self.block_graph_room = fitted is not None and (fitted[0], fitted[2]) == (spec, cut)
-                # what the KV cache leaves is no room in practice: 7 blocks' camera beside the float32 VAE
-                # made its decode retry allocations at the cap (docs/benchmarks.md, "Session 15: Fast"), and
-                # 8-17 blocks' tensors freed before each decode ran out of memory ("Session 18"; one slab
-                # freed whole ran, "Session 21": `camera_choice`)
+                # what the KV cache leaves is no room in practice: camera tensors beside the float32 VAE retried or ran out
+                # of memory at the cap (docs/benchmarks.md, Sessions 15 and 18; one slab ran, 21: `camera_choice`)
                 spare = 0.0
         except ValueError as exc:
             raise InputError(str(exc)) from None
@@ -215,13 +213,13 @@ class FastPipeline(Pipeline):
         self.cache_spec, self.cache_reason = spec, why
         if spare is not None and self.vae_dtype == torch.bfloat16:
             spare += cut.bf16_saving_gib
-        graphs_gib = BLOCK_GRAPH_BYTES_PER_TOKEN * chunk_tokens / GiB if self.block_graph_room else 0.0
+        graphs_gib = BLOCK_GRAPH_BYTES_PER_TOKEN * self.rank_rows(chunk_tokens) / GiB if self.block_graph_room else 0.0
         spare = None if spare is None else spare - graphs_gib
         choice = CameraChoice(camera_blocks(spare, chunk_tokens, cfg.dim, cfg.num_layers, self.dtype))
         if usable is not None and not self._keeps_forward():  # the same KV cache and tiles: the same video
             kv = spec.planned_bytes(cfg.num_layers, self.cache_heads, cfg.head_dim, self.dtype) / GiB
             fixed = self._loop_fixed_gib(chunk_tokens)[0]
-            room = usable - fixed - kv - activation_gib(chunk_tokens, self.dit_config.dim) - graphs_gib
+            room = usable - fixed - kv - activation_gib(self.rank_rows(chunk_tokens), cfg.dim) - graphs_gib
             shape = (cfg.dim, cfg.num_layers)
             choice = camera_choice(choice.blocks, streamed, room, cut.decode_push_gib, chunk_tokens, shape, self.dtype)
         self.camera_blocks, self.decode_after_loop, self.camera_until_decode = dataclasses.astuple(choice)
@@ -286,10 +284,10 @@ class FastPipeline(Pipeline):
         cfg = self.dit_config
         fixed, cross = self._loop_fixed_gib(chunk_tokens)
         first_fixed = fixed + self.plan.expert_gib - self.dit_gib(chunk_tokens)
-        act = activation_gib(chunk_tokens, self.dit_config.dim)
+        act = activation_gib(self.rank_rows(chunk_tokens), self.dit_config.dim)
         kept = GRAPH_POOL_BYTES_PER_TOKEN * chunk_tokens / GiB if self.use_chunk_graphs else act
         keeps_forward = self._keeps_forward()
-        graphs = BLOCK_GRAPH_BYTES_PER_TOKEN * chunk_tokens / GiB if block_graphs else 0.0
+        graphs = BLOCK_GRAPH_BYTES_PER_TOKEN * self.rank_rows(chunk_tokens) / GiB if block_graphs else 0.0
 
         def beside(*pushes: float) -> float:
             """The loop's transient peak: a VAE push after the forwards (eager, one stream), or beside
@@ -308,6 +306,8 @@ class FastPipeline(Pipeline):
                 break
             room = usable - fixed - cut.decode_cache_gib - beside(cut.decode_push_gib)
             room += VAE_WEIGHTS_GIB / 2 if cut.bf16 else 0.0  # a bf16 cut's VAE is bf16: half its weights
+            if self.ranks > 1 and self.vae_dtype == torch.bfloat16:  # split forwards waited on the link eager
+                room += min(graphs, cut.bf16_saving_gib)  # ("Session 36"): their graphs may take the bf16 saving
             try:
                 spec, why = cache_for(room)
             except ValueError as exc:
@@ -334,6 +334,11 @@ class FastPipeline(Pipeline):
                 f"a KV cache in {usable:.1f} usable GiB"
             )
         return best[1:]
+
+    def rank_rows(self, chunk_tokens: int) -> int:
+        """The rows of a chunk this device's forward works on: all, or its rank's share (`sequence_parallel`; after
+        the all-to-all it holds every token of its heads: the same bytes). Counted whole, v1 Fast's two-GPU blocks ran eager."""
+        return -(-chunk_tokens // self.ranks)
 
     def _loop_fixed_gib(self, chunk_tokens: int) -> tuple[float, float]:
         """-> (what the loop always holds: the DiT, its text keys/values, the VAE, the margin; those keys/values)."""
