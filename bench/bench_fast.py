@@ -16,7 +16,8 @@ overlap and seconds against 0.75 s (12 frames of real time at 16 fps); which for
 graph. --compute exact,fp8 runs the list once per compute and prints each chunk's latent distance from
 the first compute's (same seed). Targets (issue 21) at 480x832, 81 frames, 24 GiB: exact DiT loop <= 10 s,
 whole <= 16 s; fp8 <= 1.0 s per chunk over chunks 1..6, whole <= 10 s, first chunk <= 2 s. --gpus 0,1: the
-rollouts split over two GPUs (issue 55), each rollout's JSON with the link's MB a chunk and rank 1's peak.
+rollouts split over two GPUs (issue 55), each rollout's JSON with the link's MB a chunk and rank 1's peak, retries
+and milliseconds a forward (`bench.two_gpu_link`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from bench.fast_args import fast_parser  # noqa: E402
 from bench.host_bound import blocks_timed  # noqa: E402
 from bench.kernel_profile import profiled_ranks  # noqa: E402
 from bench.two_gpu_link import LinkMeter  # noqa: E402
+from bench.two_gpu_link import describe as describe_link  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.errors import InputError  # noqa: E402
 from contracts.settings import GenerationSettings  # noqa: E402
@@ -566,6 +568,8 @@ def main() -> None:
             flush=True,
         )
         print(f"  allocation retries at the cap: {result.get('alloc_retries')}", flush=True)
+        if "devices" in result:
+            print(f"  {describe_link(result)}", flush=True)
         print(f"  graphs compiled in this process so far: {result['graphs_compiled_in_process']}; Triton variants of "
               f"the hand-written kernels: {triton_variants()}", flush=True)  # fmt: skip
         later = [t["wall"] for t in result["per_chunk"][1:]]

@@ -30,7 +30,9 @@ without it, a one-shot `generate`'s.
 `worldgen.pipelines.two_gpu`: each chunk forward sequence-parallel); a two-GPU rollout adds the rel-L2 of its
 final latents from the one-GPU rollout of the same compute and seed (`rel_l2_vs_one_gpu`), rank 1's peak CUDA
 memory (`peer_max_allocated_gib`, asked from its own process) and what the link moved per chunk, both
-directions (`link_mb_per_chunk`: between `on_chunk` calls, so a chunk's cache refresh counts in the next).
+directions (`link_mb_per_chunk`: between `on_chunk` calls, so a chunk's cache refresh counts in the next), and
+rank 1's milliseconds a forward (`peer_forward_ms`: waiting for its inputs, its host launching, its GPU span) and
+allocation retries (`bench.two_gpu_link`).
 --profile DIR: each compute's second rollout (a warm one) runs under `bench.kernel_profile.profiled`, its summary
 in DIR/profile-<compute>[-2gpu]-<n>.txt (n: the rollout's index); a two-GPU rollout's rank 1 writes its own beside it,
 profile-<compute>-2gpu-<n>-rank1.txt (`kernel_profile.profiled_ranks`).
@@ -54,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.kernel_profile import profiled_ranks  # noqa: E402
 from bench.two_gpu_link import LinkMeter  # noqa: E402
+from bench.two_gpu_link import describe as describe_link  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.model_families import V2_PRETRAIN  # noqa: E402
 from contracts.settings import GenerationSettings, load_settings  # noqa: E402
@@ -163,12 +166,7 @@ def summary(r: dict) -> str:
         f"reserved {r['max_reserved_gib']} GiB, peak RSS {r['peak_rss_gib']} GiB"
         + (f"; vs the first compute: rel-L2 {r['rel_l2_vs_first']:.4f}" if "rel_l2_vs_first" in r else "")
         + (f"; vs one GPU: rel-L2 {r['rel_l2_vs_one_gpu']:.2e}" if "rel_l2_vs_one_gpu" in r else "")
-        + (
-            f"\n    two GPUs {r['devices']}: rank 1 allocated {r['peer_max_allocated_gib']} GiB; link MB a chunk "
-            f"{r['link_mb_per_chunk']} (steady {r['steady_link_mb']})"
-            if "devices" in r
-            else ""
-        )  # fmt: skip
+        + (f"\n    {describe_link(r)}" if "devices" in r else "")
         + f"\n    chunks: {chunks}\n    DiT: {r['chunk_dit_s']}\n    decode: {r['chunk_decode_s']}"
         f"\n    decode overlap: {'ran' if r['decode_overlap'] else 'off'} (hidden {r['chunk_overlap_s']}); VAE {r['vae']}"
         f"\n    KV cache: {r['kv_cache']} -- {r['cache_reason']}"

@@ -13,8 +13,7 @@ class LinkMeter:
 
     def __init__(self, pipe) -> None:
         self.split = pipe.scale_out  # a two-GPU pipeline's rank 1 and link, else None
-        if self.split is not None:
-            self.split.peer_stats(reset=True)
+        self.retries = 0 if self.split is None else self.split.peer_stats(reset=True)["alloc_retries"]
         self.moved = [self._bytes()]
 
     def _bytes(self) -> int:
@@ -25,15 +24,35 @@ class LinkMeter:
         self.moved.append(self._bytes())
 
     def figures(self) -> dict:
-        """Its devices, rank 1's peak allocated GiB, the link's MB each chunk and at the steady chunk's median."""
+        """Its devices, rank 1's peak allocated GiB, the link's MB each chunk and at the steady chunk's median, and
+        rank 1's milliseconds a forward (`worldgen.pipelines.two_gpu.ForwardClock`: its inputs, the host launching
+        it, its GPU span) and allocation retries at the cap over the rollout."""
         if self.split is None:
             return {}
         peer = self.split.peer_stats()
         per_chunk = [round((b - a) / 2**20, 1) for a, b in zip(self.moved, self.moved[1:], strict=False)]
-        peak = peer["peak_allocated_bytes"]
+        peak, clock = peer["peak_allocated_bytes"], peer["clock"]
+        n = clock["forwards"]
+        spans = {k[:-2]: clock[k] for k in ("inputs_s", "launch_s", "gpu_s") if clock[k] is not None}
+        retries = peer["alloc_retries"]
         return {
             "devices": [str(d) for d in self.split.devices],
             "peer_max_allocated_gib": None if peak is None else round(peak / GiB, 2),
+            "peer_forward_ms": {k: round(1000 * v / n, 2) for k, v in spans.items()} if n else None,
+            "peer_alloc_retries": None if retries is None else retries - self.retries,
             "link_mb_per_chunk": per_chunk,
             "steady_link_mb": statistics.median(per_chunk[1:]) if len(per_chunk) > 1 else None,
         }
+
+
+def describe(figures: dict) -> str:
+    """`LinkMeter.figures` in one line for a bench's report; "" for a one-device rollout."""
+    if "devices" not in figures:
+        return ""
+    forward = figures.get("peer_forward_ms") or {}
+    return (
+        f"two GPUs {figures['devices']}: rank 1 allocated {figures['peer_max_allocated_gib']} GiB, "
+        f"{figures.get('peer_alloc_retries')} retries at the cap; link MB a chunk {figures['link_mb_per_chunk']} "
+        f"(steady {figures['steady_link_mb']}); rank 1 a forward, ms: "
+        + ", ".join(f"{k} {v}" for k, v in forward.items())
+    )

@@ -141,6 +141,33 @@ def test_a_one_device_pipeline_has_no_link_figures_and_bench_fast_refuses_gpus_i
     assert done.returncode == 2 and "--gpus 0,1: this machine has" in done.stderr and "leave --gpus out" in done.stderr
 
 
+def test_a_two_rank_rollout_reports_rank_1s_forwards_and_the_link(tmp_path):
+    """`LinkMeter` over a real two-rank pipeline (two CPU processes, gloo): the link's bytes and rank 1's own clock
+    a forward (what it waited for its inputs and spent launching; no GPU span or allocator on the CPU), one line."""
+    from bench.two_gpu_link import describe
+    from contracts.settings import GenerationSettings
+    from worldgen.pipelines.loader import load_pipeline
+
+    two = load_pipeline("tiny", devices=["cpu", "cpu"], model="fast", text_cache_dir=tmp_path)
+    try:
+        meter = LinkMeter(two)
+        image = torch.linspace(0, 1, 3 * 64 * 96).view(64, 96, 3).mul(255).to(torch.uint8).numpy()
+        poses, intrinsics = (
+            torch.eye(4).repeat(21, 1, 1).numpy(),
+            torch.tensor([[400.0, 400.0, 48.0, 32.0]] * 21).numpy(),
+        )
+        two.generate(image, "a room", poses, intrinsics, GenerationSettings(model="fast", size="64*96", frame_num=21))
+        meter.mark()
+        figures = meter.figures()
+    finally:
+        two.scale_out.close()
+    assert figures["devices"] == ["cpu", "cpu"] and figures["link_mb_per_chunk"][0] > 0
+    forward = figures["peer_forward_ms"]
+    assert set(forward) == {"inputs", "launch"} and forward["launch"] > 0 and forward["inputs"] >= 0
+    assert figures["peer_alloc_retries"] is None
+    assert "rank 1 a forward, ms: inputs " in describe(figures) and describe({}) == ""
+
+
 def test_the_vae_pass_bytes_scale_with_the_frame_and_the_element():
     """bench/vae_pass_bytes.py's arithmetic (the full-size VAE on the meta device): the bytes the join and the taps'
     sum in their reader save grow with a frame's pixels and with the element's size, and the taps' outweigh the

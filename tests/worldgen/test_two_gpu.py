@@ -106,6 +106,10 @@ def test_two_ranks_give_the_one_process_rollout_of_lingbot_world_2_with_its_roll
             leader.sent_bytes, leader.received_bytes,
         )  # fmt: skip
         assert peer["peak_allocated_bytes"] is None and peer["peak_rss_gib"] > 0  # the CPU: no CUDA figures
+        # rank 1's clock: every forward it ran, its host's seconds (no GPU span or allocator on the CPU)
+        clock = peer["clock"]
+        assert clock["forwards"] == leader.forwards and clock["launch_s"] > 0 and clock["inputs_s"] >= 0
+        assert clock["gpu_s"] is None and peer["alloc_retries"] is None
         pretrain.scale_out = handle
         two_guided = _rollout(pretrain, io, options, negative_context=negative)
         error = rel_l2(two_guided, one_guided)

@@ -298,8 +298,9 @@ class TwoDevices:
     def peer_stats(self, reset: bool = False, timeout_s: float = 10.0) -> dict[str, Any]:
         """Rank 1's figures, asked between forwards: its device, `peak_allocated_bytes` (CUDA's
         `max_memory_allocated` since its start or the last `reset`; None on the CPU), `allocated_bytes`,
-        `peak_rss_gib` (its process's), and what crossed the link from and to it (`sent_bytes`,
-        `received_bytes`: rank 0's `received_bytes` and `sent_bytes` seen from the other end)."""
+        `peak_rss_gib` (its process's), what crossed the link from and to it (`sent_bytes`, `received_bytes`: rank
+        0's `received_bytes` and `sent_bytes` seen from the other end), its allocator's `alloc_retries` at the cap
+        since its start, and its `clock` (`ForwardClock.figures`, since its start or the last `reset`)."""
         return self._ask({"op": "stats", "reset": reset}, timeout_s)["stats"]
 
     def peer_region(
@@ -353,6 +354,47 @@ class TwoDevices:
         if dist.is_initialized():
             dist.destroy_process_group()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class ForwardClock:
+    """Rank 1's seconds over its forwards, for the benchmarks (where a split forward waits, issue 55): `inputs_s` from
+    a header's arrival to its inputs received (rank 0's broadcasts; t read on the host), `launch_s` from then until
+    `forward_tokens` returned (the host launching the forward), `gpu_s` between CUDA events around that (None on the
+    CPU). Finished events are folded into the sum as forwards go, so a long-lived worker holds only pending ones."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.reset()
+
+    def reset(self) -> None:
+        self.forwards, self.inputs_s, self.launch_s = 0, 0.0, 0.0
+        self.gpu_s: float | None = 0.0 if self.cuda else None
+        self.pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def event(self) -> torch.cuda.Event | None:
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def add(self, arrived: float, received: float, began: torch.cuda.Event | None) -> None:
+        self.forwards += 1
+        self.inputs_s += received - arrived
+        self.launch_s += time.perf_counter() - received
+        if began is not None:
+            self.pending.append((began, self.event()))
+            self._fold(wait=False)
+
+    def _fold(self, wait: bool) -> None:
+        while self.pending and (wait or self.pending[0][1].query()):
+            began, ended = self.pending.pop(0)
+            ended.synchronize()
+            self.gpu_s += began.elapsed_time(ended) / 1000
+
+    def figures(self) -> dict[str, Any]:
+        self._fold(wait=True)
+        return {"forwards": self.forwards, "inputs_s": self.inputs_s, "launch_s": self.launch_s, "gpu_s": self.gpu_s}
 
 
 def _watch(process, leader: Leader, closing: threading.Event) -> None:
@@ -418,6 +460,7 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
     steps: dict[tuple, torch.Tensor] = {}
     model.time_cache = {}
     region = contextlib.ExitStack()  # `TwoDevices.peer_region`'s (left when rank 1 is told to stop)
+    clock = ForwardClock(device.type == "cuda")
 
     def receive(meta) -> torch.Tensor:
         tensor = torch.empty(meta[0], dtype=meta[1], device=device)
@@ -436,7 +479,7 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
             region.close()
             return
         if op == "stats":
-            conn.send({"op": "stats", "stats": _stats(split, device, message["reset"])})
+            conn.send({"op": "stats", "stats": _stats(split, clock, device, message["reset"])})
         elif op == "region":
             conn.send({"op": "region", "error": _region(region, message["factory"])})
         elif op == "cache":
@@ -453,6 +496,7 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
                 model.block_graphs.close()
                 model.block_graphs = None
         elif op == "forward":
+            arrived = time.perf_counter()
             x, t = receive(message["x"]), receive(message["t"])
             t = steps.setdefault(tuple(t.tolist()), t)
             if message["y"] is not None:
@@ -478,7 +522,9 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
             f, h, w = model.grid(x)
             cache.begin(current_start, tokens)
             rope = rope_tables(model.cfg.head_dim, (f, h, w), device, current_start // (h * w))
+            received, began = time.perf_counter(), clock.event()
             model.forward_tokens(x, t, text, held["y"], cam, cache, rope, message["keys_only"])
+            clock.add(arrived, received, began)
             cache.commit()
 
 
@@ -493,8 +539,8 @@ def _region(region: contextlib.ExitStack, factory) -> str | None:
     return None
 
 
-def _stats(split: SequenceParallel, device: torch.device, reset: bool) -> dict[str, Any]:
-    """Rank 1's figures (`TwoDevices.peer_stats`)."""
+def _stats(split: SequenceParallel, clock: ForwardClock, device: torch.device, reset: bool) -> dict[str, Any]:
+    """Rank 1's figures (`TwoDevices.peer_stats`); `reset` starts its peak memory and its clock again."""
     from worldgen.runtime.metering import peak_rss_gib
 
     cuda, rss = device.type == "cuda", peak_rss_gib()
@@ -505,7 +551,11 @@ def _stats(split: SequenceParallel, device: torch.device, reset: bool) -> dict[s
         "peak_rss_gib": None if rss is None else round(rss, 3),
         "sent_bytes": split.sent_bytes,
         "received_bytes": split.received_bytes,
+        "alloc_retries": torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if cuda else None,
+        "clock": clock.figures(),
     }
-    if cuda and reset:
-        torch.cuda.reset_peak_memory_stats(device)
+    if reset:
+        clock.reset()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
     return figures
