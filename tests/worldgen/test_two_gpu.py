@@ -226,7 +226,9 @@ def test_load_pipeline_with_two_devices_runs_a_fast_job_on_both(tmp_path):
         assert two.engine["devices"] == ["cpu", "cpu"]
         # asked before any job (rank 1 maybe still loading): its "ready" is not taken for the answer
         assert two.scale_out.peer_stats(reset=True)["sent_bytes"] == 0
+        two.use_chunk_graphs = True  # as bench_fast's 'g' entries set it: whole-forward graphs stay off on two ranks
         video = two.generate(*job)
+        assert not two.chunk_graphs.allowed
         error = rel_l2(video, one)
         print(f"tiny Fast generate: two ranks vs one rel-L2 {error:.2e}")
         assert error < SPLIT_TOL

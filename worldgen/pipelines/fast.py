@@ -104,9 +104,7 @@ class FastPipeline(Pipeline):
         # (`worldgen.pipelines.decode_overlap`; LINGBOT_ISAAC_DECODE_OVERLAP=0 or False: after its forwards)
         self.overlap_decode = decode_overlap.enabled_by_environment()
         self.decode_overlapped = False  # whether the last rollout's decodes ran on the second stream
-        # the blocks between self-attentions as CUDA graphs (worldgen.models.block_graphs), on CUDA where the
-        # plan has their room without changing the job's KV cache or VAE cut (`block_graph_room`)
-        self.use_block_graphs = True
+        self.use_block_graphs = True  # blocks between attentions as CUDA graphs where the plan has room
         self.block_graph_room = False
         self.block_graphs: BlockGraphs | None = None  # the last rollout's (its `decisions`, `captures`)
         self.chunk_graphs: ChunkGraphs | None = None  # the last rollout's (its `decisions`, `captures`)
@@ -409,8 +407,9 @@ class FastPipeline(Pipeline):
         frame_tokens = (lat_h // 2) * (lat_w // 2)
         model = self.residency.use("fast")
         cache = self.new_cache(lat_f, frame_tokens, options, model.compute_dtype)
-        # steady chunks replay a captured CUDA graph (worldgen.models.chunk_graph): the same numbers
-        forward = self.chunk_graphs = ChunkGraphs(model, allowed=self.use_chunk_graphs and self.graph_room)
+        # steady chunks replay a captured CUDA graph (`chunk_graph`; the same numbers), never on two devices: a replay
+        whole = self.use_chunk_graphs and self.graph_room and self.scale_out is None  # would not hand rank 1 its call
+        forward = self.chunk_graphs = ChunkGraphs(model, allowed=whole)
         if not forward.allowed:  # the blocks between self-attentions replayed (worldgen.models.block_graphs)
             model.block_graphs = self.block_graphs = BlockGraphs(allowed=self.block_graph_room)
         # a chunk's 5 forwards share its camera's modulation where the plan has room (not with graphs: eager)
