@@ -7,8 +7,7 @@ denoise phase differs (the reference's `WanI2VFast.generate`):
       flow = DiT(x_t, t_s, chunk condition, chunk camera, KV cache)
       x0   = x_t - sigma(t_s) * flow                (float64, cast back to float32)
       x_t  = (1 - sigma') * x0 + sigma' * noise      (sigma' of t_{s+1}; fresh noise from the seed)
-    the chunk is the last x0 (handed out here); one more forward of it at t = 0 refreshes the cache with
-    clean K/V (skipped after the last chunk: nothing reads it).
+    the chunk is the last x0 (handed out here); a forward of it at t = 0 refreshes the cache (clean K/V; not the last).
 Frame counts: 4n+1 video frames as the base model, then the latent frames are rounded DOWN to whole
 chunks (a warning says so); the camera path spans the poses of the 4n+1 frames asked for.
 `rollout_chunks` yields each finished chunk so it can be decoded and shown while the next is made.
@@ -95,13 +94,9 @@ class FastPipeline(Pipeline):
         self.timings: dict[str, float] = {}  # seconds per part of the last `generate` (see `LapClock`)
         self.encode_tile_pixels: int | None = None  # VAE tiles before the loop / during it (None: whole frames)
         self.decode_tile_pixels: int | None = None
-        # Opt-in (LINGBOT_ISAAC_CHUNK_GRAPHS=1, or set it): on the H100 at 24 GiB under fp8 they run (replays equal eager
-        # bit for bit) and take a steady fp8 chunk from 1.66 to 1.52 s, but their room shrinks the KV window
-        # from 10 to 7 frames (docs/benchmarks.md, "Session 9: Fast"); every forward eager by default.
-        self.use_chunk_graphs = enabled_by_environment()
+        self._chunk_graphs = enabled_by_environment()  # asked for (`use_chunk_graphs`)
         self.graph_room = True  # whether the plan has room for a captured forward's pool / a decode beside it
-        # chunks 1.. decode on a second stream beside the next chunk's forwards where the plan has room for both
-        # (`worldgen.pipelines.decode_overlap`; LINGBOT_ISAAC_DECODE_OVERLAP=0 or False: after its forwards)
+        # chunks 1.. decode beside the next chunk's forwards where the plan has room (`decode_overlap`)
         self.overlap_decode = decode_overlap.enabled_by_environment()
         self.decode_overlapped = False  # whether the last rollout's decodes ran on the second stream
         self.use_block_graphs = True  # blocks between attentions as CUDA graphs where the plan has room
@@ -127,6 +122,16 @@ class FastPipeline(Pipeline):
         if dtype != self.vae_dtype:
             self.vae.unload()
             self.vae_dtype = dtype
+
+    @property
+    def use_chunk_graphs(self) -> bool:
+        """Whole forwards as CUDA graphs: opt-in (LINGBOT_ISAAC_CHUNK_GRAPHS=1, or set; 24 GiB fp8: 1.66 -> 1.52 s a chunk,
+        a 7-frame KV window not 10, "Session 9: Fast"); never beside a rank 1 (`two_gpu`): a replay skips its call."""
+        return self._chunk_graphs and self.scale_out is None
+
+    @use_chunk_graphs.setter
+    def use_chunk_graphs(self, on: bool) -> None:
+        self._chunk_graphs = on
 
     # -- memory ------------------------------------------------------------------------------------
     @property
@@ -194,8 +199,7 @@ class FastPipeline(Pipeline):
             raise InputError(str(exc)) from None
         self.vae_cut, self.stream_encode = cut, stream_encode
         self._vae_dtype_for(cut)
-        # under a budget the plan leaves room for a captured forward's pool only when it is asked for
-        # (`_keeps_forward`: it costs KV-cache tokens); the decode overlap where it costs nothing (below)
+        # room for a captured forward's pool only where asked (`_keeps_forward`), the decode overlap where it costs nothing
         self.graph_room = usable is None or self._keeps_forward()
         self.decode_tile_pixels = cut.tile_pixels
         if stream_encode or usable is None:
@@ -294,8 +298,7 @@ class FastPipeline(Pipeline):
             return graphs + (kept + max(pushes) if keeps_forward else max(act, *pushes))
 
         best, refusal = None, None
-        # in bf16 (every tile's caches on the device, or parked in host memory) only where no float32 cut leaves
-        # a KV cache room
+        # in bf16 (every tile's caches on the device, or parked in host memory) only where no float32 cut fits a cache
         families = [stream_vae_cuts(height, width)]
         if self.device.type == "cuda":
             families += [stream_vae_cuts(height, width, bf16=True) + stream_vae_cuts(height, width, parked=True)]
@@ -311,8 +314,8 @@ class FastPipeline(Pipeline):
             except ValueError as exc:
                 refusal = refusal or exc
                 continue
-            # streamed conditioning: the encoder's caches live through chunk 0 (its forwards and its
-            # decode) in a one-chunk cache, then the rest of the frames encode beside the decoder's caches
+            # streamed conditioning: the encoder's caches live through chunk 0 (a one-chunk KV cache), the rest of the
+            # frames encode beside the decoder's caches
             first_kv = spec.bytes(cfg.num_layers, self.cache_heads, cfg.head_dim, self.dtype) / GiB
             first_kv *= min(1.0, chunk_tokens / spec.capacity_tokens)
             if first_fixed + first_kv + act > usable:  # chunk 0's first forward, beside the bf16 DiT
@@ -407,9 +410,8 @@ class FastPipeline(Pipeline):
         frame_tokens = (lat_h // 2) * (lat_w // 2)
         model = self.residency.use("fast")
         cache = self.new_cache(lat_f, frame_tokens, options, model.compute_dtype)
-        # steady chunks replay a captured CUDA graph (`chunk_graph`; the same numbers), never on two devices: a replay
-        whole = self.use_chunk_graphs and self.graph_room and self.scale_out is None  # would not hand rank 1 its call
-        forward = self.chunk_graphs = ChunkGraphs(model, allowed=whole)
+        # steady chunks replay a captured CUDA graph (worldgen.models.chunk_graph): the same numbers
+        forward = self.chunk_graphs = ChunkGraphs(model, allowed=self.use_chunk_graphs and self.graph_room)
         if not forward.allowed:  # the blocks between self-attentions replayed (worldgen.models.block_graphs)
             model.block_graphs = self.block_graphs = BlockGraphs(allowed=self.block_graph_room)
         # a chunk's 5 forwards share its camera's modulation where the plan has room (not with graphs: eager)
@@ -453,8 +455,7 @@ class FastPipeline(Pipeline):
                             draw = (draw.pin_memory() if device.type == "cuda" else draw).to(device, non_blocking=True)
                         x_t = renoise(x0, draw, schedule.sigmas_add_noise[s + 1])
                     progress("denoise", c * (steps + 1) + s + 1, total)
-                # the chunk is final: hand it out (to be decoded and shown) before the refresh, which
-                # only changes the cache; the last chunk's refresh is skipped (nothing reads it)
+                # the chunk is final: out before the refresh (only the cache changes; the last chunk's is skipped)
                 if self.camera_until_decode and model.camera_cache is not None:
                     model.camera_cache.clear()  # its room is the decoder's
                 yield x0

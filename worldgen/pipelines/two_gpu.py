@@ -413,12 +413,12 @@ def _watch(process, leader: Leader, closing: threading.Event) -> None:
 
 def use_two_devices(pipe, dit_factory: DitFactory, devices: list[str], **kwargs: Any) -> TwoDevices:
     """Give a Fast (or causal-pretrain) pipeline a second rank: its rollouts then split each forward over
-    `devices` (rank 0 is the pipeline's device). Whole captured forwards (`chunk_graph`) are turned off: a
+    `devices` (rank 0 is the pipeline's device). Whole captured forwards (`chunk_graph`) are off while it is attached: a
     replay would run rank 0's half without handing rank 1 the call; the blocks' graphs stay (each rank
     replays the parts between its attentions, whose all-to-alls run eagerly: `worldgen.models.block_graphs`)."""
     handle = TwoDevices(dit_factory, devices, **kwargs)
     pipe.scale_out = handle
-    pipe.use_chunk_graphs, pipe.ranks = False, WORLD
+    pipe.ranks = WORLD
     return handle
 
 
