@@ -30,6 +30,7 @@ from worldgen.models.dit import DiTConfig
 from worldgen.models.tokenizer import PromptTokenizer
 from worldgen.pipelines.base import Pipeline
 from worldgen.pipelines.text_cache import TextCache
+from worldgen.runtime import host_heap
 from worldgen.runtime.memory import GiB, MemoryPlan
 from worldgen.runtime.residency import ModelSlot, ResidencyPolicy
 
@@ -277,6 +278,7 @@ def load_pipeline(
             pipe.engine["compile_ahead_s"] = round(pipe.compile_ahead(ahead_settings), 2)
         if first_use_ahead:
             pipe.engine["first_use_ahead_s"] = round(pipe.first_use_ahead(ahead_settings), 2)
+    pipe.engine["host_heap_trimmed_gib"] = host_heap.trim()  # what the load freed, out of the job's RSS
     return pipe
 
 
