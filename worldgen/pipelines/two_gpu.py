@@ -95,6 +95,9 @@ class Leader(SequenceParallel):
         self.lost: str | None = None  # why the peer is gone, once it is: every later call fails with it
         self.caches = 0
         self.held: dict[str, torch.Tensor | None] = {}  # the y and camera tensors rank 1 holds (by identity)
+        # the timestep tensors rank 1 holds, by the id of rank 0's (kept here, so no other tensor takes that id): a
+        # forward names its step and rank 1 never reads t on the host (a device sync: it could not queue ahead)
+        self.steps: dict[int, torch.Tensor] = {}
         self.forwards = 0  # forwards handed to rank 1
 
     def send(self, message: dict[str, Any], quiet: bool = False) -> None:
@@ -148,6 +151,7 @@ class Leader(SequenceParallel):
         if not isinstance(cache, LeaderKVCache):
             raise ValueError("a two-device forward needs the pipeline's KV cache (worldgen.pipelines.two_gpu)")
         send_y, send_cam = y is not self.held.get("y"), cam is not None and cam is not self.held.get("cam")
+        send_t = self.steps.get(id(t)) is not t
         text = None
         if not cache.has_text:  # the text keys/values are made on a cache's first call only
             text = list(context) if isinstance(context, (list, tuple)) else list(context.unbind(0))
@@ -159,7 +163,7 @@ class Leader(SequenceParallel):
                 "call": cache.call,
                 "keys_only": keys_only,
                 "x": _meta(x),
-                "t": _meta(t),
+                "t": (id(t), _meta(t) if send_t else None),  # the step's key, and its tensor's shape when new
                 "y": _meta(y) if send_y else None,
                 "cam": None if cam is None else _meta(cam) if send_cam else "held",
                 "text": None if text is None else [_meta(c) for c in text],
@@ -170,10 +174,17 @@ class Leader(SequenceParallel):
                 "compute": model.blocks[0].self_attn.compute,  # a pipeline's `set_compute` (bench_fast's)
             }
         )
-        for tensor in (x, t, *([y] if send_y else []), *([cam] if send_cam else []), *(text or [])):
+        for tensor in (
+            x,
+            *([t] if send_t else []),
+            *([y] if send_y else []),
+            *([cam] if send_cam else []),
+            *(text or []),
+        ):
             self._collective(dist.broadcast, tensor.contiguous(), 0)
             self.count(tensor.nbytes * (self.world - 1), 0)
         self.held["y"], self.forwards = y, self.forwards + 1
+        self.steps[id(t)] = t
         if send_cam:
             self.held["cam"] = cam
 
@@ -209,6 +220,7 @@ class LeaderKVCache(KVCache):
     def close(self) -> None:
         super().close()
         self.leader.held.clear()
+        self.leader.steps.clear()
         self.leader.send({"op": "close", "id": self.peer_id}, quiet=True)
 
 
@@ -358,7 +370,7 @@ class TwoDevices:
 
 class ForwardClock:
     """Rank 1's seconds over its forwards, for the benchmarks (where a split forward waits, issue 55): `inputs_s` from
-    a header's arrival to its inputs received (rank 0's broadcasts; t read on the host), `launch_s` from then until
+    a header's arrival to its inputs' broadcasts queued (waited for only on the CPU's gloo), `launch_s` from then until
     `forward_tokens` returned (the host launching the forward), `gpu_s` between CUDA events around that (None on the
     CPU). Finished events are folded into the sum as forwards go, so a long-lived worker holds only pending ones."""
 
@@ -455,9 +467,10 @@ def follower_main(conn, store: str, device: str, timeout_s: float, dit_factory: 
 def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: int) -> None:
     caches: dict[int, KVCache] = {}
     held: dict[str, torch.Tensor | None] = {}
-    # one tensor per timestep value, so the model's time cache (keyed by the tensor) computes each once a job:
-    # the 14B's time projection is a large dequantized weight for one row (`WanCameraDiT.time_cache`)
-    steps: dict[tuple, torch.Tensor] = {}
+    # one tensor per rank 0's timestep tensor (`Leader.steps`), so the model's time cache (keyed by the tensor)
+    # computes each once a job as rank 0's does: the 14B's time projection is a large dequantized weight for one row
+    # (`WanCameraDiT.time_cache`)
+    steps: dict[int, torch.Tensor] = {}
     model.time_cache = {}
     region = contextlib.ExitStack()  # `TwoDevices.peer_region`'s (left when rank 1 is told to stop)
     clock = ForwardClock(device.type == "cuda")
@@ -497,8 +510,11 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
                 model.block_graphs = None
         elif op == "forward":
             arrived = time.perf_counter()
-            x, t = receive(message["x"]), receive(message["t"])
-            t = steps.setdefault(tuple(t.tolist()), t)
+            x = receive(message["x"])
+            step, t_meta = message["t"]
+            if t_meta is not None:
+                steps[step] = receive(t_meta)
+            t = steps[step]
             if message["y"] is not None:
                 held["y"] = receive(message["y"])
             if message["cam"] not in (None, "held"):
