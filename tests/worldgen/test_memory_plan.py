@@ -168,3 +168,33 @@ def test_expandable_segments_hold_when_cuda_was_touched_first():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_to_device_on_the_cpu_is_a_plain_copy_of_the_values():
+    from worldgen.runtime.cuda_memory import to_device
+
+    noise = torch.randn(16, 8, 4, 6)
+    chunk = noise[:, 2:6]  # a strided view, as the Fast loop's chunk of noise
+    moved = to_device(chunk, torch.device("cpu"))
+    assert torch.equal(moved, chunk)
+
+
+@pytest.mark.cuda
+def test_to_device_copies_a_strided_chunk_through_pinned_memory_without_waiting():
+    """The values arrive (once the stream gets there), from a pinned block of the chunk's own size, not the span its
+    strides reach; the host does not wait for work queued before the copy."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from worldgen.runtime.cuda_memory import to_device
+
+    noise = torch.randn(16, 40, 58, 104)
+    chunk = noise[:, 8:12]
+    busy = torch.randn(8192, 8192, device="cuda")
+    torch.cuda.synchronize()
+    for _ in range(20):  # ~0.1 s of queued work before the copy
+        busy = busy @ busy / 8192
+    products_done = torch.cuda.Event()
+    products_done.record()
+    moved = to_device(chunk, torch.device("cuda"))
+    waited = products_done.query()  # a pageable copy would have waited for the products: done by now
+    assert torch.equal(moved.cpu(), chunk) and not waited

@@ -25,7 +25,7 @@ from worldgen.pipelines.base import Progress, _no_progress
 from worldgen.pipelines.fast import FastPipeline
 from worldgen.pipelines.fast_plan import FastOptions
 from worldgen.pipelines.scheduler import FlowUniPCScheduler
-from worldgen.runtime.cuda_memory import free_device_memory
+from worldgen.runtime.cuda_memory import free_device_memory, to_device
 
 # `_generate_causal_pretrain`'s own (image2video.py l.749): config's sample_neg_prompt without its last terms
 NEGATIVE_PROMPT = (
@@ -97,16 +97,16 @@ class CausalPretrainPipeline(FastPipeline):
                 cam_c = plucker(c) if callable(plucker) else None if plucker is None else plucker[:, :, frames]
                 if cam_c is None and callable(plucker):  # a live camera ended before chunk c
                     break
-                cam_c = None if cam_c is None else cam_c.to(device)
+                cam_c = None if cam_c is None else to_device(cam_c, device)
                 if c > 0:
                     for cache in caches:
                         cache.grow()
                 start = c * n * frame_tokens
                 scheduler = FlowUniPCScheduler()
                 scheduler.set_timesteps(self.steps, shift=options.shift)  # history reset every chunk
-                x = noise[:, frames].to(device, torch.float32)
+                x = to_device(noise[:, frames].float(), device)
                 for t in scheduler.timesteps:
-                    timestep = t.reshape(1).to(device)
+                    timestep = to_device(t.reshape(1), device)
                     cond, uncond = (
                         model(x[None], timestep, ctx, y_c, cam_c, cache=cache, current_start=start)[0].float()
                         for ctx, cache in zip(contexts, caches, strict=True)

@@ -57,7 +57,7 @@ from worldgen.pipelines.fast_plan import (
     stream_vae_cuts,
     vae_dtype,
 )
-from worldgen.runtime.cuda_memory import free_device_memory
+from worldgen.runtime.cuda_memory import free_device_memory, to_device
 from worldgen.runtime.memory import (
     VAE_WEIGHTS_GIB,
     GiB,
@@ -435,11 +435,11 @@ class FastPipeline(Pipeline):
                 cam_c = plucker(c) if callable(plucker) else None if plucker is None else plucker[:, :, frames]
                 if cam_c is None and callable(plucker):  # a live camera waits for chunk c's poses; None: the job ended
                     break
-                cam_c = None if cam_c is None else cam_c.to(device)
+                cam_c = None if cam_c is None else to_device(cam_c, device)
                 if c > 0:  # chunk 0 runs in a one-chunk cache (the rest of the conditioning encodes beside it)
                     cache.grow()
                 start = c * n * frame_tokens
-                x_t = noise[:, frames].to(device, torch.float32)
+                x_t = to_device(noise[:, frames].float(), device)
                 for s in range(steps):
                     with torch.profiler.record_function("denoise forward"):  # named on a profile
                         flow = forward(x_t[None], timesteps[s], context, y_c, cam_c, cache=cache, current_start=start)
@@ -451,8 +451,7 @@ class FastPipeline(Pipeline):
                             draw = renoise_draws[c, s].to(device, torch.float32)
                         else:
                             draw = torch.randn(x0.shape, generator=generator, dtype=torch.float32)
-                            # pinned and non-blocking: a pageable copy would wait for the GPU's queue
-                            draw = (draw.pin_memory() if device.type == "cuda" else draw).to(device, non_blocking=True)
+                            draw = to_device(draw, device)  # pinned, not waited for
                         x_t = renoise(x0, draw, schedule.sigmas_add_noise[s + 1])
                     progress("denoise", c * (steps + 1) + s + 1, total)
                 # the chunk is final: out before the refresh (only the cache changes; the last chunk's is skipped)

@@ -89,3 +89,14 @@ def to_host(tensor: torch.Tensor) -> torch.Tensor:
     host = tensor.to("cpu", non_blocking=True)  # into a pinned block
     torch.cuda.current_stream(tensor.device).synchronize()
     return host
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor.to(device)` from the host through pinned memory, not waited for: a pageable copy first waits for the
+    device's queue to drain, so the GPU stood idle while the host then launched the next work (the Fast loop's
+    chunk of noise and its 37 MB Plücker camera, made on the host, each chunk: docs/benchmarks.md, "Session 37").
+    PyTorch's caching host allocator keeps the pinned block until the copy is done."""
+    if tensor.device.type != "cpu" or torch.device(device).type != "cuda":
+        return tensor.to(device)
+    # contiguous first: a strided view (a chunk of the noise) would pin the whole span its strides reach
+    return tensor.contiguous().pin_memory().to(device, non_blocking=True)
