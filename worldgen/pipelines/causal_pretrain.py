@@ -93,7 +93,7 @@ class CausalPretrainPipeline(FastPipeline):
         try:
             for c in range(chunks):
                 frames = slice(c * n, (c + 1) * n)
-                y_c = (y(c) if callable(y) else y[:, frames]).to(device)[None]
+                y_c = to_device(y(c) if callable(y) else y[:, frames], device)[None]
                 cam_c = plucker(c) if callable(plucker) else None if plucker is None else plucker[:, :, frames]
                 if cam_c is None and callable(plucker):  # a live camera ended before chunk c
                     break

@@ -431,7 +431,7 @@ class FastPipeline(Pipeline):
                 if model.camera_cache is not None:  # the last chunk's modulation: freed before y's encode
                     model.camera_cache.clear()
                 # y before the camera: a live job's encode runs while its poses are on their way
-                y_c = (y(c) if callable(y) else y[:, frames]).to(device)[None]
+                y_c = to_device(y(c) if callable(y) else y[:, frames], device)[None]
                 cam_c = plucker(c) if callable(plucker) else None if plucker is None else plucker[:, :, frames]
                 if cam_c is None and callable(plucker):  # a live camera waits for chunk c's poses; None: the job ended
                     break
