@@ -6,6 +6,10 @@ its own. A 1.3B job under `--vram-budget 8` held ~1.4 GiB of anonymous memory at
 the load's dry forward and compiles (docs/benchmarks.md, "Session 35"), against an RSS target of 4 GiB beside Isaac
 Sim. `malloc_trim(0)` returns every free page of every arena (madvise), keeps what is in use, and changes no
 number. Nothing else does this job: Python's own allocator frees its arenas, not glibc's.
+
+Measured on the H200 after a 1.3B load under `--vram-budget 8`: 0.049 GiB released (exact), 0.041 (fp8); most of
+that anonymous memory is in use, not free (docs/benchmarks.md, "Session 37"). Kept: it costs milliseconds once a
+load and the engine record says what it gave back.
 """
 
 from __future__ import annotations
