@@ -707,3 +707,25 @@ def test_quantize_converts_the_fast_folder_to_nf4(tmp_path, fast_root):
     weight = bf16.blocks[0].self_attn.q.weight
     # NF4 (blocksize 64, double quant) of a 32x32 Gaussian is ~0.15 off; these weights are heavier-tailed
     assert rel_l2(q(torch.eye(32)).T - q.bias[:, None], weight) < 0.3
+
+
+def test_an_nf4_dit_holds_its_8bit_weights_where_the_plan_leaves_room():
+    """`fast_plan.hold_planned_weights`: without a budget (an 80 GB card) every block of the NF4 14B holds its fp8
+    weights beside the NF4 bytes (no NF4 -> e4m3 pass a Linear and forward), said in the plan; exact holds none; under
+    24 GiB what the loop's fit leaves after the camera's kept blocks decides (the KV cache and the camera come first)."""
+    from worldgen.pipelines.fast_plan import held_block_gib
+
+    unlimited = _full_size_plan(None)
+    unlimited.compute = "fp8"
+    unlimited.plan_job(21, 58, 104, FastOptions())
+    assert unlimited.held_blocks == 40
+    assert "fp8 weights held beside the NF4 ones in 40 blocks" in unlimited.describe_plan()
+    exact = _full_size_plan(None)
+    exact.plan_job(21, 58, 104, FastOptions())
+    assert exact.held_blocks == 0 and "weights held" not in exact.describe_plan()
+    for ranks in (1, 2):
+        fp8 = _full_size_plan(24)
+        fp8.ranks, fp8.vae_dtype, fp8.compute = ranks, torch.bfloat16, "fp8"
+        fp8.plan_job(21, 58, 104, FastOptions())
+        camera = fp8.camera_blocks * 1.1 * 2 * fp8.rank_rows(4524) * 5120 * 2 / 2**30
+        assert fp8.held_blocks == max(0, int((fp8._fit_left - camera - 0.5) // held_block_gib(fp8.dit_config)))

@@ -129,6 +129,62 @@ def _rows_on_cuda(shape: tuple[int, int], kind: str):
     return layer, made
 
 
+def test_a_held_8bit_weight_gives_the_per_call_numbers_and_is_dropped_on_request(monkeypatch):
+    """`NF4Linear.hold`: the 8-bit weight made once and kept beside the NF4 bytes (where the plan has room) gives the
+    GEMM the very weight it made per call; holding another kind replaces it, None drops it."""
+    monkeypatch.setattr(int8, "MIN_ROWS", 4)
+    layer = nf4_layer(48, 128)
+    layer.compute = "int8"
+    x = torch.randn(2, 5, 128)
+    with torch.no_grad():
+        per_call = layer(x)
+        assert layer.hold("int8") == 48 * 128 + 48 * 4  # a byte a weight, a float32 scale a row
+        assert quantized_weights.held(layer).kind == "int8" and layer.weight.numel() > 0  # the NF4 bytes stay
+        assert torch.equal(layer(x), per_call)
+        calls = []
+        monkeypatch.setattr(layer, "_rows", lambda kind: calls.append(kind))  # a per-call weight would be made here
+        assert torch.equal(layer(x), per_call) and calls == []
+        monkeypatch.undo()
+        assert layer.hold("fp8") == 48 * 128 + 48 * 4
+        fp8 = layer.fp8_weight()
+        want = quantize_rows(layer.dequantized_weight(torch.bfloat16))
+        assert torch.equal(fp8[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(fp8[1], want[1])
+        assert layer.hold(None) == 0 and quantized_weights.held(layer) is None
+
+
+def test_the_plan_holds_an_nf4_dits_8bit_weights_in_the_blocks_its_room_takes():
+    """`fast_plan.held_weight_blocks`: an NF4 checkpoint under fp8/int8 holds its every-forward Linears' 8-bit weights
+    in as many blocks as the room left by the plan takes (all without a limit), none under exact or for a bf16
+    checkpoint; `hold_nf4_weights` makes the first n blocks' and drops the rest's."""
+    from worldgen.models.dit import DiTConfig
+    from worldgen.pipelines.fast_plan import EVERY_FORWARD, held_block_gib, held_weight_blocks, hold_nf4_weights
+
+    cfg = DiTConfig()  # the 14B: 6 x 5120^2 + 2 x 5120 x 13824 weights a block
+    per_block = held_block_gib(cfg)
+    assert per_block == pytest.approx(0.2785, abs=1e-4)
+    assert held_weight_blocks(None, "nf4", "fp8", cfg) == 40
+    assert held_weight_blocks(0.5 + 10.5 * per_block, "nf4", "int8", cfg) == 10  # less the 0.5 GiB margin
+    assert held_weight_blocks(0.4, "nf4", "fp8", cfg) == 0 == held_weight_blocks(-3.0, "nf4", "fp8", cfg)
+    assert held_weight_blocks(None, "nf4", "exact", cfg) == 0 == held_weight_blocks(None, "bf16", "fp8", cfg)
+
+    class Block(torch.nn.Module):
+        def __init__(self, i: int) -> None:
+            super().__init__()
+            for name in EVERY_FORWARD:
+                parent, child = name.split(".")
+                if not hasattr(self, parent):
+                    self.add_module(parent, torch.nn.Module())
+                getattr(self, parent).add_module(child, nf4_layer(8 + i, 64))
+
+    model = torch.nn.Module()
+    model.blocks = torch.nn.ModuleList(Block(i) for i in range(3))
+    assert hold_nf4_weights(model, "int8", 2) == sum(len(EVERY_FORWARD) * ((8 + i) * 64 + (8 + i) * 4) for i in (0, 1))
+    held = [[quantized_weights.held(b.get_submodule(n)) is not None for n in EVERY_FORWARD] for b in model.blocks]
+    assert held == [[True] * 8, [True] * 8, [False] * 8]
+    hold_nf4_weights(model, "int8", 1)
+    assert [quantized_weights.held(b.ffn.get_submodule("0")) is not None for b in model.blocks] == [True, False, False]
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("shape", FP8_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_fp8_rows_from_the_triton_kernel_match_the_two_step_path(shape):

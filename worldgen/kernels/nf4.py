@@ -36,9 +36,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from worldgen.errors import CheckpointError
-from worldgen.kernels.fp8 import FP8, FP8_MAX, QuantizedRows, fp8_linear, quantize_rows, wants_fp8
+from worldgen.kernels.fp8 import FP8, FP8_MAX, Fp8Weight, QuantizedRows, fp8_linear, quantize_rows, wants_fp8
 from worldgen.kernels.int8 import INT8_MAX, Int8Weight, int8_linear, wants_int8
 from worldgen.kernels.int8 import quantize_rows as int8_rows
+from worldgen.kernels.quantized_weights import HELD, held
 from worldgen.kernels.triton_lang import Signature, launch, tl, triton
 from worldgen.quiet import hide_known_harmless
 
@@ -192,18 +193,39 @@ class NF4Linear(nn.Module):
 
     def fp8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The weight as the FP8 GEMM takes it: e4m3 [N, K] and float32 [N, 1] per-output-channel scales.
-        On CUDA straight from the NF4 bytes in one Triton kernel (`fp8_rows_from_nf4`); elsewhere (or a
-        checkpoint without double quantization, or if that fails) dequantized to bf16 first and quantized
-        row by row: the same numbers, more memory traffic."""
+        The one `hold` made, else made for this call: on CUDA straight from the NF4 bytes in one Triton kernel
+        (`fp8_rows_from_nf4`); elsewhere (or a checkpoint without double quantization, or if that fails)
+        dequantized to bf16 first and quantized row by row: the same numbers, more memory traffic."""
+        made = held(self)
+        if made is not None and made.kind == "fp8":
+            return made.data, made.scale
         return self._rows("fp8") or quantize_rows(self.dequantized_weight(torch.bfloat16))
 
     def int8_weight(self) -> Int8Weight:
-        """The weight as the INT8 GEMM takes it, made per call from the NF4 bytes as `fp8_weight` is (one Triton
-        pass on CUDA, else dequantized to bf16 and quantized row by row: `int8.quantize_rows`' numbers either
-        way), never held: the 14B's int8 weights held beside its NF4 ones (13 GiB more) ran a job planned for
-        the NF4 bytes out of memory under `--vram-budget 24` (docs/benchmarks.md, "Session 31")."""
+        """The weight as the INT8 GEMM takes it: the one `hold` made, else made for this call from the NF4 bytes
+        as `fp8_weight` is (one Triton pass on CUDA, else dequantized to bf16 and quantized row by row:
+        `int8.quantize_rows`' numbers either way). Held only where the plan has room (`hold`): the 14B's int8
+        weights all held beside its NF4 ones (13 GiB more) ran a job planned for the NF4 bytes out of memory
+        under `--vram-budget 24` (docs/benchmarks.md, "Session 31")."""
+        made = held(self)
+        if isinstance(made, Int8Weight):
+            return made
         rows = self._rows("int8")
         return Int8Weight(*(rows or int8_rows(self.dequantized_weight(torch.bfloat16))))
+
+    def hold(self, kind: str | None) -> int:
+        """Keep `kind`'s ("fp8", "int8") 8-bit weight beside the NF4 bytes, so the GEMMs stop making it per call
+        (one NF4 -> 8-bit pass a Linear and forward: 11.5 ms of a 14B Fast forward on an H200, docs/benchmarks.md,
+        "Session 38"); None drops a held one. The same numbers either way. -> the bytes it holds now."""
+        made = held(self)
+        if kind is None or made is not None and made.kind != kind:
+            setattr(self, HELD, None)
+            made = None
+        if kind is not None and made is None:
+            weight = self.int8_weight() if kind == "int8" else Fp8Weight(*self.fp8_weight())
+            setattr(self, HELD, weight)
+            made = weight
+        return 0 if made is None else made.data.nbytes + made.scale.nbytes
 
     def _rows(self, kind: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """`kind`'s ("fp8", "int8") weight and per-row scales from the NF4 bytes by `_triton_rows`; None where

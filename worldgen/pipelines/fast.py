@@ -51,11 +51,13 @@ from worldgen.pipelines.fast_plan import (
     fast_frames,
     fast_schedule,
     full_cache_spec,
+    hold_planned_weights,
     make_block_weights,
     resident_dit_gib,
     spare_without_budget,
     stream_vae_cuts,
     vae_dtype,
+    vae_dtype_for_cut,
 )
 from worldgen.runtime.cuda_memory import free_device_memory, to_device
 from worldgen.runtime.memory import (
@@ -104,9 +106,10 @@ class FastPipeline(Pipeline):
         self.block_graphs: BlockGraphs | None = None  # the last rollout's (its `decisions`, `captures`)
         self.chunk_graphs: ChunkGraphs | None = None  # the last rollout's (its `decisions`, `captures`)
         self.chunk_timings: list[dict[str, float]] = []  # seconds per chunk of the last `generate`
-        self.camera_blocks = 0  # blocks whose camera modulation a chunk's forwards share (`plan_job` decides)
-        self.decode_after_loop = False  # a batch job's chunks decode after the loop (`plan_job` decides)
-        self.camera_until_decode = False  # a chunk's camera modulation is freed before its decode (`plan_job`)
+        # `plan_job` decides: the blocks whose camera modulation a chunk's forwards share, whether a batch job's chunks
+        # decode after the loop, whether a chunk's camera modulation is freed before its decode, and how many blocks of
+        # an NF4 DiT hold their 8-bit weights (`fast_plan.hold_planned_weights`)
+        self.camera_blocks, self.decode_after_loop, self.camera_until_decode, self.held_blocks = 0, False, False, 0
         self._own_vae_dtype: torch.dtype | None = None  # the VAE's dtype before a parked cut made it bf16
         self.kv_caches = 1  # KV caches a job holds at once, each planned in its share of the room (guided: 2)
         self.scale_out = None  # a second rank: each forward split over two (`worldgen.pipelines.two_gpu`)
@@ -186,19 +189,21 @@ class FastPipeline(Pipeline):
                 spare = spare_without_budget(self, spec, cut, chunk_tokens)
             else:
                 spec, why, cut, stream_encode = self._fit_loop(usable, chunk_tokens, height, width, cache_for)
+                left = self._fit_left
                 if self._wants_block_graphs():  # where they change nothing of the job's cache and cut
                     try:
                         fitted = self._fit_loop(usable, chunk_tokens, height, width, cache_for, block_graphs=True)
                     except ValueError:  # no room for them at all
                         fitted = None
                     self.block_graph_room = fitted is not None and (fitted[0], fitted[2]) == (spec, cut)
+                    left = self._fit_left if self.block_graph_room else left
                 # what the KV cache leaves is no room in practice: camera tensors beside the float32 VAE retried or ran out
                 # of memory at the cap (docs/benchmarks.md, Sessions 15 and 18; one slab ran, 21: `camera_choice`)
                 spare = 0.0
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.vae_cut, self.stream_encode = cut, stream_encode
-        self._vae_dtype_for(cut)
+        vae_dtype_for_cut(self, cut)
         # room for a captured forward's pool only where asked (`_keeps_forward`), the decode overlap where it costs nothing
         self.graph_room = usable is None or self._keeps_forward()
         self.decode_tile_pixels = cut.tile_pixels
@@ -225,25 +230,12 @@ class FastPipeline(Pipeline):
             shape = (cfg.dim, cfg.num_layers)
             choice = camera_choice(choice.blocks, streamed, room, cut.decode_push_gib, chunk_tokens, shape, self.dtype)
         self.camera_blocks, self.decode_after_loop, self.camera_until_decode = dataclasses.astuple(choice)
-        if not self.graph_room:
-            self.graph_room = self._overlap_fits(usable, chunk_tokens, height, width, cache_for, spec, cut)
+        if not self.graph_room and self._overlap_fits(usable, chunk_tokens, height, width, cache_for, spec, cut):
+            self.graph_room, left = True, self._fit_left
+        hold_planned_weights(self, left if usable is not None else spare, chunk_tokens, slot)
         if self.on_plan is not None:
             self.on_plan(self.describe_plan())
         return spec
-
-    def _vae_dtype_for(self, cut: StreamVAE) -> None:
-        """A bf16 cut (parked or not) runs the VAE in bf16 (counted so); a job with room again gets the pipeline's
-        own back (`vae_dtype`: float32 for exact, the reference's). A VAE loaded in the other dtype is dropped (it
-        reloads); the record says why."""
-        own = self._own_vae_dtype
-        if cut.bf16 and self.vae_dtype != torch.bfloat16 or not cut.bf16 and own is not None:
-            self.vae.unload()
-            self.vae_dtype, self._own_vae_dtype = (torch.bfloat16, self.vae_dtype) if cut.bf16 else (own, None)
-        if cut.bf16 and self._own_vae_dtype is not None:
-            self.plan.notes += (
-                "the VAE decodes in bf16 (the reference: float32): no float32 decode fits this budget beside the "
-                "DiT and its KV cache",
-            )
 
     def _keeps_forward(self) -> bool:
         """Whether a chunk forward's activations outlive it (a CUDA graph's pool, asked for) or share the device
@@ -324,8 +316,12 @@ class FastPipeline(Pipeline):
             with_encoder = first_fixed + first_kv + cut.encode_cache_gib + cut.decode_cache_gib
             stream_encode = with_encoder + beside(cut.decode_push_gib, cut.encode_push_gib) <= usable
             score = (spec.capacity_tokens, stream_encode, not cut.parked, -cut.tiles)
-            if best is None or score > best[0]:
-                best = (score, spec, why, cut, stream_encode)
+            if best is None or score > best[0]:  # and what the loop leaves unused (`held_weight_room`)
+                left = room - spec.planned_bytes(cfg.num_layers, self.cache_heads, cfg.head_dim, self.dtype) / GiB
+                left = min(left, usable - first_fixed - first_kv - act)
+                if stream_encode:
+                    left = min(left, usable - with_encoder - beside(cut.decode_push_gib, cut.encode_push_gib))
+                best, self._fit_left = (score, spec, why, cut, stream_encode), left
         if best is None:
             smallest = min(cut.decode_cache_gib + beside(cut.decode_push_gib) for cuts in families for cut in cuts)
             raise ValueError(
@@ -457,6 +453,8 @@ class FastPipeline(Pipeline):
                 # the chunk is final: out before the refresh (only the cache changes; the last chunk's is skipped)
                 if self.camera_until_decode and model.camera_cache is not None:
                     model.camera_cache.clear()  # its room is the decoder's
+                if self.scale_out is not None:  # no chunk out of a forward whose peer was lost under it
+                    self.scale_out.verify()
                 yield x0
                 if c + 1 < chunks:
                     # refresh: the cache gets the clean chunk's keys/values (the last block only writes them)

@@ -326,6 +326,76 @@ def make_block_weights(model: torch.nn.Module, compute: str) -> int:
     return len(todo)
 
 
+# A block's Linears that every chunk forward runs (the camera's run once a chunk where the camera cache covers the
+# block, the text's keys/values once a prompt): the ones an NF4 checkpoint's 8-bit GEMMs would otherwise make their
+# weight for on every call (`NF4Linear.hold`)
+EVERY_FORWARD = ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.o", "ffn.0",
+                 "ffn.2")  # fmt: skip
+HELD_WEIGHTS_MARGIN_GIB = 0.5  # kept free beside the held weights: the plan's figures are estimates
+
+
+def held_block_gib(cfg: DiTConfig) -> float:
+    """GiB one block's `EVERY_FORWARD` Linears take as 8-bit weights (a byte a weight, a float32 scale a row)."""
+    weights = 6 * cfg.dim * cfg.dim + 2 * cfg.dim * cfg.ffn_dim
+    rows = 7 * cfg.dim + cfg.ffn_dim
+    return (weights + 4 * rows) / GiB
+
+
+def held_weight_blocks(room_gib: float | None, checkpoint_kind: str, compute: str, cfg: DiTConfig) -> int:
+    """How many blocks (from the first) of an NF4 checkpoint hold their 8-bit weights beside the NF4 bytes under
+    fp8 / int8: as many as `room_gib` (what the plan leaves; None: no limit) takes, less a margin. Another
+    checkpoint or compute: none (a bf16 checkpoint's blocks hold theirs in place of the bf16 ones: `make_block_weights`)."""
+    if checkpoint_kind != "nf4" or compute not in ("fp8", "int8"):
+        return 0
+    if room_gib is None:
+        return cfg.num_layers
+    return max(0, min(cfg.num_layers, int((room_gib - HELD_WEIGHTS_MARGIN_GIB) // held_block_gib(cfg))))
+
+
+def hold_nf4_weights(model: torch.nn.Module, compute: str, blocks: int) -> int:
+    """The first `blocks` blocks' NF4 `EVERY_FORWARD` Linears hold `compute`'s 8-bit weight, the others none (a held
+    one beyond them is dropped); nothing while compiling ahead (a dry call keeps nothing). -> the bytes held."""
+    if deferring():
+        return 0
+    model.held_blocks = blocks if compute in ("fp8", "int8") else 0  # what a second rank mirrors (`two_gpu`)
+    total = 0
+    for i, block in enumerate(model.blocks):
+        for name in EVERY_FORWARD:
+            linear = block.get_submodule(name)
+            if hasattr(linear, "hold"):  # an NF4Linear
+                total += linear.hold(compute if i < blocks else None)
+    return total
+
+
+def hold_planned_weights(pipe, room_gib: float | None, chunk_tokens: int, slot) -> None:
+    """`pipe.held_blocks` (`held_weight_blocks`) from the room its plan leaves once the camera's kept blocks have
+    theirs (`room_gib`: under a budget what the loop's fit leaves (`FastPipeline._fit_loop`), else the card's spare;
+    None: no plan), and its loaded NF4 DiT's held weights made to match (a later job's plan may hold fewer: the rest
+    are dropped)."""
+    cfg = pipe.dit_config
+    if room_gib is not None:  # the camera's blocks kept through the decodes (not a slab freed for each) come out of it
+        kept = 0 if pipe.camera_until_decode else pipe.camera_blocks
+        room_gib -= kept * 1.1 * block_bytes(pipe.rank_rows(chunk_tokens), cfg.dim, 2) / GiB
+    pipe.held_blocks = held_weight_blocks(room_gib, pipe.plan.checkpoint_kind, pipe.compute, cfg)
+    if slot.loaded and pipe.plan.checkpoint_kind == "nf4":
+        hold_nf4_weights(slot.get(), pipe.compute, pipe.held_blocks)
+
+
+def vae_dtype_for_cut(pipe, cut: StreamVAE) -> None:
+    """A bf16 cut (parked or not) runs the VAE in bf16 (counted so); a job with room again gets the pipeline's
+    own back (`vae_dtype`: float32 for exact, the reference's). A VAE loaded in the other dtype is dropped (it
+    reloads); the record says why."""
+    own = pipe._own_vae_dtype
+    if cut.bf16 and pipe.vae_dtype != torch.bfloat16 or not cut.bf16 and own is not None:
+        pipe.vae.unload()
+        pipe.vae_dtype, pipe._own_vae_dtype = (torch.bfloat16, pipe.vae_dtype) if cut.bf16 else (own, None)
+    if cut.bf16 and pipe._own_vae_dtype is not None:
+        pipe.plan.notes += (
+            "the VAE decodes in bf16 (the reference: float32): no float32 decode fits this budget beside the "
+            "DiT and its KV cache",
+        )
+
+
 def spare_without_budget(pipe, spec: CacheSpec, cut: StreamVAE, chunk_tokens: int) -> float | None:
     """No budget: on a GPU, what its memory leaves beside every resident model (umT5 too), the KV cache,
     the VAE's whole frames and one chunk's activations; None off CUDA (no plan)."""
@@ -426,6 +496,8 @@ def describe_fast_plan(pipe) -> str:
             line = f"  denoise Fast DiT resident, chunk by chunk ({steps}, then 1 cache refresh before the next chunk); {ffn}"
             line += f"; camera modulation kept a chunk in {pipe.camera_blocks} of {pipe.dit_config.num_layers} blocks"
             line += " until its decode (one slab)" if pipe.camera_until_decode else ""
+            if getattr(pipe, "held_blocks", 0):
+                line += f"; {pipe.compute} weights held beside the NF4 ones in {pipe.held_blocks} blocks"
             line += "; blocks replayed as CUDA graphs between self-attentions" if pipe.block_graph_room else ""
         elif line.startswith("  encode"):
             when = "every frame before the loop"
