@@ -115,6 +115,8 @@ class CausalPretrainPipeline(FastPipeline):
                     x = scheduler.step(guided[None], t, x[None])[0]
                     done += 1
                     progress("denoise", done, total)
+                if self.scale_out is not None:  # no chunk out of a forward whose peer was lost under it
+                    self.scale_out.verify()
                 yield x
                 if c + 1 < chunks:  # refresh both caches with the clean chunk (conditional first)
                     zero = torch.zeros(1, dtype=torch.int64, device=device)

@@ -16,13 +16,13 @@ One two-device pipeline per process (the group is the process's default one).
 NCCL, which the CPU tests cannot run: its collectives are queued on the GPU and return at once, so a dead
 peer shows as a kernel that never ends, not as an error. Rank 0 therefore watches rank 1's process (`_watch`,
 a thread): when it is gone, the group is aborted (its kernels end), the forward being run fails with
-`PeerLost`, and each forward's gathered output is waited for and checked before it is used (one event a
-forward), so a forward that ran into the abort is never taken for a result. A silent peer (alive, stuck)
-is the watchdog's: `TORCH_NCCL_ASYNC_ERROR_HANDLING=2` aborts the group after the timeout without taking the
+`PeerLost`, and each forward's gathered output is waited for and checked (one event a forward, waited for one
+forward late, and the last before a chunk is handed out: `Leader.verify`), so a forward that ran into the abort
+is never taken for a result. A silent peer (alive, stuck) is the watchdog's: `TORCH_NCCL_ASYNC_ERROR_HANDLING=2` aborts the group after the timeout without taking the
 worker down, and the next collective fails with `PeerLost`. The environment (`LINK_ENVIRONMENT`) is set
 before the group starts, in this process and so in rank 1's: NVLink multicast (NVLS) off, which the lent
-two-GPU machines forbid. The per-forward wait is a host synchronisation: the GPU idles while the host launches the next
-forward's first kernels.
+two-GPU machines forbid. The wait is a host synchronisation on the forward before the last, so the GPU still has
+one queued while the host waits.
 `TwoDevices.peer_stats` asks rank 1 for its device's memory figures (its peak: the bench's per-GPU peak) and
 its link counters.
 """
@@ -52,6 +52,7 @@ from worldgen.models.camera_cache import CameraCache
 from worldgen.models.kv_cache import CacheSpec, KVCache
 from worldgen.models.positions import rope_tables
 from worldgen.models.sequence_parallel import PeerLost, SequenceParallel
+from worldgen.pipelines.fast_plan import hold_nf4_weights
 
 WORLD = 2
 # set (unless already set) before a two-device group starts: NVLink multicast off (NCCL's NVLS, PyTorch's
@@ -99,6 +100,7 @@ class Leader(SequenceParallel):
         # forward names its step and rank 1 never reads t on the host (a device sync: it could not queue ahead)
         self.steps: dict[int, torch.Tensor] = {}
         self.forwards = 0  # forwards handed to rank 1
+        self.pending: torch.cuda.Event | None = None  # the last forward's end, not yet waited for (`gather`)
 
     def send(self, message: dict[str, Any], quiet: bool = False) -> None:
         """A header to rank 1; `quiet` (a cache's close in a `finally`): a lost peer is not raised again."""
@@ -136,16 +138,26 @@ class Leader(SequenceParallel):
             raise PeerLost(self.lost) from exc.__cause__
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
-        """`SequenceParallel.gather`, and on CUDA the forward waited for: a group aborted under it (its peer
-        gone) fails it here, before its output could be taken for a result."""
+        """`SequenceParallel.gather`, and on CUDA the forward before this one waited for: a group aborted under it
+        (its peer gone) fails it here. One forward late, so the GPU has this one queued while the host waits and
+        prepares the next (waiting for this one left both GPUs idle while it launched the next forward's first
+        kernels); `verify` waits for the last one before a chunk is handed out."""
         out = super().gather(x)
         if x.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-            done.synchronize()
-            if self.lost is not None:
-                raise PeerLost(self.lost)
+            self.verify()
+            self.pending = done
         return out
+
+    def verify(self) -> None:
+        """Wait for the last forward handed to rank 1 (CUDA) and fail with `PeerLost` if its group was aborted under
+        it: its output is then no result. The pipelines call it before they hand out a chunk."""
+        if self.pending is not None:
+            self.pending.synchronize()
+            self.pending = None
+        if self.lost is not None:
+            raise PeerLost(self.lost)
 
     def before_forward(self, model, x, t, context, y, cam, cache, rope, keys_only: bool) -> None:
         if not isinstance(cache, LeaderKVCache):
@@ -172,6 +184,7 @@ class Leader(SequenceParallel):
                 # launches every kernel from the host while rank 0 waits in the next all-to-all
                 "block_graphs": model.block_graphs is not None and model.block_graphs.allowed,
                 "compute": model.blocks[0].self_attn.compute,  # a pipeline's `set_compute` (bench_fast's)
+                "held_blocks": getattr(model, "held_blocks", 0),  # an NF4 DiT's blocks holding 8-bit weights
             }
         )
         for tensor in (
@@ -271,6 +284,10 @@ class TwoDevices:
             watch = (self.process, self.leader, self._closing)
             threading.Thread(target=_watch, args=watch, name="lingbot-rank1-watch", daemon=True).start()
         atexit.register(self.close)
+
+    def verify(self) -> None:
+        """The last forward waited for and checked (`Leader.verify`): before a chunk is handed out."""
+        self.leader.verify()
 
     @property
     def peer_pid(self) -> int | None:
@@ -471,6 +488,7 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
     # computes each once a job as rank 0's does: the 14B's time projection is a large dequantized weight for one row
     # (`WanCameraDiT.time_cache`)
     steps: dict[int, torch.Tensor] = {}
+    held_weights: tuple[str, int] | None = None  # (compute, blocks) of the 8-bit weights an NF4 DiT holds
     model.time_cache = {}
     region = contextlib.ExitStack()  # `TwoDevices.peer_region`'s (left when rank 1 is told to stop)
     clock = ForwardClock(device.type == "cuda")
@@ -532,7 +550,11 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
                 model.block_graphs.close()
                 model.block_graphs = None
             if message["compute"] != model.blocks[0].self_attn.compute:
-                model.set_compute(message["compute"])
+                model.set_compute(message["compute"])  # drops the held 8-bit weights of another compute
+                held_weights = None
+            if (message["compute"], message["held_blocks"]) != held_weights:  # rank 0's plan's, mirrored
+                hold_nf4_weights(model, message["compute"], message["held_blocks"])
+                held_weights = (message["compute"], message["held_blocks"])
             cache = caches[message["id"]]
             current_start, tokens = message["call"]
             f, h, w = model.grid(x)
