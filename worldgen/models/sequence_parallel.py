@@ -17,10 +17,8 @@ The DiT calls into this only where `model.sequence_parallel` / `self_attn.sequen
 (`attach`); with one device nothing here runs. A collective that fails because a peer went away
 raises `PeerLost`; the process group's timeout bounds how long a silent peer is waited for.
 
-Per layer the link carries two exchanges: q, k and v in one, and the attention's output back. With two ranks
-and one sample (every causal job) each is one NCCL group of sends and receives that land each rank's share where
-it is used (`_pair_to_heads`, `_pair_to_tokens`: nothing arrived is permuted again); otherwise an all-to-all
-(q, k and v each copied once into its destination's slot of one send buffer). `sent_bytes` and
+Per layer the link carries two all-to-alls: q, k and v in one (each copied once into its destination's
+slot of one send buffer: no stack, then permute), and the attention's output back. `sent_bytes` and
 `received_bytes` count what crossed the link from and to this rank (host arithmetic from the tensors'
 sizes, no synchronisation): the bench reads them per chunk.
 """
@@ -96,8 +94,6 @@ class SequenceParallel:
         once, straight into its slot of the send buffer [destination rank, part, B, rows, n/P, d]."""
         b, rows, n, d = parts[0].shape
         local = n // self.world
-        if self.world == 2 and b == 1:
-            return self._pair_to_heads(parts, rows, local, d)
         send = parts[0].new_empty((self.world, len(parts), b, rows, local, d))
         for i, part in enumerate(parts):
             send[:, i].copy_(part.reshape(b, rows, self.world, local, d).permute(2, 0, 1, 3, 4))
@@ -114,8 +110,6 @@ class SequenceParallel:
         b, length, width = out.shape
         rows, local = self.rows(length), num_heads // self.world
         d = width // local
-        if self.world == 2 and b == 1:
-            return self._pair_to_tokens(out, rows, local, d)
         out = F.pad(out, (0, 0, 0, rows * self.world - length)).view(b, self.world, rows, local, d)
         send = out.permute(1, 0, 2, 3, 4).contiguous()  # [destination rank (its tokens), B, rows, n/P, d]
         recv = torch.empty_like(send)  # [source rank (its heads), B, rows, n/P, d]
@@ -123,41 +117,6 @@ class SequenceParallel:
         moved = send.nbytes // self.world * (self.world - 1)
         self.count(moved, moved)
         return recv.permute(1, 2, 0, 3, 4).reshape(b, rows, num_heads * d)
-
-    # Two ranks and one sample (every causal job): each rank's share lands where it is used, by one send and one
-    # receive a part in a single NCCL group, so neither a send buffer of all heads nor a permute of what arrived is
-    # copied (the all-to-all's received q, k, v were reshaped in one more pass over them: 87 us a block of the 14B)
-    def _pair_to_heads(self, parts, rows: int, local: int, d: int) -> tuple[torch.Tensor, ...]:
-        me, peer = self.rank, 1 - self.rank
-        whole = parts[0].new_empty((len(parts), 1, 2 * rows, local, d))  # [part, B, every token, my heads, d]
-        send = parts[0].new_empty((len(parts), 1, rows, local, d))  # my tokens of the peer's heads
-        for i, part in enumerate(parts):
-            heads = part.view(1, rows, 2, local, d)
-            send[i].copy_(heads[:, :, peer])
-            whole[i, :, me * rows : (me + 1) * rows].copy_(heads[:, :, me])
-        self._exchange([(send[i], whole[i, :, peer * rows : (peer + 1) * rows]) for i in range(len(parts))])
-        return tuple(whole[:, :, : self.tokens].unbind(0))
-
-    def _pair_to_tokens(self, out: torch.Tensor, rows: int, local: int, d: int) -> torch.Tensor:
-        me, peer = self.rank, 1 - self.rank
-        length = out.shape[1]
-        out = out.reshape(1, length, local, d)
-        if length < 2 * rows:  # odd: the last rank's rows end in one padding row (zeros, dropped at the gather)
-            out = F.pad(out, (0, 0, 0, 0, 0, 2 * rows - length))
-        received = out.new_empty((1, rows, local, d))
-        self._exchange([(out[:, peer * rows : (peer + 1) * rows], received)])
-        mine = out[:, me * rows : (me + 1) * rows]
-        return torch.stack((mine, received) if me == 0 else (received, mine), dim=2).view(1, rows, 2 * local * d)
-
-    def _exchange(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Each (send, receive) pair: this rank's tensor to its peer and the peer's into the other, all in one group."""
-        peer = 1 - self.rank
-        ops = []
-        for sent, into in pairs:
-            ops += [dist.P2POp(dist.isend, sent.contiguous(), peer), dist.P2POp(dist.irecv, into, peer)]
-        self._collective(_wait_all, ops)
-        moved = sum(sent.nbytes for sent, _ in pairs)
-        self.count(moved, moved)
 
     def attention_output(self, attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv) -> torch.Tensor:
         """`SelfAttention.attention_output` over the ranks: [B, rows, n, d] q/k/v -> [B, rows, dim]. Each rank
@@ -196,9 +155,3 @@ class SequenceParallel:
 
     def before_forward(self, model, x, t, context, y, cam, cache, rope, keys_only: bool) -> None:
         """Called first in each sharded forward (the leader sends the call to its peers here)."""
-
-
-def _wait_all(ops: list) -> None:
-    """The point-to-point `ops` started as one group; each waited for (on NCCL: by the current stream)."""
-    for request in dist.batch_isend_irecv(ops):
-        request.wait()
