@@ -243,45 +243,6 @@ def test_load_pipeline_with_two_devices_runs_a_fast_job_on_both(tmp_path):
     assert handle.peer_stats_at_close["device"] == "cpu" and handle.peer_stats_at_close["peak_allocated_bytes"] is None
 
 
-TWO_CUDA = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
-
-
-@pytest.mark.parametrize(
-    ("devices", "tolerance"),
-    [(["cpu", "cpu"], SPLIT_TOL), pytest.param(["cuda:0", "cuda:1"], 1e-4, marks=TWO_CUDA)],  # 2 GPUs: 2 cuDNNs
-    ids=["cpu", "cuda"],
-)
-def test_a_tiled_decode_gives_half_its_tiles_to_rank_1_and_the_same_frames(tmp_path, devices, tolerance):
-    """`two_gpu_tiles`: a two-device pipeline's decoder (`chunk_decodes.job_decoder`) hands the second half of each
-    push's tiles to rank 1, which decodes them with its own VAE and caches for them (on CUDA on its second stream,
-    the pieces over their own NCCL group); the frames are the one-device streamed decoder's, push after push (the
-    causal caches carried on either rank), and a new job's decoder starts rank 1's caches afresh."""
-    from worldgen.models.vae_tiling import StreamingDecoder, _tile_positions, tile_shape
-    from worldgen.pipelines.chunk_decodes import job_decoder
-    from worldgen.pipelines.loader import load_pipeline
-
-    pipe = load_pipeline("tiny", devices=devices, model="fast", text_cache_dir=tmp_path)
-    handle = pipe.scale_out
-    try:
-        vae = pipe.residency.use("vae")
-        latents = torch.randn(1, 16, 7, 12, 20, generator=torch.Generator().manual_seed(5)).to(devices[0])
-        tile_pixels = 64 * 10 * 12  # latent tiles of at most 10 x 12: 2 x 2 of them over 12 x 20
-        tiles = _tile_positions(12, 20, tile_shape(12, 20, tile_pixels // 64, unit=1), 1, unit=1)
-        assert len(tiles) == 4
-        for job in range(2):
-            one, two = StreamingDecoder(vae, tile_pixels), job_decoder(pipe, tile_pixels)
-            assert two.peer is not None
-            for frames in (slice(0, 1), slice(1, 4), slice(4, 7)):
-                sent = handle.leader.sent_bytes
-                want, got = one.push(latents[:, :, frames]), two.push(latents[:, :, frames])
-                assert handle.leader.sent_bytes - sent == 2 * latents[:, :, frames, :10, :12].nbytes  # 2 of the 4
-                error = rel_l2(got, want)
-                assert error < tolerance, (job, frames, error)
-            assert len(two.caches) == 2  # rank 0 holds only its own tiles' caches
-    finally:
-        handle.close()
-
-
 def _check_link_bytes(pipe, handle) -> None:
     """What crossed the link, as counted on both ends: per layer the q/k/v all-to-all and the output's (half
     of each buffer leaves the rank), the head's rows gathered, and rank 0's broadcasts on top of what it sent."""

@@ -169,27 +169,15 @@ class _Streaming:
 
 class StreamingDecoder(_Streaming):
     """`decode_tiled` a few latent frames at a time (see `_Streaming`): a streamed video equals a
-    decoded-at-the-end one.
+    decoded-at-the-end one."""
 
-    `peer` (two devices, tiles not parked: `worldgen.pipelines.two_gpu.PeerTiles`): the second half of each push's
-    tiles is decoded by the other device, with that device's own causal caches for them, while this one decodes the
-    first half; its pieces come back and blend here as this device's would. The same tiles, the same per-frame
-    arithmetic, the same video."""
-
-    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int = 64, park: bool = False, peer=None):
+    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int = 64, park: bool = False):
         super().__init__(vae, max_tile_pixels, overlap, park)
-        self.peer = None if park else peer
 
     def _run(self, key: tuple[int, int], latent: torch.Tensor) -> torch.Tensor:
         cache = self._cache(key, latent.device)
         frames = [self.vae.decode_chunk(latent[:, :, t : t + 1], cache) for t in range(latent.shape[2])]
         return torch.cat(frames, dim=2)
-
-    @torch.no_grad()
-    def push_tile(self, key: tuple[int, int], latent: torch.Tensor) -> torch.Tensor:
-        """One tile's next latent frames -> its piece, with that tile's own caches (the device a `peer` hands it to)."""
-        with torch.profiler.record_function("vae decode tile"):
-            return self._run(key, latent)
 
     @torch.no_grad()
     def push(self, latent: torch.Tensor) -> torch.Tensor:
@@ -210,20 +198,11 @@ class StreamingDecoder(_Streaming):
         if self.park and self.resident in positions:
             top, left = self.resident
             early[self.resident] = self._run(self.resident, latent[..., top : top + tile[0], left : left + tile[1]])
-        remote = positions[(len(positions) + 1) // 2 :] if self.peer is not None else []
-        if remote:  # the other device starts on its tiles now, beside this one's
-            self.peer.start(
-                self, [(key, latent[..., key[0] : key[0] + tile[0], key[1] : key[1] + tile[1]]) for key in remote]
-            )
-        made, last = iter(positions), None
+        made = iter(positions)
 
         def piece(tile_latent: torch.Tensor) -> torch.Tensor:
-            nonlocal last
             key = next(made)
-            if key in remote:  # shaped as this device's pieces (every tile of a push has the same shape)
-                return self.peer.finish(key, last.shape, last.dtype)
-            last = early.pop(key) if key in early else self._run(key, tile_latent)
-            return last
+            return early.pop(key) if key in early else self._run(key, tile_latent)
 
         return _tiled(piece, latent, 8, tile, overlap, unit=1)
 

@@ -166,8 +166,6 @@ def job_decoder(pipe, tile_pixels: int | None) -> StreamingDecoder:
     """A job's streamed decoder: the plan's tiles (`tile_pixels`), each tile's caches parked in host memory between
     its turns where the plan's cut says so (`vae_tiling._Streaming.park`: one tile's on the device at a time). One
     home for the job's decodes and the run ahead of them (`fast_warm_up.first_use_ahead`), which so pins the parked
-    caches' host memory the job then reuses. On two devices the second decodes half the tiles (`two_gpu_tiles`)."""
+    caches' host memory the job then reuses."""
     park = getattr(getattr(pipe, "vae_cut", None), "parked", False)
-    split = getattr(pipe, "scale_out", None)
-    peer = None if split is None else split.tile_peer(pipe.vae_dtype)
-    return StreamingDecoder(pipe.residency.use("vae"), tile_pixels, park=park, peer=peer)
+    return StreamingDecoder(pipe.residency.use("vae"), tile_pixels, park=park)

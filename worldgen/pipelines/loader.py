@@ -270,8 +270,7 @@ def load_pipeline(
 
         sizes = (vram_budget_gb, ram_budget_gb, layout.expert_gib, layout.kind)
         rank1 = functools.partial(_rank1_dit, dit_folder, str(devices[1]), dtype, *sizes, backend, compute)
-        rank1_vae = functools.partial(_rank1_vae, layout, str(devices[1]), first_use_ahead)
-        use_two_devices(pipe, rank1, [str(device), str(devices[1])], vae_factory=rank1_vae)
+        use_two_devices(pipe, rank1, [str(device), str(devices[1])])
     if model in ("fast", "causal") and device.type == "cuda":
         from worldgen.pipelines import fast_warm_up
 
@@ -338,11 +337,6 @@ def _rank1_dit(
     )
     apply_memory_cap(plan)
     return _prepared_expert(load_expert(folder, on, dtype), plan, backend, compute)
-
-
-def _rank1_vae(layout, device: str, long_lived: bool, dtype: torch.dtype) -> torch.nn.Module:
-    """Rank 1's VAE (`two_gpu_tiles`: it decodes half a tiled decode's tiles), in the dtype rank 0's decode runs in."""
-    return _vae(layout, torch.device(device), dtype, long_lived)
 
 
 def _family_label(family: ModelFamily, dit_folder: Path) -> str:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
-import itertools
 import os
 import shutil
 import sys
@@ -54,8 +53,6 @@ from worldgen.models.kv_cache import CacheSpec, KVCache
 from worldgen.models.positions import rope_tables
 from worldgen.models.sequence_parallel import PeerLost, SequenceParallel
 from worldgen.pipelines.fast_plan import hold_nf4_weights
-from worldgen.pipelines.two_gpu_tiles import PeerTiles, RankTiles, VaeFactory, tiles_group
-from worldgen.runtime.metering import ForwardClock
 
 WORLD = 2
 # set (unless already set) before a two-device group starts: NVLink multicast off (NCCL's NVLS, PyTorch's
@@ -250,14 +247,11 @@ class TwoDevices:
         devices: list[str],
         timeout_s: float = PEER_TIMEOUT_S,
         load_timeout_s: float = PEER_LOAD_TIMEOUT_S,
-        vae_factory: VaeFactory | None = None,
     ) -> None:
         if len(devices) != WORLD:
             raise ValueError(f"a two-device job takes two devices, not {devices}")
         self.devices = [torch.device(d) for d in devices]
         self.dit_factory, self.timeout_s, self.load_timeout_s = dit_factory, timeout_s, load_timeout_s
-        self.vae_factory = vae_factory  # rank 1 decodes half the tiles of a tiled decode (`two_gpu_tiles`)
-        self._decoders = itertools.count()  # the decoders that handed rank 1 tiles, numbered
         self.process = None
         self._start()
 
@@ -271,7 +265,7 @@ class TwoDevices:
         store = f"file://{os.path.join(self._dir, 'store')}"  # a file rendezvous: no port to pick
         context = mp.get_context("spawn")
         self.conn, child = context.Pipe()
-        args = (child, store, str(self.devices[1]), self.timeout_s, self.dit_factory, os.getpid(), self.vae_factory)
+        args = (child, store, str(self.devices[1]), self.timeout_s, self.dit_factory, os.getpid())
         self.process = context.Process(target=follower_main, args=args, name="lingbot-rank1", daemon=True)
         self.process.start()
         child.close()
@@ -282,26 +276,18 @@ class TwoDevices:
             self.process.kill()
             self.process = None
             raise PeerLost(f"rank 1 did not join the process group: {exc}") from exc
-        self.tiles = tiles_group(timeout)
         self.leader = Leader(self.conn, self.process)
         self.starts = getattr(self, "starts", 0) + 1
         self.peer_stats_at_close: dict[str, Any] | None = None
         self._closing = threading.Event()  # this rank 1's: set by `close`
         if self.devices[0].type == "cuda":  # gloo fails a collective with a closed peer at once; NCCL waits
-            watch = (self.process, self.leader, self._closing, self.tiles)
+            watch = (self.process, self.leader, self._closing)
             threading.Thread(target=_watch, args=watch, name="lingbot-rank1-watch", daemon=True).start()
         atexit.register(self.close)
 
     def verify(self) -> None:
         """The last forward waited for and checked (`Leader.verify`): before a chunk is handed out."""
         self.leader.verify()
-
-    def tile_peer(self, dtype: torch.dtype) -> PeerTiles | None:
-        """What hands rank 1 half of a tiled decode's tiles (`StreamingDecoder.peer`), for a VAE in `dtype`; None
-        where rank 1 has no VAE to load."""
-        if self.vae_factory is None:
-            return None
-        return PeerTiles(self.leader, self.tiles, dtype, self.devices[0], self._decoders)
 
     @property
     def peer_pid(self) -> int | None:
@@ -399,7 +385,48 @@ class TwoDevices:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _watch(process, leader: Leader, closing: threading.Event, tiles) -> None:
+class ForwardClock:
+    """Rank 1's seconds over its forwards, for the benchmarks (where a split forward waits, issue 55): `inputs_s` from
+    a header's arrival to its inputs' broadcasts queued (waited for only on the CPU's gloo), `launch_s` from then until
+    `forward_tokens` returned (the host launching the forward), `gpu_s` between CUDA events around that (None on the
+    CPU). Finished events are folded into the sum as forwards go, so a long-lived worker holds only pending ones."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.reset()
+
+    def reset(self) -> None:
+        self.forwards, self.inputs_s, self.launch_s = 0, 0.0, 0.0
+        self.gpu_s: float | None = 0.0 if self.cuda else None
+        self.pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def event(self) -> torch.cuda.Event | None:
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def add(self, arrived: float, received: float, began: torch.cuda.Event | None) -> None:
+        self.forwards += 1
+        self.inputs_s += received - arrived
+        self.launch_s += time.perf_counter() - received
+        if began is not None:
+            self.pending.append((began, self.event()))
+            self._fold(wait=False)
+
+    def _fold(self, wait: bool) -> None:
+        while self.pending and (wait or self.pending[0][1].query()):
+            began, ended = self.pending.pop(0)
+            ended.synchronize()
+            self.gpu_s += began.elapsed_time(ended) / 1000
+
+    def figures(self) -> dict[str, Any]:
+        self._fold(wait=True)
+        return {"forwards": self.forwards, "inputs_s": self.inputs_s, "launch_s": self.launch_s, "gpu_s": self.gpu_s}
+
+
+def _watch(process, leader: Leader, closing: threading.Event) -> None:
     """Rank 0's watch over one rank 1's process (CUDA): once it is gone, the group is aborted, so that no NCCL
     kernel waits for it until the timeout; the leader's next send, collective or gathered output fails."""
     while not closing.wait(WATCH_S):
@@ -408,9 +435,8 @@ def _watch(process, leader: Leader, closing: threading.Event, tiles) -> None:
         if leader.lost is None:
             leader.lost = f"rank 1 (pid {process.pid}) is gone: it exited with code {process.exitcode}"
         if not closing.is_set() and dist.is_initialized():
-            for group in (tiles, None):  # the decode's tiles' group, then the default one
-                with contextlib.suppress(Exception):  # already aborted or destroyed: nothing left to end
-                    dist.distributed_c10d._abort_process_group(group)
+            with contextlib.suppress(Exception):  # already aborted or destroyed: nothing left to end
+                dist.distributed_c10d._abort_process_group()
         return
 
 
@@ -426,9 +452,7 @@ def use_two_devices(pipe, dit_factory: DitFactory, devices: list[str], **kwargs:
 
 
 # -- rank 1 ------------------------------------------------------------------------------------------
-def follower_main(
-    conn, store: str, device: str, timeout_s: float, dit_factory: DitFactory, parent: int, vae_factory=None
-) -> None:
+def follower_main(conn, store: str, device: str, timeout_s: float, dit_factory: DitFactory, parent: int) -> None:
     """Rank 1's process: join the group, load the DiT, then run the other half of every forward rank 0
     hands over until told to stop, or until rank 0 is gone (its pipe closed, or no parent)."""
     _link_environment()  # inherited from rank 0 already; set here too for a rank started otherwise
@@ -439,14 +463,13 @@ def follower_main(
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // WORLD))
     timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(init_method=store, rank=1, **_group(on, timeout))
-    tiles = RankTiles(vae_factory, tiles_group(timeout), on)
     try:
         model = dit_factory()
         split = SequenceParallel(1, WORLD)
         split.attach(model)
         conn.send({"op": "ready"})
         with torch.no_grad():
-            _serve(conn, model, split, on, parent, tiles)
+            _serve(conn, model, split, on, parent)
     except (PeerLost, EOFError, OSError) as exc:  # rank 0 is gone: nothing to tell it
         print(f"lingbot rank 1: {type(exc).__name__}: {exc}", file=sys.stderr)
         os._exit(3)
@@ -458,7 +481,7 @@ def follower_main(
     dist.destroy_process_group()
 
 
-def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: int, tiles: RankTiles) -> None:
+def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: int) -> None:
     caches: dict[int, KVCache] = {}
     held: dict[str, torch.Tensor | None] = {}
     # one tensor per rank 0's timestep tensor (`Leader.steps`), so the model's time cache (keyed by the tensor)
@@ -495,11 +518,8 @@ def _serve(conn, model, split: SequenceParallel, device: torch.device, parent: i
             caches[message["id"]] = KVCache(message["spec"], *shape, device, start_tokens=message["start"])
         elif op == "grow":
             caches[message["id"]].grow()
-        elif op == "decode":  # half a tiled decode's tiles (`two_gpu_tiles`)
-            tiles.run(message, split)
         elif op == "close":
             caches.pop(message["id"]).close()
-            tiles.close()
             held.clear()
             steps.clear()
             model.camera_cache, model.time_cache = None, {}
