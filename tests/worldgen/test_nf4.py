@@ -129,13 +129,18 @@ def _rows_on_cuda(shape: tuple[int, int], kind: str):
     return layer, made
 
 
-def test_a_held_8bit_weight_gives_the_per_call_numbers_and_is_dropped_on_request(monkeypatch):
-    """`NF4Linear.hold`: the 8-bit weight made once and kept beside the NF4 bytes (where the plan has room) gives the
-    GEMM the very weight it made per call; holding another kind replaces it, None drops it."""
+def _int8_layer(monkeypatch) -> tuple[NF4Linear, torch.Tensor]:
+    """An NF4 layer under int8 and 10 rows for it (its 8-bit GEMM from 4 rows on)."""
     monkeypatch.setattr(int8, "MIN_ROWS", 4)
     layer = nf4_layer(48, 128)
     layer.compute = "int8"
-    x = torch.randn(2, 5, 128)
+    return layer, torch.randn(2, 5, 128)
+
+
+def test_a_held_8bit_weight_gives_the_per_call_numbers_and_is_dropped_on_request(monkeypatch):
+    """`NF4Linear.hold`: the 8-bit weight made once and kept beside the NF4 bytes (where the plan has room) gives the
+    GEMM the very weight it made per call; holding another kind replaces it, None drops it."""
+    layer, x = _int8_layer(monkeypatch)
     with torch.no_grad():
         per_call = layer(x)
         assert layer.hold("int8") == 48 * 128 + 48 * 4  # a byte a weight, a float32 scale a row
@@ -200,13 +205,10 @@ def test_fp8_rows_from_the_triton_kernel_match_the_two_step_path(shape):
 
 
 def test_an_nf4_linear_under_int8_makes_its_int8_weight_per_call_and_holds_none(monkeypatch):
-    """The int8 weight is `int8.quantize_rows` of the bf16 weight, made from the NF4 bytes on every call and never
-    kept on the Linear: held, the 14B's int8 weights (13 GiB) beside its NF4 bytes ran a job planned for the NF4
-    bytes out of a 24 GiB budget."""
-    monkeypatch.setattr(int8, "MIN_ROWS", 4)
-    layer = nf4_layer(48, 128)
-    layer.compute = "int8"
-    x = torch.randn(2, 5, 128)
+    """The int8 weight is `int8.quantize_rows` of the bf16 weight, made from the NF4 bytes on every call and not kept
+    on the Linear unless the plan says so (`hold`): all held, the 14B's int8 weights (13 GiB) beside its NF4 bytes ran
+    a job planned for the NF4 bytes out of a 24 GiB budget."""
+    layer, x = _int8_layer(monkeypatch)
     with torch.no_grad():
         y = layer(x)
     q, scale = int8.quantize_rows(layer.dequantized_weight(torch.bfloat16))
