@@ -18,8 +18,8 @@ peer shows as a kernel that never ends, not as an error. Rank 0 therefore watche
 a thread): when it is gone, the group is aborted (its kernels end), the forward being run fails with
 `PeerLost`, and each forward's gathered output is waited for and checked (one event a forward, waited for one
 forward late, and the last before a chunk is handed out: `Leader.verify`), so a forward that ran into the abort
-is never taken for a result. A silent peer (alive, stuck) is the watchdog's: `TORCH_NCCL_ASYNC_ERROR_HANDLING=2` aborts the group after the timeout without taking the
-worker down, and the next collective fails with `PeerLost`. The environment (`LINK_ENVIRONMENT`) is set
+is never taken for a result. A silent peer (alive, stuck) is the watchdog's: `TORCH_NCCL_ASYNC_ERROR_HANDLING=2`
+aborts the group after the timeout without taking the worker down, and the next collective fails with `PeerLost`. The environment (`LINK_ENVIRONMENT`) is set
 before the group starts, in this process and so in rank 1's: NVLink multicast (NVLS) off, which the lent
 two-GPU machines forbid. The wait is a host synchronisation on the forward before the last, so the GPU still has
 one queued while the host waits.
