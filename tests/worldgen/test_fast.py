@@ -728,4 +728,4 @@ def test_an_nf4_dit_holds_its_8bit_weights_where_the_plan_leaves_room():
         fp8.ranks, fp8.vae_dtype, fp8.compute = ranks, torch.bfloat16, "fp8"
         fp8.plan_job(21, 58, 104, FastOptions())
         camera = fp8.camera_blocks * 1.1 * 2 * fp8.rank_rows(4524) * 5120 * 2 / 2**30
-        assert fp8.held_blocks == max(0, int((fp8._fit_left - camera - 0.5) // held_block_gib(fp8.dit_config)))
+        assert fp8.held_blocks == max(0, int((fp8.loop_left_gib - camera - 0.5) // held_block_gib(fp8.dit_config)))

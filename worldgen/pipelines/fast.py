@@ -37,9 +37,9 @@ from worldgen.pipelines.camera import validate_camera
 from worldgen.pipelines.chunk_decodes import ChunkDecodes
 from worldgen.pipelines.decoded_video import Keep
 from worldgen.pipelines.fast_conditioning import ChunkConditioning, FastCamera
+from worldgen.pipelines.fast_fit import fit_loop, overlap_fit
 from worldgen.pipelines.fast_plan import (
     BLOCK_GRAPH_BYTES_PER_TOKEN,
-    GRAPH_POOL_BYTES_PER_TOKEN,
     LOOP_MARGIN_GIB,
     CameraChoice,
     FastOptions,
@@ -55,7 +55,6 @@ from worldgen.pipelines.fast_plan import (
     make_block_weights,
     resident_dit_gib,
     spare_without_budget,
-    stream_vae_cuts,
     vae_dtype,
     vae_dtype_for_cut,
 )
@@ -114,6 +113,8 @@ class FastPipeline(Pipeline):
         self.kv_caches = 1  # KV caches a job holds at once, each planned in its share of the room (guided: 2)
         self.scale_out = None  # a second rank: each forward split over two (`worldgen.pipelines.two_gpu`)
         self.ranks = 1  # devices each forward is split over (`two_gpu.use_two_devices` sets 2): the plan's share
+        self.loop_left_gib: float | None = None  # under a budget, what the loop's fit leaves unused (`fast_fit`)
+        self.overlap_trial = False  # `fast_fit.overlap_fit` is counting a decode beside a forward's activations
 
     def set_compute(self, compute: str) -> None:
         """Switch the DiT's compute between jobs (the bench compares both in one process); the VAE is
@@ -188,15 +189,21 @@ class FastPipeline(Pipeline):
                 (spec, why), cut, stream_encode = cache_for(None), StreamVAE.cut(height, width, None), True
                 spare = spare_without_budget(self, spec, cut, chunk_tokens)
             else:
-                spec, why, cut, stream_encode = self._fit_loop(usable, chunk_tokens, height, width, cache_for)
-                left = self._fit_left
+                fit = fit_loop(self, usable, chunk_tokens, height, width, cache_for)
+                spec, why, cut, stream_encode, self.loop_left_gib = (
+                    fit.spec,
+                    fit.why,
+                    fit.cut,
+                    fit.stream_encode,
+                    fit.left_gib,
+                )
                 if self._wants_block_graphs():  # where they change nothing of the job's cache and cut
                     try:
-                        fitted = self._fit_loop(usable, chunk_tokens, height, width, cache_for, block_graphs=True)
+                        fitted = fit_loop(self, usable, chunk_tokens, height, width, cache_for, block_graphs=True)
                     except ValueError:  # no room for them at all
                         fitted = None
-                    self.block_graph_room = fitted is not None and (fitted[0], fitted[2]) == (spec, cut)
-                    left = self._fit_left if self.block_graph_room else left
+                    self.block_graph_room = fitted is not None and fitted.same_video(fit)
+                    self.loop_left_gib = fitted.left_gib if self.block_graph_room else fit.left_gib
                 # what the KV cache leaves is no room in practice: camera tensors beside the float32 VAE retried or ran out
                 # of memory at the cap (docs/benchmarks.md, Sessions 15 and 18; one slab ran, 21: `camera_choice`)
                 spare = 0.0
@@ -204,8 +211,8 @@ class FastPipeline(Pipeline):
             raise InputError(str(exc)) from None
         self.vae_cut, self.stream_encode = cut, stream_encode
         vae_dtype_for_cut(self, cut)
-        # room for a captured forward's pool only where asked (`_keeps_forward`), the decode overlap where it costs nothing
-        self.graph_room = usable is None or self._keeps_forward()
+        # room for a captured forward's pool only where asked (`keeps_forward_activations`), the decode overlap where it costs nothing
+        self.graph_room = usable is None or self.keeps_forward_activations()
         self.decode_tile_pixels = cut.tile_pixels
         if stream_encode or usable is None:
             self.encode_tile_pixels = cut.tile_pixels
@@ -223,121 +230,39 @@ class FastPipeline(Pipeline):
         graphs_gib = BLOCK_GRAPH_BYTES_PER_TOKEN * self.rank_rows(chunk_tokens) / GiB if self.block_graph_room else 0.0
         spare = None if spare is None else spare - graphs_gib
         choice = CameraChoice(camera_blocks(spare, chunk_tokens, cfg.dim, cfg.num_layers, self.dtype))
-        if usable is not None and not self._keeps_forward():  # the same KV cache and tiles: the same video
+        if usable is not None and not self.keeps_forward_activations():  # the same KV cache and tiles: the same video
             kv = spec.planned_bytes(cfg.num_layers, self.cache_heads, cfg.head_dim, self.dtype) / GiB
-            fixed = self._loop_fixed_gib(chunk_tokens)[0]
+            fixed = self.loop_fixed_gib(chunk_tokens)[0]
             room = usable - fixed - kv - activation_gib(self.rank_rows(chunk_tokens), cfg.dim) - graphs_gib
             shape = (cfg.dim, cfg.num_layers)
             choice = camera_choice(choice.blocks, streamed, room, cut.decode_push_gib, chunk_tokens, shape, self.dtype)
         self.camera_blocks, self.decode_after_loop, self.camera_until_decode = dataclasses.astuple(choice)
-        if not self.graph_room and self._overlap_fits(usable, chunk_tokens, height, width, cache_for, spec, cut):
-            self.graph_room, left = True, self._fit_left
-        hold_planned_weights(self, left if usable is not None else spare, chunk_tokens, slot)
+        if not self.graph_room:
+            fitted = overlap_fit(self, usable, chunk_tokens, height, width, cache_for, spec, cut)
+            if fitted is not None:
+                self.graph_room, self.loop_left_gib = True, fitted.left_gib
+        hold_planned_weights(self, self.loop_left_gib if usable is not None else spare, chunk_tokens, slot)
         if self.on_plan is not None:
             self.on_plan(self.describe_plan())
         return spec
 
-    def _keeps_forward(self) -> bool:
+    def keeps_forward_activations(self) -> bool:
         """Whether a chunk forward's activations outlive it (a CUDA graph's pool, asked for) or share the device
-        with a decode (on a second stream: `_overlap_fits` tries it): the plan then counts both at once. Under a
+        with a decode (on a second stream: `fast_fit.overlap_fit` tries it): the plan then counts both at once. Under a
         budget only beside a bf16 VAE: with the float32 one the graph's pool ran out of memory at 24 GiB although
         the arithmetic had room (sessions 7 and 9); beside the bf16 one it ran (docs/benchmarks.md, "Session 9: Fast")."""
-        asked = self.device.type == "cuda" and (self.use_chunk_graphs or getattr(self, "_overlap_trial", False))
+        asked = self.device.type == "cuda" and (self.use_chunk_graphs or self.overlap_trial)
         return asked and (self.plan.usable_gib is None or self.vae_dtype == torch.bfloat16)
-
-    def _overlap_fits(self, usable, chunk_tokens: int, height: int, width: int, cache_for, spec, cut) -> bool:
-        """Under a budget the decode overlap (on by default: `overlap_decode`) runs where it costs the job
-        nothing: on CUDA beside a bf16 VAE (`_keeps_forward`), in a job whose chunks decode as they come with
-        no camera slab freed for each decode, and with the same KV cache and cut once a decode's push is
-        counted beside a forward's activations (and the blocks' graphs, where they run)."""
-        if usable is None or not self.overlap_decode or self.decode_after_loop or self.camera_until_decode:
-            return False
-        self._overlap_trial = True
-        try:
-            if not self._keeps_forward():
-                return False
-            fitted = self._fit_loop(usable, chunk_tokens, height, width, cache_for, self.block_graph_room)
-        except ValueError:
-            return False
-        finally:
-            self._overlap_trial = False
-        return (fitted[0], fitted[2]) == (spec, cut)
 
     def _wants_block_graphs(self) -> bool:
         return self.device.type == "cuda" and self.use_block_graphs and not self.use_chunk_graphs
-
-    def _fit_loop(
-        self, usable: float, chunk_tokens: int, height: int, width: int, cache_for, block_graphs: bool = False
-    ) -> tuple:
-        """Under a budget: for each way to cut frames, the KV cache that fits beside the DiT, the text
-        keys/values, the streamed VAE and one chunk's activations (and, with `block_graphs`, their buffers
-        and pool); keep the largest cache, then the cut that also lets conditioning frames stream, then the
-        fewest tiles (faster, closest to the reference). The cuts counted at float32 first; only where none fits,
-        those counted at bf16, and among them the same KV cache with every tile's caches on the device before one
-        with them parked. Chunk 0 (its encode and first forward) holds the bf16 DiT that fp8/int8 shrink later."""
-        cfg = self.dit_config
-        fixed, cross = self._loop_fixed_gib(chunk_tokens)
-        first_fixed = fixed + self.plan.expert_gib - self.dit_gib(chunk_tokens)
-        act = activation_gib(self.rank_rows(chunk_tokens), self.dit_config.dim)
-        kept = GRAPH_POOL_BYTES_PER_TOKEN * chunk_tokens / GiB if self.use_chunk_graphs else act
-        keeps_forward = self._keeps_forward()
-        graphs = BLOCK_GRAPH_BYTES_PER_TOKEN * self.rank_rows(chunk_tokens) / GiB if block_graphs else 0.0
-
-        def beside(*pushes: float) -> float:
-            """The loop's transient peak: a VAE push after the forwards (eager, one stream), or beside
-            a forward's activations (kept in a graph pool, or a decode on a second stream); the blocks'
-            graphs beside either."""
-            return graphs + (kept + max(pushes) if keeps_forward else max(act, *pushes))
-
-        best, refusal = None, None
-        # in bf16 (every tile's caches on the device, or parked in host memory) only where no float32 cut fits a cache
-        families = [stream_vae_cuts(height, width)]
-        if self.device.type == "cuda":
-            families += [stream_vae_cuts(height, width, bf16=True) + stream_vae_cuts(height, width, parked=True)]
-        for cut in (cut for cuts in families for cut in cuts):
-            if best is not None and cut.bf16 and not best[3].bf16:
-                break
-            room = usable - fixed - cut.decode_cache_gib - beside(cut.decode_push_gib)
-            room += VAE_WEIGHTS_GIB / 2 if cut.bf16 else 0.0  # a bf16 cut's VAE is bf16: half its weights
-            if self.ranks > 1 and self.vae_dtype == torch.bfloat16:  # split forwards waited on the link eager
-                room += min(graphs, cut.bf16_saving_gib)  # ("Session 36"): their graphs may take the bf16 saving
-            try:
-                spec, why = cache_for(room)
-            except ValueError as exc:
-                refusal = refusal or exc
-                continue
-            # streamed conditioning: the encoder's caches live through chunk 0 (a one-chunk KV cache), the rest of the
-            # frames encode beside the decoder's caches
-            first_kv = spec.bytes(cfg.num_layers, self.cache_heads, cfg.head_dim, self.dtype) / GiB
-            first_kv *= min(1.0, chunk_tokens / spec.capacity_tokens)
-            if first_fixed + first_kv + act > usable:  # chunk 0's first forward, beside the bf16 DiT
-                refusal = refusal or ValueError("chunk 0's first forward does not fit beside the bf16 DiT")
-                continue
-            with_encoder = first_fixed + first_kv + cut.encode_cache_gib + cut.decode_cache_gib
-            stream_encode = with_encoder + beside(cut.decode_push_gib, cut.encode_push_gib) <= usable
-            score = (spec.capacity_tokens, stream_encode, not cut.parked, -cut.tiles)
-            if best is None or score > best[0]:  # and what the loop leaves unused (`held_weight_room`)
-                left = room - spec.planned_bytes(cfg.num_layers, self.cache_heads, cfg.head_dim, self.dtype) / GiB
-                left = min(left, usable - first_fixed - first_kv - act)
-                if stream_encode:
-                    left = min(left, usable - with_encoder - beside(cut.decode_push_gib, cut.encode_push_gib))
-                best, self._fit_left = (score, spec, why, cut, stream_encode), left
-        if best is None:
-            smallest = min(cut.decode_cache_gib + beside(cut.decode_push_gib) for cuts in families for cut in cuts)
-            raise ValueError(
-                f"{refusal}. At {height}x{width} the Fast DiT ({self.dit_gib(chunk_tokens):.1f} GiB), its text keys/values "
-                f"({cross:.1f} GiB), the VAE ({VAE_WEIGHTS_GIB:.1f} GiB) with its smallest streamed cut and one "
-                f"chunk's activations ({smallest:.1f} GiB) and a {LOOP_MARGIN_GIB:g} GiB margin leave no room for "
-                f"a KV cache in {usable:.1f} usable GiB"
-            )
-        return best[1:]
 
     def rank_rows(self, chunk_tokens: int) -> int:
         """The rows of a chunk this device's forward works on: all, or its rank's share (`sequence_parallel`; after
         the all-to-all it holds every token of its heads: the same bytes). Counted whole, v1 Fast's two-GPU blocks ran eager."""
         return -(-chunk_tokens // self.ranks)
 
-    def _loop_fixed_gib(self, chunk_tokens: int) -> tuple[float, float]:
+    def loop_fixed_gib(self, chunk_tokens: int) -> tuple[float, float]:
         """-> (what the loop always holds: the DiT, its text keys/values, the VAE, the margin; those keys/values)."""
         cfg = self.dit_config
         elem = torch.empty(0, dtype=self.dtype).element_size()

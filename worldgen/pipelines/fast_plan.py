@@ -77,7 +77,7 @@ class StreamVAE:
     # device's one tile is `decode_cache_gib`, counted beside the forwards' activations as beside a push)
     host_gib: float = 0.0
     # counted at bf16's figures, the VAE in bf16 (parked, or every tile's caches on the device): the cut of a
-    # budget where no float32 cut fits (`FastPipeline._fit_loop`: for the same KV cache, unparked before parked;
+    # budget where no float32 cut fits (`fast_fit.fit_loop`: for the same KV cache, unparked before parked;
     # an unparked bf16 cut beside the DiT is not yet measured on a GPU, where halving float32's figures once ran
     # out of memory, `cut`)
     bf16: bool = False
@@ -369,7 +369,7 @@ def hold_nf4_weights(model: torch.nn.Module, compute: str, blocks: int) -> int:
 
 def hold_planned_weights(pipe, room_gib: float | None, chunk_tokens: int, slot) -> None:
     """`pipe.held_blocks` (`held_weight_blocks`) from the room its plan leaves once the camera's kept blocks have
-    theirs (`room_gib`: under a budget what the loop's fit leaves (`FastPipeline._fit_loop`), else the card's spare;
+    theirs (`room_gib`: under a budget what the loop's fit leaves (`fast_fit.fit_loop`), else the card's spare;
     None: no plan), and its loaded NF4 DiT's held weights made to match (a later job's plan may hold fewer: the rest
     are dropped)."""
     cfg = pipe.dit_config
