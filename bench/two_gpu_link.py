@@ -25,7 +25,7 @@ class LinkMeter:
 
     def figures(self) -> dict:
         """Its devices, rank 1's peak allocated GiB, the link's MB each chunk and at the steady chunk's median, and
-        rank 1's milliseconds a forward (`worldgen.pipelines.two_gpu.ForwardClock`: its inputs, the host launching
+        rank 1's milliseconds a forward (`worldgen.runtime.metering.ForwardClock`: its inputs, the host launching
         it, its GPU span) and allocation retries at the cap over the rollout."""
         if self.split is None:
             return {}

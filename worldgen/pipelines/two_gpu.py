@@ -53,6 +53,7 @@ from worldgen.models.kv_cache import CacheSpec, KVCache
 from worldgen.models.positions import rope_tables
 from worldgen.models.sequence_parallel import PeerLost, SequenceParallel
 from worldgen.pipelines.fast_plan import hold_nf4_weights
+from worldgen.runtime.metering import ForwardClock
 
 WORLD = 2
 # set (unless already set) before a two-device group starts: NVLink multicast off (NCCL's NVLS, PyTorch's
@@ -383,47 +384,6 @@ class TwoDevices:
         if dist.is_initialized():
             dist.destroy_process_group()
         shutil.rmtree(self._dir, ignore_errors=True)
-
-
-class ForwardClock:
-    """Rank 1's seconds over its forwards, for the benchmarks (where a split forward waits, issue 55): `inputs_s` from
-    a header's arrival to its inputs' broadcasts queued (waited for only on the CPU's gloo), `launch_s` from then until
-    `forward_tokens` returned (the host launching the forward), `gpu_s` between CUDA events around that (None on the
-    CPU). Finished events are folded into the sum as forwards go, so a long-lived worker holds only pending ones."""
-
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
-        self.reset()
-
-    def reset(self) -> None:
-        self.forwards, self.inputs_s, self.launch_s = 0, 0.0, 0.0
-        self.gpu_s: float | None = 0.0 if self.cuda else None
-        self.pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-
-    def event(self) -> torch.cuda.Event | None:
-        if not self.cuda:
-            return None
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def add(self, arrived: float, received: float, began: torch.cuda.Event | None) -> None:
-        self.forwards += 1
-        self.inputs_s += received - arrived
-        self.launch_s += time.perf_counter() - received
-        if began is not None:
-            self.pending.append((began, self.event()))
-            self._fold(wait=False)
-
-    def _fold(self, wait: bool) -> None:
-        while self.pending and (wait or self.pending[0][1].query()):
-            began, ended = self.pending.pop(0)
-            ended.synchronize()
-            self.gpu_s += began.elapsed_time(ended) / 1000
-
-    def figures(self) -> dict[str, Any]:
-        self._fold(wait=True)
-        return {"forwards": self.forwards, "inputs_s": self.inputs_s, "launch_s": self.launch_s, "gpu_s": self.gpu_s}
 
 
 def _watch(process, leader: Leader, closing: threading.Event) -> None:

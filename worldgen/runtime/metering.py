@@ -3,7 +3,8 @@
 `PhaseMeter` measures; it decides nothing (the plan is `worldgen.runtime.memory`, the loading and freeing
 `worldgen.runtime.residency`). Printed at the end of every run and recorded by the benchmarks. The one
 reader of this process's /proc figures (the worker's health answers use `rss_gib`/`peak_rss_gib`);
-torch is imported only where a GPU is measured, so the worker's protocol side stays light.
+torch is imported only where a GPU is measured, so the worker's protocol side stays light. `ForwardClock`: a
+two-GPU job's rank 1's seconds a forward (`worldgen.pipelines.two_gpu`), for the benchmarks.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -143,3 +144,46 @@ class LapClock:
                 self.lap(name)
 
         return call
+
+
+class ForwardClock:
+    """Rank 1's seconds over its forwards, for the benchmarks (where a split forward waits, issue 55): `inputs_s` from
+    a header's arrival to its inputs' broadcasts queued (waited for only on the CPU's gloo), `launch_s` from then until
+    `forward_tokens` returned (the host launching the forward), `gpu_s` between CUDA events around that (None on the
+    CPU). Finished events are folded into the sum as forwards go, so a long-lived worker holds only pending ones."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.reset()
+
+    def reset(self) -> None:
+        self.forwards, self.inputs_s, self.launch_s = 0, 0.0, 0.0
+        self.gpu_s: float | None = 0.0 if self.cuda else None
+        self.pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def event(self) -> torch.cuda.Event | None:
+        if not self.cuda:
+            return None
+        import torch  # this module is imported before torch is needed (`peak_rss_gib`)
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def add(self, arrived: float, received: float, began: torch.cuda.Event | None) -> None:
+        self.forwards += 1
+        self.inputs_s += received - arrived
+        self.launch_s += time.perf_counter() - received
+        if began is not None:
+            self.pending.append((began, self.event()))
+            self._fold(wait=False)
+
+    def _fold(self, wait: bool) -> None:
+        while self.pending and (wait or self.pending[0][1].query()):
+            began, ended = self.pending.pop(0)
+            ended.synchronize()
+            self.gpu_s += began.elapsed_time(ended) / 1000
+
+    def figures(self) -> dict[str, Any]:
+        self._fold(wait=True)
+        return {"forwards": self.forwards, "inputs_s": self.inputs_s, "launch_s": self.launch_s, "gpu_s": self.gpu_s}
