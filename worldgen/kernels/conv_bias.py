@@ -21,7 +21,7 @@ from worldgen.kernels import channel_norm
 from worldgen.kernels.triton_lang import Signature, launch, tl, triton
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter runs it on CPU tensors
-BLOCK = 4096
+POSITIONS = 32  # positions a program (x 32 or 64 channels): the fastest tile at the VAE's widths on the H200
 
 
 def folds(x: torch.Tensor) -> bool:
@@ -31,21 +31,26 @@ def folds(x: torch.Tensor) -> bool:
 
 if triton is not None:
 
-    @triton.jit(do_not_specialize=["numel", "positions"])
+    @triton.jit(do_not_specialize=["positions"])
     def _residual_add_kernel(
-        r_ptr, r1_ptr, r2_ptr, b_ptr, h_ptr, out_ptr, numel, channels, positions,
-        PARTS: tl.constexpr, CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr,
+        r_ptr, r1_ptr, r2_ptr, b_ptr, h_ptr, out_ptr, channels, positions, channel_stride, position_stride,
+        PARTS: tl.constexpr, PIECE: tl.constexpr, BLOCK_P: tl.constexpr,
     ):  # fmt: skip
-        at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = at < numel
-        channel = at % channels if CHANNELS_LAST else (at // positions) % channels
+        # a tile of BLOCK_P positions x PIECE channels of one sample, addressed through the layout's strides: no
+        # channel index made from a flat offset (an int64 modulo an element made it 1.85x this time at 96 channels on the H200)
+        p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+        c = tl.program_id(1) * PIECE + tl.arange(0, PIECE)
+        sample = tl.program_id(2).to(tl.int64) * channels * positions
+        mask = (p[:, None] < positions) & (c[None, :] < channels)
+        at = sample + (p[:, None] * position_stride + c[None, :] * channel_stride)
         dtype = out_ptr.dtype.element_ty
         r = tl.load(r_ptr + at, mask=mask, other=0.0).to(tl.float32)
         if PARTS > 1:  # the convolution's time taps, added in order as PyTorch's += adds them
             r = (r + tl.load(r1_ptr + at, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
         if PARTS > 2:
             r = (r + tl.load(r2_ptr + at, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
-        r = (r + tl.load(b_ptr + channel, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+        bias = tl.load(b_ptr + c, mask=c < channels, other=0.0).to(tl.float32)
+        r = (r + bias[None, :]).to(dtype).to(tl.float32)
         out = r + tl.load(h_ptr + at, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + at, out.to(dtype), mask=mask)
 
@@ -60,24 +65,27 @@ def residual_add(r: channel_norm.Summands, bias: torch.Tensor, h: torch.Tensor) 
     if on_device and channel_norm._fits(parts, None) and same and first.dim() == 5:
         out = torch.empty_like(first)
         r1, r2 = (parts[min(i, len(parts) - 1)] for i in (1, 2))  # unread where there are fewer parts
-        layout = channel_norm._layout(first)
+        batch, channels = first.shape[:2]
+        positions = first[0, 0].numel()
+        strides = (1, channels) if channel_norm._layout(first) == torch.channels_last_3d else (positions, 1)
+        piece = next((n for n in (64, 32) if channels % n == 0), None) or triton.next_power_of_2(channels)
+        grid = (triton.cdiv(positions, POSITIONS), triton.cdiv(channels, piece), batch)
         launch(
-            _residual_add_kernel, (triton.cdiv(first.numel(), BLOCK),), first, r1, r2, bias, h, out, first.numel(),
-            first.shape[1], first[0, 0].numel(), PARTS=len(parts), CHANNELS_LAST=layout == torch.channels_last_3d,
-            BLOCK=BLOCK, num_warps=8,
+            _residual_add_kernel, grid, first, r1, r2, bias, h, out, channels, positions, *strides,
+            PARTS=len(parts), PIECE=piece, BLOCK_P=POSITIONS, num_warps=4,
         )  # fmt: skip
         return out
     return (channel_norm.sum_parts(parts) + bias.view(-1, 1, 1, 1)) + h
 
 
-# The launch's variants (`triton_lang.Signature`): the float32 and bf16 VAEs, both layouts, a tensor of more
-# than 2**31 elements (its count an i64), the float32 VAE's time taps summed here (three parts)
+# The launch's variants (`triton_lang.Signature`): the float32 and bf16 VAEs, both layouts, the float32 VAE's
+# time taps summed here (three parts)
 _F32, _BF16 = "*fp32 " * 6, "*bf16 " * 6
+_TILE = {"BLOCK_P": POSITIONS}
 SIGNATURES = {
     "_residual_add_kernel": (
-        Signature(_F32 + "i32 i32 i32", {"PARTS": 1, "CHANNELS_LAST": False, "BLOCK": BLOCK}, {"num_warps": 8}),
-        Signature(_F32 + "i32 i32 i32", {"PARTS": 3, "CHANNELS_LAST": True, "BLOCK": BLOCK}, {"num_warps": 8}),
-        Signature(_BF16 + "i32 i32 i32", {"PARTS": 1, "CHANNELS_LAST": True, "BLOCK": BLOCK}, {"num_warps": 8}),
-        Signature(_BF16 + "i64 i32 i32", {"PARTS": 1, "CHANNELS_LAST": False, "BLOCK": BLOCK}, {"num_warps": 8}),
+        Signature(_F32 + "i32 i32 i32", {**_TILE, "position_stride": 1, "PARTS": 1, "PIECE": 32}, {"num_warps": 4}),
+        Signature(_F32 + "i32 i32 i32", {**_TILE, "channel_stride": 1, "PARTS": 3, "PIECE": 64}, {"num_warps": 4}),
+        Signature(_BF16 + "i32 i32 i32", {**_TILE, "channel_stride": 1, "PARTS": 1, "PIECE": 32}, {"num_warps": 4}),
     ),
 }  # fmt: skip
