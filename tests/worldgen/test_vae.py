@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,6 +107,47 @@ def test_the_upsample_and_the_frame_pairs_keep_the_layout_and_the_values(layout)
     want = x.contiguous().view(2, 2, 3, 3, 4, 5).permute(0, 2, 3, 1, 4, 5).reshape(2, 3, 6, 4, 5)
     assert torch.equal(pairs, want)
     assert layout_of(pairs) == layout
+
+
+_UPSAMPLE_CHECKS = """
+import torch
+import torch.nn.functional as F
+from worldgen.kernels import upsample
+from worldgen.models.vae import layout_of, upsample_2x
+for shape in [(1, 96, 3, 5, 7), (2, 20, 2, 3, 4), (1, 130, 1, 2, 3)]:
+    x = torch.randn(*shape).contiguous(memory_format=torch.channels_last_3d)
+    assert upsample.takes(x) and not upsample.takes(x.contiguous()), shape
+    up = upsample_2x(x)
+    want = F.interpolate(x.contiguous(), scale_factor=(1.0, 2.0, 2.0), mode="nearest-exact")
+    assert torch.equal(up, want) and layout_of(up) == torch.channels_last_3d, shape
+print("interpreted upsample: ok")
+"""
+
+
+@pytest.mark.slow
+def test_the_upsample_kernel_copies_the_source_pixels_under_the_interpreter():
+    """`worldgen.kernels.upsample`, the channels-last copy on CUDA, run by Triton's interpreter on CPU tensors:
+    every pixel of the output is its source pixel's channels (channel counts over and under a piece of 64)."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_UPSAMPLE_CHECKS)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.cuda
+def test_the_upsample_kernel_on_cuda_gives_pytorchs_upsampling():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (the kernel runs on CUDA)")
+    from worldgen.kernels import upsample
+
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(1, 192, 4, 58, 104, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last_3d)
+        assert upsample.takes(x)
+        want = F.interpolate(x.contiguous(), scale_factor=(1.0, 2.0, 2.0), mode="nearest-exact")
+        up = upsample_2x(x)
+        assert torch.equal(up, want) and layout_of(up) == torch.channels_last_3d
 
 
 def test_bad_frame_count_is_an_input_error(golden_vae):

@@ -13,7 +13,8 @@ a tile of positions x all channels either way, through the layout's strides.
 
 The kernel is bound by its arithmetic, not by memory: at 96 channels x 4 frames x 464 x 832 in bf16 it took
 0.81 ms where a copy of the tensor takes 0.14 on the H200, 9.3 of a decode push's 41 GPU ms. Three changes
-made it 0.17 ms, the bits unchanged but for the channel sum's order (docs/benchmarks.md, "Session 39"): the
+made it 0.19-0.20 ms (a push's 29 calls: 1.95 ms), the bits unchanged but for the channel sum's order
+(docs/benchmarks.md, "Session 39"): the
 channels read as three power-of-two pieces (every VAE width is 3 x 2^k; a tile padded to the next power of
 two computed a third more for nothing), the division by the norm as a product by its inverse corrected once,
 and SiLU's division Triton's own (two IEEE divisions an element were most of the work).

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worldgen.errors import CheckpointError, InputError
-from worldgen.kernels import channel_norm, conv_bias
+from worldgen.kernels import channel_norm, conv_bias, upsample
 from worldgen.models.config_json import read_config
 
 CACHE_FRAMES = 2
@@ -200,8 +200,11 @@ def layout_of(x: torch.Tensor) -> torch.memory_format:
 
 def upsample_2x(x: torch.Tensor) -> torch.Tensor:
     """Nearest ("nearest-exact": source pixel dst // 2 at scale 2) 2x spatial upsampling of [B, C, T, H, W]
-    as one copy in x's layout, whichever it is (the values of `F.interpolate(..., mode="nearest-exact")`)."""
+    as one copy in x's layout, whichever it is (the values of `F.interpolate(..., mode="nearest-exact")`); on CUDA,
+    channels-last, one Triton copy (`worldgen.kernels.upsample`: PyTorch's copy of the 7-D view is slow)."""
     b, c, t, h, w = x.shape
+    if upsample.takes(x):
+        return upsample.upsample_2x_channels_last(x)
     if layout_of(x) == torch.channels_last_3d:
         rows = x.permute(0, 2, 3, 4, 1)[:, :, :, None, :, None, :].expand(b, t, h, 2, w, 2, c)
         return rows.reshape(b, t, 2 * h, 2 * w, c).permute(0, 4, 1, 2, 3)
@@ -209,8 +212,7 @@ def upsample_2x(x: torch.Tensor) -> torch.Tensor:
 
 
 def interleave_frame_pairs(x: torch.Tensor) -> torch.Tensor:
-    """[B, 2C, T, H, W], channel halves the two output frames of each input frame -> [B, C, 2T, H, W], in
-    x's layout (one copy)."""
+    """[B, 2C, T, H, W], channel halves the two output frames of each input frame -> [B, C, 2T, H, W], x's layout."""
     b, c2, t, h, w = x.shape
     c = c2 // 2
     if layout_of(x) == torch.channels_last_3d:
@@ -498,10 +500,8 @@ class Decoder3d(nn.Module):
 
 
 class WanVAE(nn.Module):
-    """`encode(video) -> normalised latent mean`, `decode(latent) -> video in [-1, 1]`.
-
-    Inputs and outputs are float32; the network runs in the parameters' dtype.
-    """
+    """`encode(video) -> normalised latent mean`, `decode(latent) -> video in [-1, 1]`: float32 in and out, the
+    network in the parameters' dtype."""
 
     def __init__(self, cfg: VAEConfig = WAN21_VAE):
         super().__init__()
