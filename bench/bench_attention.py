@@ -33,7 +33,7 @@ from bench.timing import seconds_per_call  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH  # noqa: E402
 from contracts.settings import FIELD_BY_NAME  # noqa: E402
-from worldgen.models.dit import DiTConfig  # noqa: E402
+from worldgen.models.dit_config import DiTConfig  # noqa: E402
 
 # the DiT's tokens at the default frame: latent frames x (H/8/2) x (W/8/2) (VAE stride 8, 2x2 patches)
 DEFAULT_TOKENS = ((FIELD_BY_NAME["frame_num"].default - 1) // 4 + 1) * (MODEL_HEIGHT // 16) * (MODEL_WIDTH // 16)

@@ -23,7 +23,8 @@ from contracts import atomic  # noqa: E402
 from contracts.model_frame import MODEL_HEIGHT, MODEL_WIDTH  # noqa: E402
 from contracts.settings import FIELD_BY_NAME  # noqa: E402
 from worldgen.kernels.nf4 import NF4Linear, quantize_weight  # noqa: E402
-from worldgen.models.dit import DiTConfig, Linear, WanCameraDiT  # noqa: E402
+from worldgen.models.dit import Linear, WanCameraDiT  # noqa: E402
+from worldgen.models.dit_config import DiTConfig  # noqa: E402
 
 GiB = 2**30
 

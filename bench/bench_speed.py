@@ -43,7 +43,7 @@ from contracts.settings import FIELD_BY_NAME  # noqa: E402
 from worldgen.kernels import attention, fused  # noqa: E402
 from worldgen.kernels.attention import BACKENDS, resolve_backend  # noqa: E402
 from worldgen.models.camera_cache import CameraCache  # noqa: E402
-from worldgen.models.dit import DiTConfig  # noqa: E402
+from worldgen.models.dit_config import DiTConfig  # noqa: E402
 
 GiB = 2**30
 

@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contracts import atomic  # noqa: E402
 from worldgen.models import vae as vae_module  # noqa: E402
-from worldgen.models.vae import WAN21_VAE, WanVAE  # noqa: E402
+from worldgen.models.vae import WanVAE  # noqa: E402
+from worldgen.models.vae_config import WAN21_VAE  # noqa: E402
 from worldgen.models.vae_tiling import StreamingDecoder, StreamingEncoder  # noqa: E402
 
 GiB = 2**30

@@ -23,7 +23,8 @@ from contracts.engine_options import canonical_compute  # noqa: E402
 from contracts.settings import GenerationSettings  # noqa: E402
 from worldgen.kernels.attention import BACKENDS, resolve_backend  # noqa: E402
 from worldgen.models.t5 import T5Config, UMT5Encoder, encode_prompts  # noqa: E402
-from worldgen.models.vae import VAEConfig, WanVAE  # noqa: E402
+from worldgen.models.vae import WanVAE  # noqa: E402
+from worldgen.models.vae_config import VAEConfig  # noqa: E402
 from worldgen.pipelines.base import Pipeline  # noqa: E402
 from worldgen.pipelines.camera import camera_conditioning  # noqa: E402
 from worldgen.pipelines.scheduler import FlowUniPCScheduler  # noqa: E402

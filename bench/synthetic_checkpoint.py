@@ -30,10 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contracts import atomic  # noqa: E402
 from worldgen.kernels.nf4 import quantize_weight  # noqa: E402
-from worldgen.models.dit import DiTConfig, Linear, WanCameraDiT  # noqa: E402
+from worldgen.models.dit import Linear, WanCameraDiT  # noqa: E402
+from worldgen.models.dit_config import DiTConfig  # noqa: E402
 from worldgen.models.t5 import UMT5_XXL, UMT5Encoder  # noqa: E402
 from worldgen.models.tokenizer import build_tiny_tokenizer  # noqa: E402
-from worldgen.models.vae import WAN21_VAE, WanVAE  # noqa: E402
+from worldgen.models.vae import WanVAE  # noqa: E402
+from worldgen.models.vae_config import WAN21_VAE  # noqa: E402
 from worldgen.runtime.checkpoint import FAST_DIR, FAST_NF4_DIR, INDEX_FILE, T5_FILE, VAE_FILE  # noqa: E402
 from worldgen.runtime.safetensors_writer import save_file  # noqa: E402  (not safetensors': it makes 0600 files)
 

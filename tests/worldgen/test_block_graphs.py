@@ -15,7 +15,8 @@ from worldgen.kernels import attention as attention_module
 from worldgen.kernels.cudnn_attention import fp8_unsupported_reason
 from worldgen.models.block_graphs import BlockGraphs
 from worldgen.models.chunk_graph import ChunkGraphs
-from worldgen.models.dit import DiTConfig, WanCameraDiT
+from worldgen.models.dit import WanCameraDiT
+from worldgen.models.dit_config import DiTConfig
 from worldgen.models.kv_cache import CacheSpec, KVCache
 from worldgen.pipelines.fast_plan import FastOptions
 

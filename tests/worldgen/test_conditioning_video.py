@@ -8,7 +8,8 @@ import dataclasses
 
 import torch
 
-from worldgen.models.vae import WAN21_VAE, WanVAE
+from worldgen.models.vae import WanVAE
+from worldgen.models.vae_config import WAN21_VAE
 from worldgen.models.vae_tiling import StreamingEncoder, encode_tiled
 from worldgen.pipelines.conditioning_video import ImageThenBlack, encode_conditioning
 

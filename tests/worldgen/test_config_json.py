@@ -11,9 +11,9 @@ import pytest
 
 from worldgen.errors import CheckpointError
 from worldgen.models.config_json import ConfigKeyWarning
-from worldgen.models.dit import DiTConfig
+from worldgen.models.dit_config import DiTConfig
 from worldgen.models.t5 import T5Config
-from worldgen.models.vae import VAEConfig
+from worldgen.models.vae_config import VAEConfig
 
 # What diffusers' save_config writes for the reference's WanModel (lingbot-world-base-cam experts):
 # its register_to_config arguments less ignore_for_config (patch_size, cross_attn_norm, qk_norm,

@@ -350,7 +350,7 @@ def test_cache_plan_prefers_the_reference_then_fp8_then_rolling():
 
 def _full_size_plan(budget_gib: float):
     """A FastPipeline with the real 14B config under a VRAM budget: planning only, no model loaded."""
-    from worldgen.models.dit import DiTConfig
+    from worldgen.models.dit_config import DiTConfig
     from worldgen.runtime.memory import plan_memory
     from worldgen.runtime.residency import ModelSlot
 
@@ -531,7 +531,8 @@ def test_fast_folder_alone_needs_the_shared_parts(tmp_path, fast_root):
 
 @pytest.mark.parametrize("tile_pixels", [None, 24 * 24])
 def test_streamed_decode_equals_whole_decode(tile_pixels):
-    from worldgen.models.vae import WAN21_VAE, WanVAE
+    from worldgen.models.vae import WanVAE
+    from worldgen.models.vae_config import WAN21_VAE
     from worldgen.models.vae_tiling import StreamingDecoder, decode_tiled
 
     torch.manual_seed(0)
@@ -549,7 +550,8 @@ def test_streamed_decode_equals_whole_decode(tile_pixels):
 @pytest.mark.parametrize("tile_pixels", [None, 24 * 24])
 def test_streamed_encode_equals_whole_encode(tile_pixels):
     """The Fast loop encodes each chunk's conditioning frames as it goes: 9 frames, then 12 at a time."""
-    from worldgen.models.vae import WAN21_VAE, WanVAE
+    from worldgen.models.vae import WanVAE
+    from worldgen.models.vae_config import WAN21_VAE
     from worldgen.models.vae_tiling import StreamingEncoder, encode_tiled
 
     torch.manual_seed(0)

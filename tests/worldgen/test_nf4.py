@@ -161,7 +161,7 @@ def test_the_plan_holds_an_nf4_dits_8bit_weights_in_the_blocks_its_room_takes():
     """`fast_plan.held_weight_blocks`: an NF4 checkpoint under fp8/int8 holds its every-forward Linears' 8-bit weights
     in as many blocks as the room left by the plan takes (all without a limit), none under exact or for a bf16
     checkpoint; `hold_nf4_weights` makes the first n blocks' and drops the rest's."""
-    from worldgen.models.dit import DiTConfig
+    from worldgen.models.dit_config import DiTConfig
     from worldgen.pipelines.fast_plan import EVERY_FORWARD, held_block_gib, held_weight_blocks, hold_nf4_weights
 
     cfg = DiTConfig()  # the 14B: 6 x 5120^2 + 2 x 5120 x 13824 weights a block

@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 from contracts.settings import GenerationSettings
 from tests.worldgen.numerics import rel_l2
 from worldgen.models.t5 import T5Config, UMT5Encoder
-from worldgen.models.vae import VAEConfig, WanVAE
+from worldgen.models.vae import WanVAE
+from worldgen.models.vae_config import VAEConfig
 from worldgen.pipelines.base import Pipeline, prepare_image
 from worldgen.runtime.checkpoint import load_expert
 from worldgen.runtime.residency import ModelSlot

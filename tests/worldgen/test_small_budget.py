@@ -11,7 +11,7 @@ import torch
 
 from contracts.model_families import V2_FAST
 from contracts.settings import load_settings
-from worldgen.models.dit import DiTConfig
+from worldgen.models.dit_config import DiTConfig
 from worldgen.pipelines.fast_plan import FastOptions, StreamVAE, resident_dit_gib, stream_vae_cuts, strip_pixels
 from worldgen.runtime.memory import GiB, activation_gib
 
@@ -21,7 +21,7 @@ ONE_3B_GIB = 3.18  # its bf16 weights with the camera layers: 1,709,502,016 para
 
 def _plan_1_3b(budget_gib: float | None, compute: str):
     """A FastPipeline with the 1.3B's full-size config under a budget: planning only, no model loaded."""
-    from worldgen.models.dit import DiTConfig
+    from worldgen.models.dit_config import DiTConfig
     from worldgen.pipelines.fast import FastPipeline
     from worldgen.runtime.memory import plan_memory
     from worldgen.runtime.residency import ModelSlot
@@ -157,7 +157,8 @@ def test_a_parked_cut_counts_one_tiles_caches_in_bf16_on_the_device_and_the_othe
 def test_the_decoders_caches_are_what_the_plan_counts_per_pixel():
     """`DECODE_CACHE_BYTES_PER_PIXEL` (measured on the H100 in float32) is the decoder's own arithmetic: 2,365
     elements a pixel, whatever the dtype; bf16 holds half the bytes (what a parked cut counts)."""
-    from worldgen.models.vae import WAN21_VAE, WanVAE
+    from worldgen.models.vae import WanVAE
+    from worldgen.models.vae_config import WAN21_VAE
     from worldgen.models.vae_tiling import StreamingDecoder
     from worldgen.pipelines.fast_plan import DECODE_CACHE_BYTES_PER_PIXEL
 
@@ -177,7 +178,8 @@ def test_a_parked_decoder_gives_the_same_frames(device):
     frames bit for bit (on the CPU too: the same swaps, host to host)."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (host memory apart from the device's)")
-    from worldgen.models.vae import WAN21_VAE, WanVAE
+    from worldgen.models.vae import WanVAE
+    from worldgen.models.vae_config import WAN21_VAE
     from worldgen.models.vae_tiling import StreamingDecoder
 
     torch.manual_seed(0)

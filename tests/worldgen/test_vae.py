@@ -17,7 +17,8 @@ from tests.worldgen.golden import golden_model
 from tests.worldgen.numerics import rel_l2
 from worldgen.errors import CheckpointError, InputError
 from worldgen.models import vae as vae_module
-from worldgen.models.vae import WAN21_VAE, VAEConfig, WanVAE, interleave_frame_pairs, layout_of, upsample_2x
+from worldgen.models.vae import WanVAE, interleave_frame_pairs, layout_of, upsample_2x
+from worldgen.models.vae_config import WAN21_VAE, VAEConfig
 
 
 @pytest.fixture(scope="module")

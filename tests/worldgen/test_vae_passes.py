@@ -23,7 +23,8 @@ from torch.utils._pytree import tree_flatten
 from tests.worldgen.numerics import rel_l2
 from worldgen.kernels import channel_norm, conv_bias
 from worldgen.models import vae as vae_module
-from worldgen.models.vae import WAN21_VAE, WanVAE
+from worldgen.models.vae import WanVAE
+from worldgen.models.vae_config import WAN21_VAE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -230,7 +231,7 @@ def test_the_float32_golden_vae_on_cuda_gives_the_same_bits_with_fewer_passes(go
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (the time taps and the fused kernels run on CUDA)")
     from tests.worldgen.golden import golden_model
-    from worldgen.models.vae import VAEConfig
+    from worldgen.models.vae_config import VAEConfig
 
     vae, io = golden_model(golden / "vae", VAEConfig, WanVAE, "vae.pth")
     vae = vae.to("cuda")

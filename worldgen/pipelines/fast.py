@@ -29,7 +29,7 @@ from worldgen.errors import InputError
 from worldgen.models.block_graphs import BlockGraphs
 from worldgen.models.camera_cache import CameraCache
 from worldgen.models.chunk_graph import ChunkGraphs, enabled_by_environment
-from worldgen.models.dit import DiTConfig
+from worldgen.models.dit_config import DiTConfig
 from worldgen.models.kv_cache import CacheSpec, KVCache, plan_cache
 from worldgen.pipelines import decode_overlap
 from worldgen.pipelines.base import Pipeline, Progress, _no_progress, condition_mask, prepare_image

@@ -19,7 +19,8 @@ from worldgen.kernels.int8 import Int8Weight
 from worldgen.kernels.quantized_weights import held, saved_bytes
 from worldgen.kernels.triton_lang import deferring
 from worldgen.models.camera_cache import block_bytes
-from worldgen.models.dit import Block, DiTConfig, Linear
+from worldgen.models.dit import Block, Linear
+from worldgen.models.dit_config import DiTConfig
 from worldgen.models.kv_cache import MODES, CacheSpec
 from worldgen.models.vae_tiling import streamed_tiles
 from worldgen.pipelines.camera import TEMPORAL_STRIDE, frames_for_poses

@@ -26,7 +26,7 @@ from contracts.engine_options import (
 from contracts.model_families import V1_BASE, V1_FAST, ModelFamily, dit_size
 from contracts.settings import GenerationSettings
 from worldgen.errors import InputError
-from worldgen.models.dit import DiTConfig
+from worldgen.models.dit_config import DiTConfig
 from worldgen.models.tokenizer import PromptTokenizer
 from worldgen.pipelines.base import Pipeline
 from worldgen.pipelines.text_cache import TextCache

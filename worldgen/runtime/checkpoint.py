@@ -38,7 +38,8 @@ from contracts.checkpoint_layout import (  # the layouts' one home (no torch); r
 from worldgen.errors import CheckpointError
 from worldgen.kernels.nf4 import QUANT_SUFFIXES, NF4Linear
 from worldgen.kernels.quantized_weights import exact_weights_from
-from worldgen.models.dit import DiTConfig, Linear, WanCameraDiT
+from worldgen.models.dit import Linear, WanCameraDiT
+from worldgen.models.dit_config import DiTConfig
 from worldgen.runtime.tensor_stream import StagingBuffer, stream_safetensors, stream_torch_file
 
 __all__ = [  # the layout names are re-exported for the engine's callers
@@ -231,7 +232,8 @@ def load_t5(
 
 def load_vae(layout: CheckpointLayout, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
     """The Wan2.1 video VAE of a checkpoint (float32 by default, as the reference runs it)."""
-    from worldgen.models.vae import WAN21_VAE, VAEConfig, WanVAE
+    from worldgen.models.vae import WanVAE
+    from worldgen.models.vae_config import WAN21_VAE, VAEConfig
 
     config = VAEConfig.from_json(layout.vae_config_file) if layout.vae_config_file else WAN21_VAE
     with torch.device("meta"):

@@ -26,7 +26,8 @@ from contracts import atomic
 from contracts.model_families import V2_FAMILIES
 from worldgen.errors import CheckpointError, InputError
 from worldgen.kernels.nf4 import QUANT_SUFFIXES, quantize_weight
-from worldgen.models.dit import DiTConfig, Linear, WanCameraDiT
+from worldgen.models.dit import Linear, WanCameraDiT
+from worldgen.models.dit_config import DiTConfig
 from worldgen.runtime.checkpoint import (
     EXPERTS,
     FAST_DIR,

@@ -21,7 +21,8 @@ from safetensors.torch import save
 
 from contracts import atomic
 from worldgen.kernels.nf4 import quantize_weight
-from worldgen.models.dit import DiTConfig, Linear, WanCameraDiT
+from worldgen.models.dit import Linear, WanCameraDiT
+from worldgen.models.dit_config import DiTConfig
 from worldgen.runtime.checkpoint import FAST_DIR, FAST_NF4_DIR, INDEX_FILE, T5_FILE, VAE_FILE
 
 VERSION = "tiny-v1"
@@ -92,7 +93,8 @@ def _write_expert_nf4(folder: Path, state: dict[str, torch.Tensor], model: WanCa
 def _write_shared_parts(root: Path, generator: torch.Generator, tokenizer_dir: str) -> None:
     from worldgen.models.t5 import T5Config, UMT5Encoder
     from worldgen.models.tokenizer import build_tiny_tokenizer
-    from worldgen.models.vae import WAN21_VAE, WanVAE
+    from worldgen.models.vae import WanVAE
+    from worldgen.models.vae_config import WAN21_VAE
 
     (root / "t5_config.json").write_text(json.dumps(T5, indent=1))
     t5 = UMT5Encoder(T5Config(**T5))
