@@ -29,7 +29,7 @@ from contracts.model_frame import MODEL_FRAME, MODEL_SIZE  # noqa: E402
 from contracts.settings import GenerationSettings  # noqa: E402
 from worldgen.host_slab import pack  # noqa: E402
 from worldgen.models.vae import WanVAE  # noqa: E402
-from worldgen.models.vae_tiling import streamed_tiles, tile_shape  # noqa: E402
+from worldgen.models.vae_tiling import TILE_OVERLAP, streamed_tiles, tile_shape  # noqa: E402
 from worldgen.pipelines.fast_plan import stream_vae_cuts  # noqa: E402
 
 GiB = 2**30
@@ -66,7 +66,7 @@ def main() -> None:
     rows = []
     for cut in stream_vae_cuts(height, width, parked=True):
         latent = (height // 8, width // 8)
-        tile = latent if cut.tile_pixels is None else tile_shape(*latent, cut.tile_pixels // 64, unit=1)
+        tile = latent if cut.tile_pixels is None else tile_shape(*latent, cut.tile_pixels // 64, 1, TILE_OVERLAP // 8)
         tiles = streamed_tiles(height, width, cut.tile_pixels)[2]
         sizes = decoder_cache_sizes(*tile, dtype)
         blocks, _ = pack(sizes)

@@ -58,14 +58,15 @@ def _asked(budget_gib, vae_dtype=torch.bfloat16, graphs=True, overlap=True):
 
 def test_under_a_budget_graphs_and_the_decode_overlap_get_room_only_when_asked_beside_a_bf16_vae():
     # a captured forward keeps its pool (1.24 GiB at 4,524 tokens, measured) and a decode on a second stream
-    # runs beside a forward: the plan counts them at once, out of the KV cache. Measured on the H100 at
-    # 24 GiB: beside the bf16 VAE (fp8) 7 frames ran; beside the float32 one the pool ran out of memory.
+    # runs beside a forward: the plan counts them at once, out of the KV cache or the decoder's tiles. Measured
+    # on the H100 at 24 GiB: beside the bf16 VAE (fp8) 7 frames ran (two 464x464 strips, before three narrower
+    # strips were a cut of their own); beside the float32 one the pool ran out of memory.
     pipe = _full_size_plan(24)
     assert pipe.plan_job(21, 58, 104, FastOptions()).capacity_tokens == 10 * 1508
-    assert not pipe.graph_room
-    asked = _asked(24)
-    assert asked.plan_job(21, 58, 104, FastOptions()).capacity_tokens == 7 * 1508
-    assert asked.graph_room
+    assert not pipe.graph_room and pipe.vae_cut.tiles == 2
+    asked = _asked(24)  # the pool beside two strips' push leaves 7 frames; beside three strips' smaller one, 10
+    assert asked.plan_job(21, 58, 104, FastOptions()).capacity_tokens == 10 * 1508
+    assert asked.graph_room and asked.vae_cut.tiles == 3
     overlap_only = _asked(24, graphs=False)  # a forward's activations beside a decode, no pool kept
     assert overlap_only.plan_job(21, 58, 104, FastOptions()).capacity_tokens == 10 * 1508
     assert overlap_only.graph_room

@@ -8,7 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.worldgen.numerics import rel_l2
-from worldgen.models.vae_tiling import _tiled, decode_tiled, encode_tiled, tile_shape, tile_starts
+from worldgen.models.vae_tiling import (
+    _tiled,
+    decode_tiled,
+    encode_tiled,
+    tile_overlap,
+    tile_positions,
+    tile_shape,
+    tile_starts,
+)
 from worldgen.runtime.checkpoint import find_checkpoint, load_vae
 from worldgen.runtime.tiny import ensure_tiny_checkpoint
 
@@ -37,9 +45,31 @@ def test_blending_reproduces_a_pointwise_map_exactly():
 
 
 def test_tile_shape_respects_the_area_and_the_unit():
-    assert tile_shape(720, 1280, 10**7, 8) == (720, 1280)
-    h, w = tile_shape(720, 1280, 400_000, 8)
+    assert tile_shape(720, 1280, 10**7, 8, 64) == (720, 1280)
+    h, w = tile_shape(720, 1280, 400_000, 8, 64)
     assert h * w <= 400_000 and h % 8 == 0 and w % 8 == 0 and h <= 720 and w <= 1280
+
+
+@settings(deadline=None)
+@given(st.integers(8, 120), st.integers(8, 180), st.integers(16, 4000), st.sampled_from([4, 8]))
+def test_tile_shape_takes_the_fewest_tiles_that_keep_the_overlap(height, width, max_pixels, overlap):
+    """Against every tile size (not only the grids'): none of area <= max_pixels keeping the asked overlap covers the
+    frame in fewer tiles, or in as many smaller ones."""
+    tile = tile_shape(height, width, max_pixels, 1, overlap)
+    if height * width <= max_pixels:
+        assert tile == (height, width)
+        return
+    count = len(tile_positions(height, width, tile, overlap, 1))
+    keeps = [
+        (len(tile_positions(height, width, (th, tw), overlap, 1)), th * tw)
+        for th in range(1, height + 1)
+        for tw in range(1, max_pixels // th + 1)
+        if tw <= width and tile_overlap((th, tw), overlap, 1) == overlap
+    ]
+    if tile_overlap(tile, overlap, 1) == overlap:  # a tile keeping the overlap: the fewest tiles, then the smallest
+        assert tile[0] * tile[1] <= max_pixels and (count, tile[0] * tile[1]) == min(keeps)
+    else:  # none keeps it (the widest overlap, 8, needs 32-wide tiles: 16 of them overlapping by 8 reach 392 > 180)
+        assert not keeps
 
 
 @pytest.fixture(scope="module")

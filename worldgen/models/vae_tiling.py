@@ -8,6 +8,9 @@ tiled output differs slightly from the reference; whole frames are used whenever
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -38,73 +41,137 @@ def _ramp(length: int, start: int, tile: int, size: int, overlap: int, device) -
     return weight
 
 
-def tile_shape(height: int, width: int, max_pixels: int, unit: int) -> tuple[int, int]:
-    """Tile (h, w), multiples of `unit`, of area <= max_pixels: whole rows when they fit, else near-square."""
+MAX_GRID = 16  # tiles along either axis at most
+TILE_OVERLAP = 64  # pixels neighbouring tiles blend over, where the tiles are large enough (`tile_overlap`)
+
+
+def tile_overlap(tile_hw: tuple[int, int], overlap: int, unit: int) -> int:
+    """The overlap neighbouring tiles of `tile_hw` blend over: the one asked, at most a quarter of the tile's shorter
+    side, a multiple of `unit` and one unit at least (in the frame's pixels, as `_tiled` takes it)."""
+    return max(unit, min(overlap, min(tile_hw) // 4) // unit * unit)
+
+
+def tile_shape(height: int, width: int, max_pixels: int, unit: int, overlap: int) -> tuple[int, int]:
+    """Tile (h, w), multiples of `unit`, of area <= max_pixels: the whole frame when it fits, else the tile of a grid
+    (rows x columns of equal tiles, neighbours overlapping by `tile_overlap`) whose tiles keep the asked overlap,
+    with the fewest tiles, then the smallest; where none keeps it, the fewest tiles, then the widest overlap. A
+    streamed VAE's caches scale with the pixels of all its tiles together (they overlap), and a parked cut's host
+    memory with every tile's but one (`worldgen.pipelines.fast_plan.StreamVAE`): near-square tiles of the largest
+    area allowed cut 464x832 frames into 8 tiles of 272x280 pixels (1.58 frames) where a 2 x 3 grid of 264x320 tiles
+    (1.31 frames) fits 5% more. Where no grid of up to MAX_GRID x MAX_GRID fits: its smallest tile."""
     if height * width <= max_pixels:
         return height, width
-    side = max(unit, int(max_pixels**0.5) // unit * unit)
-    tile_h = min(height, side)
-    tile_w = min(width, max(unit, max_pixels // tile_h // unit * unit))
-    return tile_h, tile_w
+    areas, best = _best_tiles(height, width, unit, overlap)
+    fits = bisect.bisect_right(areas, max_pixels)
+    return best[fits - 1][-1] if fits else best[0][-1]
+
+
+@functools.cache
+def _best_tiles(height: int, width: int, unit: int, overlap: int) -> tuple[list[int], list[tuple]]:
+    """`tile_shape`'s choice for every area: (the candidate tiles' areas, ascending; for each, the best candidate of
+    that area or less, as (thin, count, -blended overlap, area, tile)). The candidates, in units: of every grid of up
+    to MAX_GRID x MAX_GRID, the narrowest tiles covering the frame with the asked overlap, and those widened to keep
+    it (`tile_overlap`: a quarter of the tile's shorter side). One sweep a frame shape, kept: the plan asks for
+    hundreds of cuts."""
+    h, w, step = height // unit, width // unit, max(1, overlap // unit)
+
+    def sides(size: int) -> set[int]:
+        narrowest = [min(size, -(-(size + (parts - 1) * step) // parts)) for parts in range(1, min(size, MAX_GRID) + 1)]
+        return {*narrowest, *(min(size, max(n, 4 * step)) for n in narrowest)}
+
+    ranked = []
+    for tile_h in sides(h):
+        for tile_w in sides(w):
+            tile = (tile_h * unit, tile_w * unit)
+            blended = tile_overlap(tile, overlap, unit)
+            thin = blended < max(unit, overlap // unit * unit)  # its overlap cut short
+            count = _tile_count(h, tile_h, blended // unit) * _tile_count(w, tile_w, blended // unit)
+            ranked.append((thin, count, -blended, tile[0] * tile[1], tile))
+    ranked.sort(key=lambda choice: choice[3])
+    best = list(itertools.accumulate(ranked, min))
+    return [choice[3] for choice in ranked], best
+
+
+def _tile_count(size: int, tile: int, overlap: int) -> int:
+    """len(tile_starts(size, tile, overlap)), counted."""
+    return 1 if tile >= size else -(-(size - tile) // (tile - overlap)) + 1
+
+
+def grid_tile_areas(height: int, width: int, overlap: int = TILE_OVERLAP) -> list[int]:
+    """The tile areas (pixels) of every distinct cut `tile_shape` makes of `height` x `width` frames (in latent
+    pixels, 8 x 8 each, as the decoder cuts them), the fewest tiles first, then the smallest: those that keep the whole
+    overlap, or, where none does (small frames), all. A tile whose overlap is cut short blends its seams over fewer
+    pixels, and the plan's per-pixel figures were not measured on such tiles: 464x120 strips let a 14B job's window
+    grow from 10 to 13 frames at 24 GiB on figures nobody had checked."""
+    h, w = height // 8, width // 8
+    cuts = {(thin, count, 64 * area) for thin, count, _, area, tile in _best_tiles(h, w, 1, overlap // 8)[1]}
+    cuts -= {(False, 1, 64 * h * w), (True, 1, 64 * h * w)}  # whole frames: not a cut of tiles
+    keep = [cut for cut in sorted(cuts) if not cut[0]] or sorted(cuts, key=lambda cut: cut[1:])
+    return [area for _, _, area in keep]
 
 
 def _tiled(
     run_tile, source: torch.Tensor, scale: float, tile_hw: tuple[int, int], overlap: int, unit: int
 ) -> torch.Tensor:
     """Apply `run_tile` (source tile -> output tile `scale` times larger or smaller) over spatial tiles of
-    `source` [B, C, T, H, W] and blend. `tile_hw` and `overlap` are in source pixels, multiples of
-    `unit` (8 for pixels going into the encoder, so every tile starts on a latent pixel)."""
+    `source` [B, C, T, H, W] and blend. `tile_hw` and `overlap` (the one asked: `tile_overlap` says the one blended)
+    are in source pixels, multiples of `unit` (8 for pixels going into the encoder, so every tile starts on a latent
+    pixel)."""
     height, width = source.shape[-2:]
     tile_h, tile_w = tile_hw
-    overlap = max(unit, overlap // unit * unit)
-    rows = [s * unit for s in tile_starts(height // unit, tile_h // unit, overlap // unit)]
-    cols = [s * unit for s in tile_starts(width // unit, tile_w // unit, overlap // unit)]
+    overlap = tile_overlap(tile_hw, overlap, unit)
     out = weights = None
-    for top in rows:
-        for left in cols:
-            piece = run_tile(source[..., top : top + tile_h, left : left + tile_w])
-            if out is None:
-                size = (round(height * scale), round(width * scale))
-                out = torch.zeros(*piece.shape[:-2], *size, device=piece.device, dtype=torch.float32)
-                weights = torch.zeros(size, device=piece.device, dtype=torch.float32)
-            h, w = piece.shape[-2:]
-            o = round(overlap * scale)
-            y0, x0 = round(top * scale), round(left * scale)
-            wy = _ramp(h, y0, h, size[0], o, piece.device)
-            wx = _ramp(w, x0, w, size[1], o, piece.device)
-            blend = wy[:, None] * wx[None, :]
-            out[..., y0 : y0 + h, x0 : x0 + w] += piece * blend
-            weights[y0 : y0 + h, x0 : x0 + w] += blend
-            del piece
+    for top, left in tile_positions(height, width, tile_hw, overlap, unit):
+        piece = run_tile(source[..., top : top + tile_h, left : left + tile_w])
+        if out is None:
+            size = (round(height * scale), round(width * scale))
+            out = torch.zeros(*piece.shape[:-2], *size, device=piece.device, dtype=torch.float32)
+            weights = torch.zeros(size, device=piece.device, dtype=torch.float32)
+        h, w = piece.shape[-2:]
+        o = round(overlap * scale)
+        y0, x0 = round(top * scale), round(left * scale)
+        wy = _ramp(h, y0, h, size[0], o, piece.device)
+        wx = _ramp(w, x0, w, size[1], o, piece.device)
+        blend = wy[:, None] * wx[None, :]
+        out[..., y0 : y0 + h, x0 : x0 + w] += piece * blend
+        weights[y0 : y0 + h, x0 : x0 + w] += blend
+        del piece
     return out / weights
 
 
 @torch.no_grad()
-def encode_tiled(vae: WanVAE, video: torch.Tensor, max_tile_pixels: int | None, overlap: int = 64) -> torch.Tensor:
+def encode_tiled(
+    vae: WanVAE, video: torch.Tensor, max_tile_pixels: int | None, overlap: int = TILE_OVERLAP
+) -> torch.Tensor:
     """`vae.encode` over spatial tiles of at most `max_tile_pixels` (None or a big enough value: whole frames)."""
     return encode_per_tile(vae.encode, video, max_tile_pixels, overlap)
 
 
 def encode_per_tile(
-    run: Callable[[torch.Tensor], torch.Tensor], pixels: torch.Tensor, max_tile_pixels: int | None, overlap: int = 64
+    run: Callable[[torch.Tensor], torch.Tensor],
+    pixels: torch.Tensor,
+    max_tile_pixels: int | None,
+    overlap: int = TILE_OVERLAP,
 ) -> torch.Tensor:
     """`run` (pixels [B, C, t, th, tw] -> latents [B, z, T, th/8, tw/8]) over the encoder's spatial tiles of `pixels`,
     one tile after the other, blended: the tiling rule of `encode_tiled` for any encoding of a tile."""
     height, width = pixels.shape[-2:]
     if max_tile_pixels is None or height * width <= max_tile_pixels:
         return run(pixels)
-    tile = tile_shape(height, width, max_tile_pixels, unit=8)
-    return _tiled(run, pixels, 1 / 8, tile, min(overlap, min(tile) // 4), unit=8)
+    tile = tile_shape(height, width, max_tile_pixels, unit=8, overlap=overlap)
+    return _tiled(run, pixels, 1 / 8, tile, overlap, unit=8)
 
 
 @torch.no_grad()
-def decode_tiled(vae: WanVAE, latent: torch.Tensor, max_tile_pixels: int | None, overlap: int = 64) -> torch.Tensor:
+def decode_tiled(
+    vae: WanVAE, latent: torch.Tensor, max_tile_pixels: int | None, overlap: int = TILE_OVERLAP
+) -> torch.Tensor:
     """`vae.decode` over spatial tiles of at most `max_tile_pixels` output pixels (None: whole frames)."""
     h, w = latent.shape[-2:]
     if max_tile_pixels is None or h * w * 64 <= max_tile_pixels:
         return vae.decode(latent)
-    tile = tile_shape(h, w, max_tile_pixels // 64, unit=1)
-    return _tiled(vae.decode, latent, 8, tile, min(overlap // 8, min(tile) // 4), unit=1)
+    tile = tile_shape(h, w, max_tile_pixels // 64, unit=1, overlap=overlap // 8)
+    return _tiled(vae.decode, latent, 8, tile, overlap // 8, unit=1)
 
 
 class _Streaming:
@@ -171,7 +238,7 @@ class StreamingDecoder(_Streaming):
     """`decode_tiled` a few latent frames at a time (see `_Streaming`): a streamed video equals a
     decoded-at-the-end one."""
 
-    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int = 64, park: bool = False):
+    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int = TILE_OVERLAP, park: bool = False):
         super().__init__(vae, max_tile_pixels, overlap, park)
 
     def _run(self, key: tuple[int, int], latent: torch.Tensor) -> torch.Tensor:
@@ -189,9 +256,9 @@ class StreamingDecoder(_Streaming):
         h, w = latent.shape[-2:]
         if self.max_tile_pixels is None or h * w * 64 <= self.max_tile_pixels:
             return self._run((0, 0), latent)
-        tile = tile_shape(h, w, self.max_tile_pixels // 64, unit=1)
-        overlap = min(self.overlap // 8, min(tile) // 4)
-        positions = _tile_positions(h, w, tile, overlap, unit=1)
+        overlap = self.overlap // 8
+        tile = tile_shape(h, w, self.max_tile_pixels // 64, unit=1, overlap=overlap)
+        positions = tile_positions(h, w, tile, overlap, unit=1)
         # parked: the tile whose caches are on the device runs first (no swap for it: one swap a push fewer, half of
         # two strips' copies), its piece held until `_tiled` blends it in its own place; the others in that order
         early: dict[tuple[int, int], torch.Tensor] = {}
@@ -217,7 +284,7 @@ class StreamingEncoder(_Streaming):
     black tail, once the image has left every layer's cached frames (at the Wan2.1 VAE's depth by frame 117,
     whatever the weights), needs no more encoding (`worldgen.pipelines.conditioning_video.ImageThenBlack`)."""
 
-    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int = 64):
+    def __init__(self, vae: WanVAE, max_tile_pixels: int | None, overlap: int = TILE_OVERLAP):
         super().__init__(vae, max_tile_pixels, overlap)
         self.frames_seen = 0
         self.still = False
@@ -249,32 +316,32 @@ class StreamingEncoder(_Streaming):
             if self.max_tile_pixels is None or height * width <= self.max_tile_pixels:
                 latent = self._run((0, 0), video)
             else:
-                tile = tile_shape(height, width, self.max_tile_pixels, unit=8)
-                overlap = min(self.overlap, min(tile) // 4)
-                positions = iter(_tile_positions(height, width, tile, overlap, unit=8))
-                latent = _tiled(lambda piece: self._run(next(positions), piece), video, 1 / 8, tile, overlap, unit=8)
+                tile = tile_shape(height, width, self.max_tile_pixels, unit=8, overlap=self.overlap)
+                positions = iter(tile_positions(height, width, tile, self.overlap, unit=8))
+                run = lambda piece: self._run(next(positions), piece)  # noqa: E731
+                latent = _tiled(run, video, 1 / 8, tile, self.overlap, unit=8)
         self.frames_seen += frames
         self.still = all(self._tiles_still)
         return latent
 
 
-def streamed_tiles(height: int, width: int, max_tile_pixels: int | None, overlap: int = 64) -> tuple[int, int, int]:
+def streamed_tiles(
+    height: int, width: int, max_tile_pixels: int | None, overlap: int = TILE_OVERLAP
+) -> tuple[int, int, int]:
     """(pixels of one tile, pixels of all tiles, tiles) of a `height` x `width` frame as `StreamingDecoder`
     cuts it (`StreamingEncoder`'s cut is the same to within rounding): what their memory scales with."""
     if max_tile_pixels is None or height * width <= max_tile_pixels:
         return height * width, height * width, 1
     h, w = height // 8, width // 8
-    tile = tile_shape(h, w, max_tile_pixels // 64, unit=1)
-    count = len(_tile_positions(h, w, tile, min(overlap // 8, min(tile) // 4), unit=1))
+    tile = tile_shape(h, w, max_tile_pixels // 64, unit=1, overlap=overlap // 8)
+    count = len(tile_positions(h, w, tile, overlap // 8, unit=1))
     one = tile[0] * tile[1] * 64
     return one, one * count, count
 
 
-def _tile_positions(
-    height: int, width: int, tile_hw: tuple[int, int], overlap: int, unit: int
-) -> list[tuple[int, int]]:
-    """(top, left) of every tile in the order `_tiled` visits them."""
-    overlap = max(unit, overlap // unit * unit)
+def tile_positions(height: int, width: int, tile_hw: tuple[int, int], overlap: int, unit: int) -> list[tuple[int, int]]:
+    """(top, left) of every tile in the order `_tiled` visits them (`overlap` the one asked: `tile_overlap`)."""
+    overlap = tile_overlap(tile_hw, overlap, unit)
     rows = [s * unit for s in tile_starts(height // unit, tile_hw[0] // unit, overlap // unit)]
     cols = [s * unit for s in tile_starts(width // unit, tile_hw[1] // unit, overlap // unit)]
     return [(top, left) for top in rows for left in cols]

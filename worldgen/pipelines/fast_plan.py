@@ -22,11 +22,12 @@ from worldgen.models.camera_cache import block_bytes
 from worldgen.models.dit import Block, Linear
 from worldgen.models.dit_config import DiTConfig
 from worldgen.models.kv_cache import MODES, CacheSpec
-from worldgen.models.vae_tiling import streamed_tiles
+from worldgen.models.vae_tiling import TILE_OVERLAP, grid_tile_areas, streamed_tiles, tile_shape
 from worldgen.pipelines.camera import TEMPORAL_STRIDE, frames_for_poses
 from worldgen.pipelines.scheduler import FlowUniPCScheduler
 from worldgen.runtime.memory import (
     CUDA_CONTEXT_GIB,
+    MIN_TILE_PIXELS,
     VAE_MARGIN,
     VAE_WEIGHTS_GIB,
     GiB,
@@ -123,39 +124,32 @@ class StreamVAE:
         return 0.0 if self.bf16 else (self.decode_cache_gib + self.decode_push_gib) / 2
 
 
-def strip_pixels(height: int, width: int, strips: int) -> int:
-    """The tile area that cuts `height` x `width` frames into `strips` full-height strips, each as narrow as the
-    streamed VAE's 64-pixel overlap allows. A tile is full height only when its area allows a square of that height
-    (`worldgen.models.vae_tiling.tile_shape`), so no narrower than it is high."""
-    h, w, overlap = height // 8, width // 8, 8  # in latent pixels
-    return 64 * h * max(h, -(-(w + (strips - 1) * overlap) // strips))
-
-
-def fewest_strips_pixels(height: int, width: int, max_pixels: int) -> int | None:
-    """The tile area of the fewest full-height strips (up to 4) whose area is at most `max_pixels`: a tile as large
-    as `max_pixels` cuts into as many but overlaps more. None: whole frames fit; `max_pixels` where no strip does."""
+def fewest_tiles_pixels(height: int, width: int, max_pixels: int) -> int | None:
+    """The area of the tiles `worldgen.models.vae_tiling.tile_shape` cuts `height` x `width` frames into under
+    `max_pixels` (the fewest, then the smallest): a tile as large as `max_pixels` cuts into as many but overlaps more.
+    None: whole frames fit."""
     if height * width <= max_pixels:
         return None
-    return next((a for a in (strip_pixels(height, width, k) for k in (2, 3, 4)) if a <= max_pixels), max_pixels)
+    tile_h, tile_w = tile_shape(height, width, max_pixels, unit=8, overlap=TILE_OVERLAP)
+    return tile_h * tile_w
 
 
 def encode_tile_pixels(height: int, width: int, room_gib: float, vae_dtype: torch.dtype) -> int | None:
     """The tile area for encoding every conditioning frame before the loop in `room_gib` (`Pipeline.condition`: a tile
     and 16 frames at a time, never the whole video): whole frames where their peak in the VAE's dtype fits, else the
-    fewest full-height strips the largest tile that fits allows. A bf16 VAE's figures are the float32 ones halved,
+    fewest (then smallest) tiles the largest tile that fits allows. A bf16 VAE's figures are the float32 ones halved,
     not measured: whole frames keep the tiles' margin too."""
     pixels, element = height * width, torch.empty(0, dtype=vae_dtype).element_size()
     if vae_peak_gib(pixels, element) <= room_gib * (1.0 if element == 4 else VAE_MARGIN):
         return None
-    return fewest_strips_pixels(height, width, vae_tile_pixels(room_gib, element))
+    return fewest_tiles_pixels(height, width, vae_tile_pixels(room_gib, element))
 
 
 def stream_vae_cuts(height: int, width: int, parked: bool = False, bf16: bool = False) -> list[StreamVAE]:
-    """Whole frames, full-height strips (2 to 4: the cheapest tiles, measured), then ever smaller
-    tiles (2 to 12 per frame); one entry per distinct cut (`parked`: each with its tiles' caches parked;
-    `bf16`: counted at bf16, every tile's caches on the device)."""
-    areas = [None] + [strip_pixels(height, width, k) for k in (2, 3, 4)]
-    areas += [height * width // parts for parts in range(2, 13)]
+    """Whole frames, then every grid of tiles `worldgen.models.vae_tiling.tile_shape` makes (tiles of at least
+    MIN_TILE_PIXELS) in `grid_tile_areas`' order (the fewest tiles first); one entry per distinct cut (`parked`:
+    each with its tiles' caches parked; `bf16`: counted at bf16, every tile's caches on the device)."""
+    areas = [None, *(a for a in grid_tile_areas(height, width, TILE_OVERLAP) if a >= MIN_TILE_PIXELS)]
     cuts, seen = [], set()
     for area in areas:
         cut = StreamVAE.cut(height, width, area, parked, bf16)
