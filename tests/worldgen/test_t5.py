@@ -142,7 +142,12 @@ def test_streamed_bf16_file_in_float32_equals_the_resident_encoder():
 
 
 @pytest.mark.cuda
-def test_streamed_to_a_gpu_through_pinned_buffers_equals_the_resident_encoder():
+@pytest.mark.parametrize("staging_bytes", [None, 4096])  # the module's buffers; buffers smaller than most tensors
+def test_streamed_to_a_gpu_through_pinned_buffers_equals_the_resident_encoder(staging_bytes, monkeypatch):
+    from worldgen.runtime import streamed_text_encoder
+
+    if staging_bytes is not None:  # every tensor past 4 KiB passes through in pieces
+        monkeypatch.setattr(streamed_text_encoder, "STAGING_BYTES", staging_bytes)
     from worldgen.models.tokenizer import PromptTokenizer
     from worldgen.runtime.checkpoint import find_checkpoint, load_t5
     from worldgen.runtime.streamed_text_encoder import encode_prompts_streamed

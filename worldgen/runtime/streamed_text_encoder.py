@@ -2,10 +2,13 @@
 the GPU holds one block (~0.4 GiB for umT5-XXL) instead of 10.6 GiB. A memory policy over
 `worldgen.models.t5`, so it lives here beside the streamed loads it relies on.
 
-To a GPU, each tensor goes through one of two pinned staging buffers (`tensor_stream.StagingBuffer`):
-the copy out of the mapped pages into one overlaps the GPU's copy out of the other, at the pinned
-rate. Straight from the mapped (pageable) pages, the copies were 1.3 s of a Fast rollout's 1.4-1.8 s
-text phase on the H100 (docs/benchmarks.md, "Session 11: Fast"), the GPU idle in between.
+To a GPU, each tensor goes through one of two pinned staging buffers (`tensor_stream.StagingBuffer`), 32 MiB at a
+time: the copy out of the mapped pages into one overlaps the GPU's copy out of the other, at the pinned rate.
+Straight from the mapped (pageable) pages, the copies were 1.3 s of a Fast rollout's 1.4-1.8 s text phase on the
+H100 (docs/benchmarks.md, "Session 11: Fast"), the GPU idle in between. Each tensor's mapped pages go back to the page
+cache once it is copied, so the process holds one tensor of the file at a time (umT5-XXL's largest: 84 MB), not a
+block (~0.4 GiB): the RSS a 1.3B job under `--vram-budget 8` holds beside Isaac Sim (docs/benchmarks.md, "Session
+40"), with the buffers a quarter of the 128 MiB they were.
 """
 
 from __future__ import annotations
@@ -16,17 +19,23 @@ from torch import nn
 from worldgen.models.t5 import UMT5Encoder
 from worldgen.runtime.tensor_stream import StagingBuffer, release_host_pages
 
-STAGING_BYTES = 128 * 2**20  # each of the two pinned buffers (umT5-XXL's largest tensor: 84 MB; grows if needed)
+STAGING_BYTES = 32 * 2**20  # each of the two pinned buffers; a larger tensor passes through in pieces
 
 
 def _move_block(block: nn.Module, device: torch.device, dtype: torch.dtype | None, staging: StagingBuffer) -> None:
-    """`block.to(device, dtype)` with every tensor copied through the pinned staging buffers."""
+    """`block.to(device, dtype)` with every tensor copied through the pinned staging buffers, piece by piece, its
+    mapped pages released once copied."""
 
     def staged(t: torch.Tensor) -> torch.Tensor:
-        host = staging.view(t.numel() * t.element_size()).view(t.dtype).view(t.shape)
-        host.copy_(t)  # from the mapped pages (the CPU), while the GPU copies out of the other buffer
-        out = host.to(device, non_blocking=True)
-        staging.copies_issued()
+        out = torch.empty(t.shape, dtype=t.dtype, device=device)
+        source, target = t.reshape(-1).view(torch.uint8), out.view(-1).view(torch.uint8)
+        for start in range(0, source.numel(), staging.capacity):
+            piece = source[start : start + staging.capacity]
+            host = staging.view(piece.numel())
+            host.copy_(piece)  # from the mapped pages (the CPU), while the GPU copies out of the other buffer
+            target[start : start + piece.numel()].copy_(host, non_blocking=True)
+            staging.copies_issued()
+        release_host_pages(t)  # read, and never again (the block is consumed): its pages back to the page cache
         return out.to(dtype) if dtype is not None and out.is_floating_point() else out
 
     for param in block.parameters():
