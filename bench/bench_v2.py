@@ -55,6 +55,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.kernel_profile import profiled_ranks  # noqa: E402
+from bench.rss_sampler import RssSampler  # noqa: E402
 from bench.two_gpu_link import LinkMeter  # noqa: E402
 from bench.two_gpu_link import describe as describe_link  # noqa: E402
 from contracts import atomic  # noqa: E402
@@ -180,6 +181,8 @@ def run_compute(
     (index -> latents) or fill it; a two-GPU rollout also with `one_gpu` (index -> the one-GPU latents)."""
     entry = {"compute": compute, "devices": devices, "rollouts": []}
     report["computes"].append(entry)
+    rss = RssSampler().start()  # what the peak RSS held, and when (the load or a rollout)
+    rss.label = "the load"
     start = time.perf_counter()
     pipe = load_pipeline(
         args.ckpt,
@@ -198,6 +201,7 @@ def run_compute(
     entry["name"] = pipe.name
     print(f"[{compute}] {pipe.name}: loaded in {entry['load_s']} s ({entry['engine']})", flush=True)
     for i, frames in enumerate(frames_list):
+        rss.label = f"rollout {i + 1}"
         region = contextlib.nullcontext()
         if args.profile and i == 1:  # the second rollout: warm
             args.profile.mkdir(parents=True, exist_ok=True)
@@ -234,6 +238,9 @@ def run_compute(
         print(f"[{compute}] rollout {i + 1}:\n{summary(r)}", flush=True)
         if args.json:
             atomic.write_json(args.json, report, indent=1)
+    rss.stop()
+    entry["rss_peak"] = rss.figures()
+    print(f"[{compute}] {rss.describe()}", flush=True)
     if pipe.scale_out is not None:  # one two-device pipeline a process: rank 1 and the group go now
         pipe.scale_out.close()
     del pipe

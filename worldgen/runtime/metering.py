@@ -23,13 +23,19 @@ if TYPE_CHECKING:
 GiB = 2**30
 
 
-def _proc_status_kib(field: str) -> int | None:
+def proc_status_kib(*fields: str) -> dict[str, int]:
+    """The named kB fields of /proc/self/status (VmRSS, RssAnon, RssFile, RssShmem, ...): those present (none off
+    Linux)."""
     try:
         text = Path("/proc/self/status").read_text()
     except OSError:
-        return None
-    match = re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE)
-    return int(match.group(1)) if match else None
+        return {}
+    found = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+):\s+(\d+) kB", text, re.MULTILINE)}
+    return {field: found[field] for field in fields if field in found}
+
+
+def _proc_status_kib(field: str) -> int | None:
+    return proc_status_kib(field).get(field)
 
 
 def rss_gib() -> float | None:
