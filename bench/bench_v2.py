@@ -95,8 +95,9 @@ def settings_for(args: argparse.Namespace, frames: int) -> GenerationSettings:
     return GenerationSettings.from_dict(given)
 
 
-def one_rollout(pipe, args, example, frames: int) -> dict:
-    """One `pipe.generate` with every chunk streamed out: its figures (and its latents, under "_latents")."""
+def one_rollout(pipe, args, example, frames: int, rss: RssSampler | None = None) -> dict:
+    """One `pipe.generate` with every chunk streamed out: its figures (and its latents, under "_latents"); `rss`
+    labelled with the chunks as they come out."""
     image, prompt, poses, intrinsics = example
     if len(poses) < frames:
         poses, intrinsics = extend_poses(poses, intrinsics, frames)
@@ -110,9 +111,13 @@ def one_rollout(pipe, args, example, frames: int) -> dict:
     link = LinkMeter(pipe)  # a two-GPU pipeline's rank 1 and link
     stamps: list[float] = []
 
+    phase = "" if rss is None else rss.label
+
     def on_chunk(*_) -> None:
         stamps.append(time.perf_counter())
         link.mark()
+        if rss is not None:
+            rss.label = f"{phase}, after chunk {len(stamps)}"
 
     start = time.perf_counter()
     video = pipe.generate(image, prompt, poses, intrinsics, settings, on_chunk=on_chunk, **mp4_only(pipe))
@@ -210,7 +215,7 @@ def run_compute(
             region = profiled_ranks(pipe, args.profile / f"profile-{tag}-{i}.txt", title)
         try:
             with region:
-                r = one_rollout(pipe, args, example, frames)
+                r = one_rollout(pipe, args, example, frames, rss)
         except Exception as exc:  # noqa: BLE001  (report it, go on with the next compute)
             entry["rollouts"].append({"frames_asked": frames, "error": traceback.format_exc()[-3000:]})
             print(f"[{compute}] {frames} frames FAILED: {type(exc).__name__}: {exc}", flush=True)
@@ -241,6 +246,12 @@ def run_compute(
     rss.stop()
     entry["rss_peak"] = rss.figures()
     print(f"[{compute}] {rss.describe()}", flush=True)
+    if torch.cuda.is_available():  # PyTorch's pinned host blocks: in use and cached (part of the RSS's shared share)
+        host = torch.cuda.memory.host_memory_stats()
+        entry["pinned_host"] = {
+            k: v for k, v in host.items() if k.startswith(("allocated_bytes", "active_bytes", "num_host"))
+        }
+        print(f"[{compute}] pinned host blocks: {entry['pinned_host']}", flush=True)
     if pipe.scale_out is not None:  # one two-device pipeline a process: rank 1 and the group go now
         pipe.scale_out.close()
     del pipe

@@ -31,6 +31,7 @@ class RssSampler:
         self.every_s = every_s
         self.label = "start"
         self.peak: dict[str, float] = {}
+        self.by_label: dict[str, dict[str, float]] = {}  # each label's own peak sample
         self.peak_label = ""
         self.peak_at_s = 0.0
         self._stop = threading.Event()
@@ -40,8 +41,11 @@ class RssSampler:
         start = time.perf_counter()
         while not self._stop.is_set():
             sample = _status()
+            label = self.label
             if sample.get("VmRSS", 0.0) > self.peak.get("VmRSS", -1.0):
-                self.peak, self.peak_label, self.peak_at_s = sample, self.label, time.perf_counter() - start
+                self.peak, self.peak_label, self.peak_at_s = sample, label, time.perf_counter() - start
+            if sample.get("VmRSS", 0.0) > self.by_label.get(label, {}).get("VmRSS", -1.0):
+                self.by_label[label] = sample
             self._stop.wait(self.every_s)
 
     def start(self) -> RssSampler:
@@ -63,12 +67,17 @@ class RssSampler:
             **{k: round(v, 3) for k, v in self.peak.items()},
             "during": self.peak_label,
             "at_s": round(self.peak_at_s, 2),
+            "by_label": {label: {k: round(v, 3) for k, v in sample.items()} for label, sample in self.by_label.items()},
         }
 
     def describe(self) -> str:
-        p = self.peak
-        return (
-            f"sampled peak RSS {p.get('VmRSS', 0.0):.2f} GiB during {self.peak_label} ({self.peak_at_s:.1f} s in): "
-            f"anonymous {p.get('RssAnon', 0.0):.2f}, file-backed {p.get('RssFile', 0.0):.2f}, shared/pinned "
-            f"{p.get('RssShmem', 0.0):.2f} GiB"
-        )
+        lines = [f"sampled peak RSS {_split(self.peak)} during {self.peak_label} ({self.peak_at_s:.1f} s in)"]
+        lines += [f"  {label}'s peak: {_split(sample)}" for label, sample in self.by_label.items()]
+        return "\n".join(lines)
+
+
+def _split(sample: dict[str, float]) -> str:
+    return (
+        f"{sample.get('VmRSS', 0.0):.2f} GiB (anonymous {sample.get('RssAnon', 0.0):.2f}, file-backed "
+        f"{sample.get('RssFile', 0.0):.2f}, shared/pinned {sample.get('RssShmem', 0.0):.2f})"
+    )

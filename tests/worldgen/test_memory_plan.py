@@ -198,3 +198,29 @@ def test_to_device_copies_a_strided_chunk_through_pinned_memory_without_waiting(
     moved = to_device(chunk, torch.device("cuda"))
     waited = products_done.query()  # a pageable copy would have waited for the products: done by now
     assert torch.equal(moved.cpu(), chunk) and not waited
+
+
+def test_releasing_the_pinned_cache_without_cuda_does_nothing():
+    from worldgen.runtime.cuda_memory import release_pinned_cache
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU's answer (a GPU machine has pinned memory to release)")
+    assert release_pinned_cache() is None
+
+
+@pytest.mark.cuda
+def test_the_pinned_cache_goes_back_and_blocks_in_use_stay():
+    """PyTorch's host allocator keeps a freed pinned block for reuse at its size; released, it is gone from the
+    process (its bytes out of the allocator's count) and a block still in use is left as it was."""
+    from worldgen.runtime.cuda_memory import release_pinned_cache
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (pinned memory is CUDA's)")
+    release_pinned_cache()
+    kept = torch.full((2**20,), 7, dtype=torch.uint8, pin_memory=True)  # 1 MiB, in use throughout
+    freed = torch.empty(64 * 2**20, dtype=torch.uint8, pin_memory=True)
+    del freed  # cached by PyTorch, not returned
+    held = torch.cuda.memory.host_memory_stats()["allocated_bytes.current"]
+    assert release_pinned_cache() == pytest.approx(64 / 1024, abs=1e-3)
+    assert torch.cuda.memory.host_memory_stats()["allocated_bytes.current"] == held - 64 * 2**20
+    assert kept.is_pinned() and bool((kept == 7).all())

@@ -41,7 +41,7 @@ from worldgen.errors import CheckpointError, InputError
 from worldgen.kernels.triton_lang import compiling_ahead
 from worldgen.models.chunk_graph import ChunkGraphs
 from worldgen.pipelines.fast_plan import FastOptions, fast_frames
-from worldgen.runtime.cuda_memory import free_device_memory
+from worldgen.runtime.cuda_memory import free_device_memory, release_pinned_cache
 
 # Fast pipelines compile ahead when they load on CUDA (bench_fast.py --compile-ahead off turns it off)
 COMPILE_AHEAD = True
@@ -119,6 +119,9 @@ def first_use_ahead(
         encoder.push(torch.zeros(1, 3, min(4 * (n - 1) + 1, frames.frames), lat_h * 8, lat_w * 8, device=device))
         del encoder, vae
         pipe.residency.phase_done("encode")
+        # umT5's staging and the encode's pinned blocks go; the decoder's parked tiles, pinned next, stay cached for the
+        # first job's decoder to take at the same sizes (`host_slab`)
+        release_pinned_cache()
         decoder = job_decoder(pipe, pipe.decode_tile_pixels)  # its tiles and parking (the plan may let the VAE go)
         for _ in range(2):  # chunk 0 decodes its first frame alone, the chunks after it do not
             decoder.push(torch.zeros(1, 16, n, lat_h, lat_w, device=next(decoder.vae.parameters()).device))

@@ -112,7 +112,12 @@ def load_pipeline(
         load_expert,
         load_t5,
     )
-    from worldgen.runtime.cuda_memory import apply_memory_cap, gpu_total_gib, use_expandable_segments
+    from worldgen.runtime.cuda_memory import (
+        apply_memory_cap,
+        gpu_total_gib,
+        release_pinned_cache,
+        use_expandable_segments,
+    )
     from worldgen.runtime.memory import plan_memory
     from worldgen.runtime.tensor_stream import prefetch_into_page_cache
 
@@ -274,6 +279,8 @@ def load_pipeline(
     if model in ("fast", "causal") and device.type == "cuda":
         from worldgen.pipelines import fast_warm_up
 
+        # the loads' pinned staging buffers, cached by PyTorch for nothing that comes after (`release_pinned_cache`)
+        pipe.engine["pinned_released_gib"] = release_pinned_cache()
         if fast_warm_up.COMPILE_AHEAD:  # its kernels compiled side by side now, not in the first chunk
             pipe.engine["compile_ahead_s"] = round(pipe.compile_ahead(ahead_settings), 2)
         if first_use_ahead:

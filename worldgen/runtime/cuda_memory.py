@@ -78,6 +78,25 @@ def free_device_memory(device: torch.device, collect_cycles: bool = False) -> No
         torch.cuda.empty_cache()
 
 
+def release_pinned_cache() -> float | None:
+    """Hand PyTorch's cached pinned host blocks that nothing uses back to the system; -> the GiB released (None
+    without CUDA). Its caching host allocator keeps every pinned block it ever freed, for reuse at the same size,
+    and frees none on its own: a 1.3B job under `--vram-budget 8` held the load's 128 MiB staging buffers and umT5's
+    through every chunk (2.24 GiB pinned, 1.88 of it the decoder's parked tiles; docs/benchmarks.md, "Session 40"),
+    against an RSS target of 4 GiB beside Isaac Sim. Blocks in use stay; so do none of the freed ones, so call it
+    where what is cached will not be asked for again at its size (`worldgen.pipelines.loader`, `first_use_ahead`)."""
+    if not torch.cuda.is_available():
+        return None
+    held = torch.cuda.memory.host_memory_stats().get("allocated_bytes.current")  # in use and cached
+    empty = getattr(getattr(torch, "accelerator", None), "memory", None)
+    if empty is not None and hasattr(empty, "empty_host_cache"):
+        empty.empty_host_cache()
+    else:  # PyTorch before torch.accelerator.memory.empty_host_cache
+        torch._C._host_emptyCache()
+    after = torch.cuda.memory.host_memory_stats().get("allocated_bytes.current")
+    return None if held is None or after is None else round((held - after) / 2**30, 3)
+
+
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor.cpu()`, through pinned memory on CUDA: a pageable copy runs at a few GB/s while the GPU
     waits (a decoded 12-frame 464x832 chunk, 55 MB: 36 ms of an H100's time, 0.26 s an 81-frame Fast
