@@ -142,6 +142,8 @@ def one_rollout(pipe, args, example, frames: int, rss: RssSampler | None = None)
         "resident_gib": round(resident, 2),
         "max_allocated_gib": round(torch.cuda.max_memory_allocated(pipe.device) / GiB, 2) if cuda else None,
         "max_reserved_gib": round(torch.cuda.max_memory_reserved(pipe.device) / GiB, 2) if cuda else None,
+        # the allocator at its cap: cudaMalloc failed, every cached block freed, tried again (slow)
+        "alloc_retries": torch.cuda.memory_stats(pipe.device).get("num_alloc_retries") if cuda else None,
         "peak_rss_gib": round(peak_rss_gib() or 0.0, 2),
         "decode_overlap": bool(pipe.decode_overlapped),
         "chunk_overlap_s": [round(t.get("overlap", 0.0), 3) for t in pipe.chunk_timings],
@@ -169,7 +171,7 @@ def summary(r: dict) -> str:
         f"  {r['frames']} frames ({r['chunks']} chunks): first chunk {r['first_chunk_s']:.2f} s (text "
         f"{r['text_s']:.2f}, encode {r['timings'].get('encode', 0.0):.2f}), steady chunk {r['steady_chunk_s']} s (DiT {r['steady_dit_s']}), whole "
         f"{r['whole_s']:.2f} s; allocated {r['max_allocated_gib']} GiB (resident at start {r['resident_gib']}), "
-        f"reserved {r['max_reserved_gib']} GiB, peak RSS {r['peak_rss_gib']} GiB"
+        f"reserved {r['max_reserved_gib']} GiB ({r['alloc_retries']} allocation retries), peak RSS {r['peak_rss_gib']} GiB"
         + (f"; vs the first compute: rel-L2 {r['rel_l2_vs_first']:.4f}" if "rel_l2_vs_first" in r else "")
         + (f"; vs one GPU: rel-L2 {r['rel_l2_vs_one_gpu']:.2e}" if "rel_l2_vs_one_gpu" in r else "")
         + (f"\n    {describe_link(r)}" if "devices" in r else "")
