@@ -13,6 +13,7 @@ is an optional dependency (the `gen` and `compare` extras); `have_codec()` says 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -61,46 +62,87 @@ def write_mp4(
     """Encode uint8 RGB frames [H, W, 3] (any iterable: they are streamed to ffmpeg) to `path`,
     atomically; returns the path (`quick`: x264's `QUICK_X264`, for a video someone is waiting for). Refused
     (VideoError, nothing written): no frames, frames that are not uint8 RGB, frames of different shapes."""
-    import imageio_ffmpeg
+    stream = Mp4Stream(path, fps, durable, quick)
+    try:
+        for frame in frames:
+            stream.append(np.asarray(frame)[None])
+        return stream.commit()
+    finally:
+        stream.abort()
 
-    path = Path(path)
-    frames = iter(frames)
-    first = next(frames, None)
-    if first is None:
-        raise VideoError(f"{path}: no frames to write")
-    first = np.asarray(first)
-    if first.ndim != 3 or first.shape[2] != 3 or first.dtype != np.uint8:
-        raise VideoError(f"{path}: frames must be uint8 [H, W, 3] RGB, got {first.dtype} {first.shape}")
-    height, width = pad_to_even(first).shape[:2]
-    with atomic.atomic_path(path, durable) as tmp:
-        writer = imageio_ffmpeg.write_frames(
-            str(tmp),
+
+class Mp4Stream:
+    """An mp4 written as its frames come (`append`, a few frames at a time, ffmpeg encoding them meanwhile): a long
+    video is never held whole (a 4,097-frame live job at 464x832 is 4.7 GB of uint8 frames). The file appears at
+    `path` at `commit` only, atomically, as `write_mp4`'s does; `abort` (or a failure) leaves nothing there. `frames`
+    and `frame_shape` say what was appended."""
+
+    def __init__(self, path: str | os.PathLike, fps: float = DEFAULT_FPS, durable: bool = True, quick: bool = False):
+        self.path, self.fps, self.durable, self.quick = Path(path), fps, durable, quick
+        self.frames = 0
+        self.frame_shape: tuple[int, int, int] | None = None  # (H, W, 3) of the first frame appended
+        self._tmp: Path | None = None
+        self._writer = None
+
+    def append(self, frames: np.ndarray) -> None:
+        """uint8 RGB frames [f, H, W, 3], every one the shape of the first appended (VideoError otherwise)."""
+        frames = np.asarray(frames)
+        if frames.ndim != 4 or frames.shape[3] != 3 or frames.dtype != np.uint8:
+            raise VideoError(f"{self.path}: frames must be uint8 [f, H, W, 3] RGB, got {frames.dtype} {frames.shape}")
+        if self._writer is None:
+            self._open(frames.shape[1:])
+        if frames.shape[1:] != self.frame_shape:
+            raise VideoError(
+                f"{self.path}: frame {self.frames} is {frames.dtype} {frames.shape[1:]}; every frame must be uint8 "
+                f"{self.frame_shape}"
+            )
+        for frame in frames:
+            self._writer.send(np.ascontiguousarray(pad_to_even(frame)))
+            self.frames += 1
+
+    def _open(self, shape: tuple[int, int, int]) -> None:
+        import imageio_ffmpeg
+
+        self.frame_shape = tuple(shape)
+        height, width = pad_to_even(np.zeros(shape, dtype=np.uint8)).shape[:2]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = atomic.temp_path(self.path)
+        self._writer = imageio_ffmpeg.write_frames(
+            str(self._tmp),
             (width, height),
-            fps=fps,
+            fps=self.fps,
             codec="libx264",
             pix_fmt_out="yuv420p",
             quality=None,  # the rate is CRF's
             macro_block_size=1,  # keep the exact (even) size
-            output_params=["-crf", str(CRF), *(QUICK_X264 if quick else ()), "-movflags", "+faststart"],
+            output_params=["-crf", str(CRF), *(QUICK_X264 if self.quick else ()), "-movflags", "+faststart"],
             ffmpeg_log_level="error",
         )
+        self._writer.send(None)  # start ffmpeg
+
+    def commit(self) -> Path:
+        """Finish the file and put it at `path` (VideoError where no frame came)."""
+        if self._writer is None:
+            raise VideoError(f"{self.path}: no frames to write")
+        writer, self._writer = self._writer, None
         try:
-            writer.send(None)  # start ffmpeg
-            for index, frame in enumerate(_chain(first, frames)):
-                frame = np.asarray(frame)
-                if frame.shape != first.shape or frame.dtype != np.uint8:
-                    raise VideoError(
-                        f"{path}: frame {index} is {frame.dtype} {frame.shape}; every frame must be uint8 {first.shape}"
-                    )
-                writer.send(np.ascontiguousarray(pad_to_even(frame)))
-        finally:
-            writer.close()
-    return path
+            writer.close()  # ffmpeg finishes the file (with +faststart, the index moved first)
+        except BaseException:
+            self._tmp.unlink(missing_ok=True)
+            raise
+        atomic.commit(self._tmp, self.path, self.durable)
+        self._tmp = None
+        return self.path
 
-
-def _chain(first: np.ndarray, rest: Iterable[np.ndarray]) -> Iterable[np.ndarray]:
-    yield first
-    yield from rest
+    def abort(self) -> None:
+        """Stop ffmpeg and remove what it wrote; nothing at `path` (a no-op after `commit`)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+        if self._tmp is not None:
+            self._tmp.unlink(missing_ok=True)
+            self._tmp = None
 
 
 STILL_MAX_SIDE = 416  # a chunk's still (`still_png`): half the 832-pixel model frame on its long side

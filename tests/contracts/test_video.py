@@ -75,3 +75,35 @@ def test_a_still_is_a_png_scaled_down_to_fit_never_up():
     assert tall.size == (50, STILL_MAX_SIDE)  # the long side fits, the aspect is kept
     with pytest.raises(VideoError, match="uint8"):
         still_png(np.zeros((8, 8), np.uint8))
+
+
+def test_a_video_streamed_chunk_by_chunk_is_the_video_written_at_once(tmp_path):
+    """`Mp4Stream`: the frames appended a chunk at a time (ffmpeg encoding meanwhile) make the same file as
+    `write_mp4` of all of them, and it appears only at `commit`."""
+    from contracts.video import Mp4Stream
+
+    whole = np.stack(list(frames(13, 32, 48)))
+    at_once = write_mp4(tmp_path / "once.mp4", whole)
+    stream = Mp4Stream(tmp_path / "out" / "streamed.mp4")
+    for start in (0, 1, 5, 9):  # a first chunk of 1 frame, then 4 at a time
+        stream.append(whole[start : start + (1 if start == 0 else 4)])
+        assert not (tmp_path / "out" / "streamed.mp4").exists()
+    assert (stream.frames, stream.frame_shape) == (13, (32, 48, 3))
+    path = stream.commit()
+    assert [p.name for p in path.parent.iterdir()] == ["streamed.mp4"]
+    assert np.array_equal(read_mp4(path)[0], read_mp4(at_once)[0])
+
+
+def test_an_aborted_or_refused_stream_leaves_nothing(tmp_path):
+    from contracts.video import Mp4Stream
+
+    stream = Mp4Stream(tmp_path / "gone.mp4")
+    stream.append(np.stack(list(frames(3, 16, 16))))
+    with pytest.raises(VideoError, match=r"frame 3 is uint8 \(16, 18, 3\)"):
+        stream.append(np.zeros((1, 16, 18, 3), np.uint8))
+    stream.abort()
+    with pytest.raises(VideoError, match="no frames"):
+        Mp4Stream(tmp_path / "empty.mp4").commit()
+    with pytest.raises(VideoError, match=r"uint8 \[f, H, W, 3\]"):
+        Mp4Stream(tmp_path / "float.mp4").append(np.zeros((2, 8, 8, 3), np.float32))
+    assert list(tmp_path.iterdir()) == []
