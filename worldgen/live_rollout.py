@@ -19,12 +19,13 @@ import numpy as np
 from contracts import atomic, episode
 from contracts.provenance import write_record
 from contracts.settings import GenerationSettings
+from contracts.video import Mp4Stream
 from worldgen.errors import InputError
 from worldgen.pipelines.base import Progress
 from worldgen.pipelines.fast_live import LiveCamera, live_frames, poses_needed
 from worldgen.pipelines.request import resolve_request
-from worldgen.rollout import find_image, generate_noting, read_prompt, rollout_record
-from worldgen.video_out import frames_shape, mp4_frames, write_mp4
+from worldgen.rollout import find_image, generate_noting, mp4_only, read_prompt, rollout_record, streamed_shape
+from worldgen.video_out import frames_shape, write_mp4
 
 WAIT_TICK_S = 0.5  # while waiting for poses: re-read the folder and report progress this often
 
@@ -114,40 +115,47 @@ def generate_live_episode(
         feed.wait, intrinsics, frames, height, width, chunk_frames=n, on_start=started,
         translation_scale=settings.translation_scale, held=feed.count,
     )  # fmt: skip
-    first_phase, t0 = len(pipe.meter.records), time.perf_counter()
-    extra = {} if on_chunk is None else {"on_chunk": on_chunk}
-    extra["keep"] = mp4_frames  # only the mp4 is written: the uint8 frames, a quarter of the float32 video
-    video, notes = generate_noting(pipe, image, prompt, None, None, settings, progress=progress, camera=camera, **extra)
-    used = starts[-1]["poses"]
-    if progress:
-        progress("write", 0, 1)
-    atomic.write_bytes(folder / episode.POSES_FILE, _npy(feed.poses()[:used]))  # the episode, complete
     path = Path(output_path)
-    record = rollout_record(
-        pipe,
-        settings,
-        resolved,
-        producer="worker",
-        phases=pipe.meter.records[first_phase:],
-        video_shape=frames_shape(video),
-        notes=notes,
-        inputs={
-            "episode": folder.name,
-            "image": image_path.name,
-            "image_size": [image.width, image.height],
-            "poses": used,
-            "prompt": prompt,
-        },  # fmt: skip
-        timings={"generate_s": round(time.perf_counter() - t0, 3)},
-    )
-    # a live job (the server adds its own timings under the same key: bridge/server/live_jobs.py)
-    record["live"] = {"planned_frames": frames.frames, "poses_needed": needed, "poses_held": feed.held,
-                      "chunk_starts": starts}  # fmt: skip
-    write_record(path, record)
-    path = write_mp4(video, path, fps=settings.fps)
+    mp4 = Mp4Stream(path, fps=settings.fps)  # each chunk's frames go there as they come: a live video of any length
+    try:  # holds none of them
+        first_phase, t0 = len(pipe.meter.records), time.perf_counter()
+        extra = {} if on_chunk is None else {"on_chunk": on_chunk}
+        extra.update(mp4_only(pipe, mp4))  # only the mp4 is written: the uint8 frames, a quarter of the float32 video
+        video, notes = generate_noting(
+            pipe, image, prompt, None, None, settings, progress=progress, camera=camera, **extra
+        )
+        used = starts[-1]["poses"]
+        if progress:
+            progress("write", 0, 1)
+        atomic.write_bytes(folder / episode.POSES_FILE, _npy(feed.poses()[:used]))  # the episode, complete
+        shape = streamed_shape(mp4) or frames_shape(video)
+        record = rollout_record(
+            pipe,
+            settings,
+            resolved,
+            producer="worker",
+            phases=pipe.meter.records[first_phase:],
+            video_shape=shape,
+            notes=notes,
+            inputs={
+                "episode": folder.name,
+                "image": image_path.name,
+                "image_size": [image.width, image.height],
+                "poses": used,
+                "prompt": prompt,
+            },  # fmt: skip
+            timings={"generate_s": round(time.perf_counter() - t0, 3)},
+        )
+        # a live job (the server adds its own timings under the same key: bridge/server/live_jobs.py)
+        record["live"] = {"planned_frames": frames.frames, "poses_needed": needed, "poses_held": feed.held,
+                          "chunk_starts": starts}  # fmt: skip
+        write_record(path, record)  # the record first: a video never exists without one
+        path = mp4.commit() if streamed_shape(mp4) else write_mp4(video, path, fps=settings.fps)
+    finally:
+        mp4.abort()  # after a failure: nothing half-written (a no-op once committed)
     if progress:
         progress("write", 1, 1)
-    return path, frames_shape(video)[0]
+    return path, shape[0]
 
 
 def _npy(array: np.ndarray) -> bytes:

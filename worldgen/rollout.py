@@ -17,6 +17,7 @@ from contracts import episode
 from contracts.model_families import V1_BASE
 from contracts.provenance import checkpoint_fingerprint, make_record, write_record
 from contracts.settings import GenerationSettings
+from contracts.video import Mp4Stream
 from worldgen.errors import InputError
 from worldgen.pipelines.base import Pipeline, Progress
 from worldgen.pipelines.camera import load_action
@@ -194,42 +195,55 @@ def generate_episode(
     prompt = prompt or read_prompt(folder)
     resolved = resolve_request(settings, (image.height, image.width), len(poses))
     extra = {} if on_chunk is None else {"on_chunk": on_chunk, "stream": stream}
-    extra.update(mp4_only(pipe))
-    first_phase, started = len(pipe.meter.records), time.perf_counter()
-    video, notes = generate_noting(pipe, image, prompt, poses, intrinsics, settings, progress=progress, **extra)
-    if progress:
-        progress("write", 0, 1)
     path = Path(output_path)
-    record = rollout_record(
-        pipe,
-        settings,
-        resolved,
-        producer=producer,
-        phases=pipe.meter.records[first_phase:],
-        video_shape=frames_shape(video),
-        notes=notes,
-        inputs={
-            "episode": folder.name,
-            "image": image_path.name,
-            "image_size": [image.width, image.height],
-            "poses": len(poses),
-            "prompt": prompt,
-        },
-        timings={"generate_s": round(time.perf_counter() - started, 3)},
-    )
-    write_record(path, record)
-    path = write_mp4(video, path, fps=settings.fps)
+    mp4 = Mp4Stream(path, fps=settings.fps)
+    try:
+        extra.update(mp4_only(pipe, mp4))
+        first_phase, started = len(pipe.meter.records), time.perf_counter()
+        video, notes = generate_noting(pipe, image, prompt, poses, intrinsics, settings, progress=progress, **extra)
+        if progress:
+            progress("write", 0, 1)
+        shape = streamed_shape(mp4) or frames_shape(video)
+        record = rollout_record(
+            pipe,
+            settings,
+            resolved,
+            producer=producer,
+            phases=pipe.meter.records[first_phase:],
+            video_shape=shape,
+            notes=notes,
+            inputs={
+                "episode": folder.name,
+                "image": image_path.name,
+                "image_size": [image.width, image.height],
+                "poses": len(poses),
+                "prompt": prompt,
+            },
+            timings={"generate_s": round(time.perf_counter() - started, 3)},
+        )
+        write_record(path, record)  # the record first: a video never exists without one
+        path = mp4.commit() if streamed_shape(mp4) else write_mp4(video, path, fps=settings.fps)
+    finally:
+        mp4.abort()  # after a failure: nothing half-written (a no-op once committed)
     if progress:
         progress("write", 1, 1)
     return path
 
 
-def mp4_only(pipe: Pipeline) -> dict[str, Any]:
+def mp4_only(pipe: Pipeline, mp4: Mp4Stream | None = None) -> dict[str, Any]:
     """`generate`'s arguments for a caller that only writes the mp4: a causal pipeline then keeps each chunk as the
-    mp4's uint8 frames (`worldgen.video_out.mp4_frames`), not the float32 video (1.67 GB at 349 frames of 464x832)."""
+    mp4's uint8 frames (`worldgen.video_out.mp4_frames`), not the float32 video (1.67 GB at 349 frames of 464x832),
+    and with `mp4` sends them there as they come, holding none (a 4,097-frame live job's are 4.7 GB)."""
     from worldgen.pipelines.fast import FastPipeline
 
-    return {"keep": mp4_frames} if isinstance(pipe, FastPipeline) else {}
+    if not isinstance(pipe, FastPipeline):
+        return {}
+    return {"keep": mp4_frames} if mp4 is None else {"keep": mp4_frames, "sink": mp4.append}
+
+
+def streamed_shape(mp4: Mp4Stream) -> tuple[int, int, int] | None:
+    """(frames, height, width) of what went into `mp4` chunk by chunk (`mp4_only`), None where nothing did."""
+    return None if mp4.frame_shape is None else (mp4.frames, *mp4.frame_shape[:2])
 
 
 def fp8_self_attention(device: Any, variant: str = "base") -> str:

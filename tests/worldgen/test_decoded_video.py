@@ -84,3 +84,78 @@ def test_writes_on_a_thread_of_their_own_give_the_same_video_and_raise_in_the_ca
     broken.put(1, pieces[1].as_subclass(_FailingCopy))  # the next put raises it too, if it failed by then
     with pytest.raises(ValueError, match="no room"):
         broken.video()
+
+
+def test_a_sink_takes_each_chunk_once_in_order_and_nothing_is_held():
+    """`sink` (an mp4 written as the chunks come): each chunk goes there once, in order, on the writer's thread for a
+    GPU job; one put again (`ChunkDecodes.finish`'s decode after an out-of-memory one: the same frames) goes nowhere;
+    the video keeps the frames' size and none of them; a sink that fails is raised in the caller's thread."""
+    torch.manual_seed(2)
+    kept = [mp4_frames(torch.rand(3, f, 8, 12) * 2 - 1) for f in (9, 12, 12)]
+    for background in (False, True):
+        sunk, threads = [], []
+
+        def sink(piece: torch.Tensor, sunk=sunk, threads=threads) -> None:
+            sunk.append(piece)
+            threads.append(threading.current_thread())
+
+        video = DecodedVideo(33, frames_first=True, background=background, sink=sink)
+        for i, piece in enumerate(kept):
+            video.put(i, piece)
+        video.put(1, kept[1])
+        held = video.video()
+        assert [p.data_ptr() for p in sunk] == [p.data_ptr() for p in kept]
+        assert tuple(held.shape) == (0, 8, 12, 3) and held.dtype == torch.uint8 and len(video) == 3
+        assert all((t is threading.current_thread()) != background for t in threads)
+
+    def full(piece: torch.Tensor) -> None:
+        raise OSError("no space left for the mp4")
+
+    broken = DecodedVideo(33, frames_first=True, background=True, sink=full)
+    broken.put(0, kept[0])
+    with pytest.raises(OSError, match="no space"):
+        broken.video()
+
+
+def test_a_tiny_fast_episode_streams_its_mp4_chunk_by_chunk_to_the_frames_of_the_whole_video(tmp_path):
+    """`generate_episode` on a causal pipeline sends each chunk to the mp4 as it comes (`mp4_only` with a stream:
+    nothing held): the file decodes to the frames of the video written at once, its record beside it first; a job
+    that fails leaves neither."""
+    import shutil
+
+    from contracts.provenance import read_record
+    from contracts.settings import GenerationSettings
+    from contracts.video import read_mp4, write_mp4
+    from tests.conftest import REPO
+    from worldgen.pipelines.loader import load_pipeline
+    from worldgen.rollout import generate_episode, mp4_only
+
+    episode = shutil.copytree(REPO / "data" / "sample_room", tmp_path / "ep")
+    pipe = load_pipeline("tiny", device="cpu", model="fast")
+    settings = GenerationSettings(model="fast", size="32*48", frame_num=21, seed=3)
+    streamed = generate_episode(pipe, episode, settings, tmp_path / "streamed.mp4")
+    whole = pipe.generate(episode / "image.jpg", (episode / "prompt.txt").read_text().strip(), *_action(episode),
+                          settings, **mp4_only(pipe))  # fmt: skip
+    at_once = write_mp4(tmp_path / "at_once.mp4", whole.numpy(), fps=settings.fps)
+    assert np.array_equal(read_mp4(streamed)[0], read_mp4(at_once)[0])
+    record, _ = read_record(streamed)
+    assert record["settings"]["frame_num"] == whole.shape[0] == 21  # the frames made, as the record says
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("streamed")) == [
+        "streamed.json", "streamed.mp4"
+    ]  # fmt: skip
+
+    def broken(*args, **kwargs):  # the job fails after its chunks began going to the mp4
+        for _ in range(2):
+            kwargs["sink"](torch.zeros(4, 32, 48, 3, dtype=torch.uint8))
+        raise RuntimeError("the GPU fell off the bus")
+
+    pipe.generate = broken
+    with pytest.raises(RuntimeError, match="fell off"):
+        generate_episode(pipe, episode, settings, tmp_path / "failed.mp4")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("failed")]
+
+
+def _action(episode):
+    from worldgen.pipelines.camera import load_action
+
+    return load_action(episode)

@@ -18,7 +18,7 @@ from worldgen.models.vae_tiling import StreamingDecoder
 from worldgen.pipelines import decode_overlap
 from worldgen.pipelines.base import Progress
 from worldgen.pipelines.decode_overlap import PendingDecode
-from worldgen.pipelines.decoded_video import DecodedVideo, Keep
+from worldgen.pipelines.decoded_video import DecodedVideo, Keep, Sink
 from worldgen.runtime.cuda_memory import free_device_memory, to_host
 from worldgen.runtime.metering import LapClock
 
@@ -37,6 +37,7 @@ class ChunkDecodes:
         progress: Progress,
         live: bool,
         keep: Keep | None = None,
+        sink: Sink | None = None,
     ):
         self.pipe, self.clock, self.num_chunks = pipe, clock, num_chunks
         self.on_chunk, self.progress, self.live = on_chunk, progress, live
@@ -44,7 +45,8 @@ class ChunkDecodes:
         # the bytes, and none of the host's time: 82 ms a 16-frame 464x832 chunk on 2 CPU cores, on a live chunk's way
         # out); on a GPU the copy into the video runs beside the loop, which meanwhile queues the next chunk's forwards
         self.keep = keep
-        self.pieces = DecodedVideo(frames, frames_first=keep is not None, background=pipe.device.type == "cuda")
+        background = pipe.device.type == "cuda"
+        self.pieces = DecodedVideo(frames, frames_first=keep is not None, background=background, sink=sink)
         self.latents: list[torch.Tensor] = []
         self.decoder: StreamingDecoder | None = None
         self.streaming = not pipe.decode_after_loop

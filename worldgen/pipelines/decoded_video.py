@@ -15,6 +15,9 @@ import torch
 # was decoded (`worldgen.pipelines.chunk_decodes`: on the GPU, in place of the copy to the host), in torch operations
 # on that device, and may return the kept frames already on the CPU (`mp4_frames` does).
 Keep = Callable[[torch.Tensor], torch.Tensor]
+# where a caller that only writes the video has each kept chunk go, in order, instead of into a video held whole (an
+# `contracts.video.Mp4Stream`'s `append`: `worldgen.rollout`): called with the chunk as `Keep` made it, on the CPU
+Sink = Callable[[torch.Tensor], None]
 
 
 class DecodedVideo:
@@ -26,12 +29,17 @@ class DecodedVideo:
     `background`: the copies run on a thread of their own, in order (a GPU job's: the chunk loop then queues the next
     chunk's work instead of leaving the GPU idle meanwhile; a 16-frame 464x832 float32 chunk's copy into fresh pages
     took 20 ms on 2 CPU cores); `flush` (and `video`) wait for them, and a write's failure is raised in the caller's
-    thread, at the next `put` or there."""
+    thread, at the next `put` or there.
 
-    def __init__(self, frames: int, frames_first: bool = False, background: bool = False):
+    `sink`: each chunk goes there instead, in order, and nothing is held (`video` then has no frames, only their
+    size): a long live job's frames are not kept in memory (4.7 GB at 4,097 frames of 464x832 as uint8)."""
+
+    def __init__(self, frames: int, frames_first: bool = False, background: bool = False, sink: Sink | None = None):
         self.frames = frames
         self.frames_first = frames_first
         self.axis = 0 if frames_first else 1  # where the frames are in a chunk
+        self.sink = sink
+        self.sunk = 0  # chunks gone to the sink
         self.buffer: torch.Tensor | None = None
         self.spans: list[tuple[int, int]] = []  # chunk i's frames: buffer[:, start:end] ([start:end] frames first)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="decoded-video") if background else None
@@ -47,17 +55,26 @@ class DecodedVideo:
             start = self.spans[-1][1] if self.spans else 0
             self.spans.append((start, start + piece.shape[self.axis]))
         if self._writer is None:
-            self._write(self.spans[index], piece)
+            self._write(index, piece)
             return
         self._raise_failures(wait=False)
-        self._writes.append(self._writer.submit(self._write, self.spans[index], piece))
+        self._writes.append(self._writer.submit(self._write, index, piece))
 
-    def _write(self, span: tuple[int, int], piece: torch.Tensor) -> None:
+    def _write(self, index: int, piece: torch.Tensor) -> None:
+        if self.sink is not None:
+            if index == self.sunk:  # a chunk put again (`ChunkDecodes.finish` decodes every chunk after an
+                self.sink(piece)  # out-of-memory decode: the same tiles, the same frames) has gone already
+                self.sunk += 1
+            if self.buffer is None:  # no frames held: the video's size only
+                shape = list(piece.shape)
+                shape[self.axis] = 0
+                self.buffer = torch.empty(shape, dtype=piece.dtype)
+            return
         if self.buffer is None:
             shape = list(piece.shape)
             shape[self.axis] = self.frames
             self.buffer = torch.empty(shape, dtype=piece.dtype)
-        start, end = span
+        start, end = self.spans[index]
         self.buffer.narrow(self.axis, start, end - start).copy_(piece)
 
     def flush(self) -> None:
@@ -71,8 +88,11 @@ class DecodedVideo:
             future.result()  # the write's exception, if any, here in the caller's thread
 
     def video(self) -> torch.Tensor:
-        """The frames put so far (all of them unless a live camera ended the video early)."""
+        """The frames put so far (all of them unless a live camera ended the video early); with a sink, none of them
+        (the frames' axis empty, the rest their size)."""
         self.flush()
+        if self.sink is not None and self.buffer is not None:
+            return self.buffer
         if self.buffer is None:
             return torch.empty(0, 0, 0, 3, dtype=torch.uint8) if self.frames_first else torch.empty(3, 0, 0, 0)
         end = self.spans[-1][1]

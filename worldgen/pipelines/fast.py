@@ -35,7 +35,7 @@ from worldgen.pipelines import decode_overlap
 from worldgen.pipelines.base import Pipeline, Progress, _no_progress, condition_mask, prepare_image
 from worldgen.pipelines.camera import validate_camera
 from worldgen.pipelines.chunk_decodes import ChunkDecodes
-from worldgen.pipelines.decoded_video import Keep
+from worldgen.pipelines.decoded_video import Keep, Sink
 from worldgen.pipelines.fast_conditioning import ChunkConditioning, FastCamera
 from worldgen.pipelines.fast_fit import fit_loop, overlap_fit
 from worldgen.pipelines.fast_plan import (
@@ -439,10 +439,13 @@ class FastPipeline(Pipeline):
         camera: Callable[[int], torch.Tensor | None] | None = None,
         stream: bool | None = None,
         keep: Keep | None = None,
+        sink: Sink | None = None,
     ) -> torch.Tensor:
         """-> video [3, F, H, W] float32 in [-1, 1] on the CPU (see `Pipeline.generate`); with `keep`, each chunk as
         `keep` returns it (made on the device, before the copy to the host), frames first (the mp4's uint8 frames:
-        `worldgen.video_out.mp4_frames`); `on_chunk` then gets each chunk so kept.
+        `worldgen.video_out.mp4_frames`); `on_chunk` then gets each chunk so kept. With `sink`, each kept chunk goes
+        there in order and none is held: the video returned has the frames' size and none of them
+        (`decoded_video.DecodedVideo`).
 
         `settings` gives size, frame_num, seed, shift and the Fast knobs (steps, guidance, boundary and
         the negative prompt do not apply); `options`, when given, replaces those knobs. `on_chunk(i, n, frames)` gets every chunk's decoded
@@ -478,7 +481,9 @@ class FastPipeline(Pipeline):
         streamed = on_chunk is not None if stream is None else stream
         self.plan_job(frames.latent_frames, lat_h, lat_w, options, streamed=streamed)
         num_chunks = frames.latent_frames // options.chunk_frames
-        decodes = ChunkDecodes(self, clock, frames.frames, num_chunks, on_chunk, progress, camera is not None, keep)
+        decodes = ChunkDecodes(
+            self, clock, frames.frames, num_chunks, on_chunk, progress, camera is not None, keep, sink
+        )
         # a live job's waits for poses are not DiT time
         plucker = None if camera is None else clock.around(camera, "poses", before="dit")
         if camera is None and poses is not None:  # chunk c's camera made when the loop starts chunk c
