@@ -4,7 +4,7 @@ Usage:
   python bench/bench_v2.py --ckpt CKPT_DIR --example EXAMPLE_DIR [--model fast|causal] [--compute exact,fp8]
       [--frames 81,81,361] [--size 480*832] [--attention-frames 18] [--sink-frames 6] [--seed 42]
       [--steps 40] [--vram-budget GIB] [--assets-dir DIR] [--first-use-ahead] [--decode-overlap on|off]
-      [--gpus 0,1] [--profile DIR] [--json OUT.json]
+      [--sink none|mp4|count] [--gpus 0,1] [--profile DIR] [--json OUT.json]
 
 CKPT_DIR is a 2.0 download (real, or bench/synthetic_checkpoint.py --v2 ...); EXAMPLE_DIR holds image.jpg,
 poses.npy, intrinsics.npy and prompt.txt. One pipeline is loaded per --compute entry (`load_pipeline`, which
@@ -45,9 +45,11 @@ import contextlib
 import gc
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -61,6 +63,7 @@ from bench.two_gpu_link import describe as describe_link  # noqa: E402
 from contracts import atomic  # noqa: E402
 from contracts.model_families import V2_PRETRAIN  # noqa: E402
 from contracts.settings import GenerationSettings, load_settings  # noqa: E402
+from contracts.video import Mp4Stream  # noqa: E402
 from worldgen.pipelines.camera import load_action  # noqa: E402
 from worldgen.pipelines.loader import load_pipeline  # noqa: E402
 from worldgen.pipelines.multi_gpu import devices_for_gpus  # noqa: E402
@@ -120,14 +123,21 @@ def one_rollout(pipe, args, example, frames: int, rss: RssSampler | None = None)
             rss.label = f"{phase}, after chunk {len(stamps)}"
 
     start = time.perf_counter()
-    video = pipe.generate(image, prompt, poses, intrinsics, settings, on_chunk=on_chunk, **mp4_only(pipe))
+    out, sunk = None, []
+    if args.sink == "mp4":  # the product's way (`worldgen.rollout.generate_episode`): each chunk to the mp4 as it comes
+        out = Mp4Stream(Path(tempfile.mkdtemp()) / "rollout.mp4", fps=settings.fps)
+    elif args.sink == "count":  # the same, no encoder here: each chunk counted and dropped
+        out = SimpleNamespace(append=lambda piece: sunk.append(piece.shape[0]))
+    video = pipe.generate(image, prompt, poses, intrinsics, settings, on_chunk=on_chunk, **mp4_only(pipe, out))
+    if args.sink == "mp4":
+        out.commit()
     whole = time.perf_counter() - start
     gaps = [b - a for a, b in zip([start, *stamps], stamps, strict=False)]  # chunk 0: from the start of the rollout
     dit = [round(t.get("dit", 0.0), 3) for t in pipe.chunk_timings]
     spec = pipe.cache_spec
     return {
         "frames_asked": frames,
-        "frames": int(video.shape[0]),  # the mp4's uint8 frames [F, H, W, 3]
+        "frames": int(video.shape[0]) or (out.frames if args.sink == "mp4" else sum(sunk)),  # [F, H, W, 3] uint8
         "chunks": len(stamps),
         "first_chunk_s": round(gaps[0], 3),
         "text_s": round(pipe.timings.get("text", 0.0), 3),
@@ -282,6 +292,13 @@ def main() -> None:
     parser.add_argument("--assets-dir", type=Path, default=None)
     parser.add_argument("--first-use-ahead", action="store_true", help="load as a server does (see above)")
     parser.add_argument("--decode-overlap", choices=("on", "off"), default="on", help="where the plan has room")
+    parser.add_argument(
+        "--sink",
+        choices=("none", "mp4", "count"),
+        default="none",
+        help="each chunk to an mp4 as it comes, held nowhere (the product's rollouts), or counted and dropped "
+        "(no encoder here); none: the video held, as before",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--gpus", metavar="I,J", default=None, help="each compute on GPU I, then split over I and J")
